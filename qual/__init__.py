@@ -1,0 +1,3 @@
+"""qual: acceptance-rate qualification for DFlash speculative decoding under DCP."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,47 @@
+"""Top-level `qual` command: sub-apps are registered here, errors become exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from qual.errors import EngineError, QualError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+
+EXIT_GATE_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ENGINE = 3
+
+
+def _register() -> None:
+    """Import subcommand modules; each adds itself to `app`."""
+    from qual.cli import demo  # noqa: F401
+
+
+def main() -> None:
+    """Console-script entry point: one-line errors, stable exit codes."""
+    _register()
+    try:
+        app(standalone_mode=False)
+    except QualError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except EngineError as exc:
+        print(f"engine failure: {exc}", file=sys.stderr)
+        sys.exit(EXIT_ENGINE)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive as ClickException
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        if isinstance(exc, click.ClickException):
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
+        raise
