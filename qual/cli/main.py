@@ -15,9 +15,15 @@ EXIT_USAGE = 2
 EXIT_ENGINE = 3
 
 
+# Subcommand modules; importing one registers its commands on `app`.
+SUBCOMMAND_MODULES: list[str] = []
+
+
 def _register() -> None:
-    """Import subcommand modules; each adds itself to `app`."""
-    from qual.cli import demo  # noqa: F401
+    import importlib
+
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"qual.cli.{name}")
 
 
 def main() -> None:
