@@ -1,0 +1,129 @@
+"""Find corpora by name or path and load them (validated, then through `datasets`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qual.errors import QualError
+
+from .records import Corpus, CorpusRequest, fingerprint
+from .validate import parse_jsonl
+
+if TYPE_CHECKING:  # datasets costs ~1.5 s to import: only paid when a corpus is loaded
+    import datasets
+
+SUFFIX = ".jsonl"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def repo_root(root: str | Path | None = None) -> Path:
+    """The checkout qual runs from: `root`, else $QUAL_ROOT, else the folder above the package."""
+    if root is not None:
+        return Path(root)
+    if os.environ.get("QUAL_ROOT"):
+        return Path(os.environ["QUAL_ROOT"])
+    import qual
+
+    return Path(qual.__file__).resolve().parents[1]
+
+
+def corpora_dir(root: str | Path | None = None) -> Path:
+    """Where named corpora live: <repo>/corpora."""
+    return repo_root(root) / "corpora"
+
+
+def available_corpora(root: str | Path | None = None) -> list[str]:
+    """Names of the corpora shipped under corpora/ (sorted)."""
+    folder = corpora_dir(root)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name[: -len(SUFFIX)] for p in folder.glob(f"*{SUFFIX}") if p.is_file())
+
+
+def is_path_like(name_or_path: str) -> bool:
+    """A bare name has no separator and no .jsonl suffix; anything else is a path."""
+    return (
+        "/" in name_or_path
+        or os.sep in name_or_path
+        or name_or_path.endswith(SUFFIX)
+        or name_or_path.startswith(".")
+    )
+
+
+def check_name(name: str) -> str:
+    """Corpus names become file names: letters, digits, '.', '_', '-'."""
+    if not NAME_RE.match(name) or name.endswith(SUFFIX):
+        raise QualError(
+            f"invalid corpus name {name!r}: use letters, digits, '.', '_' or '-' (no path, no {SUFFIX})"
+        )
+    return name
+
+
+def resolve_corpus(name_or_path: str | Path, root: str | Path | None = None) -> Path:
+    """Map a corpus name to corpora/<name>.jsonl; a path is returned as it is."""
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or is_path_like(text):
+        return Path(text)
+    path = corpora_dir(root) / f"{check_name(text)}{SUFFIX}"
+    if not path.is_file():
+        names = available_corpora(root)
+        listed = ", ".join(names) if names else f"none in {corpora_dir(root)}"
+        raise QualError(
+            f'unknown corpus "{text}" (available: {listed}; or give a path to a {SUFFIX} file)'
+        )
+    return path
+
+
+def to_dataset(requests: Iterable[CorpusRequest]) -> datasets.Dataset:
+    """An in-memory `datasets.Dataset` of the requests with fixed column types (no cache files)."""
+    _offline_for_local_files()
+    import datasets
+
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "prompt": datasets.Value("string"),
+            "category": datasets.Value("string"),
+            "max_tokens": datasets.Value("int64"),
+        }
+    )
+    rows = [
+        {"id": r.id, "prompt": r.prompt, "category": r.category, "max_tokens": r.max_tokens}
+        for r in requests
+    ]
+    return datasets.Dataset.from_list(rows, features=features)
+
+
+def from_dataset(ds: datasets.Dataset) -> tuple[CorpusRequest, ...]:
+    """Requests back from a dataset built by to_dataset."""
+    cols = ds.to_dict()
+    return tuple(
+        CorpusRequest(id=i, prompt=p, category=c, max_tokens=m)
+        for i, p, c, m in zip(
+            cols["id"], cols["prompt"], cols["category"], cols["max_tokens"], strict=True
+        )
+    )
+
+
+def _offline_for_local_files() -> None:
+    # Local corpora never need the hub; a user's explicit setting still wins.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def load_corpus(name_or_path: str | Path, root: str | Path | None = None) -> Corpus:
+    """Load, validate and fingerprint a corpus given by name (corpora/<name>.jsonl) or path."""
+    path = resolve_corpus(name_or_path, root)
+    validated = parse_jsonl(path)
+    # The typed Arrow round trip is the datasets contract; it must not change a request.
+    requests = from_dataset(to_dataset(validated))
+    if requests != validated:  # pragma: no cover - would be a datasets bug
+        raise QualError(f"{path}: datasets changed the requests while loading")
+    name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.stem
+    return Corpus(
+        name=name, path=path.resolve(), requests=requests, fingerprint=fingerprint(requests)
+    )

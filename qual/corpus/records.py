@@ -1,0 +1,69 @@
+"""Corpus records: one request, one corpus, and the fingerprint that identifies its content."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_CATEGORY = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusRequest:
+    """One prompt to replay through both arms."""
+
+    id: str
+    prompt: str
+    category: str = DEFAULT_CATEGORY
+    max_tokens: int | None = None
+
+    def to_json(self) -> dict:
+        """The JSONL form: optional max_tokens omitted when unset."""
+        row: dict = {"id": self.id, "prompt": self.prompt, "category": self.category}
+        if self.max_tokens is not None:
+            row["max_tokens"] = self.max_tokens
+        return row
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A validated, ordered set of requests read from one file."""
+
+    name: str
+    path: Path
+    requests: tuple[CorpusRequest, ...]
+    fingerprint: str  # "sha256:<hex>" over the canonical JSON of the requests, in order
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def categories(self) -> dict[str, int]:
+        """Request count per category, in first-seen order."""
+        counts: dict[str, int] = {}
+        for req in self.requests:
+            counts[req.category] = counts.get(req.category, 0) + 1
+        return counts
+
+
+def canonical_json(requests: Iterable[CorpusRequest]) -> bytes:
+    """Formatting-independent serialization: every field present, sorted keys, no whitespace."""
+    rows = [
+        {"id": r.id, "prompt": r.prompt, "category": r.category, "max_tokens": r.max_tokens}
+        for r in requests
+    ]
+    text = json.dumps(rows, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return text.encode("utf-8")
+
+
+def fingerprint(requests: Iterable[CorpusRequest]) -> str:
+    """ "sha256:<hex>" of canonical_json(requests); order matters, file layout does not."""
+    return "sha256:" + hashlib.sha256(canonical_json(requests)).hexdigest()
+
+
+def short_fingerprint(fp: str, n: int = 12) -> str:
+    """The first n hex digits, for tables."""
+    return fp.removeprefix("sha256:")[:n]

@@ -1,0 +1,182 @@
+"""Strict line-by-line validation of corpus JSONL: every malformed line is named, none skipped.
+
+Rules (one JSON object per line, UTF-8):
+- required: "id" (non-empty string), "prompt" (non-blank string);
+- optional: "category" (non-empty string), "max_tokens" (integer >= 1); null means absent;
+- any other key is an error (a typo such as "max_token" must not pass silently);
+- blank lines are errors; ids must be unique (a duplicate names both lines);
+- a file with no requests is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from qual.errors import QualError
+
+from .records import DEFAULT_CATEGORY, CorpusRequest
+
+FIELDS = ("id", "prompt", "category", "max_tokens")
+# Problems spelled out in full in the one-line message; the rest are named by line number.
+MAX_DETAILED = 20
+_LINE_RE = re.compile(r"(?:row )?(\d+):")
+
+
+class CorpusFormatError(QualError):
+    """A corpus file or source broke the format; `problems` lists every offending line."""
+
+    def __init__(self, problems: list[str], where: str):
+        self.problems = list(problems)
+        self.where = where
+        super().__init__(_summarize(self.problems, where))
+
+
+def _summarize(problems: list[str], where: str) -> str:
+    shown = "; ".join(problems[:MAX_DETAILED])
+    rest = problems[MAX_DETAILED:]
+    if not rest:
+        return shown
+    lines = sorted({line_of(p, where) for p in rest} - {0})
+    listed = ", ".join(str(n) for n in lines)
+    return f"{shown}; and {len(rest)} more problems in {where} on lines {listed}"
+
+
+def display_path(path: Path) -> str:
+    """The path as a user would type it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _quote(text: str) -> str:
+    # JSON quoting keeps a key or id with a newline in it on one line.
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def request_from_mapping(obj: Any, loc: str) -> tuple[CorpusRequest | None, list[str]]:
+    """Validate one decoded record; return the request or the problems, each prefixed by loc."""
+    if not isinstance(obj, dict):
+        return None, [f"{loc}: expected a JSON object, got {_type_name(obj)}"]
+    problems: list[str] = []
+    unknown = [k for k in obj if k not in FIELDS]
+    if unknown:
+        names = ", ".join(_quote(k) for k in unknown)
+        problems.append(f"{loc}: unknown field {names} (allowed: {', '.join(FIELDS)})")
+    for key in ("id", "prompt"):
+        if key not in obj:
+            problems.append(f'{loc}: missing field "{key}"')
+        elif not isinstance(obj[key], str):
+            problems.append(f'{loc}: field "{key}" must be a string, got {_type_name(obj[key])}')
+        elif not obj[key].strip():
+            problems.append(f'{loc}: field "{key}" is empty')
+    category = obj.get("category")
+    if category is not None:
+        if not isinstance(category, str):
+            problems.append(f'{loc}: field "category" must be a string, got {_type_name(category)}')
+        elif not category.strip():
+            problems.append(f'{loc}: field "category" is empty')
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None:
+        # bool is an int subclass in Python; true/false is never a token count.
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            problems.append(
+                f'{loc}: field "max_tokens" must be an integer, got {_type_name(max_tokens)}'
+            )
+        elif max_tokens < 1:
+            problems.append(f'{loc}: field "max_tokens" must be >= 1, got {max_tokens}')
+    if problems:
+        return None, problems
+    return CorpusRequest(
+        id=obj["id"],
+        prompt=obj["prompt"],
+        category=category if category is not None else DEFAULT_CATEGORY,
+        max_tokens=max_tokens,
+    ), []
+
+
+def duplicate_problems(located: Iterable[tuple[str, CorpusRequest]]) -> list[str]:
+    """One problem per repeated id, naming both locations."""
+    problems: list[str] = []
+    first_seen: dict[str, str] = {}
+    for loc, req in located:
+        if req.id in first_seen:
+            problems.append(f"{loc}: duplicate id {_quote(req.id)} (first at {first_seen[req.id]})")
+        else:
+            first_seen[req.id] = loc
+    return problems
+
+
+def check_requests(
+    located: list[tuple[str, CorpusRequest]], where: str
+) -> tuple[CorpusRequest, ...]:
+    """Reject duplicate ids and emptiness over (location, request) pairs already validated."""
+    problems = duplicate_problems(located)
+    if problems:
+        raise CorpusFormatError(problems, where)
+    if not located:
+        raise CorpusFormatError([f"{where}: corpus is empty (no requests)"], where)
+    return tuple(req for _, req in located)
+
+
+def parse_jsonl_bytes(data: bytes, where: str) -> tuple[CorpusRequest, ...]:
+    """Parse and validate a whole JSONL document; raise CorpusFormatError naming every bad line."""
+    problems: list[str] = []
+    located: list[tuple[str, CorpusRequest]] = []
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line does not start another
+    for lineno, raw in enumerate(lines, start=1):
+        loc = f"{where}:{lineno}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(f"{loc}: not valid UTF-8 (byte {exc.start})")
+            continue
+        if not text.strip():
+            problems.append(f"{loc}: blank line")
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{loc}: invalid JSON: {exc.msg} (column {exc.colno})")
+            continue
+        req, errs = request_from_mapping(obj, loc)
+        if errs:
+            problems.extend(errs)
+        else:
+            located.append((loc, req))
+    # Duplicates are reported alongside format problems so one run shows everything.
+    problems.extend(duplicate_problems(located))
+    if problems:
+        problems.sort(key=lambda p: line_of(p, where))
+        raise CorpusFormatError(problems, where)
+    return check_requests(located, where)
+
+
+def line_of(problem: str, where: str) -> int:
+    """The line (or row) number a problem names, 0 when it names none."""
+    match = _LINE_RE.match(problem[len(where) + 1 :])
+    return int(match.group(1)) if match else 0
+
+
+def parse_jsonl(path: Path) -> tuple[CorpusRequest, ...]:
+    """Read and validate a corpus JSONL file."""
+    where = display_path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise QualError(f"{where}: no such corpus file") from None
+    except IsADirectoryError:
+        raise QualError(f"{where}: is a directory, not a corpus file") from None
+    except OSError as exc:
+        raise QualError(f"{where}: cannot read: {exc.strerror}") from None
+    return parse_jsonl_bytes(data, where)
