@@ -1,0 +1,1 @@
+"""The embedded DCP-aware DFlash runtime (PyTorch over torch.distributed)."""

@@ -1,0 +1,114 @@
+"""Runtime configuration, validated on construction: a bad config never reaches a process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qual.errors import QualError
+
+DRAFT_KV_MODES = ("replicated", "sharded")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """tp ranks form one tensor-parallel group; consecutive runs of dcp ranks form DCP groups."""
+
+    tp: int = 1
+    dcp: int = 1
+    interleave: int = 1
+
+    def __post_init__(self):
+        if self.tp < 1 or self.dcp < 1 or self.interleave < 1:
+            raise QualError(f"tp, dcp and interleave must be >= 1 (got tp={self.tp}, dcp={self.dcp}, interleave={self.interleave})")
+        if self.tp % self.dcp:
+            raise QualError(f"constraint tp % dcp == 0 violated: tp={self.tp} is not divisible by dcp={self.dcp}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp
+
+    def check_model(self, num_attention_heads: int, num_kv_heads: int, what: str = "target") -> None:
+        """The head layout must split across TP and give every DCP rank the KV heads of its gathered queries."""
+        if num_attention_heads % self.tp:
+            raise QualError(f"{what}: num_attention_heads={num_attention_heads} is not divisible by tp={self.tp}")
+        if num_kv_heads % self.tp and self.tp % num_kv_heads:
+            raise QualError(f"{what}: num_key_value_heads={num_kv_heads} and tp={self.tp} must divide one another")
+        max_dcp = max(1, self.tp // num_kv_heads)
+        if self.dcp > max_dcp:
+            raise QualError(
+                f"constraint dcp <= tp // num_kv_heads violated: dcp={self.dcp} > {self.tp} // {num_kv_heads} "
+                f"(each DCP rank must hold the KV heads of all query heads gathered to it)"
+            )
+
+    def check_block_size(self, block_size: int) -> None:
+        if block_size < self.interleave or block_size % self.interleave:
+            raise QualError(
+                f"constraint block_size >= interleave and block_size % interleave == 0 violated: "
+                f"block_size={block_size}, interleave={self.interleave}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Paged KV cache: B tokens per physical block; the pool is sized from a per-rank byte budget."""
+
+    block_size: int = 16
+    memory_bytes: int = 256 * 2**20
+    draft_window: int | None = None  # bounds full-attention draft context too (None: unbounded)
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise QualError(f"block_size must be >= 1 (got {self.block_size})")
+        if self.memory_bytes <= 0:
+            raise QualError(f"KV memory budget must be positive (got {self.memory_bytes})")
+        if self.draft_window is not None and self.draft_window < 1:
+            raise QualError(f"draft_window must be >= 1 (got {self.draft_window})")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """One engine instance: target (+ optional drafter) under a parallel layout."""
+
+    target_path: str
+    draft_path: str | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    draft_kv: str = "replicated"
+    num_speculative_tokens: int | None = None  # None: drafter block_size - 1
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_num_seqs: int = 64
+    max_prefill_tokens: int = 8192
+    max_model_len: int = 2048
+    dist_timeout_s: float = 300.0
+    threads_per_rank: int | None = None  # CPU: torch threads per rank (None: cores // world)
+
+    def __post_init__(self):
+        if self.draft_kv not in DRAFT_KV_MODES:
+            raise QualError(f"draft_kv must be one of {', '.join(DRAFT_KV_MODES)} (got {self.draft_kv!r})")
+        if self.dtype not in DTYPES:
+            raise QualError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise QualError(f"device must be cpu or cuda (got {self.device!r})")
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
+            raise QualError(f"num_speculative_tokens must be >= 1 (got {self.num_speculative_tokens})")
+        if self.max_num_seqs < 1 or self.max_model_len < 2:
+            raise QualError("max_num_seqs must be >= 1 and max_model_len >= 2")
+        self.parallel.check_block_size(self.cache.block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Greedy at temperature 0; otherwise sampling from the target with noise seeded per (seed, request, position)."""
+
+    temperature: float = 0.0
+    seed: int = 0
+    max_tokens: int = 64
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise QualError(f"temperature must be >= 0 (got {self.temperature})")
+        if self.max_tokens < 1:
+            raise QualError(f"max_tokens must be >= 1 (got {self.max_tokens})")

@@ -1,0 +1,279 @@
+"""Driver (rank 0): admission, prefill, draft + verify, commit, and per-request statistics."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from qual.engines.base import RequestResult
+from qual.errors import EngineError, QualError
+from qual.runtime.checkpoint import load_draft_config, load_target_config
+from qual.runtime.config import EngineConfig, SamplingParams
+from qual.runtime.kv_cache import CacheManager
+from qual.runtime.model_runner import ModelRunner
+from qual.runtime.parallel import Comm, free_port, init_comm, set_cpu_threads, shutdown_comm
+from qual.runtime.sampling import choose_tokens, greedy_acceptance, top2_margins
+from qual.runtime.steps import DecodeStep, PrefillStep
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int | None = None
+    category: str = "default"
+
+
+@dataclass
+class _Seq:
+    req: GenerationRequest
+    max_tokens: int
+    K: int
+    output: list[int] = field(default_factory=list)
+    ctx_len: int = 0  # tokens already in the draft cache
+    pending_commit: int = 0  # verified tokens whose hidden states join the draft context next step
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    draft_steps: list[list] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def num_committed(self) -> int:
+        return len(self.req.prompt_token_ids) + len(self.output)
+
+    def result(self) -> RequestResult:
+        return RequestResult(
+            id=self.req.id, category=self.req.category,
+            prompt_token_ids=list(self.req.prompt_token_ids), output_token_ids=list(self.output),
+            drafts=self.drafts, draft_tokens=self.draft_tokens, accepted_tokens=self.accepted,
+            accepted_per_position=list(self.accepted_per_pos), finish_reason=self.finish_reason or "length",
+            draft_steps=self.draft_steps, top2_margins=self.margins,
+        )
+
+
+def validate(cfg: EngineConfig):
+    """Check checkpoints and every parallel constraint before any process starts."""
+    target = load_target_config(cfg.target_path)
+    cfg.parallel.check_model(target.num_attention_heads, target.num_key_value_heads, "target")
+    draft = None
+    if cfg.draft_path:
+        draft = load_draft_config(cfg.draft_path)
+        cfg.parallel.check_model(draft.layers.num_attention_heads, draft.layers.num_key_value_heads, "drafter")
+    if cfg.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise QualError("device cuda requested but CUDA is not available")
+        if torch.cuda.device_count() < cfg.parallel.world_size:
+            raise QualError(f"tp={cfg.parallel.world_size} needs {cfg.parallel.world_size} GPUs; {torch.cuda.device_count()} visible")
+    return target, draft
+
+
+def _worker_main(rank: int, cfg: EngineConfig, init_method: str) -> None:
+    try:
+        set_cpu_threads(cfg.parallel.world_size, cfg.threads_per_rank)
+        comm = init_comm(rank, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s)
+        runner = ModelRunner(cfg, comm)
+        while (step := comm.broadcast_object(None)) is not None:
+            runner.execute(step)
+        shutdown_comm(comm)
+    except Exception:
+        traceback.print_exc()
+        os._exit(1)  # a dead peer fails rank 0's next collective at once
+
+
+class LLMEngine:
+    """Target + optional DFlash drafter on tp ranks (rank 0 in this process)."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        self.target_cfg, self.draft_cfg = validate(cfg)
+        world = cfg.parallel.world_size
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        ctx = mp.get_context("spawn")
+        self.workers = [ctx.Process(target=_worker_main, args=(r, cfg, init_method), daemon=True) for r in range(1, world)]
+        for p in self.workers:
+            p.start()
+        self._prev_threads = torch.get_num_threads()
+        if cfg.device == "cpu":
+            set_cpu_threads(world, cfg.threads_per_rank)
+        try:
+            self.comm: Comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s)
+            self.runner = ModelRunner(cfg, self.comm)
+        except Exception as exc:
+            self._kill_workers()
+            if isinstance(exc, QualError):
+                raise
+            raise EngineError(f"engine start failed: {exc}") from exc
+        self.K = self.runner.K
+        self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, self.K + 1)
+        self._finished_ids: list[str] = []
+        self.eos = self.target_cfg.eos_token_id
+
+    # -- lifecycle -------------------------------------------------------
+    def close(self) -> None:
+        if getattr(self, "comm", None) is None:
+            return
+        try:
+            self.comm.broadcast_object(None)
+            shutdown_comm(self.comm)
+        except Exception:
+            pass
+        for p in self.workers:
+            p.join(timeout=30)
+        self._kill_workers()
+        self.comm = None
+        torch.set_num_threads(self._prev_threads)
+
+    def _kill_workers(self) -> None:
+        for p in self.workers:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def memory(self) -> dict:
+        """Per-rank KV bytes by cache group (block pool and live use)."""
+        return self.cache.memory()
+
+    # -- generation ------------------------------------------------------
+    def prompt_logits(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Target logits at each prompt's last position, [R, vocab] (nothing is generated)."""
+        ids = [f"__prompt_logits_{i}" for i in range(len(prompts))]
+        for rid, p in zip(ids, prompts):
+            self.cache.admit(rid, len(p))
+            self.cache.ensure(rid, len(p))
+        tables = {name: self.cache.block_table(name, ids) for name in self.cache.groups}
+        out = self._step(PrefillStep(ids, [list(p) for p in prompts], tables))
+        for rid in ids:
+            self.cache.free(rid)
+        self._finished_ids.extend(ids)
+        return out.logits.float().cpu()
+
+    def _step(self, step):
+        step.finished, self._finished_ids = self._finished_ids, []
+        try:
+            self.comm.broadcast_object(step)
+            return self.runner.execute(step)
+        except RuntimeError as exc:
+            raise EngineError(f"a rank failed during a step: {exc}") from exc
+
+    def _tables(self, seqs: list[_Seq]) -> dict:
+        ids = [s.req.id for s in seqs]
+        return {name: self.cache.block_table(name, ids) for name in self.cache.groups}
+
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        sampling: SamplingParams,
+        on_result: Callable[[RequestResult], None] | None = None,
+    ) -> list[RequestResult]:
+        """Run every request to completion; results in input order (on_result as each finishes)."""
+        seqs = [_Seq(r, r.max_tokens or sampling.max_tokens, self.K, accepted_per_pos=[0] * self.K) for r in requests]
+        for s in seqs:
+            total = len(s.req.prompt_token_ids) + s.max_tokens + self.K + 1
+            if not s.req.prompt_token_ids:
+                raise QualError(f"request {s.req.id}: empty prompt")
+            if total > self.cfg.max_model_len:
+                raise QualError(f"request {s.req.id}: prompt {len(s.req.prompt_token_ids)} + max_tokens {s.max_tokens} exceeds max_model_len {self.cfg.max_model_len}")
+        done: dict[str, RequestResult] = {}
+        waiting, running = deque(seqs), []
+
+        def finish(s: _Seq) -> None:
+            self.cache.free(s.req.id)
+            self._finished_ids.append(s.req.id)
+            done[s.req.id] = res = s.result()
+            if on_result:
+                on_result(res)
+
+        while waiting or running:
+            admitted = self._admit(waiting, running)
+            if not admitted and not running:
+                raise QualError(f"request {waiting[0].req.id} does not fit the KV cache budget ({self.cfg.cache.memory_bytes} B per rank)")
+            if admitted:
+                self._prefill(admitted, sampling)
+                for s in admitted:
+                    (finish if s.finish_reason else running.append)(s)
+            if running:
+                self._decode(running, sampling)
+                for s in [s for s in running if s.finish_reason]:
+                    running.remove(s)
+                    finish(s)
+        return [done[r.id] for r in requests]
+
+    def _admit(self, waiting: deque, running: list) -> list[_Seq]:
+        admitted, budget = [], self.cfg.max_prefill_tokens
+        while waiting and len(running) + len(admitted) < self.cfg.max_num_seqs:
+            s = waiting[0]
+            n = len(s.req.prompt_token_ids)
+            if (admitted and n > budget) or not self.cache.can_admit(n + s.max_tokens + self.K + 1):
+                break
+            waiting.popleft()
+            self.cache.admit(s.req.id, n + s.max_tokens + self.K + 1)
+            self.cache.ensure(s.req.id, n)
+            admitted.append(s)
+            budget -= n
+        return admitted
+
+    def _prefill(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
+        out = self._step(PrefillStep([s.req.id for s in seqs], [list(s.req.prompt_token_ids) for s in seqs], self._tables(seqs)))
+        logits = out.logits.float().cpu()
+        for i, s in enumerate(seqs):
+            n = len(s.req.prompt_token_ids)
+            token = choose_tokens(logits[i : i + 1], sampling.temperature, sampling.seed, s.req.id, n)[0]
+            s.pending_commit = n
+            self._append(s, [token], top2_margins(logits[i : i + 1]), sampling)
+
+    def _decode(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
+        for s in seqs:
+            self.cache.ensure(s.req.id, s.num_committed + self.K)
+        step = DecodeStep(
+            [s.req.id for s in seqs], [s.output[-1] for s in seqs], [s.num_committed for s in seqs],
+            [s.ctx_len for s in seqs], [s.pending_commit for s in seqs], self._tables(seqs),
+        )
+        out = self._step(step)
+        logits = out.logits.float().cpu()
+        drafts = out.draft_tokens.cpu().tolist() if out.draft_tokens is not None else None
+        for i, s in enumerate(seqs):
+            n = s.num_committed
+            targets = choose_tokens(logits[i], sampling.temperature, sampling.seed, s.req.id, n)
+            margins = top2_margins(logits[i])
+            if drafts is None:
+                self._append(s, targets[:1], margins[:1], sampling)
+                continue
+            a = greedy_acceptance(drafts[i], targets)
+            s.drafts += 1
+            s.draft_tokens += self.K
+            s.accepted += a
+            for j in range(a):
+                s.accepted_per_pos[j] += 1
+            s.draft_steps.append([n, drafts[i]])
+            s.ctx_len += s.pending_commit
+            s.pending_commit = a + 1
+            for name in self.cache.groups:
+                self.cache.release_outside_window(name, s.req.id, s.ctx_len)
+            self._append(s, targets[: a + 1], margins[: a + 1], sampling)
+
+    def _append(self, s: _Seq, tokens: list[int], margins: list[float], sampling: SamplingParams) -> None:
+        """Commit verified tokens up to max_tokens / EOS."""
+        for tok, m in zip(tokens, margins):
+            s.output.append(tok)
+            s.margins.append(m)
+            if not sampling.ignore_eos and self.eos is not None and tok == self.eos:
+                s.finish_reason = "stop"
+                return
+            if len(s.output) >= s.max_tokens:
+                s.finish_reason = "length"
+                return

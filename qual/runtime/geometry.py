@@ -1,0 +1,64 @@
+"""Where a token's KV lives under decode context parallelism (DESIGN.md §2).
+
+N = dcp_size, I = interleave, B = block_size (tokens per physical block on one rank).
+A sharded group has a virtual block of B*N tokens; a replicated group is the N=1 case.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def owner_rank(positions: torch.Tensor, dcp_size: int, interleave: int) -> torch.Tensor:
+    """DCP rank that stores the KV of each global position."""
+    return (positions // interleave) % dcp_size
+
+
+def blocks_needed(num_tokens: int, block_size: int, dcp_size: int) -> int:
+    """Blocks (per rank) a request of num_tokens needs: ceil(L / (B*N))."""
+    span = block_size * dcp_size
+    return -(-num_tokens // span)
+
+
+def slot_mapping(
+    positions: torch.Tensor,  # [T] global positions
+    block_ids: torch.Tensor,  # [T, max_blocks] block table row of each token's request
+    block_size: int,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+) -> torch.Tensor:
+    """Physical slot of each token on this rank, -1 where the token is not local."""
+    span = block_size * dcp_size
+    vblk = positions // span
+    off = positions % span
+    local = ((off // interleave) % dcp_size) == dcp_rank
+    local_off = (off // (dcp_size * interleave)) * interleave + off % interleave
+    block = torch.gather(block_ids, 1, vblk.unsqueeze(1)).squeeze(1)
+    slots = block * block_size + local_off
+    return torch.where(local & (block >= 0), slots, torch.full_like(slots, -1))
+
+
+def local_seq_len(seq_lens: torch.Tensor, dcp_size: int, dcp_rank: int, interleave: int) -> torch.Tensor:
+    """Number of a sequence's first L tokens stored on this rank."""
+    base = (seq_lens // (interleave * dcp_size)) * interleave
+    rest = seq_lens - base * dcp_size - dcp_rank * interleave
+    return base + rest.clamp(0, interleave)
+
+
+def local_index_positions(
+    num_local: int, block_size: int, dcp_size: int, dcp_rank: int, interleave: int
+) -> torch.Tensor:
+    """Global position of this rank's j-th local token, j = 0..num_local-1 (inverse of the slot map)."""
+    j = torch.arange(num_local)
+    vblk, lo = j // block_size, j % block_size
+    off = (lo // interleave) * (dcp_size * interleave) + dcp_rank * interleave + lo % interleave
+    return vblk * block_size * dcp_size + off
+
+
+def local_slots(block_ids: torch.Tensor, num_local: int, block_size: int) -> torch.Tensor:
+    """Physical slots of local tokens 0..num_local-1 for each request. block_ids: [R, max_blocks] -> [R, num_local]."""
+    j = torch.arange(num_local)
+    block = block_ids[:, (j // block_size).clamp(max=block_ids.shape[1] - 1)]
+    slots = block * block_size + j % block_size
+    return torch.where(block >= 0, slots, torch.full_like(slots, -1))

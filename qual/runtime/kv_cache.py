@@ -1,0 +1,174 @@
+"""Paged KV cache bookkeeping: group specs, block pools, block tables, admission, memory accounting.
+
+Lives on the driver (rank 0). Every rank holds the same block ids; the geometry of a
+group (sharded under DCP or replicated) decides which tokens land in a rank's blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qual.errors import QualError
+from qual.runtime.geometry import blocks_needed
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheSpec:
+    """What a layer's KV looks like on one rank."""
+
+    attention: str  # "full" | "sliding"
+    window: int | None  # context positions visible (None: all)
+    sharded: bool  # True: DCP geometry (virtual block B*N); False: replicated, DCP1 geometry on every rank
+    num_kv_heads: int  # on one rank
+    head_dim: int
+    dtype_bytes: int
+
+    @property
+    def replication(self) -> str:
+        return "sharded" if self.sharded else "replicated"
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheGroup:
+    """Layers that share one block table."""
+
+    name: str
+    spec: KVCacheSpec
+    layers: tuple[str, ...]
+
+    def merge(self, other: "KVCacheGroup") -> "KVCacheGroup":
+        """One table for both groups' layers; only identical specs may share it."""
+        if self.spec.sharded != other.spec.sharded:
+            raise QualError(
+                f"cannot merge KV cache groups {self.name!r} ({self.spec.replication}) and {other.name!r} "
+                f"({other.spec.replication}): groups of different replication never share a block table"
+            )
+        if self.spec != other.spec:
+            raise QualError(f"cannot merge KV cache groups {self.name!r} and {other.name!r}: specs differ ({self.spec} vs {other.spec})")
+        return KVCacheGroup(self.name, self.spec, self.layers + other.layers)
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes one block id costs on one rank (K and V of every layer in the group)."""
+        s = self.spec
+        return 2 * len(self.layers) * block_size * s.num_kv_heads * s.head_dim * s.dtype_bytes
+
+
+class BlockPool:
+    """Free list of physical block ids."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"block pool exhausted: need {n}, have {len(self._free)}")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, ids: list[int]) -> None:
+        self._free.extend(i for i in ids if i >= 0)
+
+
+class CacheManager:
+    """Block tables of every request in every group, with lifetime reservations for admission."""
+
+    def __init__(self, groups: list[KVCacheGroup], block_size: int, dcp_size: int, memory_bytes: int, lookahead: int):
+        self.groups = {g.name: g for g in groups}
+        self.block_size = block_size
+        self.dcp_size = dcp_size
+        self.lookahead = lookahead  # tokens written past the committed length (verify block)
+        per_index = sum(g.block_bytes(block_size) for g in groups)
+        self.num_blocks = memory_bytes // per_index
+        if self.num_blocks < 1:
+            raise QualError(f"KV memory budget {memory_bytes} B is below one block ({per_index} B per block index)")
+        self.pools = {g.name: BlockPool(self.num_blocks) for g in groups}
+        self.tables: dict[str, dict[str, list[int]]] = {g.name: {} for g in groups}
+        self.reserved: dict[str, dict[str, int]] = {g.name: {} for g in groups}
+
+    def group_dcp(self, name: str) -> int:
+        return self.dcp_size if self.groups[name].spec.sharded else 1
+
+    def lifetime_blocks(self, name: str, total_len: int) -> int:
+        """Most blocks a request of total_len tokens ever holds at once in this group."""
+        n = self.group_dcp(name)
+        full = blocks_needed(total_len, self.block_size, n)
+        window = self.groups[name].spec.window
+        if window is None:
+            return full
+        return min(full, blocks_needed(window + self.lookahead, self.block_size, n) + 1)
+
+    def can_admit(self, total_len: int) -> bool:
+        """Admit only if every group can hold the request for its whole life."""
+        for name, pool in self.pools.items():
+            outstanding = sum(self.reserved[name].values()) - sum(
+                sum(1 for b in t if b >= 0) for t in self.tables[name].values()
+            )
+            if pool.num_free - outstanding < self.lifetime_blocks(name, total_len):
+                return False
+        return True
+
+    def admit(self, req_id: str, total_len: int) -> None:
+        if not self.can_admit(total_len):
+            raise RuntimeError(f"request {req_id} does not fit the KV cache")
+        for name in self.groups:
+            self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
+            self.tables[name][req_id] = []
+
+    def ensure(self, req_id: str, num_tokens: int) -> None:
+        """Allocate blocks so positions < num_tokens have slots in every group."""
+        for name, pool in self.pools.items():
+            table = self.tables[name][req_id]
+            need = blocks_needed(num_tokens, self.block_size, self.group_dcp(name))
+            if need > len(table):
+                table.extend(pool.allocate(need - len(table)))
+
+    def release_outside_window(self, name: str, req_id: str, context_len: int) -> None:
+        """Free blocks whose positions have all left the group's window (they are never read again)."""
+        window = self.groups[name].spec.window
+        if window is None:
+            return
+        span = self.block_size * self.group_dcp(name)
+        first_visible = max(0, context_len - window)
+        table = self.tables[name][req_id]
+        for vblk in range(min(first_visible // span, len(table))):
+            if table[vblk] >= 0:
+                self.pools[name].free([table[vblk]])
+                table[vblk] = -1
+
+    def free(self, req_id: str) -> None:
+        for name, pool in self.pools.items():
+            pool.free(self.tables[name].pop(req_id, []))
+            self.reserved[name].pop(req_id, None)
+
+    def block_table(self, name: str, req_ids: list[str]) -> torch.Tensor:
+        """[R, max_blocks] block ids, -1 padded."""
+        rows = [self.tables[name][r] for r in req_ids]
+        width = max((len(r) for r in rows), default=0) or 1
+        out = torch.full((len(rows), width), -1, dtype=torch.long)
+        for i, row in enumerate(rows):
+            if row:
+                out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
+
+    def memory(self) -> dict[str, dict]:
+        """Per-rank KV bytes by group: what the pool holds and what live blocks use."""
+        report = {}
+        for name, g in self.groups.items():
+            bb = g.block_bytes(self.block_size)
+            used = sum(sum(1 for b in t if b >= 0) for t in self.tables[name].values())
+            report[name] = {
+                "replication": g.spec.replication,
+                "window": g.spec.window,
+                "block_bytes": bb,
+                "num_blocks": self.num_blocks,
+                "pool_bytes": bb * self.num_blocks,
+                "used_blocks": used,
+                "used_bytes": used * bb,
+            }
+        return report

@@ -1,0 +1,88 @@
+"""Qwen3 target: TP-sharded heads, DCP attention with LSE combine, aux hidden states for DFlash."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from qual.runtime.attention import attention_with_lse, global_lse, rescale_to_global
+from qual.runtime.checkpoint import Qwen3Config, load_target_config, load_weights, require
+from qual.runtime.models.layers import HeadLayout, Rope, load_layer, mlp, project_qkv, rms_norm
+from qual.runtime.paged import KeyView, KVStore, pad_queries, unpad
+from qual.runtime.parallel import Comm
+
+
+@dataclass
+class TargetMeta:
+    """Attention metadata of one target forward on this rank."""
+
+    write_slots: torch.Tensor  # [T] slot of each new token here, -1 = other rank
+    keys: KeyView  # local keys per request (new tokens included)
+    q_index: torch.Tensor  # [R, Q] flat token index, -1 = padding
+    mask: torch.Tensor  # [R, Q, S] causal by global position
+
+
+def causal_mask(q_positions: torch.Tensor, q_index: torch.Tensor, keys: KeyView) -> torch.Tensor:
+    """[R, Q, S]: key visible if stored here and not after the query."""
+    return keys.valid[:, None, :] & (keys.positions[:, None, :] <= q_positions[:, :, None]) & (q_index >= 0)[:, :, None]
+
+
+class Qwen3Target:
+    """This rank's shard of a Qwen3 target."""
+
+    def __init__(self, path: str | Path, comm: Comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...] = ()):
+        self.cfg: Qwen3Config = load_target_config(path)
+        cfg, dev = self.cfg, comm.device
+        weights = load_weights(path)
+        cast = lambda t: t.to(device=dev, dtype=dtype)  # noqa: E731
+        self.comm, self.dtype = comm, dtype
+        self.layout = HeadLayout.for_rank(cfg, comm)
+        self.embed = cast(require(weights, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), path))
+        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        self.lm_head = cast(require(weights, head, (cfg.vocab_size, cfg.hidden_size), path))
+        self.norm = cast(require(weights, "model.norm.weight", (cfg.hidden_size,), path))
+        self.layers = [
+            load_layer(weights, f"model.layers.{i}.", cfg, self.layout, comm, path, cast) for i in range(cfg.num_hidden_layers)
+        ]
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, dev, dtype)
+        self.aux_layer_ids = tuple(aux_layer_ids)
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, store: KVStore):
+        """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
+        x = F.embedding(tokens, self.embed)
+        aux = []
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
+            x = x + self._attention(i, h, positions, meta, store)
+            x = x + mlp(rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps), layer.mlp, self.comm)
+            if i in self.aux_layer_ids:
+                aux.append(x)
+        features = torch.cat([aux[self.aux_layer_ids.index(i)] for i in self.aux_layer_ids], dim=-1) if aux else None
+        return rms_norm(x, self.norm, self.cfg.rms_norm_eps), features
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head)
+
+    def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
+        a, lay, comm = self.layers[i].attn, self.layout, self.comm
+        q, k, v = project_qkv(h, a, lay, self.cfg.rms_norm_eps, self.rope, positions)
+        store.write(i, meta.write_slots, k, v)
+        T, Hl, D = q.shape
+        # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
+        qg = comm.all_gather_dcp(q).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, D)
+        # Step 2: attend over the local KV shard only, keeping the LSE.
+        kc, vc = store.gather(i, meta.keys)
+        out, lse = attention_with_lse(pad_queries(qg, meta.q_index), kc, vc, meta.mask, self.scale)
+        if comm.dcp_size > 1:
+            # Step 3: rescale by exp(lse_r - LSE); the reduce-scatter sums ranks and returns our own heads.
+            lse_all = global_lse(comm.all_gather_dcp(lse))
+            part = rescale_to_global(out, lse, lse_all)  # [R, Q, dcp*Hl, D]
+            R, Q = part.shape[:2]
+            part = part.view(R, Q, comm.dcp_size, Hl, D).permute(2, 0, 1, 3, 4).reshape(comm.dcp_size * R, Q, Hl, D)
+            out = comm.reduce_scatter_dcp(part)
+        flat = unpad(out, meta.q_index, T).reshape(T, Hl * D)
+        return comm.all_reduce_tp(F.linear(flat, a.o))

@@ -1,0 +1,90 @@
+"""Per-step paged-KV views: where this rank writes new K/V and which local keys each request reads.
+
+Built once per step and group from rank-independent metadata, shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qual.runtime.geometry import local_index_positions, local_seq_len, local_slots, slot_mapping
+
+
+@dataclass
+class Geometry:
+    """How a cache group lays tokens out on this rank."""
+
+    block_size: int
+    dcp_size: int  # 1 for replicated groups
+    dcp_rank: int
+    interleave: int
+
+
+@dataclass
+class KeyView:
+    """Local keys of each request: slots to gather and their global positions."""
+
+    slots: torch.Tensor  # [R, S] clamped to >= 0
+    positions: torch.Tensor  # [R, S] global positions
+    valid: torch.Tensor  # [R, S] local, allocated, inside the window
+
+
+def write_slots(geo: Geometry, positions: torch.Tensor, rows: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """Slots on this rank for tokens at positions [T] of requests rows [T]; -1 = not stored here."""
+    if positions.numel() == 0:
+        return positions
+    return slot_mapping(positions, block_table[rows], geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave)
+
+
+def key_view(geo: Geometry, block_table: torch.Tensor, seq_lens: torch.Tensor, window_start: torch.Tensor | None = None) -> KeyView:
+    """Keys at global positions < seq_lens [R] held by this rank (positions >= window_start where given)."""
+    local = local_seq_len(seq_lens, geo.dcp_size, geo.dcp_rank, geo.interleave)
+    S = max(int(local.max().item()) if local.numel() else 0, 1)
+    slots = local_slots(block_table, S, geo.block_size)
+    pos = local_index_positions(S, geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave).expand(len(seq_lens), S)
+    valid = (torch.arange(S)[None, :] < local[:, None]) & (slots >= 0)
+    if window_start is not None:
+        valid &= pos >= window_start[:, None]
+    return KeyView(slots.clamp(min=0), pos, valid)
+
+
+class KVStore:
+    """K/V tensors of one cache group on one rank: per layer [num_blocks * B, kv_heads, D]."""
+
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype, device):
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        keep = slots >= 0
+        if keep.all():
+            self.k[layer][slots] = k
+            self.v[layer][slots] = v
+        elif keep.any():
+            self.k[layer][slots[keep]] = k[keep]
+            self.v[layer][slots[keep]] = v[keep]
+
+    def gather(self, layer: int, view: KeyView) -> tuple[torch.Tensor, torch.Tensor]:
+        """[R, S, kv_heads, D] each."""
+        return self.k[layer][view.slots], self.v[layer][view.slots]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def pad_queries(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Flat tokens x [T, ...] -> padded [R, Q, ...] using index [R, Q] (-1 = padding, filled with 0)."""
+    out = x[index.clamp(min=0)]
+    return out * (index >= 0).view(*index.shape, *([1] * (x.dim() - 1))).to(x.dtype)
+
+
+def unpad(x: torch.Tensor, index: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Padded [R, Q, ...] back to flat [T, ...]."""
+    keep = index >= 0
+    out = x.new_empty((num_tokens, *x.shape[2:]))
+    out[index[keep]] = x[keep]
+    return out

@@ -1,0 +1,110 @@
+"""Process groups and the few collectives the models need; each is a no-op for a group of one."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now (for the rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Comm:
+    """This rank's place in the TP group and its DCP sub-group."""
+
+    rank: int = 0
+    tp_size: int = 1
+    dcp_size: int = 1
+    tp_group: object | None = None
+    dcp_group: object | None = None
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dcp_rank(self) -> int:
+        return self.rank % self.dcp_size
+
+    def all_reduce_tp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1:
+            dist.all_reduce(x, group=self.tp_group)
+        return x
+
+    def all_gather_dcp(self, x: torch.Tensor) -> torch.Tensor:
+        """Stack every DCP rank's x: [dcp, *x.shape] (rank order)."""
+        if self.dcp_size == 1:
+            return x.unsqueeze(0)
+        parts = [torch.empty_like(x) for _ in range(self.dcp_size)]
+        dist.all_gather(parts, x.contiguous(), group=self.dcp_group)
+        return torch.stack(parts)
+
+    def reduce_scatter_dcp(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x [dcp * n, ...] over the DCP group and keep this rank's slice n."""
+        if self.dcp_size == 1:
+            return x
+        chunks = x.shape[0] // self.dcp_size
+        if self.device.type == "cuda":
+            out = torch.empty((chunks, *x.shape[1:]), dtype=x.dtype, device=x.device)
+            dist.reduce_scatter_tensor(out, x.contiguous(), group=self.dcp_group)
+            return out
+        # gloo has no reduce_scatter: all-reduce and keep our slice.
+        x = x.contiguous()
+        dist.all_reduce(x, group=self.dcp_group)
+        return x[self.dcp_rank * chunks : (self.dcp_rank + 1) * chunks]
+
+    def broadcast_object(self, obj=None):
+        """Rank 0's object on every rank."""
+        if self.tp_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.tp_group)
+        return box[0]
+
+    def broadcast_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1:
+            dist.broadcast(x, src=0, group=self.tp_group)
+        return x
+
+
+def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: str, timeout_s: float) -> Comm:
+    """Join the process group and build the DCP sub-groups (consecutive ranks)."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+    else:
+        dev = torch.device("cpu")
+    if tp_size == 1:
+        return Comm(device=dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=tp_size, timeout=timedelta(seconds=timeout_s)
+    )
+    dcp_group = None
+    for start in range(0, tp_size, dcp_size):
+        group = dist.new_group(list(range(start, start + dcp_size)))  # every rank must create every group
+        if start <= rank < start + dcp_size:
+            dcp_group = group
+    return Comm(rank, tp_size, dcp_size, dist.group.WORLD, dcp_group, dev)
+
+
+def shutdown_comm(comm: Comm) -> None:
+    if comm.tp_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def set_cpu_threads(world_size: int, threads: int | None) -> None:
+    """Share the cores among ranks so they do not oversubscribe the machine."""
+    n = threads or max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(n)

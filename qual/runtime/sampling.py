@@ -1,0 +1,41 @@
+"""Token choice from target logits: greedy, or Gumbel-max with noise fixed by (seed, request, position).
+
+Keying the noise by position makes the sampled text independent of how many tokens the
+drafter proposed, so two arms with the same target draw the same tokens.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+
+def _noise_seed(seed: int, request_key: str, position: int) -> int:
+    return (seed * 1_000_003 + zlib.crc32(request_key.encode()) * 10_007 + position) % (2**63 - 1)
+
+
+def choose_tokens(logits: torch.Tensor, temperature: float, seed: int, request_key: str, first_position: int) -> list[int]:
+    """logits [Q, V] predict positions first_position .. first_position+Q-1; returns Q token ids."""
+    if temperature == 0:
+        return logits.argmax(dim=-1).tolist()
+    out = []
+    for j, row in enumerate(logits.float()):
+        g = torch.Generator().manual_seed(_noise_seed(seed, request_key, first_position + j))
+        u = torch.rand(row.shape, generator=g).clamp_(1e-20, 1.0)
+        out.append(int(torch.argmax(row / temperature - torch.log(-torch.log(u)))))
+    return out
+
+
+def top2_margins(logits: torch.Tensor) -> list[float]:
+    """Top-1 minus top-2 logit per row of [Q, V] (small = near tie)."""
+    top = logits.float().topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def greedy_acceptance(drafts: list[int], targets: list[int]) -> int:
+    """Longest prefix of drafts equal to the target's choices."""
+    a = 0
+    while a < len(drafts) and drafts[a] == targets[a]:
+        a += 1
+    return a

@@ -1,0 +1,38 @@
+"""What rank 0 broadcasts each step: rank-independent metadata only (every rank derives its own slots)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillStep:
+    """Run the target over whole prompts; their aux hidden states become pending draft context."""
+
+    req_ids: list[str]
+    prompts: list[list[int]]
+    tables: dict[str, torch.Tensor]  # group -> [R, max_blocks]
+    finished: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DecodeStep:
+    """One generation step for running requests: a DFlash draft + verify, or one plain target token."""
+
+    req_ids: list[str]
+    last_tokens: list[int]  # last committed token (not yet run through the target)
+    num_committed: list[int]  # committed length n (prompt + output); last token sits at n-1
+    ctx_len: list[int]  # draft context length before this step (positions < ctx_len are in the draft cache)
+    commit_counts: list[int]  # pending features that become draft context now
+    tables: dict[str, torch.Tensor]
+    finished: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepOutput:
+    """Rank 0's view of a step's results."""
+
+    logits: torch.Tensor  # prefill: [R, V]; plain decode: [R, 1, V]; spec decode: [R, K+1, V]
+    draft_tokens: torch.Tensor | None = None  # [R, K]

@@ -1,0 +1,78 @@
+"""Block pool, admission, sliding-window release and per-rank KV memory."""
+
+import pytest
+
+from qual.errors import QualError
+from qual.runtime.kv_cache import BlockPool, CacheManager, KVCacheGroup, KVCacheSpec
+
+
+def spec(sharded=True, window=None, attention="full"):
+    return KVCacheSpec(attention, window, sharded, num_kv_heads=1, head_dim=16, dtype_bytes=4)
+
+
+def manager(dcp, groups, memory=2**24, block_size=16, lookahead=8):
+    return CacheManager(groups, block_size, dcp, memory, lookahead)
+
+
+def test_pool_allocates_and_frees():
+    pool = BlockPool(4)
+    ids = pool.allocate(3)
+    assert len(set(ids)) == 3 and pool.num_free == 1
+    with pytest.raises(RuntimeError):
+        pool.allocate(2)
+    pool.free(ids)
+    assert pool.num_free == 4
+
+
+def test_mixed_replication_never_merges():
+    a = KVCacheGroup("target", spec(sharded=True), ("t.0",))
+    b = KVCacheGroup("draft", spec(sharded=False), ("d.0",))
+    with pytest.raises(QualError, match="different replication"):
+        a.merge(b)
+    merged = a.merge(KVCacheGroup("t2", spec(sharded=True), ("t.1",)))
+    assert merged.layers == ("t.0", "t.1")
+
+
+def test_target_kv_per_rank_at_dcp4_is_a_quarter():
+    prompt = 8000
+    used = {}
+    for dcp in (1, 4):
+        m = manager(dcp, [KVCacheGroup("target", spec(), tuple(f"t.{i}" for i in range(6)))], memory=2**30)
+        m.admit("r", prompt + 64)
+        m.ensure("r", prompt)
+        used[dcp] = m.memory()["target"]["used_bytes"]
+    assert used[4] <= 0.26 * used[1]
+
+
+def test_replicated_draft_group_is_bounded_by_its_window():
+    window = 256
+    for prompt in (1000, 8000):
+        g = KVCacheGroup("draft", spec(sharded=False, window=window), ("d.0",))
+        m = manager(4, [g], memory=2**30)
+        m.admit("r", prompt + 64)
+        for ctx in range(0, prompt, 100):  # context grows; blocks behind the window are released
+            m.ensure("r", ctx + 8)
+            m.release_outside_window("draft", "r", ctx)
+        blocks = m.memory()["draft"]["used_blocks"]
+        assert blocks <= window // 16 + 2, (prompt, blocks)
+
+
+def test_admission_refuses_what_does_not_fit_and_frees():
+    g = KVCacheGroup("target", spec(), ("t.0",))
+    bb = g.block_bytes(16)
+    m = manager(1, [g], memory=bb * 10)
+    assert m.num_blocks == 10
+    assert m.can_admit(160) and not m.can_admit(161)
+    m.admit("a", 100)  # reserves 7 blocks for its whole life
+    assert not m.can_admit(64)  # 3 left, needs 4
+    assert m.can_admit(48)
+    m.free("a")
+    assert m.can_admit(160)
+
+
+def test_every_group_must_fit():
+    t = KVCacheGroup("target", spec(), ("t.0",))
+    d = KVCacheGroup("draft", spec(sharded=False), ("d.0",))
+    m = manager(4, [t, d], memory=(t.block_bytes(16) + d.block_bytes(16)) * 8)
+    # at DCP4 the target needs 2 blocks for 128 tokens but the replicated draft group needs 8
+    assert m.can_admit(128) and not m.can_admit(129)
