@@ -1,0 +1,108 @@
+"""Bad configurations and checkpoints fail before any process starts, naming the constraint."""
+
+import json
+import shutil
+
+import pytest
+
+from checkpoints import make_draft, make_target
+from qual.errors import QualError
+from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig
+from qual.runtime.engine import validate
+
+
+def cfg(target, draft=None, tp=1, dcp=1, interleave=1, block_size=4):
+    return EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(tp, dcp, interleave), CacheConfig(block_size=block_size))
+
+
+def test_dcp_must_divide_tp():
+    with pytest.raises(QualError, match="tp % dcp"):
+        ParallelConfig(tp=4, dcp=3)
+
+
+def test_dcp_bounded_by_kv_head_replication(tmp_path):
+    gqa = make_target(tmp_path / "gqa", num_key_value_heads=2)
+    validate(cfg(gqa, tp=4, dcp=2))  # 4 // 2 = 2: fine
+    with pytest.raises(QualError, match=r"dcp <= tp // num_kv_heads"):
+        validate(cfg(gqa, tp=4, dcp=4))
+
+
+def test_interleave_must_divide_block_size():
+    with pytest.raises(QualError, match="block_size % interleave"):
+        cfg("x", tp=2, dcp=2, interleave=3, block_size=4)
+    with pytest.raises(QualError, match="block_size >= interleave"):
+        cfg("x", tp=2, dcp=2, interleave=8, block_size=4)
+
+
+def test_heads_must_split_across_tp(tiny_pair):
+    with pytest.raises(QualError, match="num_attention_heads=4 is not divisible by tp=3"):
+        validate(cfg(tiny_pair[0], tp=3, dcp=1))
+
+
+def test_missing_and_malformed_checkpoints(tmp_path, tiny_pair):
+    target, draft = tiny_pair
+    with pytest.raises(QualError, match="checkpoint directory not found"):
+        validate(cfg(tmp_path / "nope"))
+    bad = tmp_path / "bad"
+    shutil.copytree(target, bad)
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(QualError, match="malformed JSON"):
+        validate(cfg(bad))
+    (bad / "config.json").unlink()
+    with pytest.raises(QualError, match="no config.json"):
+        validate(cfg(bad))
+    noweights = tmp_path / "noweights"
+    shutil.copytree(target, noweights)
+    (noweights / "model.safetensors").unlink()
+    from qual.runtime.checkpoint import load_weights
+    with pytest.raises(QualError, match="no \\*.safetensors"):
+        load_weights(noweights)
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(target, corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(QualError, match="unreadable safetensors"):
+        load_weights(corrupt)
+
+
+def test_draft_config_is_checked(tmp_path, tiny_pair):
+    target, draft = tiny_pair
+    d = tmp_path / "d"
+    shutil.copytree(draft, d)
+    conf = json.loads((d / "config.json").read_text())
+    for key, value, message in [
+        ("architectures", ["Qwen3ForCausalLM"], "DFlashDraftModel"),
+        ("dflash_config", {"mask_token_id": 10_000, "target_layer_ids": [0]}, "not a vocabulary id"),
+        ("dflash_config", {"mask_token_id": 1, "target_layer_ids": [3]}, "target_layer_ids"),
+        ("layer_types", ["sliding_attention", "full_attention"], "sliding_window"),
+    ]:
+        (d / "config.json").write_text(json.dumps({**conf, key: value}))
+        with pytest.raises(QualError, match=message):
+            validate(cfg(target, d))
+
+
+def test_missing_or_misshapen_tensor_is_named(tmp_path, tiny_pair):
+    from safetensors.torch import load_file, save_file
+
+    from qual.runtime.models.qwen3 import Qwen3Target
+    from qual.runtime.parallel import Comm
+    import torch
+
+    t = tmp_path / "t"
+    shutil.copytree(tiny_pair[0], t)
+    w = load_file(str(t / "model.safetensors"))
+    w.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(w, str(t / "model.safetensors"))
+    with pytest.raises(QualError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
+        Qwen3Target(t, Comm(), torch.float32)
+    w["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
+    save_file(w, str(t / "model.safetensors"))
+    with pytest.raises(QualError, match="has shape \\(3, 3\\)"):
+        Qwen3Target(t, Comm(), torch.float32)
+
+
+def test_mismatched_pair_is_rejected(tmp_path, tiny_pair):
+    from qual.runtime.engine import LLMEngine
+
+    other = make_draft(tmp_path / "wide", hidden_size=32, head_dim=8)
+    with pytest.raises(QualError, match="hidden_size/vocab_size must match"):
+        LLMEngine(cfg(tiny_pair[0], other))
