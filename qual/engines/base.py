@@ -101,6 +101,7 @@ class ArmRunInfo:
     log_path: str | None = None
     runnable: bool = True
     not_runnable_reason: str | None = None
+    extra: dict = field(default_factory=dict)  # engine-specific facts (e.g. KV memory per rank)
 
     @property
     def tokens_per_second(self) -> float:

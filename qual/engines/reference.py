@@ -1,0 +1,50 @@
+"""The embedded runtime as a `qual run` engine."""
+
+from __future__ import annotations
+
+import time
+
+import qual
+from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult
+from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+from qual.runtime.engine import GenerationRequest, LLMEngine
+
+
+def engine_config(arm: ArmConfig) -> EngineConfig:
+    """Arm -> runtime config; profile knobs arrive in arm.extra."""
+    x = arm.extra
+    return EngineConfig(
+        target_path=arm.target_path,
+        draft_path=arm.draft_path,
+        parallel=ParallelConfig(arm.tp, arm.dcp, arm.interleave),
+        cache=CacheConfig(block_size=x.get("block_size", 16), memory_bytes=x.get("kv_memory_mib", 256) * 2**20),
+        draft_kv=arm.draft_kv,
+        num_speculative_tokens=arm.num_speculative_tokens if arm.draft_path else None,
+        dtype=arm.dtype,
+        device=arm.device,
+        max_model_len=x.get("max_model_len", 2048),
+        max_num_seqs=x.get("max_num_seqs", 64),
+    )
+
+
+class ReferenceEngine:
+    """Runs one arm on the embedded DCP-aware DFlash runtime."""
+
+    version = f"qual-reference {qual.__version__}"
+
+    def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult) -> ArmRunInfo:
+        cfg = engine_config(arm)
+        sampling = SamplingParams(temperature=arm.sampling.temperature, seed=arm.sampling.seed, max_tokens=arm.sampling.max_tokens)
+        gen = [GenerationRequest(r.id, tuple(r.prompt_token_ids), r.max_tokens, r.category) for r in requests]
+        start = time.perf_counter()
+        with LLMEngine(cfg) as engine:
+            results = engine.generate(gen, sampling, on_result) if gen else []
+            memory = engine.memory()
+        wall = time.perf_counter() - start
+        return ArmRunInfo(
+            engine_version=self.version,
+            graph_capture=GraphCapture(status="unsupported", detail=f"CUDA graphs need a CUDA device (ran on {arm.device})"),
+            wall_seconds=wall,
+            output_tokens=sum(len(r.output_token_ids) for r in results),
+            extra={"kv_memory": memory},
+        )
