@@ -1,0 +1,136 @@
+"""`qual history list | show | trend`: read the run history database."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from qual import history as hist
+from qual.cli.main import app
+
+DEFAULT_HISTORY = Path("reports/history.sqlite")
+
+history_app = typer.Typer(no_args_is_help=True, help="Run history: list, show and trend recorded runs.")
+app.add_typer(history_app, name="history")
+
+HistoryOpt = typer.Option(DEFAULT_HISTORY, "--history", help="History database (SQLite).")
+
+
+def _console() -> Console:
+    # Pipes and CI logs have no width; 80 columns would fold every row.
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.2f}%"
+
+
+def _pp(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.2f}"
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _verdict(v: str) -> str:
+    return "[green]pass[/]" if v == "pass" else "[bold red]FAIL[/]"
+
+
+@history_app.command("list")
+def list_cmd(
+    history: Path = HistoryOpt,
+    model: Optional[str] = typer.Option(None, "--model", help="Only this model."),
+    limit: int = typer.Option(20, "--limit", min=1, help="Newest N runs."),
+) -> None:
+    """Recorded runs, newest first."""
+    runs = hist.list_runs(history, model=model, limit=limit)
+    console = _console()
+    if not runs:
+        console.print(f"no runs recorded in {history}")
+        return
+    table = Table(title=f"qual runs ({history})", box=box.SIMPLE_HEAD)
+    for col, justify in (("id", "right"), ("created (UTC)", "left"), ("model", "left"), ("dcp", "right"),
+                         ("draft kv", "left"), ("control", "right"), ("candidate", "right"), ("delta pp", "right"),
+                         ("verdict", "left")):
+        table.add_column(col, justify=justify)
+    for r in runs:
+        table.add_row(str(r.id), r.created_at[:16].replace("T", " "), r.model, str(r.dcp), r.draft_kv,
+                      _pct(r.control_rate), _pct(r.candidate_rate), _pp(r.delta_rate), _verdict(r.verdict))
+    console.print(table)
+
+
+@history_app.command("show")
+def show_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history list`."), history: Path = HistoryOpt) -> None:
+    """Everything recorded about one run."""
+    r = hist.get_run(history, run_id)
+    console = _console()
+    table = Table(show_header=False, title=f"run {r.id}")
+    table.add_column(style="bold")
+    table.add_column()
+    ci = "n/a" if r.ci_lo is None else f"[{r.ci_lo * 100:+.2f}, {r.ci_hi * 100:+.2f}] pp"
+    for k, v in (
+        ("created", r.created_at), ("verdict", _verdict(r.verdict)),
+        ("failed checks", ", ".join(r.failed_checks) or "none"), ("model", r.model),
+        ("engine", f"{r.engine} ({r.engine_version})"), ("series", r.config_key),
+        ("corpus", f"{r.corpus_name} ({r.n_requests} requests) {r.corpus_fingerprint}"),
+        ("control rate", _pct(r.control_rate)), ("candidate rate", _pct(r.candidate_rate)),
+        ("delta", f"{_pp(r.delta_rate)} pp, 95% CI {ci}"),
+        ("mean acceptance length", f"{_num(r.control_mal)} -> {_num(r.candidate_mal)}"),
+        ("result", r.result_path or "n/a"),
+    ):
+        table.add_row(k, v)
+    console.print(table)
+    console.print_json(json.dumps(r.config))
+
+
+def _when(created_at: str) -> datetime:
+    try:
+        return datetime.fromisoformat(created_at)
+    except ValueError:
+        return datetime.min
+
+
+@history_app.command("trend")
+def trend_cmd(
+    history: Path = HistoryOpt,
+    model: Optional[str] = typer.Option(None, "--model", help="Only this model."),
+    dcp: Optional[int] = typer.Option(None, "--dcp", help="Only candidates of this DCP size."),
+    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="Only this draft KV layout."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the plot here (.png or .svg)."),
+    threshold_pp: float = typer.Option(hist.DEFAULT_STEP_PP, "--threshold-pp", min=0.0,
+                                       help="Flag changes larger than this between consecutive runs."),
+) -> None:
+    """Acceptance over time per model/config; flags step changes between consecutive runs."""
+    series = hist.trend(history, model=model, dcp=dcp, draft_kv=draft_kv)
+    runs = [r for rows in series.values() for r in rows]
+    steps = hist.detect_step_changes(runs, threshold_pp)
+    console = _console()
+    for label, rows in series.items():
+        latest = rows[-1]
+        console.print(f"{label}: {len(rows)} runs, latest control {_pct(latest.control_rate)} "
+                      f"candidate {_pct(latest.candidate_rate)} ({_verdict(latest.verdict)})", highlight=False)
+    if not series:
+        console.print(f"no runs recorded in {history}")
+    if steps:
+        console.print(f"[bold red]{len(steps)} step change(s) > {threshold_pp:g} pp:[/]")
+        for s in steps:
+            console.print(f"  {s.describe()}", highlight=False)
+    elif series:
+        console.print(f"no step changes > {threshold_pp:g} pp")
+    if out is not None:
+        from qual.report import plots
+
+        points = {label: [(_when(r.created_at), r.control_rate, r.candidate_rate) for r in rows]
+                  for label, rows in series.items()}
+        marks = [(s.series, _when(s.created_at), s.arm, s.after) for s in steps]
+        path = plots.save_figure(plots.trend_figure(points, marks), out)
+        console.print(f"plot written to {path}")

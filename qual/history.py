@@ -1,0 +1,288 @@
+"""Run history in SQLite: one row per completed run, trends per model/config, step-change detection."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from qual.errors import QualError
+from qual.result import Result
+
+SCHEMA_VERSION = 1
+DEFAULT_STEP_PP = 2.0
+
+_SCHEMA_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at TEXT NOT NULL,
+    model TEXT NOT NULL,
+    engine TEXT NOT NULL,
+    engine_version TEXT,
+    dcp INTEGER NOT NULL,
+    tp INTEGER NOT NULL,
+    draft_kv TEXT NOT NULL,
+    config_key TEXT NOT NULL,          -- the series a run belongs to (besides model)
+    corpus_name TEXT NOT NULL,
+    corpus_fingerprint TEXT NOT NULL,
+    n_requests INTEGER NOT NULL,
+    control_rate REAL,
+    candidate_rate REAL,
+    control_mal REAL,
+    candidate_mal REAL,
+    delta_rate REAL,
+    ci_lo REAL,
+    ci_hi REAL,
+    verdict TEXT NOT NULL CHECK (verdict IN ('pass', 'fail')),
+    failed_checks TEXT NOT NULL,       -- JSON list of check names
+    result_path TEXT,
+    config_json TEXT NOT NULL          -- {"control": ArmConfig json, "candidate": ...}
+);
+CREATE INDEX runs_series ON runs (model, config_key, created_at);
+"""
+
+# version v -> function migrating a v database to v+1 (inside the open transaction).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+_COLUMNS = (
+    "id", "created_at", "model", "engine", "engine_version", "dcp", "tp", "draft_kv", "config_key",
+    "corpus_name", "corpus_fingerprint", "n_requests", "control_rate", "candidate_rate", "control_mal",
+    "candidate_mal", "delta_rate", "ci_lo", "ci_hi", "verdict", "failed_checks", "result_path", "config_json",
+)
+FILTERS = ("engine", "dcp", "tp", "draft_kv", "config_key", "corpus_name")
+
+
+@dataclass(frozen=True)
+class HistoryRun:
+    """One recorded run (a row of `runs`)."""
+
+    id: int
+    created_at: str
+    model: str
+    engine: str
+    engine_version: str | None
+    dcp: int
+    tp: int
+    draft_kv: str
+    config_key: str
+    corpus_name: str
+    corpus_fingerprint: str
+    n_requests: int
+    control_rate: float | None
+    candidate_rate: float | None
+    control_mal: float | None
+    candidate_mal: float | None
+    delta_rate: float | None
+    ci_lo: float | None
+    ci_hi: float | None
+    verdict: str
+    failed_checks: list[str]
+    result_path: str | None
+    config: dict
+
+    @property
+    def series(self) -> str:
+        """Trend series label: model plus the config key."""
+        return f"{self.model} {self.config_key}"
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> "HistoryRun":
+        d = {k: row[k] for k in _COLUMNS}
+        d["failed_checks"] = json.loads(d["failed_checks"])
+        d["config"] = json.loads(d.pop("config_json"))
+        return cls(**d)
+
+
+def config_key(result: Result) -> str:
+    """What makes two runs of one model comparable over time (besides the model)."""
+    k = result.candidate.config
+    s = k.get("sampling") or {}
+    return (
+        f"{k.get('engine')} dcp{k.get('dcp')} tp{k.get('tp')} kv={k.get('draft_kv')} "
+        f"k={k.get('num_speculative_tokens')} T={s.get('temperature')} {k.get('dtype')} {k.get('device')} "
+        f"corpus={result.corpus.name}"
+    )
+
+
+# ---------------------------------------------------------------- connection and schema
+
+
+def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
+        with conn:
+            conn.executescript(_SCHEMA_V1)
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        return
+    if "meta" not in tables or "runs" not in tables:
+        raise QualError(f"{path} is not a qual history database (no meta/runs tables)")
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        raise QualError(f"{path}: history database has no valid schema_version") from None
+    if version > SCHEMA_VERSION:
+        raise QualError(
+            f"{path}: history schema v{version} is newer than this qual understands (v{SCHEMA_VERSION}); upgrade qual"
+        )
+    while version < SCHEMA_VERSION:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise QualError(f"{path}: no migration from history schema v{version} to v{version + 1}")
+        with conn:
+            step(conn)
+            version += 1
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+
+
+@contextmanager
+def _open(db_path: str | Path, create: bool) -> Iterator[sqlite3.Connection]:
+    path = Path(db_path)
+    if not path.exists():
+        if not create:
+            raise QualError(f"no run history at {path} (runs are recorded by `qual run --history {path}`)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with closing(sqlite3.connect(path, timeout=30)) as conn:
+            conn.row_factory = sqlite3.Row
+            _ensure_schema(conn, path)
+            yield conn
+    except sqlite3.DatabaseError as exc:
+        raise QualError(f"{path}: cannot use history database ({exc})") from None
+
+
+# ---------------------------------------------------------------- writing and reading
+
+
+def record_run(db_path: str | Path, result: Result, result_path: str | Path | None) -> int:
+    """Append a completed run; returns its run id."""
+    k = result.candidate.config
+    cmp = result.comparison
+    ci = cmp.delta_rate_ci95 or [None, None]
+    values = {
+        "created_at": result.created_at,
+        "model": str(k.get("model")),
+        "engine": str(k.get("engine")),
+        "engine_version": result.candidate.engine_version,
+        "dcp": int(k.get("dcp")),
+        "tp": int(k.get("tp")),
+        "draft_kv": str(k.get("draft_kv")),
+        "config_key": config_key(result),
+        "corpus_name": result.corpus.name,
+        "corpus_fingerprint": result.corpus.fingerprint,
+        "n_requests": len(result.control.per_request),
+        "control_rate": result.control.acceptance.rate,
+        "candidate_rate": result.candidate.acceptance.rate,
+        "control_mal": result.control.acceptance.mean_acceptance_length,
+        "candidate_mal": result.candidate.acceptance.mean_acceptance_length,
+        "delta_rate": cmp.delta_rate,
+        "ci_lo": ci[0],
+        "ci_hi": ci[1],
+        "verdict": result.verdict,
+        "failed_checks": json.dumps([c.name for c in result.gate.failed]),
+        "result_path": str(result_path) if result_path is not None else None,
+        "config_json": json.dumps({"control": result.control.config, "candidate": k}, sort_keys=True),
+    }
+    cols = ", ".join(values)
+    marks = ", ".join(f":{c}" for c in values)
+    with _open(db_path, create=True) as conn, conn:
+        cur = conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", values)
+        return int(cur.lastrowid)
+
+
+def _where(model: str | None, filters: dict[str, Any]) -> tuple[str, list]:
+    bad = sorted(set(filters) - set(FILTERS))
+    if bad:
+        raise QualError(f"unknown history filter(s) {bad} (known: {', '.join(FILTERS)})")
+    clauses, args = [], []
+    if model is not None:
+        clauses.append("model = ?")
+        args.append(model)
+    for name, value in filters.items():
+        if value is not None:
+            clauses.append(f"{name} = ?")
+            args.append(value)
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+
+def list_runs(db_path: str | Path, *, model: str | None = None, limit: int | None = 50, **filters: Any) -> list[HistoryRun]:
+    """Recorded runs, newest first."""
+    where, args = _where(model, filters)
+    sql = f"SELECT * FROM runs{where} ORDER BY created_at DESC, id DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(int(limit))
+    with _open(db_path, create=False) as conn:
+        return [HistoryRun.from_row(r) for r in conn.execute(sql, args)]
+
+
+def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
+    """One run by id (QualError if absent)."""
+    with _open(db_path, create=False) as conn:
+        row = conn.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+    if row is None:
+        raise QualError(f"no run {run_id} in {db_path}")
+    return HistoryRun.from_row(row)
+
+
+def trend(db_path: str | Path, model: str | None = None, **filters: Any) -> dict[str, list[HistoryRun]]:
+    """Runs grouped by series (model + config key), oldest first within each."""
+    runs = list_runs(db_path, model=model, limit=None, **filters)
+    series: dict[str, list[HistoryRun]] = {}
+    for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
+        series.setdefault(run.series, []).append(run)
+    return series
+
+
+# ---------------------------------------------------------------- step changes
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """A jump in one arm's acceptance between consecutive runs of one series."""
+
+    series: str
+    arm: str  # control | candidate
+    previous_run_id: int
+    run_id: int
+    created_at: str
+    before: float
+    after: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def delta(self) -> float:
+        return self.after - self.before
+
+    def describe(self) -> str:
+        note = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return (
+            f"{self.series}: {self.arm} {self.before * 100:.2f}% -> {self.after * 100:.2f}% "
+            f"({self.delta * 100:+.2f} pp) between run {self.previous_run_id} and run {self.run_id}{note}"
+        )
+
+
+def detect_step_changes(runs: Sequence[HistoryRun], threshold_pp: float = DEFAULT_STEP_PP) -> list[StepChange]:
+    """Flag |change| > threshold_pp in either arm's rate between consecutive runs of the same series."""
+    by_series: dict[str, list[HistoryRun]] = {}
+    for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
+        by_series.setdefault(run.series, []).append(run)
+    steps = []
+    for series, rows in by_series.items():
+        for prev, cur in zip(rows, rows[1:]):
+            notes = []
+            if prev.corpus_fingerprint != cur.corpus_fingerprint:
+                notes.append("corpus fingerprint changed")
+            if prev.engine_version != cur.engine_version:
+                notes.append(f"engine version {prev.engine_version} -> {cur.engine_version}")
+            for arm in ("control", "candidate"):
+                before, after = getattr(prev, f"{arm}_rate"), getattr(cur, f"{arm}_rate")
+                if before is None or after is None:
+                    continue
+                if abs(after - before) * 100 > threshold_pp:
+                    steps.append(StepChange(series, arm, prev.id, cur.id, cur.created_at, before, after, list(notes)))
+    return steps

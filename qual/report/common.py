@@ -1,0 +1,182 @@
+"""Number formatting and derived views shared by the renderers (no I/O, no markup)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from qual.result import Result
+
+
+def pct(x: float | None, digits: int = 2) -> str:
+    """0.3531 -> '35.31%'."""
+    return "n/a" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def pp(x: float | None, digits: int = 2) -> str:
+    """A rate delta in percentage points, signed: -0.0866 -> '-8.66 pp'."""
+    return "n/a" if x is None else f"{x * 100:+.{digits}f} pp"
+
+
+def num(x: float | None, digits: int = 3, signed: bool = False) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def ci_pp(ci: list[float] | tuple[float, float] | None) -> str:
+    """A rate-delta interval in pp: '[-9.10, -8.20] pp'."""
+    return "n/a" if ci is None else f"[{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}] pp"
+
+
+def gib(nbytes: int | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
+
+
+def title(result: Result) -> str:
+    """'toy: DCP 1 -> DCP 4 (reference, draft KV sharded)'."""
+    c, k = result.control.config, result.candidate.config
+    return (
+        f"{k.get('model', '?')}: DCP {c.get('dcp', '?')} \u2192 DCP {k.get('dcp', '?')} "
+        f"({k.get('engine', '?')}, TP {k.get('tp', '?')}, draft KV {k.get('draft_kv', '?')})"
+    )
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    label: str
+    control: str
+    candidate: str
+    delta: str
+
+
+def headline(result: Result) -> list[HeadlineRow]:
+    """The numbers a reviewer reads first, formatted."""
+    a, b, cmp = result.control.acceptance, result.candidate.acceptance, result.comparison
+    n = len(result.control.per_request)
+    prop = cmp.proposal_divergence or {}
+    if cmp.target_outputs_identical is None:
+        identical = "n/a"
+    elif cmp.target_outputs_identical:
+        identical = f"yes ({n}/{n})"
+    else:
+        kinds = [d["classification"] for d in cmp.output_divergence]
+        identical = (
+            f"no: {len(kinds)}/{n} differ ({kinds.count('benign_near_tie')} near-tie, "
+            f"{kinds.count('disagreement')} disagreement)"
+        )
+    if prop.get("matched_steps"):
+        proposals = f"{pct(prop.get('overall'), 1)} of {prop['matched_steps']} matched draft steps differ"
+    else:
+        proposals = "n/a (no matched draft steps)"
+    rate_delta = pp(cmp.delta_rate)
+    if cmp.delta_rate_ci95 is not None:
+        rate_delta += f" (95% CI {ci_pp(cmp.delta_rate_ci95)})"
+    return [
+        HeadlineRow("acceptance rate", pct(a.rate), pct(b.rate), rate_delta),
+        HeadlineRow(
+            "mean acceptance length",
+            num(a.mean_acceptance_length),
+            num(b.mean_acceptance_length),
+            num(cmp.delta_mean_acceptance_length, signed=True),
+        ),
+        HeadlineRow("drafts", str(a.drafts), str(b.drafts), f"{b.drafts - a.drafts:+d}"),
+        HeadlineRow("draft tokens", str(a.draft_tokens), str(b.draft_tokens), f"{b.draft_tokens - a.draft_tokens:+d}"),
+        HeadlineRow(
+            "accepted tokens", str(a.accepted_tokens), str(b.accepted_tokens), f"{b.accepted_tokens - a.accepted_tokens:+d}"
+        ),
+        HeadlineRow("target outputs identical", "", "", identical),
+        HeadlineRow("draft proposals at identical context", "", "", proposals),
+        HeadlineRow(
+            "throughput",
+            f"{result.control.throughput.tokens_per_second:.1f} tok/s",
+            f"{result.candidate.throughput.tokens_per_second:.1f} tok/s",
+            "",
+        ),
+    ]
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
+@dataclass(frozen=True)
+class ConfigRow:
+    key: str
+    control: str
+    candidate: str
+    differs: bool
+
+
+def config_diff(result: Result) -> list[ConfigRow]:
+    """Every (flattened) config key of both arms; differing keys first, then alphabetical."""
+    c, k = _flatten(result.control.config), _flatten(result.candidate.config)
+    missing = object()
+    rows = []
+    for key in sorted(set(c) | set(k)):
+        vc, vk = c.get(key, missing), k.get(key, missing)
+        rows.append(
+            ConfigRow(
+                key,
+                "(absent)" if vc is missing else _show(vc),
+                "(absent)" if vk is missing else _show(vk),
+                vc != vk,
+            )
+        )
+    return sorted(rows, key=lambda r: (not r.differs, r.key))
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict) and not v:
+        return "{}"
+    return str(v)
+
+
+def graph_rows(result: Result) -> list[tuple[str, str, str, bool]]:
+    """(field, control, candidate, differs) for the graph-capture comparison."""
+    gc, gk = result.control.graph_capture, result.candidate.graph_capture
+
+    def sizes(g: dict, key: str) -> str:
+        return ", ".join(str(s) for s in sorted(g.get(key) or [])) or "none"
+
+    def secs(g: dict) -> str:
+        return "n/a" if g.get("seconds") is None else f"{g['seconds']:.1f} s"
+
+    rows = [
+        ("status", str(gc.get("status")), str(gk.get("status"))),
+        ("mode", str(gc.get("mode") or "n/a"), str(gk.get("mode") or "n/a")),
+        ("sizes", sizes(gc, "sizes"), sizes(gk, "sizes")),
+        ("eager fallback sizes", sizes(gc, "eager_fallback_sizes"), sizes(gk, "eager_fallback_sizes")),
+        ("capture time", secs(gc), secs(gk)),
+        ("memory", gib(gc.get("bytes")), gib(gk.get("bytes"))),
+        ("detail", str(gc.get("detail") or ""), str(gk.get("detail") or "")),
+    ]
+    # Time and memory always differ a little; only flag what the gate cares about.
+    flagged = {"status", "mode", "sizes", "eager fallback sizes"}
+    return [(f, a, b, f in flagged and a != b) for f, a, b in rows]
+
+
+def worst_requests(result: Result, n: int = 10) -> list[dict]:
+    """Up to n requests whose candidate rate fell most below control (only those that fell)."""
+    rows = [r for r in result.comparison.per_request_deltas if r.get("delta") is not None and r["delta"] < 0]
+    return sorted(rows, key=lambda r: (r["delta"], r["id"]))[:n]
+
+
+def delta_counts(result: Result) -> dict[str, int]:
+    """How many paired requests got worse / stayed / got better."""
+    ds = [r["delta"] for r in result.comparison.per_request_deltas if r.get("delta") is not None]
+    return {
+        "worse": sum(d < 0 for d in ds),
+        "same": sum(d == 0 for d in ds),
+        "better": sum(d > 0 for d in ds),
+        "undefined": len(result.comparison.per_request_deltas) - len(ds),
+    }

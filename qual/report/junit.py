@@ -1,0 +1,54 @@
+"""junit.xml: one test case per gate check, a <failure> carrying the detail when it failed."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from qual.result import Result
+
+# Characters XML 1.0 cannot carry even escaped; drop them rather than emit an unparsable file.
+_INVALID_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _x(text: object) -> str:
+    return _INVALID_XML.sub("\ufffd", str(text))
+
+
+def render(result: Result) -> str:
+    """The JUnit XML document as text."""
+    checks = result.gate.checks
+    failures = sum(not c.passed for c in checks)
+    cfg = result.candidate.config
+    suite_name = f"qual.gate.{cfg.get('model', 'model')}.dcp{cfg.get('dcp', '?')}"
+    root = ET.Element("testsuites", name="qual", tests=str(len(checks)), failures=str(failures), errors="0")
+    suite = ET.SubElement(
+        root, "testsuite", name=_x(suite_name), tests=str(len(checks)), failures=str(failures),
+        errors="0", skipped="0", timestamp=_x(result.created_at), time="0",
+    )
+    props = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("corpus", result.corpus.name),
+        ("corpus_fingerprint", result.corpus.fingerprint),
+        ("control_rate", result.control.acceptance.rate),
+        ("candidate_rate", result.candidate.acceptance.rate),
+        ("delta_rate", result.comparison.delta_rate),
+        ("reproduce", result.reproduce),
+    ):
+        ET.SubElement(props, "property", name=name, value=_x("" if value is None else value))
+    for c in checks:
+        case = ET.SubElement(suite, "testcase", classname=_x(suite_name), name=_x(c.name), time="0")
+        if c.passed:
+            ET.SubElement(case, "system-out").text = _x(c.detail)
+        else:
+            failure = ET.SubElement(case, "failure", message=_x(c.detail), type="GateCheckFailed")
+            failure.text = _x(c.detail)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write(result: Result, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(render(result), encoding="utf-8")
+    return path

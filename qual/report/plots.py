@@ -1,0 +1,151 @@
+"""Matplotlib figures for the reports, returned as inline SVG text or written to a file.
+
+Figures use the object-oriented API on an Agg canvas (never pyplot), so no GUI
+backend loads and no global figure state is kept.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+# matplotlib writes a font cache into its config dir: keep it out of the
+# user's home unless they chose one.
+if "MPLCONFIGDIR" not in os.environ:
+    _uid = os.getuid() if hasattr(os, "getuid") else "user"
+    os.environ["MPLCONFIGDIR"] = str(Path(tempfile.gettempdir()) / f"qual-mpl-{_uid}")
+
+import matplotlib  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from qual.errors import QualError  # noqa: E402
+
+CONTROL_COLOR = "#4c72b0"
+CANDIDATE_COLOR = "#dd8452"
+STEP_COLOR = "#c0392b"
+
+_RC = {
+    "svg.fonttype": "none",  # text stays text: small, selectable, no glyph defs to collide
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+}
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def to_svg(fig: Figure, salt: str) -> str:
+    """Inline SVG (no XML prolog); `salt` keeps element ids distinct between figures of one page."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({**_RC, "svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    text = buf.getvalue()
+    start = text.find("<svg")
+    svg = text[start:]
+    # Scale with the page: drop fixed pt sizes, keep the viewBox.
+    svg = re.sub(r'(<svg[^>]*?)\swidth="[^"]*"\s+height="[^"]*"', r'\1 width="100%"', svg, count=1)
+    return svg
+
+
+def _nan(xs: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if x is None else x for x in xs], dtype=float)
+
+
+def per_position_svg(
+    control_uncond: Sequence[float | None],
+    candidate_uncond: Sequence[float | None],
+    control_cond: Sequence[float | None],
+    candidate_cond: Sequence[float | None],
+) -> str:
+    """Grouped bars per draft position: unconditional (left) and conditional (right) acceptance."""
+    with matplotlib.rc_context(_RC):
+        fig = _figure(9.0, 3.2)
+        axes = fig.subplots(1, 2, sharey=True)
+        panels = (
+            (axes[0], control_uncond, candidate_uncond, "unconditional: accepted at i / drafts"),
+            (axes[1], control_cond, candidate_cond, "conditional: accepted at i / accepted at i-1"),
+        )
+        for ax, c, k, label in panels:
+            n = max(len(c), len(k))
+            x = np.arange(n)
+            ax.bar(x - 0.2, _nan(list(c) + [None] * (n - len(c))) * 100, 0.4, label="control", color=CONTROL_COLOR)
+            ax.bar(x + 0.2, _nan(list(k) + [None] * (n - len(k))) * 100, 0.4, label="candidate", color=CANDIDATE_COLOR)
+            ax.set_title(label)
+            ax.set_xlabel("draft position")
+            ax.set_xticks(x)
+            ax.set_ylim(0, 100)
+        axes[0].set_ylabel("acceptance (%)")
+        axes[0].legend(loc="upper right", frameon=False)
+        return to_svg(fig, "per-position")
+
+
+def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None) -> str:
+    """Histogram of per-request paired deltas (candidate - control), in pp."""
+    with matplotlib.rc_context(_RC):
+        fig = _figure(9.0, 2.8)
+        ax = fig.subplots()
+        d = np.asarray(deltas, dtype=float) * 100
+        if d.size:
+            lo, hi = float(d.min()), float(d.max())
+            bins = min(40, max(5, d.size // 4))
+            if hi - lo < 1e-9:  # all requests equal (identical arms): one bar centred on the value
+                lo, hi, bins = lo - 0.55, hi + 0.55, 11
+            ax.hist(d, bins=bins, range=(lo, hi), color=CANDIDATE_COLOR, alpha=0.85)
+        ax.axvline(0, color="#333333", linewidth=1)
+        if mean_delta is not None:
+            ax.axvline(mean_delta * 100, color=STEP_COLOR, linestyle="--", linewidth=1.2,
+                       label=f"pooled delta {mean_delta * 100:+.2f} pp")
+            ax.legend(loc="upper left", frameon=False)
+        ax.set_xlabel("per-request acceptance delta, candidate - control (pp)")
+        ax.set_ylabel("requests")
+        return to_svg(fig, "delta-hist")
+
+
+def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple]) -> Figure:
+    """Acceptance over time: one panel per series label.
+
+    series: label -> [(datetime, control_rate, candidate_rate)]; steps: (label, datetime, arm, rate).
+    """
+    with matplotlib.rc_context(_RC):
+        labels = sorted(series) or ["(no runs)"]
+        fig = _figure(9.0, 2.6 * len(labels))
+        axes = np.atleast_1d(fig.subplots(len(labels), 1, squeeze=False)[:, 0])
+        for ax, label in zip(axes, labels):
+            pts = series.get(label, [])
+            if pts:
+                t = [p[0] for p in pts]
+                ax.plot(t, _nan([p[1] for p in pts]) * 100, "o-", color=CONTROL_COLOR, label="control", markersize=4)
+                ax.plot(t, _nan([p[2] for p in pts]) * 100, "o-", color=CANDIDATE_COLOR, label="candidate", markersize=4)
+            marked = [s for s in steps if s[0] == label]
+            if marked:
+                ax.scatter([s[1] for s in marked], [(s[3] or 0) * 100 for s in marked], s=140, facecolors="none",
+                           edgecolors=STEP_COLOR, linewidths=1.8, label="step change", zorder=5)
+            ax.set_title(label, fontsize=9, loc="left")
+            ax.set_ylabel("acceptance (%)")
+            ax.legend(loc="best", frameon=False)
+            fig.autofmt_xdate()
+        return fig
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write a figure as .png or .svg (chosen by suffix)."""
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg"):
+        raise QualError(f"plot output must end in .png or .svg, got {path.name!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with matplotlib.rc_context(_RC):
+        fig.savefig(path, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
+    return path

@@ -1,0 +1,332 @@
+"""The Result of one control-vs-candidate run and its result.json form (schema "qual.result/1").
+
+Keys named in issue 4 are a contract: extend, never rename. Rates are
+fractions; an undefined rate is null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+from qual import __version__
+from qual.engines.base import ArmConfig, ArmRunInfo, RequestResult
+from qual.errors import QualError
+from qual.gate import Gate, GateOutcome, confidences, evaluate, load_gate, near_tie_margin
+from qual.stats import (
+    DEFAULT_NEAR_TIE_MARGIN,
+    DEFAULT_RESAMPLES,
+    Acceptance,
+    acceptance_summary,
+    compare_outputs,
+    pair_requests,
+    paired_bootstrap,
+    per_category,
+    per_request_deltas,
+    proposal_divergence,
+)
+
+SCHEMA = "qual.result/1"
+ARMS = ("control", "candidate")
+
+
+def _ci_key(confidence: float) -> str:
+    return f"{confidence:g}"
+
+
+@dataclass
+class CorpusInfo:
+    """Which corpus both arms replayed."""
+
+    name: str
+    path: str
+    fingerprint: str
+    count: int
+
+    @classmethod
+    def from_corpus(cls, corpus: Any) -> "CorpusInfo":
+        """From a qual.corpus Corpus (name, path, fingerprint, requests)."""
+        return cls(str(corpus.name), str(corpus.path), str(corpus.fingerprint), len(corpus.requests))
+
+
+@dataclass
+class Throughput:
+    wall_seconds: float
+    output_tokens: int
+    tokens_per_second: float
+
+
+@dataclass
+class ArmResult:
+    """One arm: its config, acceptance, per-request results, graph capture and throughput."""
+
+    config: dict
+    acceptance: Acceptance
+    per_request: list[RequestResult]
+    graph_capture: dict
+    throughput: Throughput
+    engine_version: str
+    runnable: bool = True
+    not_runnable_reason: str | None = None
+    log_path: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config,
+            "acceptance": self.acceptance.to_json(),
+            "per_request": [r.to_json() for r in self.per_request],
+            "graph_capture": self.graph_capture,
+            "throughput": asdict(self.throughput),
+            "engine_version": self.engine_version,
+            "runnable": self.runnable,
+            "not_runnable_reason": self.not_runnable_reason,
+            "log_path": self.log_path,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ArmResult":
+        return cls(
+            config=d["config"],
+            acceptance=Acceptance.from_json(d["acceptance"]),
+            per_request=[RequestResult.from_json(r) for r in d["per_request"]],
+            graph_capture=d["graph_capture"],
+            throughput=Throughput(**d["throughput"]),
+            engine_version=d["engine_version"],
+            runnable=d.get("runnable", True),
+            not_runnable_reason=d.get("not_runnable_reason"),
+            log_path=d.get("log_path"),
+        )
+
+
+@dataclass
+class Comparison:
+    """Candidate minus control, paired per request."""
+
+    delta_rate: float | None = None
+    delta_rate_ci95: list[float] | None = None
+    delta_rate_ci: dict[str, list[float] | None] = field(default_factory=dict)  # "0.9" -> [lo, hi]
+    delta_mean_acceptance_length: float | None = None
+    delta_mean_acceptance_length_ci95: list[float] | None = None
+    target_outputs_identical: bool | None = None
+    output_divergence: list[dict] = field(default_factory=list)
+    near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
+    proposal_divergence: dict = field(default_factory=dict)
+    per_category: list[dict] = field(default_factory=list)
+    per_request_deltas: list[dict] = field(default_factory=list)
+    bootstrap: dict = field(default_factory=dict)
+
+    def ci_at(self, confidence: float) -> tuple[float, float] | None:
+        ci = self.delta_rate_ci.get(_ci_key(confidence))
+        if ci is None and abs(confidence - 0.95) < 1e-12:
+            ci = self.delta_rate_ci95
+        return (ci[0], ci[1]) if ci is not None else None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Comparison":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+@dataclass
+class Result:
+    """Everything one `qual run` measured and decided; every report renders this."""
+
+    corpus: CorpusInfo
+    control: ArmResult
+    candidate: ArmResult
+    comparison: Comparison
+    gate: GateOutcome
+    created_at: str
+    qual_version: str = __version__
+    reproduce: str = ""
+    seed: int = 0
+    schema: str = SCHEMA
+
+    @property
+    def arms(self) -> dict[str, ArmResult]:
+        return {"control": self.control, "candidate": self.candidate}
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.gate.passed else "fail"
+
+    def to_json(self) -> dict:
+        return _finite(
+            {
+                "schema": self.schema,
+                "created_at": self.created_at,
+                "qual_version": self.qual_version,
+                "reproduce": self.reproduce,
+                "seed": self.seed,
+                "corpus": asdict(self.corpus),
+                "gate": self.gate.to_json(),
+                "comparison": self.comparison.to_json(),
+                "arms": {name: arm.to_json() for name, arm in self.arms.items()},
+            }
+        )
+
+    @classmethod
+    def from_json(cls, d: dict, source: str = "<result>") -> "Result":
+        schema = d.get("schema") if isinstance(d, dict) else None
+        if schema != SCHEMA:
+            raise QualError(f"{source}: unsupported result schema {schema!r} (this qual reads {SCHEMA!r})")
+        try:
+            return cls(
+                corpus=CorpusInfo(**d["corpus"]),
+                control=ArmResult.from_json(d["arms"]["control"]),
+                candidate=ArmResult.from_json(d["arms"]["candidate"]),
+                comparison=Comparison.from_json(d["comparison"]),
+                gate=GateOutcome.from_json(d["gate"]),
+                created_at=d["created_at"],
+                qual_version=d.get("qual_version", "unknown"),
+                reproduce=d.get("reproduce", ""),
+                seed=d.get("seed", 0),
+            )
+        except (KeyError, TypeError) as exc:
+            raise QualError(f"{source}: malformed result ({type(exc).__name__}: {exc})") from None
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf become null so result.json stays strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def dumps(result: Result) -> str:
+    """result.json text."""
+    return json.dumps(result.to_json(), indent=1, allow_nan=False) + "\n"
+
+
+def save_result(result: Result, path: str | Path) -> Path:
+    """Write result.json (atomically: a half-written file never carries the final name)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dumps(result), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_result(path: str | Path) -> Result:
+    """Read result.json; an unknown schema or malformed file is a QualError."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise QualError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise QualError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    return Result.from_json(data, str(path))
+
+
+# ---------------------------------------------------------------- building
+
+
+def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[RequestResult]) -> ArmResult:
+    """Summarise one arm's engine output."""
+    g = info.graph_capture
+    graph = asdict(g) if not isinstance(g, dict) else dict(g)
+    return ArmResult(
+        config=config.to_json() if isinstance(config, ArmConfig) else dict(config),
+        acceptance=acceptance_summary(requests),
+        per_request=list(requests),
+        graph_capture=graph,
+        throughput=Throughput(info.wall_seconds, info.output_tokens, info.tokens_per_second),
+        engine_version=info.engine_version,
+        runnable=info.runnable,
+        not_runnable_reason=info.not_runnable_reason,
+        log_path=info.log_path,
+    )
+
+
+def compare_arms(
+    control: Sequence[RequestResult],
+    candidate: Sequence[RequestResult],
+    *,
+    seed: int = 0,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence_levels: Sequence[float] = (0.95,),
+    near_tie: float = DEFAULT_NEAR_TIE_MARGIN,
+) -> Comparison:
+    """Paired comparison of two arms' per-request results (raises QualError if replay was not matched)."""
+    control, candidate = pair_requests(control, candidate)
+    levels = sorted({0.95, *confidence_levels})
+    boot = paired_bootstrap(control, candidate, n_resamples=n_resamples, seed=seed, confidences=levels)
+    ci = {_ci_key(c): (list(v) if v is not None else None) for c, v in boot.delta_rate_ci.items()}
+    mal_ci = boot.delta_mean_acceptance_length_ci.get(0.95)
+    divergence = compare_outputs(control, candidate, near_tie)
+    return Comparison(
+        delta_rate=boot.delta_rate,
+        delta_rate_ci95=ci.get(_ci_key(0.95)),
+        delta_rate_ci=ci,
+        delta_mean_acceptance_length=boot.delta_mean_acceptance_length,
+        delta_mean_acceptance_length_ci95=list(mal_ci) if mal_ci is not None else None,
+        target_outputs_identical=not divergence if control else None,
+        output_divergence=divergence,
+        near_tie_margin=near_tie,
+        proposal_divergence=proposal_divergence(control, candidate),
+        per_category=per_category(control, candidate),
+        per_request_deltas=per_request_deltas(control, candidate),
+        bootstrap={
+            "unit": "request",
+            "method": "paired percentile",
+            "resamples": n_resamples,
+            "seed": seed,
+            "n_requests": boot.n_requests,
+        },
+    )
+
+
+def build_result(
+    corpus_info: CorpusInfo | Any,
+    control: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]],
+    candidate: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]],
+    gate_rules: Gate | str | Path,
+    seed: int,
+    *,
+    reproduce: str = "",
+    n_resamples: int = DEFAULT_RESAMPLES,
+    created_at: str | None = None,
+) -> Result:
+    """Summarise both arms, compare them (paired, bootstrapped), evaluate the gate: the full Result."""
+    gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
+    corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
+    ctrl, cand = arm_result(*control), arm_result(*candidate)
+    if ctrl.runnable and cand.runnable:
+        comparison = compare_arms(
+            ctrl.per_request,
+            cand.per_request,
+            seed=seed,
+            n_resamples=n_resamples,
+            confidence_levels=confidences(gate),
+            near_tie=near_tie_margin(gate),
+        )
+        # Keep both arms in the paired (control) order.
+        order = {r.id: i for i, r in enumerate(ctrl.per_request)}
+        cand.per_request.sort(key=lambda r: order[r.id])
+    else:
+        comparison = Comparison(near_tie_margin=near_tie_margin(gate))
+    result = Result(
+        corpus=corpus,
+        control=ctrl,
+        candidate=cand,
+        comparison=comparison,
+        gate=GateOutcome(passed=False, source=gate.source),
+        created_at=created_at or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        reproduce=reproduce,
+        seed=seed,
+    )
+    result.gate = evaluate(gate, result)
+    return result

@@ -1,0 +1,357 @@
+"""Acceptance math and paired comparisons of two arms (pure functions, DESIGN §5).
+
+Rates are fractions in [0, 1] everywhere here; percentage points appear only in
+gate details and reports. An undefined ratio (nothing drafted, nothing to
+compare) is None, never 0 and never NaN, so that "no drafter ran" cannot pass
+for "no token was accepted".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from qual.engines.base import RequestResult
+from qual.errors import QualError
+
+DEFAULT_RESAMPLES = 2000
+# Target top-1 minus top-2 logit below which a flipped greedy token counts as a
+# reduced-precision near tie rather than a disagreement (DESIGN §5).
+DEFAULT_NEAR_TIE_MARGIN = 0.1
+# Bounds the [resamples, requests] index matrix built at once.
+_MAX_CHUNK_ELEMENTS = 4_000_000
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num) / float(den) if den else None
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """One arm's acceptance, summed over requests (vLLM's definitions)."""
+
+    rate: float | None  # accepted / draft tokens
+    mean_acceptance_length: float | None  # 1 + accepted / drafts
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: list[int]
+    per_position: list[float | None]  # accepted_at_i / drafts
+    per_position_conditional: list[float | None]  # accepted_at_i / accepted_at_(i-1)
+
+    def to_json(self) -> dict:
+        return {
+            "rate": self.rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_position),
+            "per_position": list(self.per_position),
+            "per_position_conditional": list(self.per_position_conditional),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Acceptance":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def acceptance_summary(requests: Sequence[RequestResult]) -> Acceptance:
+    """Sum drafts / draft tokens / accepted tokens over requests and derive the rates."""
+    drafts = sum(r.drafts for r in requests)
+    draft_tokens = sum(r.draft_tokens for r in requests)
+    accepted = sum(r.accepted_tokens for r in requests)
+    k = max((len(r.accepted_per_position) for r in requests), default=0)
+    per_pos = [0] * k
+    for r in requests:
+        for i, n in enumerate(r.accepted_per_position):
+            per_pos[i] += n
+    unconditional = [_ratio(n, drafts) for n in per_pos]
+    # Position i can only be accepted if i-1 was: condition on reaching it.
+    conditional = [unconditional[0]] if k else []
+    conditional += [_ratio(per_pos[i], per_pos[i - 1]) for i in range(1, k)]
+    return Acceptance(
+        rate=_ratio(accepted, draft_tokens),
+        mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=accepted,
+        accepted_per_position=per_pos,
+        per_position=unconditional,
+        per_position_conditional=conditional,
+    )
+
+
+def pair_requests(
+    control: Sequence[RequestResult], candidate: Sequence[RequestResult]
+) -> tuple[list[RequestResult], list[RequestResult]]:
+    """Order candidate results like control's and verify the replay was matched."""
+    for arm, rows in (("control", control), ("candidate", candidate)):
+        seen: set[str] = set()
+        for r in rows:
+            if r.id in seen:
+                raise QualError(f"{arm} arm has duplicate request id {r.id!r}")
+            seen.add(r.id)
+    by_id = {r.id: r for r in candidate}
+    only_control = [r.id for r in control if r.id not in by_id]
+    control_ids = {r.id for r in control}
+    only_candidate = [r.id for r in candidate if r.id not in control_ids]
+    if only_control or only_candidate:
+        raise QualError(
+            "arms did not replay the same requests: "
+            f"only in control {only_control[:5]}, only in candidate {only_candidate[:5]}"
+        )
+    paired = [by_id[r.id] for r in control]
+    for a, b in zip(control, paired):
+        if list(a.prompt_token_ids) != list(b.prompt_token_ids):
+            raise QualError(f"request {a.id!r}: prompt token ids differ between arms (replay not matched)")
+    return list(control), paired
+
+
+# ---------------------------------------------------------------- bootstrap
+
+
+@dataclass(frozen=True)
+class PairedBootstrap:
+    """Point deltas (candidate - control) and percentile CIs from a paired bootstrap over requests."""
+
+    n_requests: int
+    n_resamples: int
+    seed: int
+    delta_rate: float | None
+    delta_rate_ci: dict[float, tuple[float, float] | None]  # confidence -> (lo, hi)
+    delta_mean_acceptance_length: float | None
+    delta_mean_acceptance_length_ci: dict[float, tuple[float, float] | None] = field(default_factory=dict)
+
+
+def _sum_ratio(num: np.ndarray, den: np.ndarray) -> float | None:
+    d = den.sum()
+    return float(num.sum() / d) if d else None
+
+
+def _resampled_deltas(
+    arrays: dict[str, np.ndarray], n_resamples: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Delta of rate and of mean acceptance length on each resample; NaN where undefined."""
+    n = len(arrays["c_acc"])
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _MAX_CHUNK_ELEMENTS // max(n, 1))
+    d_rate, d_mal = [], []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for start in range(0, n_resamples, chunk):
+            idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))  # [resamples, requests]
+            s = {k: v[idx].sum(axis=1) for k, v in arrays.items()}
+            rate_c = np.where(s["c_tok"] > 0, s["c_acc"] / s["c_tok"], np.nan)
+            rate_k = np.where(s["k_tok"] > 0, s["k_acc"] / s["k_tok"], np.nan)
+            mal_c = np.where(s["c_drafts"] > 0, 1.0 + s["c_acc"] / s["c_drafts"], np.nan)
+            mal_k = np.where(s["k_drafts"] > 0, 1.0 + s["k_acc"] / s["k_drafts"], np.nan)
+            d_rate.append(rate_k - rate_c)
+            d_mal.append(mal_k - mal_c)
+    return np.concatenate(d_rate), np.concatenate(d_mal)
+
+
+def _percentile_ci(samples: np.ndarray, confidence: float) -> tuple[float, float] | None:
+    finite = samples[np.isfinite(samples)]
+    if finite.size == 0:
+        return None
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    lo, hi = np.percentile(finite, [tail, 100.0 - tail])
+    return float(lo), float(hi)
+
+
+def paired_bootstrap(
+    control: Sequence[RequestResult],
+    candidate: Sequence[RequestResult],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidences: Sequence[float] = (0.95,),
+) -> PairedBootstrap:
+    """Resample request indices (same indices for both arms) and take CIs of the ratio-of-sums deltas.
+
+    `control[i]` and `candidate[i]` must be the same request (see pair_requests).
+    """
+    if len(control) != len(candidate):
+        raise QualError(f"paired bootstrap needs equal arms, got {len(control)} and {len(candidate)} requests")
+    if n_resamples < 1:
+        raise QualError(f"bootstrap resamples must be >= 1, got {n_resamples}")
+    arrays = {
+        "c_acc": np.array([r.accepted_tokens for r in control], dtype=np.float64),
+        "c_tok": np.array([r.draft_tokens for r in control], dtype=np.float64),
+        "c_drafts": np.array([r.drafts for r in control], dtype=np.float64),
+        "k_acc": np.array([r.accepted_tokens for r in candidate], dtype=np.float64),
+        "k_tok": np.array([r.draft_tokens for r in candidate], dtype=np.float64),
+        "k_drafts": np.array([r.drafts for r in candidate], dtype=np.float64),
+    }
+    rate_c = _sum_ratio(arrays["c_acc"], arrays["c_tok"])
+    rate_k = _sum_ratio(arrays["k_acc"], arrays["k_tok"])
+    mal_c = _sum_ratio(arrays["c_acc"], arrays["c_drafts"])
+    mal_k = _sum_ratio(arrays["k_acc"], arrays["k_drafts"])
+    delta_rate = rate_k - rate_c if rate_c is not None and rate_k is not None else None
+    delta_mal = mal_k - mal_c if mal_c is not None and mal_k is not None else None
+    if len(control) == 0 or delta_rate is None:
+        empty = {float(c): None for c in confidences}
+        return PairedBootstrap(len(control), n_resamples, seed, delta_rate, empty, delta_mal, dict(empty))
+    d_rate, d_mal = _resampled_deltas(arrays, n_resamples, seed)
+    return PairedBootstrap(
+        n_requests=len(control),
+        n_resamples=n_resamples,
+        seed=seed,
+        delta_rate=delta_rate,
+        delta_rate_ci={float(c): _percentile_ci(d_rate, c) for c in confidences},
+        delta_mean_acceptance_length=delta_mal,
+        delta_mean_acceptance_length_ci={float(c): _percentile_ci(d_mal, c) for c in confidences},
+    )
+
+
+# ---------------------------------------------------------------- per request / category
+
+
+def _request_rate(r: RequestResult) -> float | None:
+    return _ratio(r.accepted_tokens, r.draft_tokens)
+
+
+def per_request_deltas(control: Sequence[RequestResult], candidate: Sequence[RequestResult]) -> list[dict]:
+    """Per paired request: both rates and candidate - control (None where nothing was drafted)."""
+    rows = []
+    for c, k in zip(control, candidate):
+        rc, rk = _request_rate(c), _request_rate(k)
+        rows.append(
+            {
+                "id": c.id,
+                "category": c.category,
+                "control_rate": rc,
+                "candidate_rate": rk,
+                "delta": rk - rc if rc is not None and rk is not None else None,
+            }
+        )
+    return rows
+
+
+def per_category(control: Sequence[RequestResult], candidate: Sequence[RequestResult]) -> list[dict]:
+    """Ratio-of-sums rates per corpus category for both arms, sorted by category."""
+    if not control:
+        return []
+    df = pd.DataFrame(
+        {
+            "category": [c.category for c in control],
+            "c_acc": [c.accepted_tokens for c in control],
+            "c_tok": [c.draft_tokens for c in control],
+            "k_acc": [k.accepted_tokens for k in candidate],
+            "k_tok": [k.draft_tokens for k in candidate],
+        }
+    )
+    g = df.groupby("category", sort=True).agg(
+        n=("c_acc", "size"), c_acc=("c_acc", "sum"), c_tok=("c_tok", "sum"),
+        k_acc=("k_acc", "sum"), k_tok=("k_tok", "sum"),
+    )
+    rows = []
+    for category, row in g.iterrows():
+        rc, rk = _ratio(row.c_acc, row.c_tok), _ratio(row.k_acc, row.k_tok)
+        rows.append(
+            {
+                "category": str(category),
+                "n": int(row.n),
+                "control_rate": rc,
+                "candidate_rate": rk,
+                "delta": rk - rc if rc is not None and rk is not None else None,
+                "control_draft_tokens": int(row.c_tok),
+                "candidate_draft_tokens": int(row.k_tok),
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------- divergence
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _margin_at(r: RequestResult, i: int) -> float | None:
+    m = r.top2_margins
+    return float(m[i]) if m is not None and i < len(m) and m[i] is not None else None
+
+
+def compare_outputs(
+    control: Sequence[RequestResult],
+    candidate: Sequence[RequestResult],
+    near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN,
+) -> list[dict]:
+    """Per paired request whose target outputs differ: where, the top-2 margin there, and a verdict.
+
+    The margin is the smaller of the two arms' target top-1 minus top-2 logits
+    at the first differing output index (either arm's near tie explains a
+    flip). Without any margin the flip cannot be shown benign: "disagreement".
+    """
+    rows = []
+    for c, k in zip(control, candidate):
+        if list(c.output_token_ids) == list(k.output_token_ids):
+            continue
+        i = common_prefix_length(c.output_token_ids, k.output_token_ids)
+        margins = [m for m in (_margin_at(c, i), _margin_at(k, i)) if m is not None]
+        margin = min(margins) if margins else None
+        benign = margin is not None and margin < near_tie_margin
+        rows.append(
+            {
+                "id": c.id,
+                "category": c.category,
+                "first_divergence": i,
+                "control_token": c.output_token_ids[i] if i < len(c.output_token_ids) else None,
+                "candidate_token": k.output_token_ids[i] if i < len(k.output_token_ids) else None,
+                "top2_margin": margin,
+                "classification": "benign_near_tie" if benign else "disagreement",
+            }
+        )
+    return rows
+
+
+def proposal_divergence(control: Sequence[RequestResult], candidate: Sequence[RequestResult]) -> dict:
+    """Fraction of draft steps taken at identical context whose proposals differ, overall and per position.
+
+    A draft step is `[num_committed, proposals]`, num_committed counting the
+    whole sequence (prompt included) when the draft was made. Steps of the
+    two arms match on num_committed, and only while the committed tokens are
+    still identical (up to the first target-output divergence).
+    """
+    matched = differing = 0
+    pos_total: list[int] = []
+    pos_diff: list[int] = []
+    c_steps = k_steps = 0
+    for c, k in zip(control, candidate):
+        c_steps += len(c.draft_steps)
+        k_steps += len(k.draft_steps)
+        limit = len(c.prompt_token_ids) + common_prefix_length(c.output_token_ids, k.output_token_ids)
+        k_by_key: dict[int, list[int]] = {}
+        for key, props in k.draft_steps:
+            k_by_key.setdefault(int(key), list(props))
+        for key, props in c.draft_steps:
+            key = int(key)
+            if key > limit or key not in k_by_key:
+                continue
+            a, b = list(props), k_by_key[key]
+            matched += 1
+            differing += a != b
+            for i in range(max(len(a), len(b))):
+                if i >= len(pos_total):
+                    pos_total.append(0)
+                    pos_diff.append(0)
+                pos_total[i] += 1
+                pos_diff[i] += i >= len(a) or i >= len(b) or a[i] != b[i]
+    return {
+        "overall": _ratio(differing, matched),
+        "per_position": [_ratio(d, t) for d, t in zip(pos_diff, pos_total)],
+        "matched_steps": matched,
+        "differing_steps": differing,
+        "control_steps": c_steps,
+        "candidate_steps": k_steps,
+    }

@@ -1,0 +1,132 @@
+"""SQLite run history, step-change detection and the `qual history` commands (qual.history, qual.cli.history)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from qual import history
+from qual.errors import QualError
+from synthetic import synthetic_result
+
+
+def _night(day: int, p_candidate: float = 0.75, draft_kv: str = "replicated"):
+    return synthetic_result(40, 0.75, p_candidate, draft_kv=draft_kv, n_resamples=100,
+                            created_at=f"2026-12-{day:02d}T02:00:00+00:00")
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "reports" / "history.sqlite"
+    for day, p in ((1, 0.75), (2, 0.75), (3, 0.68), (4, 0.75)):
+        history.record_run(path, _night(day, p), f"reports/night{day}/result.json")
+    history.record_run(path, _night(5, 0.68, "sharded"), "reports/sharded/result.json")
+    return path
+
+
+def test_record_and_read_back(db):
+    runs = history.list_runs(db)
+    assert [r.id for r in runs] == [5, 4, 3, 2, 1]  # newest first
+    r3 = history.get_run(db, 3)
+    assert (r3.model, r3.engine, r3.dcp, r3.tp, r3.draft_kv, r3.verdict) == ("toy", "reference", 4, 4, "replicated", "fail")
+    assert r3.failed_checks == ["acceptance_delta_lower_bound", "mean_acceptance_length_ratio"]
+    assert r3.corpus_fingerprint.startswith("sha256:") and r3.result_path == "reports/night3/result.json"
+    assert r3.ci_lo <= r3.delta_rate <= r3.ci_hi < 0
+    assert r3.config["control"]["dcp"] == 1 and r3.config["candidate"]["dcp"] == 4
+    assert r3.engine_version == "qual-reference 0.1.0"
+    assert [r.id for r in history.list_runs(db, draft_kv="sharded")] == [5]
+    assert history.list_runs(db, model="other") == []
+    assert len(history.list_runs(db, limit=2)) == 2
+
+
+def test_missing_things_are_user_errors(db, tmp_path):
+    with pytest.raises(QualError, match="no run 99"):
+        history.get_run(db, 99)
+    missing = tmp_path / "nope.sqlite"
+    with pytest.raises(QualError, match="no run history at"):
+        history.list_runs(missing)
+    assert not missing.exists()  # reading never creates a database
+    with pytest.raises(QualError, match="unknown history filter"):
+        history.list_runs(db, colour="red")
+
+
+def test_schema_version_is_checked(tmp_path, db):
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    conn.close()
+    with pytest.raises(QualError, match="schema v7 is newer"):
+        history.list_runs(db)
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    with pytest.raises(QualError, match="not a qual history database"):
+        history.list_runs(other)
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(QualError, match="cannot use history database"):
+        history.record_run(garbage, _night(1), None)
+
+
+def test_older_schema_is_migrated(tmp_path, db, monkeypatch):
+    def add_notes(conn):
+        conn.execute("ALTER TABLE runs ADD COLUMN notes TEXT")
+
+    monkeypatch.setattr(history, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(history.MIGRATIONS, 1, add_notes)
+    assert len(history.list_runs(db)) == 5
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == "2"
+        assert "notes" in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+    conn.close()
+    monkeypatch.setattr(history, "SCHEMA_VERSION", 3)
+    with pytest.raises(QualError, match="no migration from history schema v2"):
+        history.list_runs(db)
+
+
+def test_trend_groups_series_and_detects_steps(db):
+    series = history.trend(db, model="toy")
+    assert sorted(len(v) for v in series.values()) == [1, 4]  # replicated nightly series, one sharded run
+    nightly = next(v for v in series.values() if len(v) == 4)
+    assert [r.id for r in nightly] == [1, 2, 3, 4]  # oldest first
+    steps = history.detect_step_changes([r for v in series.values() for r in v])
+    assert [(s.arm, s.previous_run_id, s.run_id) for s in steps] == [("candidate", 2, 3), ("candidate", 3, 4)]
+    assert steps[0].delta < -0.02 and "between run 2 and run 3" in steps[0].describe()
+    # The sharded run is its own series: no step against the replicated runs.
+    assert all(s.run_id != 5 for s in steps)
+    assert history.detect_step_changes(nightly, threshold_pp=50.0) == []
+
+
+def test_step_notes_corpus_change(db):
+    runs = history.trend(db)
+    nightly = next(v for v in runs.values() if len(v) == 4)
+    changed = [nightly[1], history.HistoryRun(**{**nightly[2].__dict__, "corpus_fingerprint": "sha256:new"})]
+    (step,) = history.detect_step_changes(changed)
+    assert "corpus fingerprint changed" in step.notes
+
+
+def _cli():
+    from qual.cli import history as _register  # noqa: F401  (registers `history` on the app)
+    from qual.cli.main import app
+
+    return app
+
+
+def test_cli_list_show_trend(db, tmp_path):
+    runner, app = CliRunner(), _cli()
+    out = runner.invoke(app, ["history", "list", "--history", str(db)])
+    assert out.exit_code == 0, out.output
+    assert "FAIL" in out.output and "sharded" in out.output
+    out = runner.invoke(app, ["history", "show", "3", "--history", str(db)])
+    assert out.exit_code == 0 and "acceptance_delta_lower_bound" in out.output
+    plot = tmp_path / "trend.svg"
+    out = runner.invoke(app, ["history", "trend", "--model", "toy", "--out", str(plot), "--history", str(db)])
+    assert out.exit_code == 0, out.output
+    assert "2 step change(s)" in out.output and "between run 2 and run 3" in out.output
+    assert plot.read_text().lstrip().startswith("<?xml")
+    out = runner.invoke(app, ["history", "trend", "--out", str(tmp_path / "t.gif"), "--history", str(db)])
+    assert isinstance(out.exception, QualError)
+    out = runner.invoke(app, ["history", "show", "42", "--history", str(db)])
+    assert isinstance(out.exception, QualError)

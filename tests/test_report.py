@@ -1,0 +1,161 @@
+"""Renderers of one Result: report.html, summary.md, junit.xml (qual.report)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+
+import pytest
+
+from qual.engines.base import GraphCapture
+from qual.report import html, junit, markdown, write_reports
+from synthetic import synthetic_pair, synthetic_result
+
+HOSTILE = ["<script>alert(1)</script>", "</textarea><b>x", 'a"b\'c&d|e`f']
+
+
+def _hostile_result(p_candidate: float = 0.68):
+    """A failing result whose corpus text (ids, categories, name, command) is hostile."""
+    control, candidate = synthetic_pair(30, 0.75, p_candidate, categories=HOSTILE)
+    rename = {r.id: f"{r.id}<script>alert(2)</script>" for r in control}
+    control = [replace(r, id=rename[r.id]) for r in control]
+    candidate = [replace(r, id=rename[r.id]) for r in candidate]
+    res = synthetic_result(
+        pair=(control, candidate),
+        control_graph=GraphCapture("captured", "FULL", [1, 2, 4, 8], 3.2, 2**29),
+        candidate_graph=GraphCapture("captured", "FULL", [1, 2, 4], 3.0, 2**29, detail="<img src=x onerror=alert(3)>"),
+    )
+    res.corpus.name = "</textarea><script>alert(4)</script>"
+    res.reproduce = "qual run --corpus '</textarea><script>alert(5)</script>' --dcp 4"
+    return res
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    return _hostile_result()
+
+
+def test_html_escapes_hostile_text(hostile):
+    page = html.render(hostile)
+    assert "<script" not in page.lower()
+    assert "</textarea>" not in page
+    assert "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;/textarea&gt;" in page
+    assert "&lt;img src=x onerror=alert(3)&gt;" in page
+
+
+def test_html_is_self_contained(hostile):
+    page = html.render(hostile)
+    # No resource is loaded from anywhere: no src/href to a URL, no stylesheets or scripts, a CSP forbidding loads.
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
+    assert not re.search(r"<(?:script|link|iframe|object|embed)\b", page, re.I)
+    assert "@import" not in page and not re.search(r"url\((?!#)", page)  # only in-page SVG references
+    assert "default-src 'none'" in page
+    assert page.count("<svg") == 2  # both plots inline
+
+
+def test_html_content_for_a_reviewer(hostile):
+    page = html.render(hostile)
+    # Verdict first, failing checks listed before anything else.
+    assert page.index(">FAIL<") < page.index("Failing checks") < page.index("Headline")
+    for text in ("Acceptance per draft position", "conditional", "Per-request paired deltas", "Per category",
+                 "CUDA-graph capture", "Configuration", "fingerprint", "Reproduce", hostile.corpus.fingerprint):
+        assert text in page
+    # Config diff highlights exactly the differing key (dcp).
+    assert re.search(r'<tr class="diff"><td><code>dcp</code></td><td>1</td><td>4</td></tr>', page)
+    assert page.count('<tr class="diff"><td><code>') == 1
+
+
+def test_html_is_deterministic(hostile):
+    assert html.render(hostile) == html.render(hostile)
+
+
+def test_markdown_summary(hostile):
+    md = markdown.render(hostile)
+    lines = md.splitlines()
+    assert lines[0].startswith("## ❌ FAIL: qual toy: DCP 1 → DCP 4")
+    assert re.search(r"^\| acceptance rate \| \d+\.\d\d% \| \d+\.\d\d% \| -\d+\.\d\d pp \(95% CI \[", md, re.M)
+    check_rows = [ln for ln in lines if ln.startswith("| ✅ |") or ln.startswith("| ❌ |")]
+    assert len(check_rows) == len(hostile.gate.checks)
+    assert sum(ln.startswith("| ❌ |") for ln in check_rows) == len(hostile.gate.failed)
+    # Untrusted text is inert in a GitHub step summary: no raw tags outside the code fence, pipes escaped in cells.
+    prose = re.sub(r"```sh\n.*?\n```", "", md, flags=re.S)
+    assert "<script>" not in prose and "</textarea>" not in prose
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "a\"b'c&amp;d\\|e\\`f" in md
+    assert "```sh\n" + hostile.reproduce + "\n```" in md  # literal inside a fence
+
+
+def test_markdown_pass_golden_lines():
+    md = markdown.render(synthetic_result(12))
+    assert md.splitlines()[0] == "## ✅ PASS: qual toy: DCP 1 → DCP 4 (reference, TP 4, draft KV replicated)"
+    assert "| ✅ | graph_sizes_captured | graph capture unsupported in both arms: nothing to compare |" in md
+    assert "| target outputs identical |  |  | yes (12/12) |" in md
+
+
+def test_junit_one_testcase_per_check(hostile):
+    xml = junit.render(hostile)
+    root = ET.fromstring(xml.encode())
+    cases = root.findall(".//testcase")
+    assert [c.get("name") for c in cases] == [c.name for c in hostile.gate.checks]
+    assert root.get("tests") == str(len(hostile.gate.checks))
+    assert root.get("failures") == str(len(hostile.gate.failed)) != "0"
+    for case, check in zip(cases, hostile.gate.checks):
+        failure = case.find("failure")
+        if check.passed:
+            assert failure is None
+        else:
+            assert failure.get("message") == check.detail == failure.text
+    graph = next(c for c in cases if c.get("name") == "graph_sizes_captured")
+    assert "<img src=x onerror=alert(3)>" in graph.find("failure").text  # escaped in XML, intact once parsed
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["corpus"] == hostile.corpus.name
+
+
+def test_junit_survives_control_characters():
+    res = synthetic_result(5)
+    res.gate.checks[0].detail = "bad\x00byte\x1b[31m"
+    ET.fromstring(junit.render(res).encode())
+
+
+def test_write_reports(tmp_path):
+    paths = write_reports(synthetic_result(8), tmp_path / "out")
+    assert {p.name for p in paths.values()} == {"result.json", "report.html", "summary.md", "junit.xml"}
+    assert all(p.stat().st_size > 0 for p in paths.values())
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _chromium(url: str, tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "chromium-profile"
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+        "--enable-logging=stderr", "--v=0", *extra, url,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_report_opens_in_headless_chromium_without_console_errors(tmp_path, hostile):
+    path = html.write(hostile, tmp_path / "report.html")
+    run = _chromium(path.as_uri(), tmp_path, "--dump-dom")
+    assert run.returncode == 0, run.stderr[-2000:]
+    console = [ln for ln in run.stderr.splitlines() if ":CONSOLE" in ln]
+    assert console == [], console
+    assert "Failing checks" in run.stdout and "&lt;script&gt;alert(1)&lt;/script&gt;" in run.stdout
+    # The detector is live: a page that breaks the rules does produce console lines.
+    bad = tmp_path / "bad.html"
+    bad.write_text(page_with_violation(path.read_text()))
+    run = _chromium(bad.as_uri(), tmp_path, "--dump-dom")
+    assert any(":CONSOLE" in ln for ln in run.stderr.splitlines()), run.stderr[-2000:]
+
+
+def page_with_violation(page: str) -> str:
+    """The report with a script injected after escaping: its CSP must block it and say so."""
+    return page.replace("</main>", "<script>console.log('ran')</script></main>")

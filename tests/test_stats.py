@@ -1,0 +1,162 @@
+"""Acceptance math, paired bootstrap and divergence measures (qual.stats)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qual.errors import QualError
+from qual.stats import (
+    acceptance_summary,
+    common_prefix_length,
+    compare_outputs,
+    pair_requests,
+    paired_bootstrap,
+    per_category,
+    per_request_deltas,
+    proposal_divergence,
+)
+from synthetic import synthetic_pair, synthetic_request
+
+
+def test_acceptance_hand_example():
+    # Accepted lengths 3, 0, 7 and 1 with K = 7: 4 drafts, 28 draft tokens, 11 accepted.
+    reqs = [synthetic_request("a", [3, 0, 7]), synthetic_request("b", [1])]
+    acc = acceptance_summary(reqs)
+    assert (acc.drafts, acc.draft_tokens, acc.accepted_tokens) == (4, 28, 11)
+    assert acc.rate == pytest.approx(11 / 28)
+    assert acc.mean_acceptance_length == pytest.approx(1 + 11 / 4)
+    # Reached position i: lengths > i -> [3, 2, 2, 1, 1, 1, 1].
+    assert acc.accepted_per_position == [3, 2, 2, 1, 1, 1, 1]
+    assert acc.per_position == pytest.approx([3 / 4, 2 / 4, 2 / 4, 1 / 4, 1 / 4, 1 / 4, 1 / 4])
+    assert acc.per_position_conditional == pytest.approx([3 / 4, 2 / 3, 1.0, 1 / 2, 1.0, 1.0, 1.0])
+    # Conditional position 0 is the unconditional one; unconditional rates multiply out of conditional ones.
+    prod = 1.0
+    for uncond, cond in zip(acc.per_position, acc.per_position_conditional):
+        prod *= cond
+        assert prod == pytest.approx(uncond)
+    # Accepted tokens = sum over positions of the accepted-at-position counts.
+    assert sum(acc.accepted_per_position) == acc.accepted_tokens
+
+
+def test_conditional_undefined_after_a_position_nobody_reached():
+    acc = acceptance_summary([synthetic_request("a", [1, 0, 1], k=4)])
+    assert acc.per_position == pytest.approx([2 / 3, 0.0, 0.0, 0.0])
+    assert acc.per_position_conditional[0] == pytest.approx(2 / 3)
+    assert acc.per_position_conditional[1] == 0.0
+    assert acc.per_position_conditional[2:] == [None, None]
+
+
+def test_zero_drafts_is_undefined_not_zero():
+    no_drafter = synthetic_request("a", [])
+    acc = acceptance_summary([no_drafter])
+    assert acc.rate is None and acc.mean_acceptance_length is None
+    assert acc.per_position == [None] * 7 and acc.per_position_conditional == [None] * 7
+    assert acceptance_summary([]).per_position == []
+    boot = paired_bootstrap([no_drafter], [no_drafter], n_resamples=50)
+    assert boot.delta_rate is None and boot.delta_rate_ci[0.95] is None
+
+
+def test_identical_arms_delta_zero_and_degenerate_ci():
+    control, candidate = synthetic_pair(50, 0.7, 0.7, seed=3)
+    boot = paired_bootstrap(control, candidate, n_resamples=300, seed=1)
+    assert boot.delta_rate == 0.0
+    assert boot.delta_rate_ci[0.95] == (0.0, 0.0)
+    assert boot.delta_mean_acceptance_length == 0.0
+
+
+def test_bootstrap_ci_contains_estimate_and_shrinks_with_more_prompts():
+    widths = []
+    for n in (30, 480):
+        control, candidate = synthetic_pair(n, 0.75, 0.70, seed=7)
+        boot = paired_bootstrap(control, candidate, n_resamples=1000, seed=0, confidences=(0.9, 0.95))
+        lo, hi = boot.delta_rate_ci[0.95]
+        assert lo <= boot.delta_rate <= hi
+        lo90, hi90 = boot.delta_rate_ci[0.9]
+        assert lo <= lo90 <= hi90 <= hi  # a lower confidence gives a narrower interval
+        widths.append(hi - lo)
+    assert widths[1] < widths[0] / 2  # ~1/sqrt(16) = 1/4 in expectation
+
+
+def test_bootstrap_is_seeded_and_paired():
+    control, candidate = synthetic_pair(40, 0.75, 0.72, seed=2)
+    a = paired_bootstrap(control, candidate, n_resamples=400, seed=11)
+    b = paired_bootstrap(control, candidate, n_resamples=400, seed=11)
+    c = paired_bootstrap(control, candidate, n_resamples=400, seed=12)
+    assert a.delta_rate_ci == b.delta_rate_ci
+    assert a.delta_rate_ci != c.delta_rate_ci
+    # Common random numbers make every request drop: a paired CI stays below zero.
+    assert a.delta_rate_ci[0.95][1] < 0
+
+
+def test_pair_requests_reorders_and_verifies():
+    control, candidate = synthetic_pair(4, 0.7, 0.7)
+    c, k = pair_requests(control, list(reversed(candidate)))
+    assert [r.id for r in k] == [r.id for r in c]
+    with pytest.raises(QualError, match="same requests"):
+        pair_requests(control, candidate[:-1])
+    with pytest.raises(QualError, match="duplicate"):
+        pair_requests(control + control[:1], candidate)
+    bad = list(candidate)
+    bad[1] = synthetic_request(bad[1].id, [1], prompt_len=9)
+    with pytest.raises(QualError, match="prompt token ids differ"):
+        pair_requests(control, bad)
+
+
+def test_per_category_and_per_request_deltas():
+    control = [
+        synthetic_request("a", [7, 7], category="x"),  # 14/14
+        synthetic_request("b", [0, 0], category="y"),  # 0/14
+        synthetic_request("c", [], category="y"),  # no drafts
+    ]
+    candidate = [
+        synthetic_request("a", [7, 0], category="x"),  # 7/14
+        synthetic_request("b", [7, 0], category="y"),  # 7/14
+        synthetic_request("c", [], category="y"),
+    ]
+    cats = {r["category"]: r for r in per_category(control, candidate)}
+    assert cats["x"]["n"] == 1 and cats["x"]["delta"] == pytest.approx(-0.5)
+    assert cats["y"]["n"] == 2 and cats["y"]["control_rate"] == 0.0 and cats["y"]["candidate_rate"] == 0.5
+    rows = per_request_deltas(control, candidate)
+    assert [r["delta"] for r in rows] == [pytest.approx(-0.5), pytest.approx(0.5), None]
+
+
+def test_compare_outputs_classifies_divergence():
+    base = synthetic_request("a", [1], output_token_ids=[5, 6, 7, 8])
+    assert compare_outputs([base], [base]) == []
+    near = synthetic_request("a", [1], output_token_ids=[5, 6, 9, 8], top2_margins=[3.0, 3.0, 0.01, 3.0])
+    (d,) = compare_outputs([base], [near], near_tie_margin=0.1)
+    assert (d["first_divergence"], d["top2_margin"], d["classification"]) == (2, 0.01, "benign_near_tie")
+    assert (d["control_token"], d["candidate_token"]) == (7, 9)
+    sure = synthetic_request("a", [1], output_token_ids=[5, 6, 9, 8], top2_margins=[3.0, 3.0, 2.5, 3.0])
+    assert compare_outputs([base], [sure])[0]["classification"] == "disagreement"
+    blind = synthetic_request("a", [1], output_token_ids=[5, 6, 9, 8])  # no margins: cannot call it benign
+    assert compare_outputs([base], [blind])[0]["classification"] == "disagreement"
+    short = synthetic_request("a", [1], output_token_ids=[5, 6])
+    assert compare_outputs([base], [short])[0]["first_divergence"] == 2
+    assert common_prefix_length([1, 2, 3], [1, 2, 3]) == 3
+
+
+def test_proposal_divergence_hand_example():
+    # prompt_len 5: the first draft step happens with 6 committed tokens.
+    control = synthetic_request("a", [2, 2], proposals=[[1, 2, 3], [4, 5, 6]], k=3)
+    candidate = synthetic_request("a", [2, 2], proposals=[[1, 2, 9], [4, 5, 6]], k=3)
+    assert [s[0] for s in control.draft_steps] == [6, 9]
+    pd_ = proposal_divergence([control], [candidate])
+    assert pd_["matched_steps"] == 2 and pd_["differing_steps"] == 1
+    assert pd_["overall"] == 0.5
+    assert pd_["per_position"] == [0.0, 0.0, 0.5]
+
+
+def test_proposal_divergence_only_at_identical_context():
+    # Different accepted lengths: steps at committed 6 match; later keys differ and are not compared.
+    control = synthetic_request("a", [0, 3], proposals=[[1, 1], [2, 2]], k=3)
+    candidate = synthetic_request("a", [3, 0], proposals=[[1, 1], [7, 7]], k=3)
+    assert proposal_divergence([control], [candidate])["matched_steps"] == 1
+    # Once target outputs diverge, equal committed counts no longer mean equal context.
+    out_c = list(range(20))
+    out_k = [0, 99] + list(range(2, 20))
+    c = synthetic_request("a", [2, 2], proposals=[[1, 2, 3], [4, 5, 6]], k=3, output_token_ids=out_c)
+    k = synthetic_request("a", [2, 2], proposals=[[1, 2, 3], [0, 0, 0]], k=3, output_token_ids=out_k)
+    res = proposal_divergence([c], [k])
+    assert res["matched_steps"] == 1 and res["overall"] == 0.0
+    assert proposal_divergence([], [])["overall"] is None
