@@ -72,3 +72,33 @@ def make_draft(path: Path, seed: int = 1, scale: float = 0.15, block_size: int =
         cfg["sliding_window"] = sliding_window
     save_checkpoint(path, cfg, w)
     return path
+
+
+def make_tokenizer(path: Path, vocab_size: int = TINY["vocab_size"]) -> Path:
+    """A character-level tokenizer.json: ids 0..vocab-3 are characters, then EOS, then MASK (matches make_target)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+
+    chars = ["\n"] + [chr(c) for c in range(32, 32 + vocab_size - 3)]
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab["<|endoftext|>"] = vocab_size - 2
+    vocab["<|mask|>"] = vocab_size - 1
+    tok = Tokenizer(BPE(vocab=vocab, merges=[], unk_token=" "))
+    tok.add_special_tokens(["<|endoftext|>", "<|mask|>"])
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+def make_profile(root: Path, name: str = "tiny", **over) -> Path:
+    """A model profile YAML pointing at fresh tiny checkpoints (for harness tests)."""
+    import yaml
+
+    target = make_target(root / "target")
+    make_tokenizer(target)
+    draft = make_draft(root / "draft")
+    profile = {"name": name, "target": str(target), "draft": str(draft), "num_speculative_tokens": 3, "block_size": 4,
+               "kv_memory_mib": 4, "dtype": "float64", "corpus": "smoke", "max_tokens": 12, **over}
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path

@@ -1,0 +1,99 @@
+"""`qual run`: control (DCP 1) vs candidate (DCP N) on the same corpus, gated."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from qual.cli.main import EXIT_GATE_FAILED, app
+from qual.errors import QualError
+
+
+@app.command("run")
+def run_command(
+    model: str = typer.Option("toy", "--model", help="Model profile (configs/models/NAME.yaml)."),
+    dcp: int = typer.Option(4, "--dcp", help="Candidate DCP size; the control is DCP 1."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp)."),
+    engine: str = typer.Option("reference", "--engine", help="reference | vllm"),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus name or JSONL path (default: the profile's)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Replay only the first K requests."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Max new tokens per request."),
+    draft_kv: str = typer.Option("replicated", "--draft-kv", help="replicated (the fix) | sharded (legacy)"),
+    temperature: float = typer.Option(0.0, "--temperature"),
+    seed: int = typer.Option(0, "--seed"),
+    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default configs/gates/nightly.yaml)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Output directory (default reports/<time>-<model>-dcp<N>/)."),
+    history: Optional[str] = typer.Option(None, "--history", help="History database (default reports/history.sqlite)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda (reference engine)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
+) -> None:
+    """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
+    from qual.harness.plan import RunOptions, load_plan_options, make_plan
+
+    if resume is not None:
+        options = load_plan_options(resume)
+        saved = json.loads((resume / "run.json").read_text())
+        plan = make_plan(options)
+        plan.out_dir = resume
+        if plan.corpus_info["fingerprint"] != saved["corpus"]["fingerprint"]:
+            raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
+    else:
+        options = RunOptions(model, dcp, tp, engine, corpus, limit, max_tokens, draft_kv, temperature, seed, gate, out, history, device, dtype)
+        plan = make_plan(options)
+    if dry_run:
+        _print_dry_run(plan)
+        return
+    if resume is None and plan.out_dir.exists() and any(plan.out_dir.iterdir()):
+        raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
+    result = _run_with_progress(plan)
+    g = result.gate
+    verdict = "PASS" if g.passed else "FAIL"
+    print(f"{verdict}: control {_pct(result.control.acceptance.rate)} vs candidate {_pct(result.candidate.acceptance.rate)} "
+          f"acceptance; report {plan.out_dir / 'report.html'}")
+    for check in g.checks:
+        print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
+    if not g.passed:
+        raise typer.Exit(EXIT_GATE_FAILED)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def _print_dry_run(plan) -> None:
+    print(f"# dry run: nothing is started or written (out would be {plan.out_dir})")
+    print(f"# corpus {plan.corpus_info['name']}: {plan.corpus_info['count']} requests, {plan.corpus_info['fingerprint']}")
+    for arm, config in plan.arms.items():
+        if config.engine == "vllm":
+            from qual.engines.vllm import dry_run_command
+
+            print(f"{arm}: {dry_run_command(config)}")
+        else:
+            c = config.to_json()
+            c.pop("extra")
+            print(f"{arm}: {json.dumps(c)}")
+
+
+def _run_with_progress(plan):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from qual.harness.execute import execute
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=False, disable=not sys.stderr.isatty()) as bar:
+        tasks = {}
+
+        def progress(arm: str, finished: int, total: int) -> None:
+            if arm not in tasks:
+                c = plan.arms[arm]
+                tasks[arm] = bar.add_task(f"{arm} (dcp {c.dcp}, tp {c.tp})", total=total)
+            bar.update(tasks[arm], completed=finished)
+
+        result, _ = execute(plan, progress)
+    return result

@@ -1,0 +1,1 @@
+"""`qual run`: plan two arms, replay the corpus through both, compare, gate, report, record."""

@@ -1,0 +1,110 @@
+"""Replay a plan through both arms (resuming finished work), then compare, gate, report and record."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, RequestResult
+from qual.errors import QualError
+from qual.harness.journal import Journal, journal_path, read_journal
+from qual.harness.plan import RunPlan
+from qual.history import record_run
+from qual.report import write_reports
+from qual.result import CorpusInfo, Result, build_result
+
+ARM_ORDER = ("control", "candidate")
+Progress = Callable[[str, int, int], None]  # (arm, finished, total)
+
+
+def get_engine(name: str, run_dir: Path):
+    if name == "reference":
+        from qual.engines.reference import ReferenceEngine
+
+        return ReferenceEngine()
+    from qual.engines.vllm import VllmEngine
+
+    return VllmEngine(run_dir=run_dir)
+
+
+def info_path(out_dir: Path, arm: str) -> Path:
+    return out_dir / f"{arm}.arm.json"
+
+
+def _save_info(out_dir: Path, arm: str, info: ArmRunInfo) -> None:
+    info_path(out_dir, arm).write_text(json.dumps(asdict(info), indent=2))
+
+
+def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
+    p = info_path(out_dir, arm)
+    if not p.exists():
+        return None
+    data = json.loads(p.read_text())
+    data["graph_capture"] = GraphCapture(**data["graph_capture"])
+    return ArmRunInfo(**data)
+
+
+def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) -> None:
+    """Matched replay is verified: every arm saw exactly the planned prompt token ids."""
+    for req in plan.requests:
+        got = results.get(req.id)
+        if got is None:
+            raise QualError(f"arm {arm}: request {req.id} has no result")
+        if tuple(got.prompt_token_ids) != tuple(req.prompt_token_ids):
+            raise QualError(f"arm {arm}: request {req.id} replayed different prompt token ids than planned (corpus or tokenizer changed?)")
+    extra = set(results) - {r.id for r in plan.requests}
+    if extra:
+        raise QualError(f"arm {arm}: results for requests not in the plan: {', '.join(sorted(extra)[:5])}")
+
+
+def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
+    """Run one arm over the requests it has not finished yet; each result is journaled as it arrives."""
+    config: ArmConfig = plan.arms[arm]
+    path = journal_path(plan.out_dir, arm)
+    done = read_journal(path)
+    todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
+    prior = _load_info(plan.out_dir, arm)
+    if not todo and prior is not None:
+        return prior, done
+    journal = Journal(path)
+    total = len(plan.requests)
+
+    def on_result(res: RequestResult) -> None:
+        journal.append(res)
+        done[res.id] = res
+        if progress:
+            progress(arm, len(done), total)
+
+    if progress:
+        progress(arm, len(done), total)
+    try:
+        info = get_engine(config.engine, plan.out_dir).run(config, todo, on_result)
+    finally:
+        journal.close()
+    if prior is not None:  # resumed: time and tokens add up over the pieces
+        info.wall_seconds += prior.wall_seconds
+        info.output_tokens += prior.output_tokens
+    _save_info(plan.out_dir, arm, info)
+    return info, done
+
+
+def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, dict[str, Path]]:
+    """Both arms, then the Result, its four reports, and a history row."""
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    plan.save()
+    arms = {}
+    for arm in ARM_ORDER:
+        info, results = run_arm(plan, arm, progress)
+        if info.runnable:
+            check_matched(plan, arm, results)
+        ordered = [results[r.id] for r in plan.requests if r.id in results]
+        arms[arm] = (plan.arms[arm], info, ordered)
+    result = build_result(
+        CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"], plan.corpus_info["count"]),
+        arms["control"], arms["candidate"], plan.gate_path, plan.options.seed, reproduce=plan.options.command(),
+    )
+    paths = write_reports(result, plan.out_dir)
+    record_run(plan.history_path, result, paths["json"])
+    return result, paths
