@@ -51,3 +51,9 @@ def main() -> None:
             print(f"error: {exc.format_message()}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
         raise
+
+
+if __name__ == "__main__":  # `python -m qual.cli.main`: run the importable module's app, where commands registered
+    from qual.cli.main import main as _main
+
+    _main()

@@ -13,6 +13,7 @@ from qual.runtime.engine import GenerationRequest, LLMEngine
 def engine_config(arm: ArmConfig) -> EngineConfig:
     """Arm -> runtime config; profile knobs arrive in arm.extra."""
     x = arm.extra
+    knobs = x.get("reference") or {}
     return EngineConfig(
         target_path=arm.target_path,
         draft_path=arm.draft_path,
@@ -23,7 +24,8 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         dtype=arm.dtype,
         device=arm.device,
         max_model_len=x.get("max_model_len", 2048),
-        max_num_seqs=x.get("max_num_seqs", 64),
+        max_num_seqs=knobs.get("max_num_seqs", 64),
+        max_prefill_tokens=knobs.get("max_prefill_tokens", 8192),
     )
 
 

@@ -65,11 +65,11 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
     path = journal_path(plan.out_dir, arm)
     done = read_journal(path)
     todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
+    total = len(plan.requests)
     prior = _load_info(plan.out_dir, arm)
     if not todo and prior is not None:
         return prior, done
     journal = Journal(path)
-    total = len(plan.requests)
 
     def on_result(res: RequestResult) -> None:
         journal.append(res)
@@ -83,6 +83,7 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
         info = get_engine(config.engine, plan.out_dir).run(config, todo, on_result)
     finally:
         journal.close()
+    info.extra.update(requests_run=len(todo), resumed_with=total - len(todo))
     if prior is not None:  # resumed: time and tokens add up over the pieces
         info.wall_seconds += prior.wall_seconds
         info.output_tokens += prior.output_tokens
@@ -100,6 +101,7 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, di
         if info.runnable:
             check_matched(plan, arm, results)
         ordered = [results[r.id] for r in plan.requests if r.id in results]
+        info.output_tokens = sum(len(r.output_token_ids) for r in ordered)  # all pieces of a resumed arm
         arms[arm] = (plan.arms[arm], info, ordered)
     result = build_result(
         CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"], plan.corpus_info["count"]),

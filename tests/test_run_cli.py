@@ -1,0 +1,144 @@
+"""`qual run` end to end on tiny checkpoints: exit codes, bad input, resume, matched replay, escaping."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpoints import make_profile
+
+QUAL = [sys.executable, "-m", "qual"]
+
+
+def qual(*args, timeout=300):
+    return subprocess.run([*QUAL, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def history_rows(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as c:
+        return c.execute("select count(*) from runs").fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    return make_profile(tmp_path_factory.mktemp("prof"), reference={"max_num_seqs": 1})
+
+
+@pytest.fixture(scope="module")
+def finished_run(profile, tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    proc = qual("run", "--model", profile, "--dcp", 2, "--out", root / "out", "--history", root / "h.sqlite")
+    return proc, root
+
+
+def test_run_passes_and_writes_everything(finished_run):
+    proc, root = finished_run
+    assert proc.returncode == 0, proc.stderr
+    out = root / "out"
+    for name in ("result.json", "report.html", "summary.md", "junit.xml", "run.json"):
+        assert (out / name).is_file()
+    result = json.loads((out / "result.json").read_text())
+    assert result["schema"] == "qual.result/1"
+    assert result["arms"]["control"]["config"]["dcp"] == 1 and result["arms"]["candidate"]["config"]["dcp"] == 2
+    assert result["arms"]["control"]["config"]["tp"] == result["arms"]["candidate"]["config"]["tp"] == 2
+    assert result["gate"]["passed"] is True and result["comparison"]["target_outputs_identical"] is True
+    assert history_rows(root / "h.sqlite") == 1
+
+
+def test_hostile_corpus_text_is_escaped(finished_run, tmp_path):
+    _, root = finished_run
+    html = (root / "out" / "report.html").read_text()
+    assert "<script>alert" not in html and "</textarea><" not in html
+
+
+BAD_CORPORA = {
+    "malformed": ('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": \n', ":2:"),
+    "missing": ('{"id": "a"}\n', ":1:"),
+    "duplicate": ('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', "duplicate"),
+    "empty": ("", "empty"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_CORPORA))
+def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, kind):
+    text, needle = BAD_CORPORA[kind]
+    corpus = tmp_path / f"{kind}.jsonl"
+    corpus.write_text(text)
+    db = tmp_path / "h.sqlite"
+    proc = qual("run", "--model", profile, "--dcp", 2, "--corpus", corpus, "--out", tmp_path / "o", "--history", db)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists() and history_rows(db) == 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "no-such-model"], "unknown model"),
+    (["--dcp", 4, "--tp", 2], "tp % dcp"),
+    (["--dcp", 3], "not divisible by tp=3"),
+    (["--draft-kv", "halved"], "--draft-kv"),
+    (["--engine", "magic"], "--engine"),
+])
+def test_bad_options_are_exit_2(profile, tmp_path, args, needle):
+    if "--model" not in args:
+        args = ["--model", profile, *args]
+    proc = qual("run", *args, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert history_rows(tmp_path / "h.sqlite") == 0
+
+
+def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_path):
+    out, db = tmp_path / "out", tmp_path / "h.sqlite"
+    proc = subprocess.Popen([*QUAL, "run", "--model", str(profile), "--dcp", "2", "--out", str(out), "--history", str(db)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    journal = out / "control.requests.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not journal.exists() or len(journal.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its rank processes, mid-arm
+    proc.wait()
+    killed_with = len(journal.read_text().splitlines())
+    assert 3 <= killed_with < 8 and not (out / "result.json").exists() and history_rows(db) == 0
+    resumed = qual("run", "--resume", out)
+    assert resumed.returncode == 0, resumed.stderr
+    for arm in ("control", "candidate"):
+        ids = [json.loads(line)["id"] for line in (out / f"{arm}.requests.jsonl").read_text().splitlines()]
+        assert len(ids) == len(set(ids)) == 8  # nothing lost, nothing twice
+    info = json.loads((out / "control.arm.json").read_text())
+    assert info["extra"]["requests_run"] == 8 - killed_with
+    # resumed results equal an uninterrupted run's
+    full = json.loads((finished_run[1] / "out" / "result.json").read_text())
+    got = json.loads((out / "result.json").read_text())
+    for arm in ("control", "candidate"):
+        assert [r["output_token_ids"] for r in got["arms"][arm]["per_request"]] == \
+               [r["output_token_ids"] for r in full["arms"][arm]["per_request"]]
+    assert history_rows(db) == 1
+
+
+def test_matched_replay_is_verified(finished_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(finished_run[1] / "out", out)
+    journal = out / "candidate.requests.jsonl"
+    lines = journal.read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["prompt_token_ids"] = rec["prompt_token_ids"][:-1]
+    journal.write_text("\n".join([json.dumps(rec), *lines[1:]]) + "\n")
+    proc = qual("run", "--resume", out)
+    assert proc.returncode == 2 and "different prompt token ids" in proc.stderr
+
+
+def test_dry_run_changes_nothing(profile, tmp_path):
+    proc = qual("run", "--model", profile, "--dcp", 2, "--dry-run", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+    assert proc.returncode == 0 and "control:" in proc.stdout and "candidate:" in proc.stdout
+    assert not (tmp_path / "o").exists() and not (tmp_path / "h.sqlite").exists()
