@@ -83,6 +83,8 @@ class EngineConfig:
     max_model_len: int = 2048
     dist_timeout_s: float = 300.0
     threads_per_rank: int | None = None  # CPU: torch threads per rank (None: cores // world)
+    cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes to capture (CUDA only)
+    static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -96,6 +98,8 @@ class EngineConfig:
         if self.max_num_seqs < 1 or self.max_model_len < 2:
             raise QualError("max_num_seqs must be >= 1 and max_model_len >= 2")
         self.parallel.check_block_size(self.cache.block_size)
+        if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
+            raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,13 @@ class LLMEngine:
     def __exit__(self, *exc):
         self.close()
 
+    def graph_capture(self) -> dict:
+        """Rank 0's CUDA-graph record (every rank captures the same sizes in lock-step)."""
+        if self.runner.graphs is None:
+            why = "CUDA graphs need a CUDA device" if self.cfg.device == "cpu" else "CUDA graphs disabled (no capture sizes)"
+            return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why}
+        return self.runner.graphs.record()
+
     def memory(self) -> dict:
         """Per-rank KV bytes by cache group (block pool and live use)."""
         return self.cache.memory()
@@ -233,7 +240,7 @@ class LLMEngine:
         for i, s in enumerate(seqs):
             n = len(s.req.prompt_token_ids)
             token = choose_tokens(logits[i : i + 1], sampling.temperature, sampling.seed, s.req.id, n)[0]
-            s.pending_commit = n
+            s.ctx_len, s.pending_commit = n, 0  # the prefill wrote the prompt's draft context
             self._append(s, [token], top2_margins(logits[i : i + 1]), sampling)
 
     def _decode(self, seqs: list[_Seq], sampling: SamplingParams) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from qual.runtime.checkpoint import DFlashConfig, Qwen3Config, load_draft_config, load_target_config
@@ -10,9 +12,21 @@ from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
 from qual.runtime.models.dflash import DFlashDrafter, DraftMeta
 from qual.runtime.models.layers import HeadLayout
 from qual.runtime.models.qwen3 import Qwen3Target, TargetMeta, causal_mask
-from qual.runtime.paged import Geometry, KVStore, key_view, write_slots
+from qual.runtime.geometry import blocks_needed
+from qual.runtime.paged import Geometry, KeyView, KVStore, key_view, write_slots
 from qual.runtime.parallel import Comm
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
+
+@dataclass
+class DecodeInputs:
+    """Device tensors one decode step reads (static buffers when replayed from a CUDA graph)."""
+
+    last_tokens: torch.Tensor  # [P]
+    positions: torch.Tensor  # [P*Q] verify positions
+    target: TargetMeta
+    draft: DraftMeta | None = None
+    ctx_features: torch.Tensor | None = None  # [Tc, n*hidden]
+
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TARGET_GROUP = "target"
@@ -81,6 +95,16 @@ class ModelRunner:
                 self.layer_slots.append((group.name, group.layers.index(f"draft.{i}")))
         self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
         self.K = (cfg.num_speculative_tokens or (self.draft_cfg.block_size - 1)) if self.draft_cfg else 0
+        if self.draft_cfg:
+            self.mask_tokens = torch.full((1,), self.draft_cfg.mask_token_id, dtype=torch.long, device=comm.device)
+        # Static key widths / table widths for graph-shaped steps: bounded by max_model_len.
+        self.max_blocks = {g.name: blocks_needed(cfg.max_model_len, B, self.geometry[g.name].dcp_size) for g in self.groups}
+        self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
+        self.graphs = None
+        if cfg.cuda_graph_sizes and comm.device.type == "cuda":
+            from qual.runtime.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, cfg.cuda_graph_sizes)
 
     @property
     def kv_bytes(self) -> dict[str, int]:
@@ -117,54 +141,103 @@ class ModelRunner:
         meta = self._target_meta(positions, rows, q_index, torch.tensor(lens), step.tables[TARGET_GROUP])
         hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores[TARGET_GROUP])
         last = self._dev(starts + torch.tensor(lens) - 1)
-        if aux is not None:
-            for rid, s, n in zip(step.req_ids, starts.tolist(), lens):
-                self.pending[rid] = aux[s : s + n]
+        if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
+            slots = {name: self._dev(write_slots(g, positions, rows, step.tables[name]))
+                     for name, g in self.geometry.items() if name != TARGET_GROUP}
+            self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
         return StepOutput(self.target.logits(hidden[last]))
 
     def _decode(self, step: DecodeStep) -> StepOutput:
         R = len(step.req_ids)
-        n = torch.tensor(step.num_committed)
-        last = torch.tensor(step.last_tokens, dtype=torch.long)
-        if self.drafter is None:
-            draft_tokens = None
-            tokens = last[:, None]
+        graphs = self.graphs.for_batch(R) if self.graphs else None
+        if graphs:
+            inp = self.decode_inputs(step, pad_to=graphs.batch_size, static=True)
+        elif self.cfg.static_shapes:
+            inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length(), static=True)
         else:
-            draft_tokens = self._draft(step)
-            tokens = torch.cat([last[:, None], draft_tokens.cpu()], dim=1)
-        Q = tokens.shape[1]
-        positions = ((n - 1)[:, None] + torch.arange(Q)[None, :]).reshape(-1)
-        rows = torch.arange(R).repeat_interleave(Q)
-        q_index = torch.arange(R * Q).view(R, Q)
-        meta = self._target_meta(positions, rows, q_index, n - 1 + Q, step.tables[TARGET_GROUP])
-        hidden, aux = self.target.forward(self._dev(tokens.reshape(-1)), self._dev(positions), meta, self.stores[TARGET_GROUP])
+            inp = self.decode_inputs(step)
+        logits, drafts, aux = graphs.replay(inp) if graphs else self.decode_compute(inp)
+        Q = 1 + self.K
         if aux is not None:
-            for i, rid in enumerate(step.req_ids):
-                self.pending[rid] = aux[i * Q : (i + 1) * Q]
-        return StepOutput(self.target.logits(hidden).view(R, Q, -1), draft_tokens)
+            for i, rid in enumerate(step.req_ids):  # clone: graph outputs are overwritten by the next replay
+                self.pending[rid] = aux[i * Q : (i + 1) * Q].clone()
+        return StepOutput(logits[:R], None if drafts is None else drafts[:R])
 
-    def _draft(self, step: DecodeStep) -> torch.Tensor:
-        """Write new context K/V, run the block, return rank 0's argmax proposals [R, K] on every rank."""
-        ctx_len, counts = torch.tensor(step.ctx_len), step.commit_counts
-        feats = torch.cat([self.pending[rid][:c] for rid, c in zip(step.req_ids, counts)])
+    def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
+        """Host-side metadata of one decode step, as device tensors.
+
+        pad_to adds dummy requests (nothing visible, writes to the trash slot); static fixes every
+        key width to the max_model_len bound: together they give the fixed shapes a CUDA graph needs.
+        """
+        R = len(step.req_ids)
+        P = pad_to or R
+        K, Q = self.K, 1 + self.K
+        pad = P - R
+        n = torch.tensor(step.num_committed + [1] * pad)
+        last = torch.tensor(step.last_tokens + [0] * pad, dtype=torch.long)
+        tables = {name: _pad_rows(t, P, self.max_blocks[name] if static else None) for name, t in step.tables.items()}
+        positions = ((n - 1)[:, None] + torch.arange(Q)[None, :]).reshape(-1)
+        rows = torch.arange(P).repeat_interleave(Q)
+        q_index = torch.arange(P * Q).view(P, Q)
+        geo = self.geometry[TARGET_GROUP]
+        seq = torch.cat([n[:R] - 1 + Q, torch.zeros(pad, dtype=torch.long)])
+        keys = key_view(geo, tables[TARGET_GROUP], seq, width=self.key_width[TARGET_GROUP] if static else None)
+        mask = causal_mask(positions.view(P, Q), q_index, keys)
+        target = TargetMeta(self._dev(write_slots(geo, positions, rows, tables[TARGET_GROUP])),
+                            KeyView(self._dev(keys.slots), keys.positions, keys.valid), self._dev(q_index), self._dev(mask), dense=True)
+        inp = DecodeInputs(self._dev(last), self._dev(positions), target)
+        if self.drafter is None:
+            return inp
+        counts = step.commit_counts
+        width = len(self.draft_cfg.target_layer_ids) * self.draft_cfg.layers.hidden_size
+        feats = torch.cat([self.pending[rid][:c] for rid, c in zip(step.req_ids, counts) if c]
+                          or [torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)])
         ctx_pos = torch.cat([torch.arange(s, s + c) for s, c in zip(step.ctx_len, counts)])
-        rows = torch.arange(len(counts)).repeat_interleave(torch.tensor(counts))
-        new_len = ctx_len + torch.tensor(counts)
-        slots, keys = {}, {}
-        for name, geo in self.geometry.items():
+        ctx_rows = torch.arange(R).repeat_interleave(torch.tensor(counts))
+        if static:  # fixed number of context rows: R_pad * Q, extra rows write to the trash slot
+            extra = P * Q - feats.shape[0]
+            feats = torch.cat([feats, feats.new_zeros(extra, feats.shape[1])])
+            ctx_pos = torch.cat([ctx_pos, torch.zeros(extra, dtype=torch.long)])
+            ctx_rows = torch.cat([ctx_rows, torch.full((extra,), -1, dtype=torch.long)])
+        new_len = torch.tensor(step.ctx_len) + torch.tensor(counts)
+        new_len = torch.cat([new_len, torch.zeros(pad, dtype=torch.long)])
+        slots, views = {}, {}
+        for name, g in self.geometry.items():
             if name == TARGET_GROUP:
                 continue
-            table = step.tables[name]
-            slots[name] = self._dev(write_slots(geo, ctx_pos, rows, table))
+            table = tables[name]
+            w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
+            slots[name] = self._dev(torch.where(ctx_rows >= 0, w, torch.full_like(w, -1)))
             window = self.windows[name]
-            view = key_view(geo, table, new_len, None if window is None else new_len - window)
-            keys[name] = type(view)(self._dev(view.slots), view.positions, self._dev(view.valid))
-        K = self.K
-        block_pos = new_len[:, None] + torch.arange(K + 1)[None, :]
-        block = torch.full((len(counts), K + 1), self.draft_cfg.mask_token_id, dtype=torch.long)
-        block[:, 0] = torch.tensor(step.last_tokens)
-        meta = DraftMeta(self._dev(ctx_pos), slots, keys, self._dev(block_pos))
-        logits = self.drafter.forward(feats, self._dev(block), meta, self.stores, self.layer_slots)
-        proposals = logits.argmax(dim=-1)
-        # Every rank verifies rank 0's proposals, so ties cannot split the ranks.
-        return self.comm.broadcast_tensor(proposals.contiguous())
+            view = key_view(g, table, new_len, None if window is None else new_len - window,
+                            width=self.key_width[name] if static else None)
+            views[name] = KeyView(self._dev(view.slots), view.positions, self._dev(view.valid))
+        block_pos = new_len[:, None] + torch.arange(Q)[None, :]
+        inp.draft = DraftMeta(self._dev(ctx_pos), slots, views, self._dev(block_pos))
+        inp.ctx_features = feats
+        return inp
+
+    def decode_compute(self, inp: DecodeInputs):
+        """Device work of a decode step (what a CUDA graph captures): draft, then verify.
+
+        Returns logits [P, Q, V], proposals [P, K] (None without a drafter), aux features [P*Q, n*H].
+        """
+        P = inp.last_tokens.shape[0]
+        drafts = None
+        if self.drafter is None:
+            tokens = inp.last_tokens[:, None]
+        else:
+            block = torch.cat([inp.last_tokens[:, None], self.mask_tokens[:1].expand(P, self.K)], dim=1)
+            logits = self.drafter.forward(inp.ctx_features, block, inp.draft, self.stores, self.layer_slots)
+            # Every rank verifies rank 0's proposals, so ties cannot split the ranks.
+            drafts = self.comm.broadcast_tensor(logits.argmax(dim=-1).contiguous())
+            tokens = torch.cat([inp.last_tokens[:, None], drafts], dim=1)
+        hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores[TARGET_GROUP])
+        return self.target.logits(hidden).view(P, tokens.shape[1], -1), drafts, aux
+
+
+def _pad_rows(table: torch.Tensor, rows: int, width: int | None) -> torch.Tensor:
+    """Block table padded to `rows` requests (and `width` blocks) with -1."""
+    out = torch.full((rows, max(width or 0, table.shape[1])), -1, dtype=torch.long)
+    out[: table.shape[0], : table.shape[1]] = table
+    return out

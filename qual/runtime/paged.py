@@ -38,10 +38,15 @@ def write_slots(geo: Geometry, positions: torch.Tensor, rows: torch.Tensor, bloc
     return slot_mapping(positions, block_table[rows], geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave)
 
 
-def key_view(geo: Geometry, block_table: torch.Tensor, seq_lens: torch.Tensor, window_start: torch.Tensor | None = None) -> KeyView:
-    """Keys at global positions < seq_lens [R] held by this rank (positions >= window_start where given)."""
+def key_view(
+    geo: Geometry, block_table: torch.Tensor, seq_lens: torch.Tensor, window_start: torch.Tensor | None = None, width: int | None = None
+) -> KeyView:
+    """Keys at global positions < seq_lens [R] held by this rank (positions >= window_start where given).
+
+    width fixes the key dimension S (static shapes for CUDA graphs); default: the longest local sequence.
+    """
     local = local_seq_len(seq_lens, geo.dcp_size, geo.dcp_rank, geo.interleave)
-    S = max(int(local.max().item()) if local.numel() else 0, 1)
+    S = width or max(int(local.max().item()) if local.numel() else 0, 1)
     slots = local_slots(block_table, S, geo.block_size)
     pos = local_index_positions(S, geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave).expand(len(seq_lens), S)
     valid = (torch.arange(S)[None, :] < local[:, None]) & (slots >= 0)
@@ -51,21 +56,22 @@ def key_view(geo: Geometry, block_table: torch.Tensor, seq_lens: torch.Tensor, w
 
 
 class KVStore:
-    """K/V tensors of one cache group on one rank: per layer [num_blocks * B, kv_heads, D]."""
+    """K/V tensors of one cache group on one rank: per layer [num_blocks * B + 1, kv_heads, D].
+
+    The extra last slot is a trash slot: pad slots (-1) are written there, so a write has
+    a static shape (CUDA graphs) and never needs a data-dependent mask.
+    """
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype, device):
-        shape = (num_slots, num_kv_heads, head_dim)
+        shape = (num_slots + 1, num_kv_heads, head_dim)
+        self.trash = num_slots
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        keep = slots >= 0
-        if keep.all():
-            self.k[layer][slots] = k
-            self.v[layer][slots] = v
-        elif keep.any():
-            self.k[layer][slots[keep]] = k[keep]
-            self.v[layer][slots[keep]] = v[keep]
+        slots = torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
+        self.k[layer].index_copy_(0, slots, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.v[layer].dtype))
 
     def gather(self, layer: int, view: KeyView) -> tuple[torch.Tensor, torch.Tensor]:
         """[R, S, kv_heads, D] each."""
@@ -82,8 +88,10 @@ def pad_queries(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return out * (index >= 0).view(*index.shape, *([1] * (x.dim() - 1))).to(x.dtype)
 
 
-def unpad(x: torch.Tensor, index: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Padded [R, Q, ...] back to flat [T, ...]."""
+def unpad(x: torch.Tensor, index: torch.Tensor, num_tokens: int, dense: bool = False) -> torch.Tensor:
+    """Padded [R, Q, ...] back to flat [T, ...] (dense: every request has Q tokens, in order)."""
+    if dense:
+        return x.reshape(num_tokens, *x.shape[2:])
     keep = index >= 0
     out = x.new_empty((num_tokens, *x.shape[2:]))
     out[index[keep]] = x[keep]

@@ -48,6 +48,18 @@ class DFlashDrafter:
         self.layers = [load_layer(weights, f"layers.{i}.", lcfg, self.layout, comm, path, cast) for i in range(lcfg.num_hidden_layers)]
         self.rope = Rope(lcfg.head_dim, lcfg.rope_theta, comm.device, dtype)
         self.scale = lcfg.head_dim**-0.5
+        self.num_layers = lcfg.num_hidden_layers
+        B1 = cfg.block_size  # masks inside the block, built once on the device (nothing host-side in a graph)
+        full = torch.ones(B1, B1, dtype=torch.bool, device=comm.device)
+        self.block_masks = {"full_attention": full, "sliding_attention": full.tril()}
+
+    def write_context(self, ctx_features, positions, write_slots: dict, stores: dict, layer_slots) -> None:
+        """Project context features (aux hidden states [Tc, n*hidden]) to every layer's K/V and cache them."""
+        eps = self.cfg.layers.rms_norm_eps
+        ctx = rms_norm(F.linear(ctx_features, self.fc), self.hidden_norm, eps)
+        for layer, (group, j) in zip(self.layers, layer_slots):
+            k, v = project_kv(ctx, layer.attn, self.layout, eps, self.rope, positions)
+            stores[group].write(j, write_slots[group], k, v)
 
     def forward(
         self,
@@ -60,14 +72,12 @@ class DFlashDrafter:
         """Logits at the K mask positions: [R, K, vocab]."""
         eps = self.cfg.layers.rms_norm_eps
         R, B1 = block_tokens.shape
-        ctx = rms_norm(F.linear(ctx_features, self.fc), self.hidden_norm, eps)
+        if ctx_features.shape[0]:  # static in a graph: padded context rows write to the trash slot
+            self.write_context(ctx_features, meta.ctx_positions, meta.write_slots, stores, layer_slots)
         x = F.embedding(block_tokens.reshape(-1), self.target.embed)  # [R*(K+1), hidden]
         block_pos = meta.block_positions.reshape(-1)
         for layer, kind, (group, j) in zip(self.layers, self.cfg.layer_types, layer_slots):
             a, lay = layer.attn, self.layout
-            if ctx.shape[0]:
-                k_ctx, v_ctx = project_kv(ctx, a, lay, eps, self.rope, meta.ctx_positions)
-                stores[group].write(j, meta.write_slots[group], k_ctx, v_ctx)
             h = rms_norm(x, layer.input_norm, eps)
             q, kb, vb = project_qkv(h, a, lay, eps, self.rope, block_pos)
             kc, vc = stores[group].gather(j, meta.keys[group])
@@ -75,12 +85,10 @@ class DFlashDrafter:
             keys = torch.cat([kc, kb.view(R, B1, Hk, D)], dim=1)
             values = torch.cat([vc, vb.view(R, B1, Hk, D)], dim=1)
             view = meta.keys[group]
-            if kind == "full_attention":  # non-causal inside the block
-                in_block = torch.ones(B1, B1, dtype=torch.bool)
-            else:  # sliding_attention: causal inside the block
-                in_block = torch.ones(B1, B1, dtype=torch.bool).tril()
+            # full_attention: non-causal inside the block; sliding_attention: causal inside it
+            in_block = self.block_masks[kind][:B1, :B1]
             mask = torch.cat([view.valid[:, None, :].expand(R, B1, -1), in_block.expand(R, B1, B1)], dim=2)
-            out, _ = attention_with_lse(q.view(R, B1, lay.num_heads, D), keys, values, mask.to(q.device), self.scale)
+            out, _ = attention_with_lse(q.view(R, B1, lay.num_heads, D), keys, values, mask, self.scale)
             x = x + self.comm.all_reduce_tp(F.linear(out.reshape(R * B1, -1), a.o))
             x = x + mlp(rms_norm(x, layer.post_norm, eps), layer.mlp, self.comm)
         h = rms_norm(x, self.norm, eps).view(R, B1, -1)[:, 1:]

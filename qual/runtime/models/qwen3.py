@@ -23,6 +23,7 @@ class TargetMeta:
     keys: KeyView  # local keys per request (new tokens included)
     q_index: torch.Tensor  # [R, Q] flat token index, -1 = padding
     mask: torch.Tensor  # [R, Q, S] causal by global position
+    dense: bool = False  # every request has exactly Q query tokens (decode): no padding to strip
 
 
 def causal_mask(q_positions: torch.Tensor, q_index: torch.Tensor, keys: KeyView) -> torch.Tensor:
@@ -84,5 +85,5 @@ class Qwen3Target:
             R, Q = part.shape[:2]
             part = part.view(R, Q, comm.dcp_size, Hl, D).permute(2, 0, 1, 3, 4).reshape(comm.dcp_size * R, Q, Hl, D)
             out = comm.reduce_scatter_dcp(part)
-        flat = unpad(out, meta.q_index, T).reshape(T, Hl * D)
+        flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
         return comm.all_reduce_tp(F.linear(flat, a.o))

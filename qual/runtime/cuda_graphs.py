@@ -1,0 +1,123 @@
+"""CUDA graphs for the decode step (draft + verify in one graph) at fixed batch sizes.
+
+Static input buffers per size, captured largest first into one shared memory pool after a
+warm-up; a step is padded to the next captured size (pad rows see nothing and write to the
+trash slot). Steps larger than every captured size run eagerly and are counted as such.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields, is_dataclass
+
+import torch
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    """Every tensor reachable from a decode-input object, in a fixed order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj) for t in _tensors(obj[k])]
+    if is_dataclass(obj):
+        return [t for f in fields(obj) for t in _tensors(getattr(obj, f.name))]
+    return []
+
+
+class _Graph:
+    def __init__(self, batch_size: int, graph: torch.cuda.CUDAGraph, inputs, outputs):
+        self.batch_size, self.graph, self.inputs, self.outputs = batch_size, graph, inputs, outputs
+        self.static = [t for t in _tensors(inputs) if t.is_cuda]
+
+    def replay(self, inp):
+        new = [t for t in _tensors(inp) if t.is_cuda]
+        for dst, src in zip(self.static, new, strict=True):
+            dst.copy_(src, non_blocking=True)
+        self.graph.replay()
+        return self.outputs
+
+
+class DecodeGraphs:
+    """Captured decode graphs of one rank, and a record of how they were used."""
+
+    def __init__(self, runner, sizes=DEFAULT_SIZES):
+        self.runner = runner
+        self.sizes = sorted(set(sizes), reverse=True)
+        self.graphs: dict[int, _Graph] = {}
+        self.replays: dict[int, int] = {}
+        self.eager_steps: dict[int, int] = {}  # batch sizes that ran without a graph
+        self.seconds = 0.0
+        self.bytes = 0
+        self.error: str | None = None
+        self._capture()
+
+    def _dummy_step(self, batch_size: int):
+        from qual.runtime.steps import DecodeStep
+
+        r = self.runner
+        ids = [f"__graph_{i}" for i in range(batch_size)]
+        Q = 1 + r.K
+        if r.drafter is not None:
+            width = sum(len(r.draft_cfg.target_layer_ids) * [r.draft_cfg.layers.hidden_size])
+            for rid in ids:
+                r.pending[rid] = torch.zeros(Q, width, dtype=r.target.dtype, device=r.comm.device)
+        tables = {name: torch.full((batch_size, 1), -1, dtype=torch.long) for name in r.geometry}
+        return DecodeStep(ids, [0] * batch_size, [2] * batch_size, [0] * batch_size, [1] * batch_size, tables), ids
+
+
+    def _capture(self) -> None:
+        torch.cuda.synchronize()
+        free_before = torch.cuda.mem_get_info()[0]
+        start = time.perf_counter()
+        pool = None
+        try:
+            for bs in self.sizes:
+                step, ids = self._dummy_step(bs)
+                inp = self.runner.decode_inputs(step, pad_to=bs, static=True)
+                for rid in ids:
+                    self.runner.pending.pop(rid, None)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # warm-up: allocator, cuBLAS handles, NCCL communicators
+                        self.runner.decode_compute(inp)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.runner.decode_compute(inp)
+                pool = graph.pool() if pool is None else pool
+                self.graphs[bs] = _Graph(bs, graph, inp, out)
+            torch.cuda.synchronize()
+        except Exception as exc:  # keep running eagerly, but say so
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.graphs.clear()
+        self.seconds = time.perf_counter() - start
+        self.bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
+
+    def for_batch(self, batch_size: int) -> _Graph | None:
+        """The smallest captured graph that holds batch_size requests (None: run eagerly)."""
+        fits = [s for s in self.graphs if s >= batch_size]
+        if not fits:
+            self.eager_steps[batch_size] = self.eager_steps.get(batch_size, 0) + 1
+            return None
+        g = self.graphs[min(fits)]
+        self.replays[g.batch_size] = self.replays.get(g.batch_size, 0) + 1
+        return g
+
+    def record(self) -> dict:
+        """The capture record for result.json graph_capture."""
+        captured = sorted(self.graphs)
+        return {
+            "status": "captured" if captured else "failed",
+            "mode": "FULL_DECODE_ONLY",
+            "sizes": captured,
+            "seconds": round(self.seconds, 3),
+            "bytes": self.bytes,
+            "replays": {str(k): v for k, v in sorted(self.replays.items())},
+            "eager_steps": {str(k): v for k, v in sorted(self.eager_steps.items())},
+            # A size we captured must never have run eagerly; steps above the largest size do, visibly.
+            "eager_fallback_sizes": sorted(b for b in self.eager_steps if b in self.graphs),
+            "detail": self.error,
+        }
