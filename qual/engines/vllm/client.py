@@ -1,0 +1,87 @@
+"""Minimal client for the server's OpenAI-compatible API and /metrics (stdlib only)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from qual.engines.vllm.metrics import SpecCounters, parse_spec_counters
+
+
+class ClientError(Exception):
+    """The server refused or failed a request (HTTP error, bad reply, connection lost)."""
+
+
+@dataclass
+class Completion:
+    """One finished completion: token ids in and out, and the server's own per-request metrics if any."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    finish_reason: str
+    spec_decode: dict | None  # the response's metrics.speculative_decoding, when the server sends it
+
+
+class VllmClient:
+    """Talks to one server at base_url."""
+
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+
+    def _request(self, path: str, payload: dict | None = None) -> bytes:
+        data = json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(self.base_url + path, data=data)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")[:500]
+            raise ClientError(f"HTTP {exc.code} from {path}: {body}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise ClientError(f"{path}: {exc}") from exc
+
+    def spec_counters(self) -> SpecCounters:
+        """The server's cumulative spec-decode counters."""
+        return parse_spec_counters(self.metrics_text())
+
+    def metrics_text(self) -> str:
+        return self._request("/metrics").decode()
+
+    def complete(
+        self, prompt_token_ids: list[int], max_tokens: int, temperature: float, seed: int
+    ) -> Completion:
+        """One /v1/completions call with token ids in; token ids out via `return_token_ids`."""
+        payload = {
+            "model": self.model,
+            "prompt": list(prompt_token_ids),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            # Generate exactly max_tokens where the caller asked for it: both arms must see equal work.
+            "ignore_eos": False,
+        }
+        raw = self._request("/v1/completions", payload)
+        try:
+            body = json.loads(raw)
+            choice = body["choices"][0]
+            output = choice["token_ids"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ClientError(f"unexpected /v1/completions reply: {raw[:300]!r}") from exc
+        if output is None:
+            raise ClientError("the server returned no token_ids (does it support return_token_ids?)")
+        prompt_ids = choice.get("prompt_token_ids") or body.get("prompt_token_ids") or list(prompt_token_ids)
+        metrics = body.get("metrics") or choice.get("metrics") or {}
+        return Completion(
+            prompt_token_ids=list(prompt_ids),
+            output_token_ids=list(output),
+            finish_reason=choice.get("finish_reason") or "length",
+            spec_decode=metrics.get("speculative_decoding") if isinstance(metrics, dict) else None,
+        )

@@ -1,0 +1,222 @@
+"""VllmEngine: one arm through a real `vllm serve`, acceptance per request, checked against /metrics."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult, RequestResult
+from qual.engines.vllm.argv import ServeCommand, VllmOptions, serve_command
+from qual.engines.vllm.client import ClientError, Completion, VllmClient
+from qual.engines.vllm.install import REPO_ROOT, VllmInstall, locate
+from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
+from qual.engines.vllm.metrics import SpecCounters
+from qual.engines.vllm.server import VllmServer, free_port
+from qual.errors import EngineError, QualError
+
+DCP_NEEDS_GPU = "vLLM DCP>1 needs GPUs: the CPU attention backend returns no softmax LSE"
+# /metrics is updated just after the response is sent; how long to wait for it to settle.
+COUNTER_SETTLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Spec-decode numbers of one request."""
+
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: tuple[int, ...]
+
+    @classmethod
+    def from_counters(cls, delta: SpecCounters, k: int) -> "Acceptance":
+        return cls(delta.drafts, delta.draft_tokens, delta.accepted_tokens, tuple(delta.per_position(k)))
+
+    @classmethod
+    def from_server(cls, metrics: dict, k: int) -> "Acceptance":
+        """From the response's metrics.speculative_decoding (vLLM's per-request metrics)."""
+        hist = list(metrics["acceptance_histogram"])  # hist[j]: verify steps that accepted exactly j drafts
+        # Position i is accepted in every step that accepted more than i drafts (greedy prefix rule).
+        per_pos = tuple(sum(hist[i + 1 :]) for i in range(k))
+        return cls(int(metrics["num_spec_steps"]), int(metrics["num_draft_tokens"]),
+                   int(metrics["num_accepted_draft_tokens"]), per_pos)
+
+    def counters(self) -> SpecCounters:
+        return SpecCounters(self.drafts, self.draft_tokens, self.accepted_tokens, self.accepted_per_position, True)
+
+
+def _sum(items: list[Acceptance], k: int) -> Acceptance:
+    return Acceptance(
+        sum(a.drafts for a in items), sum(a.draft_tokens for a in items), sum(a.accepted_tokens for a in items),
+        tuple(sum(a.accepted_per_position[i] for a in items) for i in range(k)),
+    )
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # a broken torch install means no usable GPU either
+        return False
+
+
+class VllmEngine:
+    """Runs arms on a vLLM server started per arm; logs go to <run_dir>/<name>.vllm.log."""
+
+    def __init__(self, run_dir: str | Path, *, python: str | Path | None = None,
+                 repo_root: Path = REPO_ROOT, cuda_available: bool | None = None):
+        self.run_dir = Path(run_dir)
+        self.repo_root = repo_root
+        self._python = python
+        self._cuda = cuda_available
+        self._install: VllmInstall | None = None
+        self._located = False
+
+    # -- what the orchestration asks before running -------------------------------------------
+
+    def install(self, options: VllmOptions | None = None) -> VllmInstall | None:
+        """The vLLM installation used: options.python, the constructor's, .venv-vllm, or this interpreter's."""
+        python = (options.python if options and options.python else None) or self._python
+        if python is not None:
+            return locate(python, self.repo_root)
+        if not self._located:
+            self._install, self._located = locate(None, self.repo_root), True
+        return self._install
+
+    def engine_version(self, install: VllmInstall | None) -> str:
+        if install is None or install.version is None:
+            return "vllm (unknown version)"
+        return f"{install.dist_name} {install.version}"
+
+    def not_runnable_reason(self, arm: ArmConfig) -> str | None:
+        """Why this arm cannot run on this machine with vLLM (None if it can)."""
+        cuda = self._cuda if self._cuda is not None else _cuda_available()
+        if arm.dcp > 1 and not cuda:
+            return DCP_NEEDS_GPU
+        return None
+
+    def command(self, arm: ArmConfig, port: int = 8000) -> ServeCommand:
+        """The exact server command for an arm (what --dry-run prints); starts nothing."""
+        options = VllmOptions.from_extra(arm.extra)
+        return serve_command(arm, options, port, self.install(options), self.repo_root)
+
+    # -- running an arm ---------------------------------------------------------------------
+
+    def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult,
+            *, name: str | None = None) -> ArmRunInfo:
+        """Start the server, replay requests one at a time, stop it; on_result after each request."""
+        if arm.engine != "vllm":
+            raise QualError(f"VllmEngine got an arm for engine {arm.engine!r}")
+        options = VllmOptions.from_extra(arm.extra)
+        install = self.install(options)
+        name = name or f"dcp{arm.dcp}"
+        reason = self.not_runnable_reason(arm)
+        if reason:
+            return ArmRunInfo(engine_version=self.engine_version(install),
+                              graph_capture=GraphCapture(status="unsupported", detail=reason),
+                              wall_seconds=0.0, output_tokens=0, runnable=False, not_runnable_reason=reason)
+        if install is None:
+            raise QualError("no vLLM installation found: run `make vllm-venv` (or set vllm.python in the profile)")
+
+        port = free_port()
+        cmd = serve_command(arm, options, port, install, self.repo_root)
+        log_path = self._fresh_log(name, cmd)
+        served = options.served_model_name or arm.model
+        server = VllmServer(cmd.argv, log_path, port, env={**os.environ, **cmd.env},
+                            startup_timeout_s=options.startup_timeout_s)
+        with server:
+            capture = parse_graph_capture(server.log_text(), options.requested_cudagraph_mode,
+                                          options.cudagraph_capture_sizes)
+            client = VllmClient(server.base_url, served, timeout_s=options.request_timeout_s)
+            start = time.monotonic()
+            output_tokens = self._replay(arm, requests, on_result, server, client)
+            wall = time.monotonic() - start
+        return ArmRunInfo(engine_version=self.engine_version(install), graph_capture=capture,
+                          wall_seconds=wall, output_tokens=output_tokens, log_path=str(log_path))
+
+    def _fresh_log(self, name: str, cmd: ServeCommand) -> Path:
+        log_path = self.run_dir / f"{name}.vllm.log"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if log_path.exists():  # keep the previous attempt's log (a resumed run's evidence)
+            log_path.replace(log_path.with_name(log_path.name + ".prev"))
+        log_path.write_text(f"# qual: {cmd.shell()}\n")
+        return log_path
+
+    def _replay(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult,
+                server: VllmServer, client: VllmClient) -> int:
+        k = arm.num_speculative_tokens if arm.draft_path else 0
+        baseline = self._counters(server, client, "before the first request")
+        last = baseline
+        done: list[Acceptance] = []
+        output_tokens = 0
+        for req in requests:
+            try:
+                completion = client.complete(list(req.prompt_token_ids), req.max_tokens,
+                                             arm.sampling.temperature, arm.sampling.seed)
+            except ClientError as exc:
+                raise self._died(server, f"request {req.id} failed ({exc})") from exc
+            acc, last = self._acceptance(server, client, completion, last, k, req.id)
+            done.append(acc)
+            output_tokens += len(completion.output_token_ids)
+            on_result(RequestResult(
+                id=req.id, category=req.category,
+                prompt_token_ids=list(req.prompt_token_ids), output_token_ids=completion.output_token_ids,
+                drafts=acc.drafts, draft_tokens=acc.draft_tokens, accepted_tokens=acc.accepted_tokens,
+                accepted_per_position=list(acc.accepted_per_position), finish_reason=completion.finish_reason,
+            ))
+        self._check_totals(server, client, baseline, done, k)
+        return output_tokens
+
+    def _acceptance(self, server: VllmServer, client: VllmClient, completion: Completion,
+                    last: SpecCounters, k: int, req_id: str) -> tuple[Acceptance, SpecCounters]:
+        """This request's numbers, and the counters after it (polled until /metrics caught up)."""
+        expected = Acceptance.from_server(completion.spec_decode, k) if completion.spec_decode else None
+        deadline = time.monotonic() + COUNTER_SETTLE_S
+        now = self._counters(server, client, f"after request {req_id}")
+        while True:
+            delta = Acceptance.from_counters(now - last, k)
+            if expected is not None and delta == expected:
+                break
+            time.sleep(0.05)
+            again = self._counters(server, client, f"after request {req_id}")
+            if expected is None and again == now:  # no per-request numbers: settled when two reads agree
+                break
+            now = again
+            if time.monotonic() >= deadline:
+                break  # the end-of-arm check reports the mismatch with totals
+        return (expected if expected is not None else Acceptance.from_counters(now - last, k)), now
+
+    def _counters(self, server: VllmServer, client: VllmClient, when: str) -> SpecCounters:
+        try:
+            return client.spec_counters()
+        except (ClientError, ValueError) as exc:
+            raise self._died(server, f"/metrics unreadable {when} ({exc})") from exc
+
+    def _check_totals(self, server: VllmServer, client: VllmClient, baseline: SpecCounters,
+                      done: list[Acceptance], k: int) -> None:
+        ours = _sum(done, k)
+        theirs = Acceptance.from_counters(self._counters(server, client, "after the last request") - baseline, k)
+        if ours != theirs:
+            raise EngineError(
+                f"per-request acceptance does not add up to the server's /metrics counters: "
+                f"requests sum to {ours}, counters moved by {theirs}", server.log_path)
+
+    def _died(self, server: VllmServer, what: str) -> EngineError:
+        """An EngineError for a failure mid-run, with the log's root cause when there is one."""
+        if server.alive():
+            time.sleep(1.0)  # a dying engine core takes the API server down a moment later
+        state = "vLLM server exited" if not server.alive() else "vLLM server failed"
+        cause = classify_failure(server.log_text())
+        detail = f"{state}: {what}" + (f": {cause}" if cause else "")
+        return EngineError(detail, server.log_path)
+
+
+def dry_run_command(arm: ArmConfig, run_dir: str | Path = ".") -> str:
+    """The server command line for an arm, as --dry-run prints it (the port is picked free at start)."""
+    engine = VllmEngine(run_dir)
+    line = engine.command(arm, port=0).shell().replace("--port 0", "--port $PORT")
+    reason = engine.not_runnable_reason(arm)
+    return line + (f"  # not runnable here: {reason}" if reason else "")
