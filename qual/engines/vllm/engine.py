@@ -74,6 +74,7 @@ class VllmEngine:
         self._cuda = cuda_available
         self._install: VllmInstall | None = None
         self._located = False
+        self.active_server: VllmServer | None = None  # the running server, while run() is in progress
 
     # -- what the orchestration asks before running -------------------------------------------
 
@@ -127,15 +128,24 @@ class VllmEngine:
         served = options.served_model_name or arm.model
         server = VllmServer(cmd.argv, log_path, port, env={**os.environ, **cmd.env},
                             startup_timeout_s=options.startup_timeout_s)
-        with server:
-            capture = parse_graph_capture(server.log_text(), options.requested_cudagraph_mode,
-                                          options.cudagraph_capture_sizes)
-            client = VllmClient(server.base_url, served, timeout_s=options.request_timeout_s)
-            start = time.monotonic()
-            output_tokens = self._replay(arm, requests, on_result, server, client)
-            wall = time.monotonic() - start
+        self.active_server = server
+        try:
+            with server:
+                capture, wall, output_tokens = self._serve(arm, options, requests, on_result, server, served)
+        finally:
+            self.active_server = None
         return ArmRunInfo(engine_version=self.engine_version(install), graph_capture=capture,
                           wall_seconds=wall, output_tokens=output_tokens, log_path=str(log_path))
+
+    def _serve(self, arm: ArmConfig, options: VllmOptions, requests: list[EngineRequest], on_result: OnResult,
+               server: VllmServer, served: str) -> tuple[GraphCapture, float, int]:
+        """With the server healthy: its capture record, then the replay (wall time, output tokens)."""
+        capture = parse_graph_capture(server.log_text(), options.requested_cudagraph_mode,
+                                      options.cudagraph_capture_sizes)
+        client = VllmClient(server.base_url, served, timeout_s=options.request_timeout_s)
+        start = time.monotonic()
+        output_tokens = self._replay(arm, requests, on_result, server, client)
+        return capture, time.monotonic() - start, output_tokens
 
     def _fresh_log(self, name: str, cmd: ServeCommand) -> Path:
         log_path = self.run_dir / f"{name}.vllm.log"

