@@ -79,7 +79,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     max_num_seqs: int = 64
-    max_prefill_tokens: int = 8192
+    max_prefill_tokens: int = 4096  # padded tokens per prefill chunk (and admitted per step)
     max_model_len: int = 2048
     dist_timeout_s: float = 300.0
     threads_per_rank: int | None = None  # CPU: torch threads per rank (None: cores // world)

@@ -131,21 +131,38 @@ class ModelRunner:
         return self._decode(step)
 
     def _prefill(self, step: PrefillStep) -> StepOutput:
-        lens = [len(p) for p in step.prompts]
-        tokens = torch.tensor([t for p in step.prompts for t in p], dtype=torch.long)
+        """Whole prompts through the target, in length-sorted chunks so padding stays small."""
+        order = sorted(range(len(step.prompts)), key=lambda i: len(step.prompts[i]))
+        logits = [None] * len(order)
+        chunk: list[int] = []
+        for i in order + [None]:
+            longest = len(step.prompts[i]) if i is not None else 0
+            if chunk and (i is None or (len(chunk) + 1) * longest > self.cfg.max_prefill_tokens):
+                for j, row in zip(chunk, self._prefill_chunk(step, chunk)):
+                    logits[j] = row
+                chunk = []
+            if i is not None:
+                chunk.append(i)
+        return StepOutput(torch.stack(logits))
+
+    def _prefill_chunk(self, step: PrefillStep, idx: list[int]) -> torch.Tensor:
+        prompts = [step.prompts[i] for i in idx]
+        tables = {name: t[idx] for name, t in step.tables.items()}
+        lens = [len(p) for p in prompts]
+        tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lens])
         rows = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lens)])
         starts = torch.tensor([0] + lens[:-1]).cumsum(0)
         q = torch.arange(max(lens))
         q_index = torch.where(q[None, :] < torch.tensor(lens)[:, None], starts[:, None] + q[None, :], torch.tensor(-1))
-        meta = self._target_meta(positions, rows, q_index, torch.tensor(lens), step.tables[TARGET_GROUP])
+        meta = self._target_meta(positions, rows, q_index, torch.tensor(lens), tables[TARGET_GROUP])
         hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores[TARGET_GROUP])
         last = self._dev(starts + torch.tensor(lens) - 1)
         if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
-            slots = {name: self._dev(write_slots(g, positions, rows, step.tables[name]))
+            slots = {name: self._dev(write_slots(g, positions, rows, tables[name]))
                      for name, g in self.geometry.items() if name != TARGET_GROUP}
             self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
-        return StepOutput(self.target.logits(hidden[last]))
+        return self.target.logits(hidden[last])
 
     def _decode(self, step: DecodeStep) -> StepOutput:
         R = len(step.req_ids)
