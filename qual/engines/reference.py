@@ -6,6 +6,7 @@ import time
 
 import qual
 from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult
+from qual.runtime.cuda_graphs import DEFAULT_SIZES
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.runtime.engine import GenerationRequest, LLMEngine
 
@@ -25,6 +26,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         device=arm.device,
         max_model_len=x.get("max_model_len", 2048),
         max_num_seqs=knobs.get("max_num_seqs", 64),
+        cuda_graph_sizes=tuple(knobs.get("cuda_graph_sizes", DEFAULT_SIZES)) if arm.device.startswith("cuda") else None,
         max_prefill_tokens=knobs.get("max_prefill_tokens", 8192),
     )
 
@@ -42,11 +44,12 @@ class ReferenceEngine:
         with LLMEngine(cfg) as engine:
             results = engine.generate(gen, sampling, on_result) if gen else []
             memory = engine.memory()
+            graphs = engine.graph_capture()
         wall = time.perf_counter() - start
         return ArmRunInfo(
             engine_version=self.version,
-            graph_capture=GraphCapture(status="unsupported", detail=f"CUDA graphs need a CUDA device (ran on {arm.device})"),
+            graph_capture=GraphCapture(**{k: v for k, v in graphs.items() if k in GraphCapture.__dataclass_fields__}),
             wall_seconds=wall,
             output_tokens=sum(len(r.output_token_ids) for r in results),
-            extra={"kv_memory": memory},
+            extra={"kv_memory": memory, "graph_replays": graphs.get("replays"), "graph_eager_steps": graphs.get("eager_steps")},
         )
