@@ -90,6 +90,7 @@ class CacheManager:
         self.pools = {g.name: BlockPool(self.num_blocks) for g in groups}
         self.tables: dict[str, dict[str, list[int]]] = {g.name: {} for g in groups}
         self.reserved: dict[str, dict[str, int]] = {g.name: {} for g in groups}
+        self.peak_blocks: dict[str, int] = {g.name: 0 for g in groups}
 
     def group_dcp(self, name: str) -> int:
         return self.dcp_size if self.groups[name].spec.sharded else 1
@@ -127,6 +128,7 @@ class CacheManager:
             need = blocks_needed(num_tokens, self.block_size, self.group_dcp(name))
             if need > len(table):
                 table.extend(pool.allocate(need - len(table)))
+                self.peak_blocks[name] = max(self.peak_blocks[name], pool.num_blocks - pool.num_free)
 
     def release_outside_window(self, name: str, req_id: str, context_len: int) -> None:
         """Free blocks whose positions have all left the group's window (they are never read again)."""
@@ -170,5 +172,6 @@ class CacheManager:
                 "pool_bytes": bb * self.num_blocks,
                 "used_blocks": used,
                 "used_bytes": used * bb,
+                "peak_bytes": self.peak_blocks[name] * bb,
             }
         return report

@@ -1,0 +1,200 @@
+"""GPU benchmark (issue 6): decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
+
+    python3 bench/gpu_bench.py [--out bench.json] [--quick]
+
+Run on the device machine (CUDA). Prints a table last; writes every number to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from qual.runtime.checkpoint import save_checkpoint  # noqa: E402
+from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams  # noqa: E402
+from qual.runtime.engine import GenerationRequest, LLMEngine  # noqa: E402
+
+QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                  head_dim=128, intermediate_size=3072)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (median of 20)."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(22):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def random_qwen3(path: Path, dims: dict) -> Path:
+    """A random-init Qwen3 checkpoint of the given shape (bf16, tied embeddings), HF format."""
+    from checkpoints import _layer, _qwen3_config
+
+    g = torch.Generator().manual_seed(0)
+    w = {"model.embed_tokens.weight": torch.randn(dims["vocab_size"], dims["hidden_size"], generator=g) * 0.02,
+         "model.norm.weight": torch.ones(dims["hidden_size"])}
+    for i in range(dims["num_hidden_layers"]):
+        w.update(_layer(f"model.layers.{i}.", 0, dims["hidden_size"], dims["num_attention_heads"], dims["num_key_value_heads"],
+                        dims["head_dim"], dims["intermediate_size"], g, 0.02))
+    cfg = _qwen3_config(dims) | {"tie_word_embeddings": True, "torch_dtype": "bfloat16", "max_position_embeddings": 4096}
+    save_checkpoint(path, cfg, {k: v.to(torch.bfloat16) for k, v in w.items()})
+    return path
+
+
+def param_bytes(target) -> int:
+    t = target
+    n = t.embed.numel() + (0 if t.lm_head.data_ptr() == t.embed.data_ptr() else t.lm_head.numel()) + t.norm.numel()
+    for layer in t.layers:
+        a, m = layer.attn, layer.mlp
+        n += sum(x.numel() for x in (a.q, a.k, a.v, a.o, a.q_norm, a.k_norm, m.gate, m.up, m.down, layer.input_norm, layer.post_norm))
+    return n * t.embed.element_size()
+
+
+def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_tokens: int, sizes=(1, 8), prompts=None):
+    cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(1, 1, 1),
+                       CacheConfig(block_size=16, memory_bytes=4 << 30), dtype="bfloat16", device="cuda",
+                       cuda_graph_sizes=sizes, max_model_len=prompt_len + new_tokens + 32)
+    g = torch.Generator().manual_seed(1)
+    with LLMEngine(cfg) as engine:
+        vocab = engine.target_cfg.vocab_size
+        reqs = prompts or [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab - 2, (prompt_len,), generator=g).tolist()), new_tokens)
+                           for i in range(batch)]
+        sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+        engine.generate(reqs, sp)  # warm-up
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = engine.generate(reqs, sp)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        rec = engine.graph_capture()
+        step_s = None
+        graphs = engine.runner.graphs
+        if graphs and batch in graphs.graphs:
+            gr = graphs.graphs[batch].graph
+            for _ in range(3):
+                gr.replay()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(50):
+                gr.replay()
+            e.record()
+            e.synchronize()
+            step_s = s.elapsed_time(e) / 1e3 / 50
+        pbytes = param_bytes(engine.runner.target)
+        kv_width = engine.runner.key_width["target"]
+        tc = engine.target_cfg
+        kv_bytes = batch * kv_width * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * 2
+    tokens = sum(len(r.output_token_ids) for r in out)
+    acc = sum(r.accepted_tokens for r in out) / max(1, sum(r.draft_tokens for r in out)) if draft else None
+    return {"tokens_per_s": tokens / wall, "wall_s": wall, "graph_step_s": step_s, "param_bytes": pbytes,
+            "kv_bytes_read_per_step": kv_bytes, "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes")},
+            "acceptance_rate": acc}
+
+
+def hf(target: Path, batch: int, prompt_len: int, new_tokens: int):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.bfloat16).cuda().eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size - 2, (batch, prompt_len), generator=g).cuda()
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids, **kw)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(ids, **kw)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    del model
+    torch.cuda.empty_cache()
+    return {"tokens_per_s": batch * new_tokens / wall, "wall_s": wall}
+
+
+def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
+    """Target KV bytes per rank for one long prompt at DCP1 vs DCP2 (TP2 both), from the cache's own accounting."""
+    if torch.cuda.device_count() < 2:
+        return {"skipped": "needs 2 GPUs"}
+    out = {}
+    for dcp in (1, 2):
+        cfg = EngineConfig(str(target), None, ParallelConfig(2, dcp, 1), CacheConfig(block_size=16, memory_bytes=1 << 30),
+                           dtype="bfloat16", device="cuda", max_model_len=prompt_len + 64)
+        with LLMEngine(cfg) as engine:
+            engine.generate([GenerationRequest("long", tuple(range(5, 5 + prompt_len)), 8)], SamplingParams(max_tokens=8, ignore_eos=True))
+            out[f"dcp{dcp}"] = engine.memory()["target"]["peak_bytes"]
+    out["ratio"] = out["dcp2"] / out["dcp1"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench.json")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    bw = copy_bandwidth()
+    res["copy_bandwidth_Bps"] = bw
+    toy_t, toy_d = ROOT / "models/toy/target", ROOT / "models/toy/draft"
+    with tempfile.TemporaryDirectory() as tmp:
+        big = random_qwen3(Path(tmp) / "qwen3-0.6b", QWEN3_0_6B)
+        models = {"qwen3-0.6b-shape": big}
+        if toy_t.exists():
+            models["toy"] = toy_t
+        rows = []
+        for name, path in models.items():
+            for batch in (1, 8):
+                o = ours(path, None, batch, 32, args.new_tokens)
+                h = hf(path, batch, 32, args.new_tokens)
+                roof = None
+                if o["graph_step_s"]:
+                    roof = (o["param_bytes"] + o["kv_bytes_read_per_step"]) / o["graph_step_s"] / bw
+                res[f"{name}/b{batch}"] = {"ours": o, "hf": h, "speedup_vs_hf": o["tokens_per_s"] / h["tokens_per_s"], "roofline": roof}
+                rows.append((name, batch, o["tokens_per_s"], h["tokens_per_s"], o["tokens_per_s"] / h["tokens_per_s"], o["graph_step_s"], roof))
+        if toy_t.exists():
+            from qual.corpus import load_corpus
+            from qual.tokenize import PromptTokenizer
+
+            tok = PromptTokenizer(str(toy_t))
+            corpus = load_corpus("humaneval")
+            for batch in (1, 8):
+                reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in corpus.requests[:batch]]
+                plen = max(len(r.prompt_token_ids) for r in reqs)
+                spec = ours(toy_t, toy_d, batch, plen, 64, prompts=reqs)
+                plain = ours(toy_t, None, batch, plen, 64, prompts=reqs)
+                res[f"toy-spec/b{batch}"] = {"spec": spec, "plain": plain, "speedup": spec["tokens_per_s"] / plain["tokens_per_s"]}
+        res["kv_per_rank"] = kv_per_rank(big)
+    Path(args.out).write_text(json.dumps(res, indent=2, default=str))
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
+    print(f"{'model':18s} {'batch':>5s} {'ours tok/s':>11s} {'hf tok/s':>9s} {'x hf':>6s} {'step ms':>8s} {'roofline':>8s}")
+    for name, b, o, h, x, st, roof in rows:
+        print(f"{name:18s} {b:5d} {o:11.0f} {h:9.0f} {x:6.1f} {1e3 * st if st else float('nan'):8.3f} "
+              f"{100 * roof if roof else float('nan'):7.1f}%")
+    for b in (1, 8):
+        k = f"toy-spec/b{b}"
+        if k in res:
+            r = res[k]
+            print(f"toy spec vs plain b{b}: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
+                  f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
+    print("target KV bytes per rank (1536-token prompt, TP2):", res["kv_per_rank"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
