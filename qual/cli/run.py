@@ -45,7 +45,7 @@ def run_command(
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
     else:
         options = RunOptions(model, dcp, tp, engine, corpus, limit, max_tokens, draft_kv, temperature, seed, gate, out, history, device, dtype)
-        plan = make_plan(options)
+        plan = make_plan(options, dry_run=dry_run)
     if dry_run:
         _print_dry_run(plan)
         return

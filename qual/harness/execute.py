@@ -19,14 +19,14 @@ ARM_ORDER = ("control", "candidate")
 Progress = Callable[[str, int, int], None]  # (arm, finished, total)
 
 
-def get_engine(name: str, run_dir: Path):
-    if name == "reference":
+def run_engine(config: ArmConfig, arm: str, run_dir: Path, todo: list[EngineRequest], on_result) -> ArmRunInfo:
+    if config.engine == "reference":
         from qual.engines.reference import ReferenceEngine
 
-        return ReferenceEngine()
+        return ReferenceEngine().run(config, todo, on_result)
     from qual.engines.vllm import VllmEngine
 
-    return VllmEngine(run_dir=run_dir)
+    return VllmEngine(run_dir).run(config, todo, on_result, name=arm)
 
 
 def info_path(out_dir: Path, arm: str) -> Path:
@@ -80,7 +80,7 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
     if progress:
         progress(arm, len(done), total)
     try:
-        info = get_engine(config.engine, plan.out_dir).run(config, todo, on_result)
+        info = run_engine(config, arm, plan.out_dir, todo, on_result)
     finally:
         journal.close()
     info.extra.update(requests_run=len(todo), resumed_with=total - len(todo))

@@ -82,8 +82,11 @@ def _validate_options(o: RunOptions) -> None:
         raise QualError(f"--temperature must be >= 0 (got {o.temperature})")
 
 
-def make_plan(o: RunOptions, now: datetime | None = None) -> RunPlan:
-    """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input."""
+def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False) -> RunPlan:
+    """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input.
+
+    A dry run needs no local tokenizer (real deployments name hub ids); it tokenizes nothing.
+    """
     _validate_options(o)
     profile = load_profile(o.model)
     tp = o.tp or profile.tp or o.dcp
@@ -93,12 +96,14 @@ def make_plan(o: RunOptions, now: datetime | None = None) -> RunPlan:
     load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
     corpus = load_corpus(o.corpus or profile.corpus)
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
-    tokenizer = PromptTokenizer(profile.tokenizer_path) if o.engine == "reference" or Path(profile.tokenizer_path).exists() else None
-    if tokenizer is None:
-        raise QualError(f"model {profile.name}: tokenizer {profile.tokenizer_path} is not a local directory")
+    local_tokenizer = Path(profile.tokenizer_path).is_dir()
+    if not local_tokenizer and not dry_run:
+        raise QualError(f"model {profile.name}: tokenizer {profile.tokenizer_path!r} is not a local directory "
+                        "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
+    tokenizer = PromptTokenizer(profile.tokenizer_path) if local_tokenizer else None
     default_max = o.max_tokens or profile.max_tokens
     requests = []
-    for r in selected:
+    for r in selected if tokenizer else []:
         ids = tokenizer.encode(r.prompt)
         if not ids:
             raise QualError(f"corpus {corpus.name}: request {r.id} tokenizes to nothing")
@@ -112,7 +117,7 @@ def make_plan(o: RunOptions, now: datetime | None = None) -> RunPlan:
         interleave=profile.interleave, dtype=o.dtype or profile.dtype, device=o.device, extra=extra,
     )
     arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
-    if o.engine == "reference":
+    if o.engine == "reference" and not dry_run:
         from qual.engines.reference import engine_config
         from qual.runtime.engine import validate
 
@@ -120,7 +125,7 @@ def make_plan(o: RunOptions, now: datetime | None = None) -> RunPlan:
             validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(o.out) if o.out else REPO_ROOT / "reports" / f"{stamp}-{profile.name}-dcp{o.dcp}"
-    corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(requests),
+    corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
     history = Path(o.history) if o.history else DEFAULT_HISTORY
     return RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history)
