@@ -142,3 +142,20 @@ def test_dry_run_changes_nothing(profile, tmp_path):
     proc = qual("run", "--model", profile, "--dcp", 2, "--dry-run", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 0 and "control:" in proc.stdout and "candidate:" in proc.stdout
     assert not (tmp_path / "o").exists() and not (tmp_path / "h.sqlite").exists()
+
+
+def test_compare_two_arms_and_refuse_unmatched(finished_run, tmp_path):
+    result = finished_run[1] / "out" / "result.json"
+    ok = qual("compare", f"{result}:control", result, "--out", tmp_path / "cmp")
+    assert ok.returncode == 0, ok.stderr
+    for name in ("result.json", "report.html", "summary.md", "junit.xml"):
+        assert (tmp_path / "cmp" / name).is_file()
+    data = json.loads(result.read_text())
+    for what, change in [("corpus fingerprints differ", lambda d: d["corpus"].update(fingerprint="sha256:00")),
+                         ("sampling differs", lambda d: d["arms"]["candidate"]["config"]["sampling"].update(temperature=0.5))]:
+        other = json.loads(json.dumps(data))
+        change(other)
+        path = tmp_path / "other.json"
+        path.write_text(json.dumps(other))
+        bad = qual("compare", f"{result}:control", path, "--out", tmp_path / "bad")
+        assert bad.returncode == 2 and what in bad.stderr and not (tmp_path / "bad").exists()

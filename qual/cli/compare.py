@@ -1,0 +1,38 @@
+"""`qual compare A B`: two arms from earlier runs, same outputs as `qual run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from qual.cli.main import EXIT_GATE_FAILED, app
+
+
+@app.command("compare")
+def compare_command(
+    a: str = typer.Argument(..., help="Control: RESULT[:ARM] (result.json or run dir; ARM control|candidate, default candidate)."),
+    b: str = typer.Argument(..., help="Candidate: RESULT[:ARM]."),
+    out: Path = typer.Option(..., "--out", help="Directory for result.json, report.html, summary.md, junit.xml."),
+    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default configs/gates/nightly.yaml)."),
+    history: Optional[str] = typer.Option(None, "--history", help="Also record the comparison in this history database."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+) -> None:
+    """Compare two arms of earlier results (same corpus fingerprint and sampling, else exit 2)."""
+    from qual.harness.compare import compare
+    from qual.harness.plan import DEFAULT_GATE
+    from qual.history import record_run
+    from qual.report import write_reports
+
+    result = compare(a, b, str(gate or DEFAULT_GATE), seed)
+    paths = write_reports(result, out)
+    if history:
+        record_run(history, result, paths["json"])
+    c, d = result.control.acceptance.rate, result.candidate.acceptance.rate
+    fmt = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
+    print(f"{'PASS' if result.gate.passed else 'FAIL'}: {a} {fmt(c)} vs {b} {fmt(d)}; report {out / 'report.html'}")
+    for check in result.gate.checks:
+        print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
+    if not result.gate.passed:
+        raise typer.Exit(EXIT_GATE_FAILED)

@@ -1,0 +1,49 @@
+"""`qual compare`: any two arms from earlier result files, judged like a run (e.g. engine A vs B, build N vs N+1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qual.engines.base import ArmRunInfo, GraphCapture
+from qual.errors import QualError
+from qual.result import ArmResult, Result, build_result, load_result
+
+ARM_NAMES = ("control", "candidate")
+
+
+def parse_ref(ref: str) -> tuple[Path, str]:
+    """RESULT[:ARM] where RESULT is result.json or a run directory; ARM defaults to candidate."""
+    path, sep, arm = ref.rpartition(":")
+    if not sep or "/" in arm:  # no ":ARM" suffix
+        path, arm = ref, "candidate"
+    if arm not in ARM_NAMES:
+        raise QualError(f"{ref}: arm must be one of {', '.join(ARM_NAMES)} (got {arm!r})")
+    p = Path(path)
+    if p.is_dir():
+        p = p / "result.json"
+    if not p.is_file():
+        raise QualError(f"{ref}: no result file at {p}")
+    return p, arm
+
+
+def _as_engine_output(arm: ArmResult):
+    g = {k: v for k, v in arm.graph_capture.items() if k in GraphCapture.__dataclass_fields__}
+    info = ArmRunInfo(arm.engine_version, GraphCapture(**g), arm.throughput.wall_seconds, arm.throughput.output_tokens,
+                      arm.log_path, arm.runnable, arm.not_runnable_reason)
+    return arm.config, info, arm.per_request
+
+
+def compare(ref_a: str, ref_b: str, gate_path: str, seed: int = 0) -> Result:
+    """Result with A's arm as control and B's as candidate; both must have replayed the same corpus the same way."""
+    (pa, arm_a), (pb, arm_b) = parse_ref(ref_a), parse_ref(ref_b)
+    ra, rb = load_result(pa), load_result(pb)
+    a, b = ra.arms[arm_a], rb.arms[arm_b]
+    if ra.corpus.fingerprint != rb.corpus.fingerprint:
+        raise QualError(f"cannot compare: corpus fingerprints differ ({ra.corpus.fingerprint} vs {rb.corpus.fingerprint})")
+    if a.config.get("sampling") != b.config.get("sampling"):
+        raise QualError(f"cannot compare: sampling differs ({a.config.get('sampling')} vs {b.config.get('sampling')})")
+    for name, arm in ((ref_a, a), (ref_b, b)):
+        if not arm.runnable:
+            raise QualError(f"cannot compare: {name} did not run ({arm.not_runnable_reason})")
+    return build_result(ra.corpus, _as_engine_output(a), _as_engine_output(b), gate_path, seed,
+                        reproduce=f"qual compare {ref_a} {ref_b}")
