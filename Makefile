@@ -43,3 +43,8 @@ vllm-venv: $(VLLM_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Reproduce the toy Qwen3 target + DFlash drafter pair in models/toy (fetch needs PyPI; training wants a GPU).
+.PHONY: toy
+toy: install
+	$(BIN)/qual toy train --out models/toy

@@ -1,0 +1,63 @@
+"""`qual toy`: train (reproduce) and verify the toy Qwen3 target + DFlash drafter pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from qual.cli.main import app
+from qual.errors import QualError
+
+toy_app = typer.Typer(no_args_is_help=True, help=__doc__)
+app.add_typer(toy_app, name="toy")
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@toy_app.command("train")
+def train(
+    device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda when available)")] = None,
+    out: Annotated[Path, typer.Option(help="where target/, draft/ and MANIFEST.json are written")] = Path("models/toy"),
+    work: Annotated[Path, typer.Option(help="cache of downloads, tokens and generated data")] = Path(".cache/toy"),
+    stages: Annotated[str, typer.Option(help="'all', a comma list, or 'STAGE-' (that stage and the rest)")] = "all",
+    tiny: Annotated[bool, typer.Option(help="a few steps on the same data: a smoke run, not the committed pair")] = False,
+    refresh_data: Annotated[bool, typer.Option(help="redo fetch/tokenizer/tokenize even when cached")] = False,
+    target_steps: Annotated[Optional[int], typer.Option(help="override the target's training steps")] = None,
+    draft_steps: Annotated[Optional[int], typer.Option(help="override the drafter's training steps")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="override the number of generation prompts")] = None,
+) -> None:
+    """Reproduce the toy pair: fetch data, tokenizer, tokenize, train target, generate, train drafter, eval, manifest."""
+    from qual.toy.config import TrainConfig
+    from qual.toy.pipeline import parse_stages, run
+
+    dev = device or _default_device()
+    if dev not in ("cuda", "cpu") and not dev.startswith("cuda:"):
+        raise QualError(f"--device must be cuda or cpu (got {dev!r})")
+    cfg = TrainConfig.tiny() if tiny else TrainConfig.full()
+    if target_steps is not None:
+        cfg.target_steps = target_steps
+    if draft_steps is not None:
+        cfg.draft_steps = draft_steps
+    if num_prompts is not None:
+        cfg.num_prompts = num_prompts
+    run(cfg, out, work, dev, parse_stages(stages), refresh_data=refresh_data,
+        log=lambda msg: print(msg, flush=True))
+
+
+@toy_app.command("verify")
+def verify(out: Annotated[Path, typer.Option(help="the toy model dir")] = Path("models/toy")) -> None:
+    """Check every file's sha256 against MANIFEST.json."""
+    from qual.toy.manifest import MANIFEST, verify_manifest
+
+    if not (out / MANIFEST).exists():
+        raise QualError(f"{out / MANIFEST}: not found")
+    bad = verify_manifest(out)
+    if bad:
+        raise QualError(f"{out}: sha256 mismatch or missing for {', '.join(bad)}")
+    print(f"{out}: all files match {MANIFEST}")

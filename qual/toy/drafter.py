@@ -1,0 +1,217 @@
+"""The DFlash drafter as a trainable torch module, in the public checkpoint format (DESIGN §4b).
+
+It computes exactly the function of docs/ARCHITECTURE.md: context features
+hidden_norm(fc(concat aux)), per layer q from the block only, k/v from
+[context ; block], q_norm/k_norm per head before RoPE, GQA, non-causal block,
+SiLU MLP, final norm; embedding and LM head are the target's (passed in).
+Training runs many anchors of one sequence in one pass: context K/V of the
+whole sequence plus one block per anchor, and a boolean mask that lets a block
+see context strictly before its anchor and its own block.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qual.errors import QualError
+from qual.toy.config import ModelShape
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Qwen3: normalise in float32, cast back, then scale.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables [..., head_dim] for integer positions (HF "default" RoPE, rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [..., head_dim/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, s: ModelShape):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = s.num_heads, s.num_kv_heads, s.head_dim
+        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
+        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
+        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
+        self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, ctx: torch.Tensor, q_rope, kv_rope, mask: torch.Tensor) -> torch.Tensor:
+        """h [B, Q, H] block rows; ctx [B, T, H]; mask [B, Q, T+Q] (True = attend)."""
+        b, q_len, _ = h.shape
+        kv_in = torch.cat([ctx, h], dim=1)  # [B, T+Q, H]
+        q = self.q_norm(self.q_proj(h).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, *q_rope), apply_rope(k, *kv_rope)
+        groups = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(groups, dim=1)  # [B, heads, T+Q, hd]
+        v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, s: ModelShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: ModelShape):
+        super().__init__()
+        self.self_attn = Attention(s)
+        self.mlp = MLP(s)
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+    def forward(self, x, ctx, q_rope, kv_rope, mask):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, q_rope, kv_rope, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """State-dict keys are exactly the public DFlash checkpoint names (no `model.` prefix)."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.shape = shape
+        n_aux = len(shape.target_layer_ids)
+        self.fc = nn.Linear(n_aux * shape.hidden_size, shape.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.draft_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def context(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [B, T, n_aux*H] (concatenated target layer outputs) -> context features [B, T, H]."""
+        return self.hidden_norm(self.fc(aux))
+
+    def forward(self, ctx: torch.Tensor, ctx_positions: torch.Tensor, x: torch.Tensor,
+                block_positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Block hidden states after the final norm.
+
+        ctx [B, T, H] context features; ctx_positions [B, T]; x [B, Q, H] embedded block tokens;
+        block_positions [B, Q]; mask [B, Q, T+Q] bool. Returns [B, Q, H].
+        """
+        s = self.shape
+        q_rope = rope_cos_sin(block_positions, s.head_dim, s.rope_theta, x.dtype)
+        kv_rope = rope_cos_sin(torch.cat([ctx_positions, block_positions], dim=1), s.head_dim, s.rope_theta, x.dtype)
+        for layer in self.layers:
+            x = layer(x, ctx, q_rope, kv_rope, mask)
+        return self.norm(x)
+
+
+def anchor_block_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> torch.Tensor:
+    """Training mask [B, A*bs, ctx_len + A*bs]: block a sees context j < anchors[a] and all of block a."""
+    b, a = anchors.shape
+    dev = anchors.device
+    q_anchor = anchors.repeat_interleave(block_size, dim=1)  # [B, Q] anchor of each query row
+    ctx_ok = torch.arange(ctx_len, device=dev)[None, None, :] < q_anchor[:, :, None]  # [B, Q, T]
+    block_id = torch.arange(a, device=dev).repeat_interleave(block_size)  # [Q]
+    own = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)  # [B, Q, Q]
+    return torch.cat([ctx_ok, own], dim=2)
+
+
+def draft_config(shape: ModelShape, mask_token_id: int, eos_token_id: int) -> dict:
+    """config.json of the drafter, public DFlash format (DESIGN §4b)."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": shape.block_size,
+        "num_target_layers": shape.num_layers,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids)},
+        "layer_types": ["full_attention"] * shape.draft_layers,
+        "num_hidden_layers": shape.draft_layers,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": shape.rms_norm_eps,
+        "rope_theta": shape.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta},
+        "max_position_embeddings": shape.max_position_embeddings,
+        "vocab_size": shape.vocab_size,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": shape.draft_layers,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": eos_token_id,
+        "initializer_range": 0.02,
+        "use_cache": False,
+        "dtype": "bfloat16",
+    }
+
+
+def save_drafter(drafter: DFlashDrafter, out_dir: Path, mask_token_id: int, eos_token_id: int) -> None:
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in drafter.state_dict().items()}
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    cfg = draft_config(drafter.shape, mask_token_id, eos_token_id)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def shape_from_config(cfg: dict, num_target_layers: int | None = None) -> ModelShape:
+    return ModelShape(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+        num_layers=num_target_layers or cfg["num_target_layers"], num_heads=cfg["num_attention_heads"],
+        head_dim=cfg["head_dim"], num_kv_heads=cfg["num_key_value_heads"],
+        intermediate_size=cfg["intermediate_size"], rope_theta=float(cfg["rope_theta"]),
+        rms_norm_eps=cfg["rms_norm_eps"], max_position_embeddings=cfg["max_position_embeddings"],
+        draft_layers=cfg["num_hidden_layers"], block_size=cfg["block_size"],
+        target_layer_ids=tuple(cfg["dflash_config"]["target_layer_ids"]),
+    )
+
+
+def load_drafter(path: Path, device: str, dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, dict]:
+    """(drafter, config dict) from a saved checkpoint."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((path / "config.json").read_text())
+    drafter = DFlashDrafter(shape_from_config(cfg))
+    state = load_file(str(path / "model.safetensors"))
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise QualError(f"{path}: drafter weights missing {missing} unexpected {unexpected}")
+    return drafter.to(device=device, dtype=dtype).eval(), cfg

@@ -1,0 +1,110 @@
+"""Stage 6: train the DFlash drafter on the target's continuations (DESIGN §3 recipe)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from qual.toy.config import TrainConfig
+from qual.toy.drafter import DFlashDrafter, anchor_block_mask
+from qual.toy.target import autocast, lr_at, make_optimizer
+
+
+def position_weights(block_size: int, device=None) -> torch.Tensor:
+    """Loss weight of block position k: 0 at k=0 (the given token), exp(-(k-1)/(block_size-1)) after."""
+    k = torch.arange(block_size, device=device, dtype=torch.float32)
+    w = torch.exp(-(k - 1) / (block_size - 1))
+    w[0] = 0.0
+    return w
+
+
+def sample_anchors(prompt_lens: torch.Tensor, seq_len: int, num: int, block_size: int,
+                   gen: torch.Generator) -> torch.Tensor:
+    """[B, num] distinct anchors p with prompt_len-1 <= p <= seq_len-block_size, so x_{p+1..} are generated."""
+    b = prompt_lens.shape[0]
+    pos = torch.arange(seq_len)
+    valid = (pos[None, :] >= (prompt_lens[:, None] - 1)) & (pos[None, :] <= seq_len - block_size)
+    scores = torch.rand(b, seq_len, generator=gen).masked_fill(~valid, -1.0)
+    return scores.topk(num, dim=1).indices
+
+
+@torch.no_grad()
+def target_aux(target, ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
+    """[B, T, n*H]: outputs of target layers `layer_ids` (hidden_states[i+1]) concatenated."""
+    hs = target.model(input_ids=ids, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
+
+
+def draft_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor,
+               mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted CE, per-position top-1 accuracy [block_size]) for blocks at `anchors` of `ids` [B, T]."""
+    s = drafter.shape
+    bs = s.block_size
+    b, t = ids.shape
+    ctx = drafter.context(target_aux(target, ids, s.target_layer_ids))  # [B, T, H]
+    block_pos = anchors[:, :, None] + torch.arange(bs, device=ids.device)  # [B, A, bs]
+    block_ids = torch.full_like(block_pos, mask_token_id)
+    block_ids[:, :, 0] = ids.gather(1, anchors)
+    block_pos, block_ids = block_pos.flatten(1), block_ids.flatten(1)  # [B, Q]
+    x = target.model.embed_tokens(block_ids)  # frozen, shared
+    ctx_pos = torch.arange(t, device=ids.device).expand(b, t)
+    mask = anchor_block_mask(anchors, t, bs)
+    h = drafter(ctx, ctx_pos, x, block_pos, mask)
+    logits = target.lm_head(h).float()  # [B, Q, V] frozen, shared
+    labels = ids.gather(1, block_pos)  # position k of the block predicts x_{p+k}
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(b, -1, bs)
+    w = position_weights(bs, ids.device)
+    loss = (ce * w).sum() / (w.sum() * b * anchors.shape[1])
+    acc = (logits.argmax(-1) == labels).view(b, -1, bs).float().mean(dim=(0, 1))
+    return loss, acc
+
+
+def train_drafter(cfg: TrainConfig, target, data: dict, mask_token_id: int,
+                  device: str, log: Callable[[str], None]) -> tuple[DFlashDrafter, dict]:
+    """Train a fresh drafter against a frozen target; returns (drafter in float32, stats).
+
+    `data` is generate_dataset's output: each step draws one chunk (rows of one
+    length, chosen in proportion to its rows), then rows of it, then anchors.
+    """
+    target.requires_grad_(False)
+    torch.manual_seed(cfg.seed + 2)
+    drafter = DFlashDrafter(cfg.shape).to(device).train()
+    opt = make_optimizer(drafter, cfg.draft_lr, cfg.weight_decay, device)
+    gen = torch.Generator().manual_seed(cfg.seed + 3)
+    chunks, plens = data["chunks"], data["prompt_lens"]
+    sizes = torch.tensor([c.shape[0] for c in chunks], dtype=torch.float)
+    t0, loss_avg, acc_avg, curve = time.time(), None, None, []
+    for step in range(cfg.draft_steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.draft_lr, cfg.draft_warmup, cfg.draft_steps)
+        c = int(torch.multinomial(sizes, 1, generator=gen))
+        rows = torch.randint(0, chunks[c].shape[0], (cfg.draft_batch,), generator=gen)
+        ids = chunks[c][rows].long()
+        prompt_lens = torch.full((cfg.draft_batch,), plens[c])
+        anchors = sample_anchors(prompt_lens, ids.shape[1], cfg.anchors_per_seq, cfg.shape.block_size, gen)
+        with autocast(device):
+            loss, acc = draft_loss(drafter, target, ids.to(device), anchors.to(device), mask_token_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
+        acc_avg = acc.detach() if acc_avg is None else 0.98 * acc_avg + 0.02 * acc.detach()
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.draft_steps:
+            accs = [round(float(a), 3) for a in acc_avg[1:]]
+            curve.append({"step": step + 1, "loss": round(loss_avg, 4), "acc_per_position": accs})
+            log(f"draft step {step + 1}/{cfg.draft_steps} loss {loss_avg:.4f} acc {accs} ({time.time() - t0:.0f}s)")
+    # Expected accepted length if positions were independent: sum of prefix products of accuracies.
+    prefix = [math.prod(float(a) for a in acc_avg[1:k + 1]) for k in range(1, cfg.shape.block_size)]
+    stats = {
+        "final_loss_ema": round(loss_avg, 4),
+        "final_acc_per_position_ema": curve[-1]["acc_per_position"],
+        "train_seconds": round(time.time() - t0, 1),
+        "approx_independent_tau": round(1 + sum(prefix), 3),
+        "curve": curve,
+    }
+    return drafter.float(), stats

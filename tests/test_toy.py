@@ -1,0 +1,242 @@
+"""The committed toy pair (models/toy) and the toy training pipeline (qual/toy)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from qual.toy.config import ModelShape, TrainConfig
+from qual.toy.drafter import DFlashDrafter, anchor_block_mask
+from qual.toy.manifest import verify_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "models" / "toy"
+H, LAYERS, HEADS, HD, KV, FF, V = 256, 6, 8, 32, 1, 768, 4096
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+# --- the committed checkpoints ------------------------------------------------------------------
+
+def test_target_loads_in_transformers_and_generates():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOY / "target")
+    model = AutoModelForCausalLM.from_pretrained(TOY / "target").eval()
+    c = model.config
+    assert (c.model_type, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.head_dim,
+            c.num_key_value_heads, c.intermediate_size, c.vocab_size) == ("qwen3", H, LAYERS, HEADS, HD, KV, FF, V)
+    assert c.tie_word_embeddings and not c.attention_bias and c.rms_norm_eps == 1e-6
+    assert c.max_position_embeddings == 2048
+    assert model.dtype == torch.bfloat16
+    ids = tok("def fibonacci(n):\n", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+    assert isinstance(tok.decode(out[0]), str)
+
+
+def test_draft_config_and_weight_names_shapes():
+    from safetensors import safe_open
+
+    cfg = json.loads((TOY / "draft" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["block_size"] == 8 and cfg["num_target_layers"] == LAYERS
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 3]
+    assert cfg["layer_types"] == ["full_attention", "full_attention"] and cfg["num_hidden_layers"] == 2
+    for key, val in dict(hidden_size=H, num_attention_heads=HEADS, head_dim=HD, num_key_value_heads=KV,
+                         intermediate_size=FF, vocab_size=V).items():
+        assert cfg[key] == val, key
+    expected = {"fc.weight": (H, 2 * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(2):
+        p = f"layers.{i}."
+        expected |= {
+            p + "self_attn.q_proj.weight": (HEADS * HD, H), p + "self_attn.k_proj.weight": (KV * HD, H),
+            p + "self_attn.v_proj.weight": (KV * HD, H), p + "self_attn.o_proj.weight": (H, HEADS * HD),
+            p + "self_attn.q_norm.weight": (HD,), p + "self_attn.k_norm.weight": (HD,),
+            p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF),
+            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+        }
+    with safe_open(str(TOY / "draft" / "model.safetensors"), "pt") as f:
+        got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert got == expected
+    assert dtypes == {"BF16"}
+
+
+def test_mask_token_is_a_real_vocab_id():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOY / "target")
+    mask_id = json.loads((TOY / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]
+    assert tok.convert_tokens_to_ids("<|mask|>") == mask_id == tok.mask_token_id
+    assert 0 <= mask_id < V and len(tok) <= V
+    assert tok.eos_token == "<|endoftext|>"
+
+
+def test_manifest_hashes_match_committed_files():
+    assert verify_manifest(TOY) == []
+    manifest = json.loads((TOY / "MANIFEST.json").read_text())
+    assert set(manifest["files"]) >= {"target/config.json", "target/model.safetensors", "target/tokenizer.json",
+                                      "draft/config.json", "draft/model.safetensors"}
+    assert manifest["total_bytes"] <= 20 * 1024 * 1024
+    # Issue 3 asks for rate >= 30% and mean acceptance length >= 2.5; these floors guard against regressions.
+    assert manifest["eval"]["mean_acceptance_length"] >= 2.5 and manifest["eval"]["acceptance_rate"] >= 0.25
+    assert manifest["eval"]["mismatches_vs_greedy"] == 0
+
+
+# --- the training attention mask and the drafter math -------------------------------------------
+
+def test_anchor_block_mask_structure():
+    anchors = torch.tensor([[3, 1]])
+    m = anchor_block_mask(anchors, ctx_len=5, block_size=2)[0].int()  # [Q=4, T+Q=9]
+    expected = torch.tensor([
+        # ctx 0..4        block a0   block a1
+        [1, 1, 1, 0, 0,   1, 1,      0, 0],  # anchor 3, k=0
+        [1, 1, 1, 0, 0,   1, 1,      0, 0],  # anchor 3, k=1
+        [1, 0, 0, 0, 0,   0, 0,      1, 1],  # anchor 1, k=0
+        [1, 0, 0, 0, 0,   0, 0,      1, 1],  # anchor 1, k=1
+    ])
+    assert torch.equal(m, expected)
+
+
+SMALL = ModelShape(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, head_dim=8, num_kv_heads=1,
+                   intermediate_size=48, draft_layers=2, block_size=4, target_layer_ids=(1, 2))
+
+
+def _rms(x, w, eps):
+    return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+def _rope(x, pos, theta):  # x [S, heads, hd], pos [S]
+    hd = x.shape[-1]
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    ang = pos.double()[:, None] * inv  # [S, hd/2]
+    cos, sin = torch.cat([ang, ang], -1).cos()[:, None], torch.cat([ang, ang], -1).sin()[:, None]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def _reference_block(sd, s: ModelShape, aux, emb_block, p):
+    """ARCHITECTURE.md drafter math for one block at anchor p, float64, one explicit softmax per head."""
+    eps = s.rms_norm_eps
+    ctx = _rms(aux[:p] @ sd["fc.weight"].T, sd["hidden_norm.weight"], eps)  # context strictly before p
+    x = emb_block
+    pos_b = torch.arange(p, p + s.block_size)
+    pos_kv = torch.cat([torch.arange(p), pos_b])
+    for i in range(s.draft_layers):
+        g = lambda n: sd[f"layers.{i}.{n}.weight"]  # noqa: E731
+        h = _rms(x, g("input_layernorm"), eps)
+        kv_in = torch.cat([ctx, h])
+        q = _rope(_rms((h @ g("self_attn.q_proj").T).view(-1, s.num_heads, s.head_dim), g("self_attn.q_norm"), eps),
+                  pos_b, s.rope_theta)
+        k = _rope(_rms((kv_in @ g("self_attn.k_proj").T).view(-1, s.num_kv_heads, s.head_dim), g("self_attn.k_norm"), eps),
+                  pos_kv, s.rope_theta)
+        v = (kv_in @ g("self_attn.v_proj").T).view(-1, s.num_kv_heads, s.head_dim)
+        heads = []
+        for hh in range(s.num_heads):
+            kvh = hh * s.num_kv_heads // s.num_heads
+            att = torch.softmax(q[:, hh] @ k[:, kvh].T * s.head_dim ** -0.5, dim=-1)  # non-causal
+            heads.append(att @ v[:, kvh])
+        x = x + torch.cat(heads, -1) @ g("self_attn.o_proj").T
+        hm = _rms(x, g("post_attention_layernorm"), eps)
+        x = x + (torch.nn.functional.silu(hm @ g("mlp.gate_proj").T) * (hm @ g("mlp.up_proj").T)) @ g("mlp.down_proj").T
+    return _rms(x, sd["norm.weight"], eps)
+
+
+def test_batched_anchor_forward_matches_reference_math():
+    torch.manual_seed(0)
+    s = SMALL
+    drafter = DFlashDrafter(s).double()
+    with torch.no_grad():  # non-trivial norm weights so a wrong norm placement shows
+        for name, p in drafter.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    sd = {k: v.double() for k, v in drafter.state_dict().items()}
+    t, anchors = 12, torch.tensor([[5, 2, 8], [7, 1, 3]])
+    aux = torch.randn(2, t, 2 * s.hidden_size, dtype=torch.float64)
+    emb = torch.randn(2, anchors.shape[1] * s.block_size, s.hidden_size, dtype=torch.float64)
+    block_pos = (anchors[:, :, None] + torch.arange(s.block_size)).flatten(1)
+    out = drafter(drafter.context(aux), torch.arange(t).expand(2, t), emb, block_pos,
+                  anchor_block_mask(anchors, t, s.block_size))
+    for b in range(2):
+        for a, p in enumerate(anchors[b].tolist()):
+            rows = slice(a * s.block_size, (a + 1) * s.block_size)
+            ref = _reference_block(sd, s, aux[b], emb[b, rows], p)
+            torch.testing.assert_close(out[b, rows], ref, rtol=1e-5, atol=1e-5)  # RoPE tables are float32, as in HF
+
+
+def test_position_weights_and_anchor_sampling():
+    from qual.toy.train_draft import position_weights, sample_anchors
+
+    w = position_weights(8)
+    assert w[0] == 0 and w[1] == 1 and math.isclose(float(w[7]), math.exp(-6 / 7), rel_tol=1e-6)
+    plens = torch.tensor([10, 20])
+    a = sample_anchors(plens, 40, 5, 8, torch.Generator().manual_seed(0))
+    assert a.shape == (2, 5)
+    for row, pl in zip(a, plens):
+        assert len(set(row.tolist())) == 5 and row.min() >= pl - 1 and row.max() <= 40 - 8
+
+
+def test_aux_hidden_states_are_layer_outputs():
+    """hidden_states[i+1] of transformers is the output of decoder layer i (what vLLM calls aux i)."""
+    from qual.toy.target import build_target
+    from qual.toy.train_draft import target_aux
+
+    shape = ModelShape(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, head_dim=8, num_kv_heads=1,
+                       intermediate_size=48, target_layer_ids=(1, 2))
+    model = build_target(shape, 0, seed=0).eval()
+    seen = {}
+    hooks = [model.model.layers[i].register_forward_hook(
+        lambda m, args, out, i=i: seen.__setitem__(i, out[0] if isinstance(out, tuple) else out)) for i in (1, 2)]
+    ids = torch.randint(2, 64, (1, 9))
+    aux = target_aux(model, ids, (1, 2))
+    for h in hooks:
+        h.remove()
+    torch.testing.assert_close(aux, torch.cat([seen[1], seen[2]], -1))
+
+
+# --- the pipeline, end to end at tiny scale on CPU --------------------------------------------
+
+def _fake_wheels(downloads: Path) -> None:
+    from qual.toy.config import EVAL_PACKAGE, EVAL_VERSION, SOURCE_PACKAGE, SOURCE_VERSION
+    from qual.toy.data import HUMANEVAL_MEMBER, wheel_name
+
+    downloads.mkdir(parents=True)
+    with zipfile.ZipFile(downloads / wheel_name(SOURCE_PACKAGE, SOURCE_VERSION), "w") as zf:
+        for i in range(12):
+            body = "".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30))
+            zf.writestr(f"sympy/mod{i}.py", body)
+    problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def g{i}(a, b):\n    \"\"\"Add.\"\"\"\n"} for i in range(3)]
+    with zipfile.ZipFile(downloads / wheel_name(EVAL_PACKAGE, EVAL_VERSION), "w") as zf:
+        zf.writestr(HUMANEVAL_MEMBER, gzip.compress("\n".join(json.dumps(p) for p in problems).encode()))
+
+
+def test_tiny_pipeline_end_to_end_on_cpu(tmp_path):
+    from safetensors import safe_open
+
+    from qual.toy.pipeline import STAGES, run
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_wheels(work / "downloads")
+    cfg = TrainConfig.tiny()
+    cfg.val_every = 3  # a dozen files: make sure some are held out
+    logs = []
+    run(cfg, out, work, "cpu", list(STAGES), log=logs.append)
+    assert (out / "target" / "model.safetensors").exists() and (out / "draft" / "model.safetensors").exists()
+    assert verify_manifest(out) == []
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["eval"]["num_drafts"] > 0 and manifest["eval"]["mismatches_vs_greedy"] == 0
+    assert manifest["data"]["source"]["held_out_files"] > 0
+    with safe_open(str(out / "draft" / "model.safetensors"), "pt") as f:
+        assert "fc.weight" in f.keys() and not any(k.startswith("model.") for k in f.keys())
