@@ -162,7 +162,8 @@ class ModelRunner:
             slots = {name: self._dev(write_slots(g, positions, rows, tables[name]))
                      for name, g in self.geometry.items() if name != TARGET_GROUP}
             self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
-        return self.target.logits(hidden[last])
+        # Only rank 0 samples: the other ranks skip the LM head.
+        return self.target.logits(hidden[last]) if self.comm.rank == 0 else hidden.new_zeros(len(idx), 1)
 
     def _decode(self, step: DecodeStep) -> StepOutput:
         R = len(step.req_ids)
@@ -245,12 +246,17 @@ class ModelRunner:
             tokens = inp.last_tokens[:, None]
         else:
             block = torch.cat([inp.last_tokens[:, None], self.mask_tokens[:1].expand(P, self.K)], dim=1)
-            logits = self.drafter.forward(inp.ctx_features, block, inp.draft, self.stores, self.layer_slots)
-            # Every rank verifies rank 0's proposals, so ties cannot split the ranks.
-            drafts = self.comm.broadcast_tensor(logits.argmax(dim=-1).contiguous())
+            h = self.drafter.forward(inp.ctx_features, block, inp.draft, self.stores, self.layer_slots)
+            # Rank 0 alone runs the LM head and picks; every rank verifies rank 0's proposals.
+            if self.comm.rank == 0:
+                proposals = self.target.logits(h).argmax(dim=-1)
+            else:
+                proposals = torch.empty(h.shape[:2], dtype=torch.long, device=h.device)
+            drafts = self.comm.broadcast_tensor(proposals.contiguous())
             tokens = torch.cat([inp.last_tokens[:, None], drafts], dim=1)
         hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores[TARGET_GROUP])
-        return self.target.logits(hidden).view(P, tokens.shape[1], -1), drafts, aux
+        logits = self.target.logits(hidden).view(P, tokens.shape[1], -1) if self.comm.rank == 0 else hidden[:P]
+        return logits, drafts, aux
 
 
 def _pad_rows(table: torch.Tensor, rows: int, width: int | None) -> torch.Tensor:

@@ -69,7 +69,7 @@ class DFlashDrafter:
         stores: dict[str, KVStore],
         layer_slots: list[tuple[str, int]],  # draft layer -> (cache group, index inside the group)
     ) -> torch.Tensor:
-        """Logits at the K mask positions: [R, K, vocab]."""
+        """Final-normed hidden states at the K mask positions, [R, K, hidden] (logits = the target's LM head)."""
         eps = self.cfg.layers.rms_norm_eps
         R, B1 = block_tokens.shape
         if ctx_features.shape[0]:  # static in a graph: padded context rows write to the trash slot
@@ -91,5 +91,4 @@ class DFlashDrafter:
             out, _ = attention_with_lse(q.view(R, B1, lay.num_heads, D), keys, values, mask, self.scale)
             x = x + self.comm.all_reduce_tp(F.linear(out.reshape(R * B1, -1), a.o))
             x = x + mlp(rms_norm(x, layer.post_norm, eps), layer.mlp, self.comm)
-        h = rms_norm(x, self.norm, eps).view(R, B1, -1)[:, 1:]
-        return self.target.logits(h)
+        return rms_norm(x, self.norm, eps).view(R, B1, -1)[:, 1:]

@@ -15,9 +15,10 @@ from qual.runtime.parallel import Comm
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3 RMSNorm: statistics in at least float32, result in the input dtype."""
     dtype = x.dtype
-    xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
+    if dtype in (torch.float16, torch.bfloat16):  # as transformers: normalise in float32, cast, then scale
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
 
 
 class Rope:
@@ -27,12 +28,21 @@ class Rope:
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
         self.inv_freq = 1.0 / (theta**exponent)  # float32, as in transformers
         self.dtype = dtype
+        self._cached = None
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, D], positions: [T]."""
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer rotates by the same positions: compute once per positions tensor.
+        if self._cached is not None and self._cached[0] is positions:
+            return self._cached[1], self._cached[2]
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         cos, sin = emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+        self._cached = (positions, cos, sin)
+        return cos, sin
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, D], positions: [T]."""
+        cos, sin = self.cos_sin(positions)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
