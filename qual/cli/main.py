@@ -30,7 +30,8 @@ def main() -> None:
     """Console-script entry point: one-line errors, stable exit codes."""
     _register()
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of raising it.
+        code = app(standalone_mode=False)
     except QualError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -51,6 +52,7 @@ def main() -> None:
             print(f"error: {exc.format_message()}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # `python -m qual.cli.main`: run the importable module's app, where commands registered

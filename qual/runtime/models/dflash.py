@@ -56,6 +56,7 @@ class DFlashDrafter:
     def write_context(self, ctx_features, positions, write_slots: dict, stores: dict, layer_slots) -> None:
         """Project context features (aux hidden states [Tc, n*hidden]) to every layer's K/V and cache them."""
         eps = self.cfg.layers.rms_norm_eps
+        self.rope.reset()
         ctx = rms_norm(F.linear(ctx_features, self.fc), self.hidden_norm, eps)
         for layer, (group, j) in zip(self.layers, layer_slots):
             k, v = project_kv(ctx, layer.attn, self.layout, eps, self.rope, positions)
@@ -74,6 +75,7 @@ class DFlashDrafter:
         R, B1 = block_tokens.shape
         if ctx_features.shape[0]:  # static in a graph: padded context rows write to the trash slot
             self.write_context(ctx_features, meta.ctx_positions, meta.write_slots, stores, layer_slots)
+        self.rope.reset()
         x = F.embedding(block_tokens.reshape(-1), self.target.embed)  # [R*(K+1), hidden]
         block_pos = meta.block_positions.reshape(-1)
         for layer, kind, (group, j) in zip(self.layers, self.cfg.layer_types, layer_slots):

@@ -30,8 +30,12 @@ class Rope:
         self.dtype = dtype
         self._cached = None
 
+    def reset(self) -> None:
+        """Forget cached cos/sin; called at the start of every forward so a CUDA graph recomputes them from its inputs."""
+        self._cached = None
+
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Every layer rotates by the same positions: compute once per positions tensor.
+        # Every layer rotates by the same positions: compute once per forward.
         if self._cached is not None and self._cached[0] is positions:
             return self._cached[1], self._cached[2]
         freqs = positions.float()[:, None] * self.inv_freq[None, :]

@@ -54,6 +54,7 @@ class Qwen3Target:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, store: KVStore):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
+        self.rope.reset()
         x = F.embedding(tokens, self.embed)
         aux = []
         for i, layer in enumerate(self.layers):
