@@ -13,8 +13,8 @@ def prompts(n=5, vocab=90, seed=3):
 
 
 def run(target, draft, tp=1, dcp=1, interleave=1, draft_kv="replicated", dtype="float64", temperature=0.0,
-        requests=None, logits=False, block_size=4, **kw):
-    cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(tp, dcp, interleave),
+        requests=None, logits=False, block_size=4, dcp_comm="a2a", **kw):
+    cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(tp, dcp, interleave, dcp_comm),
                        CacheConfig(block_size=block_size, memory_bytes=2**22), draft_kv=draft_kv, dtype=dtype, **kw)
     reqs = requests or prompts()
     with LLMEngine(cfg) as engine:

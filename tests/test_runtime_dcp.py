@@ -11,10 +11,10 @@ def control(tiny_pair):
     return run(*tiny_pair, logits=True)
 
 
-@pytest.mark.parametrize("dcp,interleave", [(2, 1), (2, 2), (4, 1), (4, 2)])
-def test_dcp_greedy_tokens_and_proposals_equal_dcp1(tiny_pair, control, dcp, interleave):
+@pytest.mark.parametrize("dcp,interleave,dcp_comm", [(2, 1, "a2a"), (2, 2, "ag_rs"), (4, 1, "ag_rs"), (4, 2, "a2a")])
+def test_dcp_greedy_tokens_and_proposals_equal_dcp1(tiny_pair, control, dcp, interleave, dcp_comm):
     base, base_logits = control
-    out, logits = run(*tiny_pair, tp=dcp, dcp=dcp, interleave=interleave, logits=True)
+    out, logits = run(*tiny_pair, tp=dcp, dcp=dcp, interleave=interleave, dcp_comm=dcp_comm, logits=True)
     assert [r.output_token_ids for r in out] == [r.output_token_ids for r in base]
     # replicated draft KV: every proposal at every step equals DCP1's, so acceptance is identical
     assert [r.draft_steps for r in out] == [r.draft_steps for r in base]

@@ -17,8 +17,11 @@ class ParallelConfig:
     tp: int = 1
     dcp: int = 1
     interleave: int = 1
+    dcp_comm: str = "a2a"  # merge of partial attention: "a2a" (one all-to-all) | "ag_rs" (all-gather LSE + reduce-scatter)
 
     def __post_init__(self):
+        if self.dcp_comm not in ("a2a", "ag_rs"):
+            raise QualError(f"dcp_comm must be a2a or ag_rs (got {self.dcp_comm!r})")
         if self.tp < 1 or self.dcp < 1 or self.interleave < 1:
             raise QualError(f"tp, dcp and interleave must be >= 1 (got tp={self.tp}, dcp={self.dcp}, interleave={self.interleave})")
         if self.tp % self.dcp:

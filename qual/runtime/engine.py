@@ -79,7 +79,7 @@ def validate(cfg: EngineConfig):
 def _worker_main(rank: int, cfg: EngineConfig, init_method: str) -> None:
     try:
         set_cpu_threads(cfg.parallel.world_size, cfg.threads_per_rank)
-        comm = init_comm(rank, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s)
+        comm = init_comm(rank, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s, cfg.parallel.dcp_comm)
         runner = ModelRunner(cfg, comm)
         while (step := comm.broadcast_object(None)) is not None:
             runner.execute(step)
@@ -105,7 +105,7 @@ class LLMEngine:
         if cfg.device == "cpu":
             set_cpu_threads(world, cfg.threads_per_rank)
         try:
-            self.comm: Comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s)
+            self.comm: Comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s, cfg.parallel.dcp_comm)
             self.runner = ModelRunner(cfg, self.comm)
         except Exception as exc:
             self._kill_workers()

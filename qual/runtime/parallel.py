@@ -28,6 +28,7 @@ class Comm:
     tp_group: object | None = None
     dcp_group: object | None = None
     device: torch.device = torch.device("cpu")
+    dcp_comm: str = "a2a"  # how DCP partial attention results are merged: "a2a" | "ag_rs"
 
     @property
     def tp_rank(self) -> int:
@@ -49,6 +50,14 @@ class Comm:
         parts = [torch.empty_like(x) for _ in range(self.dcp_size)]
         dist.all_gather(parts, x.contiguous(), group=self.dcp_group)
         return torch.stack(parts)
+
+    def all_to_all_dcp(self, x: torch.Tensor) -> torch.Tensor:
+        """x [dcp, ...]: slice j goes to DCP rank j; returns [dcp, ...] with slice j from rank j."""
+        if self.dcp_size == 1:
+            return x
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=self.dcp_group)
+        return out
 
     def reduce_scatter_dcp(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x [dcp * n, ...] over the DCP group and keep this rank's slice n."""
@@ -78,7 +87,7 @@ class Comm:
         return x
 
 
-def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: str, timeout_s: float) -> Comm:
+def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: str, timeout_s: float, dcp_comm: str = "a2a") -> Comm:
     """Join the process group and build the DCP sub-groups (consecutive ranks)."""
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)
@@ -86,7 +95,7 @@ def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: 
     else:
         dev = torch.device("cpu")
     if tp_size == 1:
-        return Comm(device=dev)
+        return Comm(device=dev, dcp_comm=dcp_comm)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=tp_size, timeout=timedelta(seconds=timeout_s)
@@ -96,7 +105,7 @@ def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: 
         group = dist.new_group(list(range(start, start + dcp_size)))  # every rank must create every group
         if start <= rank < start + dcp_size:
             dcp_group = group
-    return Comm(rank, tp_size, dcp_size, dist.group.WORLD, dcp_group, dev)
+    return Comm(rank, tp_size, dcp_size, dist.group.WORLD, dcp_group, dev, dcp_comm)
 
 
 def shutdown_comm(comm: Comm) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from qual.runtime.attention import attention_with_lse, global_lse, rescale_to_global
+from qual.runtime.attention import attention_with_lse, combine_lse, global_lse, rescale_to_global
 from qual.runtime.checkpoint import Qwen3Config, load_target_config, load_weights, require
 from qual.runtime.models.layers import HeadLayout, Rope, load_layer, mlp, project_qkv, rms_norm
 from qual.runtime.paged import KeyView, KVStore, pad_queries, unpad
@@ -69,6 +69,24 @@ class Qwen3Target:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head)
 
+    def _dcp_combine(self, out: torch.Tensor, lse: torch.Tensor, Hl: int, D: int) -> torch.Tensor:
+        """Step 3: merge the DCP group's partial results and return this rank's own heads [R, Q, Hl, D]."""
+        comm, N = self.comm, self.comm.dcp_size
+        R, Q = out.shape[:2]
+        if comm.dcp_comm == "a2a":
+            # Send each rank (O_r, lse_r) for its heads, then merge the N partials locally: one collective.
+            wire = torch.float32 if out.dtype in (torch.float16, torch.bfloat16) else out.dtype  # keep lse precise
+            packed = torch.cat([out.to(wire), lse.to(wire).unsqueeze(-1)], dim=-1)  # [R, Q, N*Hl, D+1]
+            packed = packed.view(R, Q, N, Hl, D + 1).permute(2, 0, 1, 3, 4).contiguous()
+            parts = comm.all_to_all_dcp(packed)  # [N (source rank), R, Q, Hl, D+1]
+            merged, _ = combine_lse(parts[..., :D], parts[..., D])
+            return merged.to(out.dtype)
+        # ag_rs: all-gather the LSEs, rescale locally, reduce-scatter the outputs back to their heads.
+        lse_all = global_lse(comm.all_gather_dcp(lse))
+        part = rescale_to_global(out, lse, lse_all)  # [R, Q, N*Hl, D]
+        part = part.view(R, Q, N, Hl, D).permute(2, 0, 1, 3, 4).reshape(N * R, Q, Hl, D)
+        return comm.reduce_scatter_dcp(part)
+
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
         a, lay, comm = self.layers[i].attn, self.layout, self.comm
         q, k, v = project_qkv(h, a, lay, self.cfg.rms_norm_eps, self.rope, positions)
@@ -80,11 +98,6 @@ class Qwen3Target:
         kc, vc = store.gather(i, meta.keys)
         out, lse = attention_with_lse(pad_queries(qg, meta.q_index), kc, vc, meta.mask, self.scale)
         if comm.dcp_size > 1:
-            # Step 3: rescale by exp(lse_r - LSE); the reduce-scatter sums ranks and returns our own heads.
-            lse_all = global_lse(comm.all_gather_dcp(lse))
-            part = rescale_to_global(out, lse, lse_all)  # [R, Q, dcp*Hl, D]
-            R, Q = part.shape[:2]
-            part = part.view(R, Q, comm.dcp_size, Hl, D).permute(2, 0, 1, 3, 4).reshape(comm.dcp_size * R, Q, Hl, D)
-            out = comm.reduce_scatter_dcp(part)
+            out = self._dcp_combine(out, lse, Hl, D)
         flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
         return comm.all_reduce_tp(F.linear(flat, a.o))
