@@ -129,6 +129,8 @@ def _target_outputs_identical(
         return CheckResult(name, True, f"skipped: temperature {shown}, rule applies at temperature {when_temperature}")
     cmp = result.comparison
     n = len(result.control.per_request)
+    if not (result.control.runnable and result.candidate.runnable):
+        return CheckResult(name, False, "not compared: an arm did not run")
     if n == 0:
         return CheckResult(name, False, "no paired requests to compare")
     div = cmp.output_divergence
