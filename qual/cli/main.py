@@ -8,7 +8,11 @@ import typer
 
 from qual.errors import EngineError, QualError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Acceptance-rate qualification of DFlash speculative decoding under decode context parallelism.",
+)
 
 EXIT_GATE_FAILED = 1
 EXIT_USAGE = 2
@@ -26,8 +30,16 @@ def _register() -> None:
         importlib.import_module(f"qual.cli.{name}")
 
 
+def _terminate(signum, frame):
+    # SIGTERM (CI timeouts, kill) unwinds like Ctrl-C, so servers and rank processes are stopped.
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Console-script entry point: one-line errors, stable exit codes."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     _register()
     try:
         # Without standalone mode click returns typer.Exit's code instead of raising it.
