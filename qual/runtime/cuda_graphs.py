@@ -60,12 +60,11 @@ class DecodeGraphs:
         ids = [f"__graph_{i}" for i in range(batch_size)]
         Q = 1 + r.K
         if r.drafter is not None:
-            width = sum(len(r.draft_cfg.target_layer_ids) * [r.draft_cfg.layers.hidden_size])
+            width = len(r.draft_cfg.target_layer_ids) * r.draft_cfg.layers.hidden_size
             for rid in ids:
                 r.pending[rid] = torch.zeros(Q, width, dtype=r.target.dtype, device=r.comm.device)
         tables = {name: torch.full((batch_size, 1), -1, dtype=torch.long) for name in r.geometry}
         return DecodeStep(ids, [0] * batch_size, [2] * batch_size, [0] * batch_size, [1] * batch_size, tables), ids
-
 
     def _capture(self) -> None:
         torch.cuda.synchronize()
