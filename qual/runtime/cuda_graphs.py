@@ -84,7 +84,10 @@ class DecodeGraphs:
                         self.runner.decode_compute(inp)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                # With peers, c10d's NCCL watchdog thread keeps querying events during capture;
+                # "thread_local" keeps its calls from invalidating this thread's capture.
+                mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
                     out = self.runner.decode_compute(inp)
                 pool = graph.pool() if pool is None else pool
                 self.graphs[bs] = _Graph(bs, graph, inp, out)
@@ -92,8 +95,20 @@ class DecodeGraphs:
         except Exception as exc:  # keep running eagerly, but say so
             self.error = f"{type(exc).__name__}: {exc}"
             self.graphs.clear()
+        self._agree()
         self.seconds = time.perf_counter() - start
         self.bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
+
+    def _agree(self) -> None:
+        """Every rank replays graphs or none does: a capture that failed on one rank disables them everywhere."""
+        comm = self.runner.comm
+        if comm.tp_size == 1:
+            return
+        ok = torch.tensor([1.0 if self.graphs else 0.0], device=comm.device)
+        torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN, group=comm.tp_group)
+        if ok.item() < 1.0 and self.graphs:
+            self.graphs.clear()
+            self.error = self.error or "capture failed on another rank"
 
     def for_batch(self, batch_size: int) -> _Graph | None:
         """The smallest captured graph that holds batch_size requests (None: run eagerly)."""
