@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from qual.cli.main import EXIT_GATE_FAILED, app
+from qual.cli.verdict import print_verdict
 
 
 @app.command("compare")
@@ -29,10 +30,6 @@ def compare_command(
     paths = write_reports(result, out)
     if history:
         record_run(history, result, paths["json"])
-    c, d = result.control.acceptance.rate, result.candidate.acceptance.rate
-    fmt = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
-    print(f"{'PASS' if result.gate.passed else 'FAIL'}: {a} {fmt(c)} vs {b} {fmt(d)}; report {out / 'report.html'}")
-    for check in result.gate.checks:
-        print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
+    print_verdict(result, a, b, out)
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from qual.cli.main import EXIT_GATE_FAILED, app
+from qual.cli.verdict import print_verdict
 from qual.errors import QualError
 
 
@@ -52,18 +53,9 @@ def run_command(
     if resume is None and plan.out_dir.exists() and any(plan.out_dir.iterdir()):
         raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
     result = _run_with_progress(plan)
-    g = result.gate
-    verdict = "PASS" if g.passed else "FAIL"
-    print(f"{verdict}: control {_pct(result.control.acceptance.rate)} vs candidate {_pct(result.candidate.acceptance.rate)} "
-          f"acceptance; report {plan.out_dir / 'report.html'}")
-    for check in g.checks:
-        print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
-    if not g.passed:
+    print_verdict(result, "control", "candidate", plan.out_dir)
+    if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.2f}%"
 
 
 def _print_dry_run(plan) -> None:

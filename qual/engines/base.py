@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
-DRAFT_KV_MODES = ("replicated", "sharded")
 ENGINES = ("reference", "vllm")
 
 

@@ -114,13 +114,17 @@ class ModelRunner:
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.comm.device)
 
-    def _target_meta(self, positions, rows, q_index, seq_lens, table) -> TargetMeta:
+    def _dev_view(self, view: KeyView) -> KeyView:
+        """What attention reads on the device (global positions stay host-side: masks are built there)."""
+        return KeyView(self._dev(view.slots), view.positions, self._dev(view.valid))
+
+    def _target_meta(self, positions, rows, q_index, seq_lens, table, width=None, dense=False) -> TargetMeta:
+        """Causal target attention metadata; positions/rows [T] flat, q_index [R, Q]."""
         geo = self.geometry[TARGET_GROUP]
-        keys = key_view(geo, table, seq_lens)
-        q_pos = positions[q_index.clamp(min=0)]
-        mask = causal_mask(q_pos, q_index, keys)
-        keys = type(keys)(self._dev(keys.slots), keys.positions, keys.valid)
-        return TargetMeta(self._dev(write_slots(geo, positions, rows, table)), keys, self._dev(q_index), self._dev(mask))
+        keys = key_view(geo, table, seq_lens, width=width)
+        mask = causal_mask(positions[q_index.clamp(min=0)], q_index, keys)
+        return TargetMeta(self._dev(write_slots(geo, positions, rows, table)), self._dev_view(keys), self._dev(q_index),
+                          self._dev(mask), dense=dense)
 
     @torch.inference_mode()
     def execute(self, step) -> StepOutput | None:
@@ -197,12 +201,9 @@ class ModelRunner:
         positions = ((n - 1)[:, None] + torch.arange(Q)[None, :]).reshape(-1)
         rows = torch.arange(P).repeat_interleave(Q)
         q_index = torch.arange(P * Q).view(P, Q)
-        geo = self.geometry[TARGET_GROUP]
         seq = torch.cat([n[:R] - 1 + Q, torch.zeros(pad, dtype=torch.long)])
-        keys = key_view(geo, tables[TARGET_GROUP], seq, width=self.key_width[TARGET_GROUP] if static else None)
-        mask = causal_mask(positions.view(P, Q), q_index, keys)
-        target = TargetMeta(self._dev(write_slots(geo, positions, rows, tables[TARGET_GROUP])),
-                            KeyView(self._dev(keys.slots), keys.positions, keys.valid), self._dev(q_index), self._dev(mask), dense=True)
+        target = self._target_meta(positions, rows, q_index, seq, tables[TARGET_GROUP],
+                                   width=self.key_width[TARGET_GROUP] if static else None, dense=True)
         inp = DecodeInputs(self._dev(last), self._dev(positions), target)
         if self.drafter is None:
             return inp
@@ -229,7 +230,7 @@ class ModelRunner:
             window = self.windows[name]
             view = key_view(g, table, new_len, None if window is None else new_len - window,
                             width=self.key_width[name] if static else None)
-            views[name] = KeyView(self._dev(view.slots), view.positions, self._dev(view.valid))
+            views[name] = self._dev_view(view)
         block_pos = new_len[:, None] + torch.arange(Q)[None, :]
         inp.draft = DraftMeta(self._dev(ctx_pos), slots, views, self._dev(block_pos))
         inp.ctx_features = feats

@@ -1,0 +1,15 @@
+"""The few lines `qual run` and `qual compare` print: verdict, headline rates, each gate check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
+    from qual.report.common import pct  # imported when used: every `qual` invocation loads this module
+
+    verdict = "PASS" if result.gate.passed else "FAIL"
+    print(f"{verdict}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
+          f"{pct(result.candidate.acceptance.rate)} acceptance; report {report_dir / 'report.html'}")
+    for check in result.gate.checks:
+        print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
