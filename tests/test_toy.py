@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from qual.errors import QualError
 from qual.toy.config import ModelShape, TrainConfig
 from qual.toy.drafter import DFlashDrafter, anchor_block_mask
 from qual.toy.manifest import verify_manifest
@@ -240,3 +241,31 @@ def test_tiny_pipeline_end_to_end_on_cpu(tmp_path):
     assert manifest["data"]["source"]["held_out_files"] > 0
     with safe_open(str(out / "draft" / "model.safetensors"), "pt") as f:
         assert "fc.weight" in f.keys() and not any(k.startswith("model.") for k in f.keys())
+    # Continue training from that drafter under a wall-clock cap; the manifest records what ran.
+    from qual.toy.config import apply_overrides
+
+    cfg2 = apply_overrides(TrainConfig.tiny(), [f"draft_init={out / 'draft'}", "draft_steps=6", "draft_seconds=600",
+                                                "val_every=3"])
+    run(cfg2, out, work, "cpu", ["draft", "eval", "manifest"], log=logs.append)
+    hp = json.loads((out / "MANIFEST.json").read_text())["hyperparameters"]
+    assert hp["draft_init"] == str(out / "draft") and hp["draft_steps"] == 6 and hp["draft_seconds"] == 600
+    assert any("6 steps fit 600s" in line for line in logs)
+    # A drafter of another shape cannot be the starting point.
+    cfg3 = apply_overrides(TrainConfig.tiny(), [f"draft_init={out / 'draft'}", "shape.target_layer_ids=0,1,2"])
+    with pytest.raises(QualError, match="shape"):
+        run(cfg3, out, work, "cpu", ["draft"], log=logs.append)  # fails before it writes anything
+
+
+def test_config_overrides_parse_and_validate():
+    from qual.toy.config import apply_overrides
+
+    cfg = apply_overrides(TrainConfig.full(), ["draft_batch=256", "shape.target_layer_ids=1,2,3,4", "draft_lr=1e-3",
+                                               "draft_seconds=420"])
+    assert cfg.draft_batch == 256 and cfg.shape.target_layer_ids == (1, 2, 3, 4)
+    assert cfg.draft_lr == 1e-3 and cfg.draft_seconds == 420
+    with pytest.raises(QualError, match="FIELD=VALUE"):
+        apply_overrides(TrainConfig.full(), ["no_such_field=1"])
+    with pytest.raises(QualError, match="expected int"):
+        apply_overrides(TrainConfig.full(), ["draft_batch=many"])
+    with pytest.raises(QualError, match="target_layer_ids"):  # re-validated: layer 5 is the last one
+        apply_overrides(TrainConfig.full(), ["shape.target_layer_ids=1,5"])

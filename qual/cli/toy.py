@@ -31,9 +31,11 @@ def train(
     target_steps: Annotated[Optional[int], typer.Option(help="override the target's training steps")] = None,
     draft_steps: Annotated[Optional[int], typer.Option(help="override the drafter's training steps")] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="override the number of generation prompts")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override any TrainConfig field: FIELD=VALUE or "
+                                                      "shape.FIELD=VALUE (tuples as comma lists); repeatable")] = None,
 ) -> None:
     """Reproduce the toy pair: fetch data, tokenizer, tokenize, train target, generate, train drafter, eval, manifest."""
-    from qual.toy.config import TrainConfig
+    from qual.toy.config import TrainConfig, apply_overrides
     from qual.toy.pipeline import parse_stages, run
 
     dev = device or _default_device()
@@ -46,6 +48,7 @@ def train(
         cfg.draft_steps = draft_steps
     if num_prompts is not None:
         cfg.num_prompts = num_prompts
+    apply_overrides(cfg, set_ or [])
     run(cfg, out, work, dev, parse_stages(stages), refresh_data=refresh_data,
         log=lambda msg: print(msg, flush=True))
 

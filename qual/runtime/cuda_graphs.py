@@ -71,44 +71,58 @@ class DecodeGraphs:
         free_before = torch.cuda.mem_get_info()[0]
         start = time.perf_counter()
         pool = None
-        try:
-            for bs in self.sizes:
-                step, ids = self._dummy_step(bs)
-                inp = self.runner.decode_inputs(step, pad_to=bs, static=True)
-                for rid in ids:
-                    self.runner.pending.pop(rid, None)
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(2):  # warm-up: allocator, cuBLAS handles, NCCL communicators
-                        self.runner.decode_compute(inp)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                # With peers, c10d's NCCL watchdog thread keeps querying events during capture;
-                # "thread_local" keeps its calls from invalidating this thread's capture.
-                mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
-                    out = self.runner.decode_compute(inp)
-                pool = graph.pool() if pool is None else pool
-                self.graphs[bs] = _Graph(bs, graph, inp, out)
-            torch.cuda.synchronize()
-        except Exception as exc:  # keep running eagerly, but say so
-            self.error = f"{type(exc).__name__}: {exc}"
-            self.graphs.clear()
-        self._agree()
+        for bs in self.sizes:  # largest first: the smaller graphs reuse its pool
+            self._quiesce()
+            try:
+                graph = self._capture_one(bs, pool)
+            except Exception as exc:  # keep running eagerly, but say so
+                self.error, graph = f"size {bs}: {type(exc).__name__}: {exc}", None
+            if not self._all_ranks(graph is not None):
+                self.error = self.error or f"size {bs}: capture failed on another rank"
+                self.graphs.clear()  # every rank replays graphs or none does: collectives must match
+                break
+            pool = graph.graph.pool() if pool is None else pool
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
         self.seconds = time.perf_counter() - start
         self.bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
 
-    def _agree(self) -> None:
-        """Every rank replays graphs or none does: a capture that failed on one rank disables them everywhere."""
+    def _capture_one(self, bs: int, pool) -> _Graph:
+        step, ids = self._dummy_step(bs)
+        inp = self.runner.decode_inputs(step, pad_to=bs, static=True)
+        for rid in ids:
+            self.runner.pending.pop(rid, None)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: allocator, cuBLAS handles, NCCL communicators
+                self.runner.decode_compute(inp)
+        torch.cuda.current_stream().wait_stream(stream)
+        self._quiesce()
+        graph = torch.cuda.CUDAGraph()
+        # With peers, c10d's NCCL watchdog thread queries events while we capture;
+        # "thread_local" keeps other threads' calls from invalidating this capture.
+        mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
+            out = self.runner.decode_compute(inp)
+        return _Graph(bs, graph, inp, out)
+
+    def _quiesce(self) -> None:
+        """All ranks at the same point with no GPU or NCCL work in flight."""
+        torch.cuda.synchronize()
+        comm = self.runner.comm
+        if comm.tp_size > 1:
+            torch.distributed.barrier(group=comm.tp_group, device_ids=[comm.device.index])
+            torch.cuda.synchronize()
+
+    def _all_ranks(self, ok: bool) -> bool:
+        """Whether ok holds on every rank (an all-reduce outside any capture)."""
         comm = self.runner.comm
         if comm.tp_size == 1:
-            return
-        ok = torch.tensor([1.0 if self.graphs else 0.0], device=comm.device)
-        torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN, group=comm.tp_group)
-        if ok.item() < 1.0 and self.graphs:
-            self.graphs.clear()
-            self.error = self.error or "capture failed on another rank"
+            return ok
+        flag = torch.tensor([1.0 if ok else 0.0], device=comm.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=comm.tp_group)
+        return flag.item() == 1.0
 
     def for_batch(self, batch_size: int) -> _Graph | None:
         """The smallest captured graph that holds batch_size requests (None: run eagerly)."""

@@ -17,7 +17,7 @@ from qual.runtime.checkpoint import load_draft_config, load_target_config
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner
-from qual.runtime.parallel import Comm, free_port, init_comm, set_cpu_threads, shutdown_comm
+from qual.runtime.parallel import Comm, arm_hang_dump, free_port, init_comm, set_cpu_threads, shutdown_comm
 from qual.runtime.sampling import choose_tokens, greedy_acceptance, top2_margins
 from qual.runtime.steps import DecodeStep, PrefillStep
 
@@ -78,6 +78,7 @@ def validate(cfg: EngineConfig):
 
 def _worker_main(rank: int, cfg: EngineConfig, init_method: str) -> None:
     try:
+        arm_hang_dump()
         set_cpu_threads(cfg.parallel.world_size, cfg.threads_per_rank)
         comm = init_comm(rank, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s, cfg.parallel.dcp_comm)
         runner = ModelRunner(cfg, comm)
@@ -102,6 +103,8 @@ class LLMEngine:
         for p in self.workers:
             p.start()
         self._prev_threads = torch.get_num_threads()
+        if world > 1:
+            arm_hang_dump()
         if cfg.device == "cpu":
             set_cpu_threads(world, cfg.threads_per_rank)
         try:

@@ -113,6 +113,15 @@ def shutdown_comm(comm: Comm) -> None:
         dist.destroy_process_group()
 
 
+def arm_hang_dump() -> None:
+    """QUAL_HANG_DUMP_S=N: print every thread's stack to stderr every N seconds (where did a rank hang?)."""
+    seconds = os.environ.get("QUAL_HANG_DUMP_S")
+    if seconds:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(seconds), repeat=True)
+
+
 def set_cpu_threads(world_size: int, threads: int | None) -> None:
     """Share the cores among ranks so they do not oversubscribe the machine."""
     n = threads or max(1, (os.cpu_count() or 1) // world_size)

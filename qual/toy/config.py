@@ -73,6 +73,10 @@ class TrainConfig:
     draft_steps: int = 11000  # the committed drafter; 6500 gave 26.1% on HumanEval, 11000 gave 27.4%
     draft_lr: float = 2e-3
     draft_warmup: int = 200
+    # Wall-clock cap: after warm-up the step time is measured and draft_steps lowered to fit (the
+    # schedule is then exactly that of a run with the lowered draft_steps, which stats record).
+    draft_seconds: float | None = None
+    draft_init: str | None = None  # a saved drafter dir to start from instead of random init (same shape)
     # eval
     num_speculative_tokens: int = 7
     eval_max_new_tokens: int = 64
@@ -107,3 +111,42 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _parse_like(current, text: str, key: str):
+    """text parsed as the type of the field's current value (tuples: comma lists)."""
+    try:
+        if isinstance(current, tuple):
+            kind = type(current[0]) if current else int
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+        if current is None:
+            if text.lower() == "none":
+                return None
+            for kind in (int, float):
+                try:
+                    return kind(text)
+                except ValueError:
+                    pass
+            return text
+        return type(current)(text)
+    except ValueError:
+        raise QualError(f"--set {key}={text}: expected {type(current).__name__}") from None
+
+
+def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
+    """cfg with `field=value` / `shape.field=value` overrides applied, then re-validated."""
+    for item in items:
+        key, sep, text = item.partition("=")
+        obj, name = (cfg.shape, key[len("shape."):]) if key.startswith("shape.") else (cfg, key)
+        names = {f.name for f in dataclasses.fields(obj)} - {"shape"}
+        if not sep or name not in names:
+            raise QualError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(sorted(names))} "
+                            "(or shape.FIELD)")
+        setattr(obj, name, _parse_like(getattr(obj, name), text, key))
+    cfg.shape.__post_init__()
+    cfg.__post_init__()
+    return cfg

@@ -180,7 +180,7 @@ def stage_draft(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     data = torch.load(paths.gen)
     drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
     save_drafter(drafter, paths.draft, ids["mask_token_id"], ids["eos_token_id"])
-    stats["environment"] = _environment(device)
+    stats |= {"config": cfg.to_dict(), "environment": _environment(device)}  # draft_steps as run
     _save_stats(paths, "draft", stats)
 
 
@@ -217,6 +217,7 @@ def stage_manifest(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     from qual.toy.manifest import write_manifest
 
     fetch, tok = _load_stats(paths, "fetch"), _load_stats(paths, "tokenize")
+    draft = _load_stats(paths, "draft")
     body = {
         "schema": "qual.toy-manifest/1",
         "command": REPRODUCE_COMMAND,
@@ -242,10 +243,13 @@ def stage_manifest(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
         "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": tok["tokenizer_vocab_size"],
                       "eos_token_id": tok["eos_token_id"], "mask_token_id": tok["mask_token_id"],
                       "trained_on": "held-in files"},
-        "hyperparameters": cfg.to_dict(),
+        # the configuration the data and drafter were made with (those stages may have run elsewhere,
+        # and a wall-clock cap fixes draft_steps there); eval settings are this run's
+        "hyperparameters": draft.pop("config", cfg.to_dict()) | {k: v for k, v in cfg.to_dict().items()
+                                                                 if k.startswith("eval_")},
         "target": _load_stats(paths, "target"),
         "generate": _load_stats(paths, "generate"),
-        "draft": _load_stats(paths, "draft"),
+        "draft": draft,
         "eval": _load_stats(paths, "eval"),
     }
     path = write_manifest(paths.out, body)

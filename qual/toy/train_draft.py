@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from qual.errors import QualError
 from qual.toy.config import TrainConfig
 from qual.toy.drafter import DFlashDrafter, anchor_block_mask
 from qual.toy.target import autocast, lr_at, make_optimizer
@@ -63,45 +65,78 @@ def draft_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
     return loss, acc
 
 
+def _init_drafter(cfg: TrainConfig, device: str) -> DFlashDrafter:
+    """A fresh drafter, or cfg.draft_init's weights (which must have this shape)."""
+    torch.manual_seed(cfg.seed + 2)
+    drafter = DFlashDrafter(cfg.shape)
+    if cfg.draft_init:
+        from qual.toy.drafter import load_drafter
+
+        init, _ = load_drafter(Path(cfg.draft_init), "cpu")
+        if init.shape != cfg.shape:
+            raise QualError(f"--draft-init {cfg.draft_init}: its shape {init.shape} differs from the configured one")
+        drafter.load_state_dict(init.state_dict())
+    return drafter.to(device).train()
+
+
+def _fit_steps(cfg: TrainConfig, step: int, elapsed: float) -> int:
+    """Total steps that fit cfg.draft_seconds, from the pace so far (called once, at the end of warm-up)."""
+    per_step = elapsed / step
+    return max(step + 1, min(cfg.draft_steps, step + int((cfg.draft_seconds - elapsed) / per_step)))
+
+
 def train_drafter(cfg: TrainConfig, target, data: dict, mask_token_id: int,
                   device: str, log: Callable[[str], None]) -> tuple[DFlashDrafter, dict]:
-    """Train a fresh drafter against a frozen target; returns (drafter in float32, stats).
+    """Train a drafter against a frozen target; returns (drafter in float32, stats).
 
     `data` is generate_dataset's output: each step draws one chunk (rows of one
     length, chosen in proportion to its rows), then rows of it, then anchors.
+    The draws use a CPU generator (the same on every device); the data lives on
+    the device and nothing syncs with the host between log lines.
     """
     target.requires_grad_(False)
-    torch.manual_seed(cfg.seed + 2)
-    drafter = DFlashDrafter(cfg.shape).to(device).train()
+    drafter = _init_drafter(cfg, device)
     opt = make_optimizer(drafter, cfg.draft_lr, cfg.weight_decay, device)
     gen = torch.Generator().manual_seed(cfg.seed + 3)
-    chunks, plens = data["chunks"], data["prompt_lens"]
+    chunks = [c.to(device) for c in data["chunks"]]
+    plens = data["prompt_lens"]
     sizes = torch.tensor([c.shape[0] for c in chunks], dtype=torch.float)
+    pin = device.startswith("cuda")
+    total = cfg.draft_steps
     t0, loss_avg, acc_avg, curve = time.time(), None, None, []
-    for step in range(cfg.draft_steps):
+    step = 0
+    while step < total:
+        if cfg.draft_seconds and step == cfg.draft_warmup:  # the LR so far does not depend on total
+            total = _fit_steps(cfg, step, time.time() - t0)
+            log(f"draft: {total} steps fit {cfg.draft_seconds:.0f}s")
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.draft_lr, cfg.draft_warmup, cfg.draft_steps)
+            group["lr"] = lr_at(step, cfg.draft_lr, cfg.draft_warmup, total)
         c = int(torch.multinomial(sizes, 1, generator=gen))
         rows = torch.randint(0, chunks[c].shape[0], (cfg.draft_batch,), generator=gen)
-        ids = chunks[c][rows].long()
         prompt_lens = torch.full((cfg.draft_batch,), plens[c])
-        anchors = sample_anchors(prompt_lens, ids.shape[1], cfg.anchors_per_seq, cfg.shape.block_size, gen)
+        anchors = sample_anchors(prompt_lens, chunks[c].shape[1], cfg.anchors_per_seq, cfg.shape.block_size, gen)
+        if pin:
+            rows, anchors = rows.pin_memory(), anchors.pin_memory()
+        ids = chunks[c][rows.to(device, non_blocking=True)].long()
         with autocast(device):
-            loss, acc = draft_loss(drafter, target, ids.to(device), anchors.to(device), mask_token_id)
+            loss, acc = draft_loss(drafter, target, ids, anchors.to(device, non_blocking=True), mask_token_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
-        loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
-        acc_avg = acc.detach() if acc_avg is None else 0.98 * acc_avg + 0.02 * acc.detach()
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.draft_steps:
+        loss, acc = loss.detach().float(), acc.detach()
+        loss_avg = loss if loss_avg is None else 0.98 * loss_avg + 0.02 * loss
+        acc_avg = acc if acc_avg is None else 0.98 * acc_avg + 0.02 * acc
+        step += 1
+        if step % cfg.log_every == 0 or step == total:
             accs = [round(float(a), 3) for a in acc_avg[1:]]
-            curve.append({"step": step + 1, "loss": round(loss_avg, 4), "acc_per_position": accs})
-            log(f"draft step {step + 1}/{cfg.draft_steps} loss {loss_avg:.4f} acc {accs} ({time.time() - t0:.0f}s)")
+            curve.append({"step": step, "loss": round(float(loss_avg), 4), "acc_per_position": accs})
+            log(f"draft step {step}/{total} loss {float(loss_avg):.4f} acc {accs} ({time.time() - t0:.0f}s)")
+    cfg.draft_steps = total  # what ran: reproduce with --draft-steps total
     # Expected accepted length if positions were independent: sum of prefix products of accuracies.
     prefix = [math.prod(float(a) for a in acc_avg[1:k + 1]) for k in range(1, cfg.shape.block_size)]
     stats = {
-        "final_loss_ema": round(loss_avg, 4),
+        "final_loss_ema": round(float(loss_avg), 4),
         "final_acc_per_position_ema": curve[-1]["acc_per_position"],
         "train_seconds": round(time.time() - t0, 1),
         "approx_independent_tau": round(1 + sum(prefix), 3),
