@@ -51,6 +51,7 @@ class DecodeGraphs:
         self.seconds = 0.0
         self.bytes = 0
         self.error: str | None = None
+        self.captured: list[int] = []
         self._capture()
 
     def _dummy_step(self, batch_size: int):
@@ -84,6 +85,7 @@ class DecodeGraphs:
             pool = graph.graph.pool() if pool is None else pool
             self.graphs[bs] = graph
         torch.cuda.synchronize()
+        self.captured = sorted(self.graphs)
         self.seconds = time.perf_counter() - start
         self.bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
 
@@ -124,6 +126,14 @@ class DecodeGraphs:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=comm.tp_group)
         return flag.item() == 1.0
 
+    def release(self) -> None:
+        """Free every graph. Must come before the process group is destroyed: a live graph that holds
+        NCCL kernels makes destroy_process_group hang (2 x H200, torch 2.11, NCCL 2.28)."""
+        for g in self.graphs.values():
+            g.graph.reset()
+        self.graphs.clear()
+        torch.cuda.synchronize()
+
     def for_batch(self, batch_size: int) -> _Graph | None:
         """The smallest captured graph that holds batch_size requests (None: run eagerly)."""
         fits = [s for s in self.graphs if s >= batch_size]
@@ -136,7 +146,7 @@ class DecodeGraphs:
 
     def record(self) -> dict:
         """The capture record for result.json graph_capture."""
-        captured = sorted(self.graphs)
+        captured = self.captured
         return {
             "status": "captured" if captured else "failed",
             "mode": "FULL_DECODE_ONLY",
@@ -146,6 +156,6 @@ class DecodeGraphs:
             "replays": {str(k): v for k, v in sorted(self.replays.items())},
             "eager_steps": {str(k): v for k, v in sorted(self.eager_steps.items())},
             # A size we captured must never have run eagerly; steps above the largest size do, visibly.
-            "eager_fallback_sizes": sorted(b for b in self.eager_steps if b in self.graphs),
+            "eager_fallback_sizes": sorted(b for b in self.eager_steps if b in captured),
             "detail": self.error,
         }

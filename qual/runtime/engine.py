@@ -84,6 +84,7 @@ def _worker_main(rank: int, cfg: EngineConfig, init_method: str) -> None:
         runner = ModelRunner(cfg, comm)
         while (step := comm.broadcast_object(None)) is not None:
             runner.execute(step)
+        runner.close()
         shutdown_comm(comm)
     except Exception:
         traceback.print_exc()
@@ -126,6 +127,7 @@ class LLMEngine:
             return
         try:
             self.comm.broadcast_object(None)
+            self.runner.close()
             shutdown_comm(self.comm)
         except Exception:
             pass

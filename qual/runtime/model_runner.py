@@ -106,6 +106,11 @@ class ModelRunner:
 
             self.graphs = DecodeGraphs(self, cfg.cuda_graph_sizes)
 
+    def close(self) -> None:
+        """Release what must go before the process group does (CUDA graphs holding NCCL kernels)."""
+        if self.graphs is not None:
+            self.graphs.release()
+
     @property
     def kv_bytes(self) -> dict[str, int]:
         """Bytes each group's KV tensors take on this rank."""
