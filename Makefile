@@ -50,6 +50,12 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 # Reproduce the toy Qwen3 target + DFlash drafter pair in models/toy (fetch needs PyPI; training wants a GPU).
+# Three rounds: the whole pipeline, then the drafter twice more from its own weights on fresh
+# generations (models/toy/MANIFEST.json lists each round's argv and statistics under draft.lineage).
+TOY_ROUND = $(BIN)/qual toy train --out models/toy --set num_prompts=196608 --set draft_batch=256 \
+	--set draft_lr=1e-3 --set draft_init=models/toy/draft
 .PHONY: toy
 toy: install
 	$(BIN)/qual toy train --out models/toy
+	$(TOY_ROUND) --stages generate,draft --set seed=1 --set draft_steps=1918
+	$(TOY_ROUND) --stages generate- --set seed=2 --set draft_steps=6307

@@ -241,12 +241,24 @@ class LLMEngine:
 
     def _prefill(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
         out = self._step(PrefillStep([s.req.id for s in seqs], [list(s.req.prompt_token_ids) for s in seqs], self._tables(seqs)))
-        logits = out.logits.float().cpu()
-        for i, s in enumerate(seqs):
-            n = len(s.req.prompt_token_ids)
-            token = choose_tokens(logits[i : i + 1], sampling.temperature, sampling.seed, s.req.id, n)[0]
-            s.ctx_len, s.pending_commit = n, 0  # the prefill wrote the prompt's draft context
-            self._append(s, [token], top2_margins(logits[i : i + 1]), sampling)
+        tokens, margins = self._choose(out.logits[:, None], seqs, [len(s.req.prompt_token_ids) for s in seqs], sampling)
+        for s, tok, m in zip(seqs, tokens, margins):
+            s.ctx_len, s.pending_commit = len(s.req.prompt_token_ids), 0  # the prefill wrote the prompt's draft context
+            self._append(s, tok, m, sampling)
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, seqs: list[_Seq], first_positions: list[int], sampling: SamplingParams):
+        """Token choices and top-2 margins for logits [R, Q, V], as lists per request.
+
+        Greedy picks happen where the logits are, so only [R, Q] numbers cross to the host;
+        sampling draws its position-keyed noise on the CPU (the same text on every device).
+        """
+        margins = top2_margins(logits)
+        if sampling.temperature == 0:
+            return logits.argmax(dim=-1).tolist(), margins
+        host = logits.float().cpu()
+        return [choose_tokens(host[i], sampling.temperature, sampling.seed, s.req.id, n)
+                for i, (s, n) in enumerate(zip(seqs, first_positions))], margins
 
     def _decode(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
         for s in seqs:
@@ -256,12 +268,11 @@ class LLMEngine:
             [s.ctx_len for s in seqs], [s.pending_commit for s in seqs], self._tables(seqs),
         )
         out = self._step(step)
-        logits = out.logits.float().cpu()
+        chosen, margins_all = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)
         drafts = out.draft_tokens.cpu().tolist() if out.draft_tokens is not None else None
         for i, s in enumerate(seqs):
             n = s.num_committed
-            targets = choose_tokens(logits[i], sampling.temperature, sampling.seed, s.req.id, n)
-            margins = top2_margins(logits[i])
+            targets, margins = chosen[i], margins_all[i]
             if drafts is None:
                 self._append(s, targets[:1], margins[:1], sampling)
                 continue

@@ -27,10 +27,10 @@ def choose_tokens(logits: torch.Tensor, temperature: float, seed: int, request_k
     return out
 
 
-def top2_margins(logits: torch.Tensor) -> list[float]:
-    """Top-1 minus top-2 logit per row of [Q, V] (small = near tie)."""
-    top = logits.float().topk(2, dim=-1).values
-    return (top[:, 0] - top[:, 1]).tolist()
+def top2_margins(logits: torch.Tensor) -> list:
+    """Top-1 minus top-2 logit per row of [..., V] (small = near tie), as nested lists."""
+    top = logits.topk(2, dim=-1).values.float()
+    return (top[..., 0] - top[..., 1]).tolist()
 
 
 def greedy_acceptance(drafts: list[int], targets: list[int]) -> int:

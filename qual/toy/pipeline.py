@@ -23,7 +23,7 @@ from qual.toy.config import (EVAL_LICENSE, EVAL_PACKAGE, EVAL_VERSION, SOURCE_LI
                              SOURCE_VERSION, TrainConfig)
 
 STAGES = ("fetch", "tokenizer", "tokenize", "target", "generate", "draft", "eval", "manifest")
-REPRODUCE_COMMAND = "qual toy train --device cuda --out models/toy"
+REPRODUCE_COMMAND = "make toy"  # the Makefile target runs the training rounds in order
 
 
 @dataclass(slots=True)
@@ -178,10 +178,25 @@ def stage_draft(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     ids = _load_stats(paths, "tokenize")
     target = load_target(paths.target, device)
     data = torch.load(paths.gen)
+    lineage = _lineage(paths, cfg)
     drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
     save_drafter(drafter, paths.draft, ids["mask_token_id"], ids["eos_token_id"])
-    stats |= {"config": cfg.to_dict(), "environment": _environment(device)}  # draft_steps as run
+    stats |= {"config": cfg.to_dict(), "argv": _argv(), "environment": _environment(device), "lineage": lineage}
     _save_stats(paths, "draft", stats)
+
+
+def _argv() -> list[str]:
+    return ["qual", *sys.argv[1:]] if Path(sys.argv[0]).name == "qual" else sys.argv
+
+
+def _lineage(paths: Paths, cfg: TrainConfig) -> list[dict]:
+    """The training rounds behind cfg.draft_init: the previous draft stats of this work dir, oldest first."""
+    if not cfg.draft_init or not paths.stats("draft").exists():
+        return []
+    prev = json.loads(paths.stats("draft").read_text())
+    keep = ("argv", "config", "final_loss_ema", "final_acc_per_position_ema", "train_seconds",
+            "approx_independent_tau", "environment")
+    return prev.get("lineage", []) + [{k: prev[k] for k in keep if k in prev}]
 
 
 def stage_eval(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
@@ -221,8 +236,8 @@ def stage_manifest(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     body = {
         "schema": "qual.toy-manifest/1",
         "command": REPRODUCE_COMMAND,
-        "also": "make toy",
-        "argv": ["qual", *sys.argv[1:]] if Path(sys.argv[0]).name == "qual" else sys.argv,
+        "rounds": [r.get("argv") for r in draft.get("lineage", [])] + [draft.get("argv")],  # each round's command
+        "argv": _argv(),
         "data": {
             "source": {
                 "package": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}",
