@@ -21,8 +21,8 @@ def attention_with_lse(
     scores = torch.matmul(qg, kk.unsqueeze(2)) * scale  # [R, Hk, G, T, S]
     scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [R, Hk, G, T]
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    probs = torch.exp(scores - safe.unsqueeze(-1))
+    # A row with nothing visible has lse = -inf and exp(-inf - -inf) = NaN: make those probabilities 0.
+    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num_(nan=0.0)
     out = torch.matmul(probs, v.permute(0, 2, 1, 3).unsqueeze(2))  # [R, Hk, G, T, D]
     out = out.permute(0, 3, 1, 2, 4).reshape(R, T, H, D)
     lse = lse.permute(0, 3, 1, 2).reshape(R, T, H)

@@ -116,6 +116,10 @@ class ModelRunner:
         """Bytes each group's KV tensors take on this rank."""
         return {name: s.nbytes for name, s in self.stores.items()}
 
+    def _route(self, slots: torch.Tensor) -> torch.Tensor:
+        """Host-side: -1 write slots to the trash slot (every store has the same one)."""
+        return next(iter(self.stores.values())).route(slots)
+
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.comm.device)
 
@@ -128,7 +132,7 @@ class ModelRunner:
         geo = self.geometry[TARGET_GROUP]
         keys = key_view(geo, table, seq_lens, width=width)
         mask = causal_mask(positions[q_index.clamp(min=0)], q_index, keys)
-        return TargetMeta(self._dev(write_slots(geo, positions, rows, table)), self._dev_view(keys), self._dev(q_index),
+        return TargetMeta(self._dev(self._route(write_slots(geo, positions, rows, table))), self._dev_view(keys), self._dev(q_index),
                           self._dev(mask), dense=dense)
 
     @torch.inference_mode()
@@ -168,7 +172,7 @@ class ModelRunner:
         hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores[TARGET_GROUP])
         last = self._dev(starts + torch.tensor(lens) - 1)
         if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
-            slots = {name: self._dev(write_slots(g, positions, rows, tables[name]))
+            slots = {name: self._dev(self._route(write_slots(g, positions, rows, tables[name])))
                      for name, g in self.geometry.items() if name != TARGET_GROUP}
             self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
         # Only rank 0 samples: the other ranks skip the LM head.
@@ -231,7 +235,7 @@ class ModelRunner:
                 continue
             table = tables[name]
             w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
-            slots[name] = self._dev(torch.where(ctx_rows >= 0, w, torch.full_like(w, -1)))
+            slots[name] = self._dev(self._route(torch.where(ctx_rows >= 0, w, torch.full_like(w, -1))))
             window = self.windows[name]
             view = key_view(g, table, new_len, None if window is None else new_len - window,
                             width=self.key_width[name] if static else None)

@@ -68,10 +68,14 @@ class KVStore:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        slots = torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
-        self.k[layer].index_copy_(0, slots, k.to(self.k[layer].dtype))
-        self.v[layer].index_copy_(0, slots, v.to(self.v[layer].dtype))
+    def route(self, slots: torch.Tensor) -> torch.Tensor:
+        """Slots as write() takes them: -1 (not stored here) goes to the trash slot."""
+        return torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
+
+    def write(self, layer: int, routed: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, kv_heads, D] into slots `routed` (see route(); done once per step, not per layer)."""
+        self.k[layer].index_copy_(0, routed, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(0, routed, v.to(self.v[layer].dtype))
 
     def gather(self, layer: int, view: KeyView) -> tuple[torch.Tensor, torch.Tensor]:
         """[R, S, kv_heads, D] each."""
@@ -82,8 +86,13 @@ class KVStore:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
-def pad_queries(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Flat tokens x [T, ...] -> padded [R, Q, ...] using index [R, Q] (-1 = padding, filled with 0)."""
+def pad_queries(x: torch.Tensor, index: torch.Tensor, dense: bool = False) -> torch.Tensor:
+    """Flat tokens x [T, ...] -> padded [R, Q, ...] using index [R, Q] (-1 = padding, filled with 0).
+
+    dense: every request has exactly Q tokens, in order (decode), so this is a reshape.
+    """
+    if dense:
+        return x.view(*index.shape, *x.shape[1:])
     out = x[index.clamp(min=0)]
     return out * (index >= 0).view(*index.shape, *([1] * (x.dim() - 1))).to(x.dtype)
 

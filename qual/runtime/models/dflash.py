@@ -22,7 +22,7 @@ class DraftMeta:
     """Metadata of one draft step on this rank, per draft cache group."""
 
     ctx_positions: torch.Tensor  # [Tc] positions of the new context tokens
-    write_slots: dict[str, torch.Tensor]  # group -> [Tc] (-1 = not stored on this rank)
+    write_slots: dict[str, torch.Tensor]  # group -> [Tc]; not stored on this rank = the trash slot
     keys: dict[str, KeyView]  # group -> context keys per request (new ones included)
     block_positions: torch.Tensor  # [R, K+1]
 

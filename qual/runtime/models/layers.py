@@ -13,11 +13,13 @@ from qual.runtime.parallel import Comm
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3 RMSNorm: statistics in at least float32, result in the input dtype."""
-    dtype = x.dtype
-    if dtype in (torch.float16, torch.bfloat16):  # as transformers: normalise in float32, cast, then scale
-        xf = x.float()
-        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    """Qwen3 RMSNorm: statistics in at least float32, result in the input dtype.
+
+    weight is [D] or, for per-head norms of several heads at once, [heads, D].
+    """
+    if x.dtype in (torch.float16, torch.bfloat16) or weight.dim() > 1:
+        # As transformers: normalise (fused; float32 statistics), cast, then scale in the input dtype.
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
     return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
 
 
@@ -79,19 +81,47 @@ def _rows(t: torch.Tensor, start: int, count: int, per: int) -> torch.Tensor:
 
 @dataclass
 class AttentionWeights:
-    q: torch.Tensor  # [heads*D, hidden]
-    k: torch.Tensor  # [kv*D, hidden]
-    v: torch.Tensor
+    """q, k, v are row views of one [q; k; v] matrix, so one GEMM projects all three."""
+
+    qkv: torch.Tensor  # [(heads + 2*kv)*D, hidden]
     o: torch.Tensor  # [hidden, heads*D]
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
+    q_norm: torch.Tensor  # [D]
+    k_norm: torch.Tensor  # [D]
+    qk_norm: torch.Tensor  # [heads + kv, D]: q_norm per query head, then k_norm per KV head
+    num_q_rows: int
+    num_kv_rows: int
+
+    @property
+    def q(self) -> torch.Tensor:
+        return self.qkv[: self.num_q_rows]
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.qkv[self.num_q_rows : self.num_q_rows + self.num_kv_rows]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.qkv[self.num_q_rows + self.num_kv_rows :]
+
+    @property
+    def kv(self) -> torch.Tensor:
+        return self.qkv[self.num_q_rows :]
 
 
 @dataclass
 class MlpWeights:
-    gate: torch.Tensor  # [I/tp, hidden]
-    up: torch.Tensor
+    """gate and up are row views of one [gate; up] matrix (one GEMM)."""
+
+    gate_up: torch.Tensor  # [2*I/tp, hidden]
     down: torch.Tensor  # [hidden, I/tp]
+
+    @property
+    def gate(self) -> torch.Tensor:
+        return self.gate_up[: self.down.shape[1]]
+
+    @property
+    def up(self) -> torch.Tensor:
+        return self.gate_up[self.down.shape[1] :]
 
 
 @dataclass
@@ -117,16 +147,14 @@ def load_layer(
     o = w("self_attn.o_proj.weight", (hid, H * D))[:, layout.q_start * D : (layout.q_start + layout.num_heads) * D]
     part = inter // comm.tp_size
     lo, hi = comm.tp_rank * part, (comm.tp_rank + 1) * part
+    q_norm, k_norm = cast(w("self_attn.q_norm.weight", (D,))), cast(w("self_attn.k_norm.weight", (D,)))
+    qk_norm = torch.cat([q_norm.expand(layout.num_heads, D), k_norm.expand(layout.num_kv_heads, D)]).contiguous()
     return LayerWeights(
         input_norm=cast(w("input_layernorm.weight", (hid,))),
         post_norm=cast(w("post_attention_layernorm.weight", (hid,))),
-        attn=AttentionWeights(
-            cast(q), cast(k), cast(v), cast(o),
-            cast(w("self_attn.q_norm.weight", (D,))), cast(w("self_attn.k_norm.weight", (D,))),
-        ),
+        attn=AttentionWeights(cast(torch.cat([q, k, v])), cast(o), q_norm, k_norm, qk_norm, q.shape[0], k.shape[0]),
         mlp=MlpWeights(
-            cast(w("mlp.gate_proj.weight", (inter, hid))[lo:hi]),
-            cast(w("mlp.up_proj.weight", (inter, hid))[lo:hi]),
+            cast(torch.cat([w("mlp.gate_proj.weight", (inter, hid))[lo:hi], w("mlp.up_proj.weight", (inter, hid))[lo:hi]])),
             cast(w("mlp.down_proj.weight", (hid, inter))[:, lo:hi]),
         ),
     )
@@ -134,24 +162,23 @@ def load_layer(
 
 def mlp(x: torch.Tensor, m: MlpWeights, comm: Comm) -> torch.Tensor:
     """SwiGLU MLP, column- then row-parallel across TP."""
-    h = F.silu(F.linear(x, m.gate)) * F.linear(x, m.up)
-    return comm.all_reduce_tp(F.linear(h, m.down))
+    gate, up = F.linear(x, m.gate_up).chunk(2, dim=-1)
+    return comm.all_reduce_tp(F.linear(F.silu(gate) * up, m.down))
 
 
 def project_qkv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions):
-    """q, k, v for tokens x [T, hidden] at positions [T]: per-head RMSNorm, then RoPE."""
-    T, D = x.shape[0], layout.head_dim
-    q = F.linear(x, a.q).view(T, layout.num_heads, D)
-    k = F.linear(x, a.k).view(T, layout.num_kv_heads, D)
-    v = F.linear(x, a.v).view(T, layout.num_kv_heads, D)
-    q = rope(rms_norm(q, a.q_norm, eps), positions)
-    k = rope(rms_norm(k, a.k_norm, eps), positions)
-    return q, k, v
+    """q, k, v for tokens x [T, hidden] at positions [T]: per-head RMSNorm, then RoPE.
+
+    One GEMM, one norm and one rotation cover the query and key heads together.
+    """
+    T, D, H = x.shape[0], layout.head_dim, layout.num_heads
+    qkv = F.linear(x, a.qkv).view(T, H + 2 * layout.num_kv_heads, D)
+    qk = rope(rms_norm(qkv[:, : H + layout.num_kv_heads], a.qk_norm, eps), positions)
+    return qk[:, :H], qk[:, H:], qkv[:, H + layout.num_kv_heads :]
 
 
 def project_kv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions):
     """k, v only (DFlash context tokens never query)."""
-    T, D = x.shape[0], layout.head_dim
-    k = rope(rms_norm(F.linear(x, a.k).view(T, layout.num_kv_heads, D), a.k_norm, eps), positions)
-    v = F.linear(x, a.v).view(T, layout.num_kv_heads, D)
-    return k, v
+    T, D, Hk = x.shape[0], layout.head_dim, layout.num_kv_heads
+    kv = F.linear(x, a.kv).view(T, 2 * Hk, D)
+    return rope(rms_norm(kv[:, :Hk], a.k_norm, eps), positions), kv[:, Hk:]

@@ -19,7 +19,7 @@ from qual.runtime.parallel import Comm
 class TargetMeta:
     """Attention metadata of one target forward on this rank."""
 
-    write_slots: torch.Tensor  # [T] slot of each new token here, -1 = other rank
+    write_slots: torch.Tensor  # [T] slot of each new token here; not stored here = the store's trash slot
     keys: KeyView  # local keys per request (new tokens included)
     q_index: torch.Tensor  # [R, Q] flat token index, -1 = padding
     mask: torch.Tensor  # [R, Q, S] causal by global position
@@ -96,7 +96,7 @@ class Qwen3Target:
         qg = comm.all_gather_dcp(q).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, D)
         # Step 2: attend over the local KV shard only, keeping the LSE.
         kc, vc = store.gather(i, meta.keys)
-        out, lse = attention_with_lse(pad_queries(qg, meta.q_index), kc, vc, meta.mask, self.scale)
+        out, lse = attention_with_lse(pad_queries(qg, meta.q_index, meta.dense), kc, vc, meta.mask, self.scale)
         if comm.dcp_size > 1:
             out = self._dcp_combine(out, lse, Hl, D)
         flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
