@@ -64,7 +64,7 @@ def param_bytes(target) -> int:
     n = t.embed.numel() + (0 if t.lm_head.data_ptr() == t.embed.data_ptr() else t.lm_head.numel()) + t.norm.numel()
     for layer in t.layers:
         a, m = layer.attn, layer.mlp
-        n += sum(x.numel() for x in (a.q, a.k, a.v, a.o, a.q_norm, a.k_norm, m.gate, m.up, m.down, layer.input_norm, layer.post_norm))
+        n += sum(x.numel() for x in (a.qkv, a.o, a.q_norm, a.k_norm, m.gate_up, m.down, layer.input_norm, layer.post_norm))
     return n * t.embed.element_size()
 
 

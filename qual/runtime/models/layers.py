@@ -81,7 +81,7 @@ def _rows(t: torch.Tensor, start: int, count: int, per: int) -> torch.Tensor:
 
 @dataclass
 class AttentionWeights:
-    """q, k, v are row views of one [q; k; v] matrix, so one GEMM projects all three."""
+    """q, k and v weights stacked in one matrix, so one GEMM projects all three."""
 
     qkv: torch.Tensor  # [(heads + 2*kv)*D, hidden]
     o: torch.Tensor  # [hidden, heads*D]
@@ -89,39 +89,19 @@ class AttentionWeights:
     k_norm: torch.Tensor  # [D]
     qk_norm: torch.Tensor  # [heads + kv, D]: q_norm per query head, then k_norm per KV head
     num_q_rows: int
-    num_kv_rows: int
-
-    @property
-    def q(self) -> torch.Tensor:
-        return self.qkv[: self.num_q_rows]
-
-    @property
-    def k(self) -> torch.Tensor:
-        return self.qkv[self.num_q_rows : self.num_q_rows + self.num_kv_rows]
-
-    @property
-    def v(self) -> torch.Tensor:
-        return self.qkv[self.num_q_rows + self.num_kv_rows :]
 
     @property
     def kv(self) -> torch.Tensor:
+        """The [k; v] rows (DFlash context tokens need no queries)."""
         return self.qkv[self.num_q_rows :]
 
 
 @dataclass
 class MlpWeights:
-    """gate and up are row views of one [gate; up] matrix (one GEMM)."""
+    """gate and up weights stacked in one matrix (one GEMM)."""
 
     gate_up: torch.Tensor  # [2*I/tp, hidden]
     down: torch.Tensor  # [hidden, I/tp]
-
-    @property
-    def gate(self) -> torch.Tensor:
-        return self.gate_up[: self.down.shape[1]]
-
-    @property
-    def up(self) -> torch.Tensor:
-        return self.gate_up[self.down.shape[1] :]
 
 
 @dataclass
@@ -152,7 +132,7 @@ def load_layer(
     return LayerWeights(
         input_norm=cast(w("input_layernorm.weight", (hid,))),
         post_norm=cast(w("post_attention_layernorm.weight", (hid,))),
-        attn=AttentionWeights(cast(torch.cat([q, k, v])), cast(o), q_norm, k_norm, qk_norm, q.shape[0], k.shape[0]),
+        attn=AttentionWeights(cast(torch.cat([q, k, v])), cast(o), q_norm, k_norm, qk_norm, q.shape[0]),
         mlp=MlpWeights(
             cast(torch.cat([w("mlp.gate_proj.weight", (inter, hid))[lo:hi], w("mlp.up_proj.weight", (inter, hid))[lo:hi]])),
             cast(w("mlp.down_proj.weight", (hid, inter))[:, lo:hi]),
