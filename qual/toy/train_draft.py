@@ -79,10 +79,9 @@ def _init_drafter(cfg: TrainConfig, device: str) -> DFlashDrafter:
     return drafter.to(device).train()
 
 
-def _fit_steps(cfg: TrainConfig, step: int, elapsed: float) -> int:
-    """Total steps that fit cfg.draft_seconds, from the pace so far (called once, at the end of warm-up)."""
-    per_step = elapsed / step
-    return max(step + 1, min(cfg.draft_steps, step + int((cfg.draft_seconds - elapsed) / per_step)))
+def _fit_steps(cfg: TrainConfig, step: int, elapsed: float, pace: float) -> int:
+    """Total steps that fit cfg.draft_seconds at `pace` seconds a step (called once, at the end of warm-up)."""
+    return max(step + 1, min(cfg.draft_steps, step + int((cfg.draft_seconds - elapsed) / pace)))
 
 
 def train_drafter(cfg: TrainConfig, target, data: dict, mask_token_id: int,
@@ -104,10 +103,14 @@ def train_drafter(cfg: TrainConfig, target, data: dict, mask_token_id: int,
     pin = device.startswith("cuda")
     total = cfg.draft_steps
     t0, loss_avg, acc_avg, curve = time.time(), None, None, []
-    step = 0
+    step, half = 0, cfg.draft_warmup // 2
+    t_half = t0
     while step < total:
+        if step == half:
+            t_half = time.time()  # the pace is timed over the warm-up's second half: start-up costs excluded
         if cfg.draft_seconds and step == cfg.draft_warmup:  # the LR so far does not depend on total
-            total = _fit_steps(cfg, step, time.time() - t0)
+            pace = (time.time() - t_half) / max(1, step - half)
+            total = _fit_steps(cfg, step, time.time() - t0, pace)
             log(f"draft: {total} steps fit {cfg.draft_seconds:.0f}s")
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.draft_lr, cfg.draft_warmup, total)
