@@ -50,12 +50,15 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 # Reproduce the toy Qwen3 target + DFlash drafter pair in models/toy (fetch needs PyPI; training wants a GPU).
-# Three rounds: the whole pipeline, then the drafter twice more from its own weights on fresh
-# generations (models/toy/MANIFEST.json lists each round's argv and statistics under draft.lineage).
+# Four rounds: the whole pipeline, then the drafter three more times from its own weights on fresh
+# generations; round 4 grows it (MLP 768 -> 2048, target layers 1,3 -> 1,2,3,4) keeping its function
+# (models/toy/MANIFEST.json lists each round's argv and statistics under draft.lineage).
 TOY_ROUND = $(BIN)/qual toy train --out models/toy --set num_prompts=196608 --set draft_batch=256 \
 	--set draft_lr=1e-3 --set draft_init=models/toy/draft
 .PHONY: toy
 toy: install
 	$(BIN)/qual toy train --out models/toy
 	$(TOY_ROUND) --stages generate,draft --set seed=1 --set draft_steps=1918
-	$(TOY_ROUND) --stages generate- --set seed=2 --set draft_steps=6307
+	$(TOY_ROUND) --stages generate,draft --set seed=2 --set draft_steps=6307
+	$(TOY_ROUND) --stages generate- --set seed=3 --set draft_steps=6005 \
+		--set shape.draft_intermediate_size=2048 --set shape.target_layer_ids=1,2,3,4

@@ -1,6 +1,10 @@
 """GPU benchmark (issue 6): decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
 
-    python3 bench/gpu_bench.py [--out bench.json] [--quick]
+    python3 bench/gpu_bench.py [--out bench.json] [--variants base,compile,triton,compile+triton]
+                               [--compile-mode MODE] [--models qwen3-0.6b-shape,toy] [--no-spec]
+
+Variants: compile = the decode step compiled by torch.compile (inductor) before graph capture,
+triton = the decode projections through the split-K Triton kernel (qual/runtime/kernels).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
@@ -68,12 +72,15 @@ def param_bytes(target) -> int:
     return n * t.embed.element_size()
 
 
-def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_tokens: int, sizes=(1, 8), prompts=None):
+def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_tokens: int, sizes=(1, 8), prompts=None,
+         **engine_kw):
     cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=4 << 30), dtype="bfloat16", device="cuda",
-                       cuda_graph_sizes=sizes, max_model_len=prompt_len + new_tokens + 32)
+                       cuda_graph_sizes=sizes, max_model_len=prompt_len + new_tokens + 32, **engine_kw)
+    t_init = time.perf_counter()
     g = torch.Generator().manual_seed(1)
     with LLMEngine(cfg) as engine:
+        init_s = time.perf_counter() - t_init  # includes compilation and graph capture
         vocab = engine.target_cfg.vocab_size
         reqs = prompts or [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab - 2, (prompt_len,), generator=g).tolist()), new_tokens)
                            for i in range(batch)]
@@ -104,7 +111,7 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
         kv_bytes = batch * kv_width * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * 2
     tokens = sum(len(r.output_token_ids) for r in out)
     acc = sum(r.accepted_tokens for r in out) / max(1, sum(r.draft_tokens for r in out)) if draft else None
-    return {"tokens_per_s": tokens / wall, "wall_s": wall, "graph_step_s": step_s, "param_bytes": pbytes,
+    return {"tokens_per_s": tokens / wall, "wall_s": wall, "init_s": init_s, "graph_step_s": step_s, "param_bytes": pbytes,
             "kv_bytes_read_per_step": kv_bytes, "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes")},
             "acceptance_rate": acc}
 
@@ -143,31 +150,64 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
     return out
 
 
+VARIANTS = ("base", "compile", "triton", "compile+triton")
+
+
+def variants(names: str, mode: str) -> dict[str, dict]:
+    """Engine settings measured: row-name suffix -> EngineConfig fields."""
+    fields = {"base": {}, "compile": {"compile_mode": mode}, "triton": {"triton_gemm": True},
+              "compile+triton": {"compile_mode": mode, "triton_gemm": True}}
+    out = {}
+    for name in names.split(","):
+        if name not in fields:
+            raise SystemExit(f"--variants: unknown {name!r}; choose from {', '.join(VARIANTS)}")
+        out["" if name == "base" else "+" + name] = fields[name]
+    return out
+
+
+def sizes_for(batch: int, kw: dict) -> tuple[int, ...]:
+    # a compiled engine captures only the size it runs: each captured size is a compilation
+    return (batch,) if kw.get("compile_mode") else (1, 8)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench.json")
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--variants", default="base", help=f"comma list of {', '.join(VARIANTS)}: compile = the decode "
+                    "step compiled by torch.compile, triton = the split-K Triton kernel for the decode projections")
+    ap.add_argument("--compile-mode", default="default", help="torch.compile mode of the compile variants")
+    ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
+    ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
     args = ap.parse_args()
+    # Dynamo keeps compiled entries per code object across engines (the default limit is 8): every compiled
+    # engine here is a new runner, and past the limit it would silently run uncompiled.
+    torch._dynamo.config.recompile_limit = 64
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     bw = copy_bandwidth()
     res["copy_bandwidth_Bps"] = bw
     toy_t, toy_d = ROOT / "models/toy/target", ROOT / "models/toy/draft"
+    wanted = args.models.split(",")
+    runs = variants(args.variants, args.compile_mode)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        big = random_qwen3(Path(tmp) / "qwen3-0.6b", QWEN3_0_6B)
-        models = {"qwen3-0.6b-shape": big}
-        if toy_t.exists():
-            models["toy"] = toy_t
-        rows = []
-        for name, path in models.items():
+        big = random_qwen3(Path(tmp) / "qwen3-0.6b", QWEN3_0_6B) if "qwen3-0.6b-shape" in wanted else None
+        models = {"qwen3-0.6b-shape": big, "toy": toy_t}
+        for name in wanted:
             for batch in (1, 8):
-                o = ours(path, None, batch, 32, args.new_tokens)
-                h = hf(path, batch, 32, args.new_tokens)
-                roof = None
-                if o["graph_step_s"]:
-                    roof = (o["param_bytes"] + o["kv_bytes_read_per_step"]) / o["graph_step_s"] / bw
-                res[f"{name}/b{batch}"] = {"ours": o, "hf": h, "speedup_vs_hf": o["tokens_per_s"] / h["tokens_per_s"], "roofline": roof}
-                rows.append((name, batch, o["tokens_per_s"], h["tokens_per_s"], o["tokens_per_s"] / h["tokens_per_s"], o["graph_step_s"], roof))
-        if toy_t.exists():
+                h = hf(models[name], batch, 32, args.new_tokens)
+                for suffix, kw in runs.items():
+                    key = f"{name}{suffix}/b{batch}"
+                    try:
+                        o = ours(models[name], None, batch, 32, args.new_tokens, sizes_for(batch, kw), **kw)
+                    except Exception as exc:  # one failing variant must not lose the others' numbers
+                        res[key] = {"error": f"{type(exc).__name__}: {exc}"}
+                        print(f"{key}: {res[key]['error']}", file=sys.stderr)
+                        continue
+                    roof = (o["param_bytes"] + o["kv_bytes_read_per_step"]) / o["graph_step_s"] / bw if o["graph_step_s"] else None
+                    res[key] = {"ours": o, "hf": h, "speedup_vs_hf": o["tokens_per_s"] / h["tokens_per_s"], "roofline": roof}
+                    rows.append((name + suffix, batch, o["tokens_per_s"], h["tokens_per_s"], o["graph_step_s"], roof))
+        if not args.no_spec:
             from qual.corpus import load_corpus
             from qual.tokenize import PromptTokenizer
 
@@ -176,22 +216,27 @@ def main() -> int:
             for batch in (1, 8):
                 reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in corpus.requests[:batch]]
                 plen = max(len(r.prompt_token_ids) for r in reqs)
-                spec = ours(toy_t, toy_d, batch, plen, 64, prompts=reqs)
-                plain = ours(toy_t, None, batch, plen, 64, prompts=reqs)
-                res[f"toy-spec/b{batch}"] = {"spec": spec, "plain": plain, "speedup": spec["tokens_per_s"] / plain["tokens_per_s"]}
-        res["kv_per_rank"] = kv_per_rank(big)
+                for suffix, kw in runs.items():
+                    key = f"toy-spec{suffix}/b{batch}"
+                    try:
+                        spec = ours(toy_t, toy_d, batch, plen, 64, sizes_for(batch, kw), reqs, **kw)
+                        plain = ours(toy_t, None, batch, plen, 64, sizes_for(batch, kw), reqs, **kw)
+                    except Exception as exc:
+                        res[key] = {"error": f"{type(exc).__name__}: {exc}"}
+                        print(f"{key}: {res[key]['error']}", file=sys.stderr)
+                        continue
+                    res[key] = {"spec": spec, "plain": plain, "speedup": spec["tokens_per_s"] / plain["tokens_per_s"]}
+        res["kv_per_rank"] = kv_per_rank(big) if big else {"skipped": "the 0.6B shape was not benchmarked"}
     Path(args.out).write_text(json.dumps(res, indent=2, default=str))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
-    print(f"{'model':18s} {'batch':>5s} {'ours tok/s':>11s} {'hf tok/s':>9s} {'x hf':>6s} {'step ms':>8s} {'roofline':>8s}")
-    for name, b, o, h, x, st, roof in rows:
-        print(f"{name:18s} {b:5d} {o:11.0f} {h:9.0f} {x:6.1f} {1e3 * st if st else float('nan'):8.3f} "
+    print(f"{'model':32s} {'batch':>5s} {'ours tok/s':>11s} {'hf tok/s':>9s} {'x hf':>6s} {'step ms':>8s} {'roofline':>8s}")
+    for name, b, o, h, st, roof in rows:
+        print(f"{name:32s} {b:5d} {o:11.0f} {h:9.0f} {o / h:6.1f} {1e3 * st if st else float('nan'):8.3f} "
               f"{100 * roof if roof else float('nan'):7.1f}%")
-    for b in (1, 8):
-        k = f"toy-spec/b{b}"
-        if k in res:
-            r = res[k]
-            print(f"toy spec vs plain b{b}: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
-                  f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
+    for k in [k for k in res if k.startswith("toy-spec") and "error" not in res[k]]:
+        r = res[k]
+        print(f"{k} spec vs plain: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
+              f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
     print("target KV bytes per rank (1536-token prompt, TP2):", res["kv_per_rank"])
     return 0
 

@@ -25,13 +25,15 @@ def test_cuda_matches_cpu_float64(tiny_pair, cpu_control):
     assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
 
 
-def test_cuda_graphs_equal_eager(tiny_pair, cpu_control):
+@pytest.mark.parametrize("compile_mode", [None, "default"], ids=["eager", "compiled"])
+def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, compile_mode):
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
     from qual.runtime.engine import LLMEngine
     from runtime_helpers import prompts
 
     cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
-                       dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256)
+                       dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256,
+                       compile_mode=compile_mode)
     with LLMEngine(cfg) as engine:
         out = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))
         record = engine.graph_capture()
@@ -39,6 +41,34 @@ def test_cuda_graphs_equal_eager(tiny_pair, cpu_control):
     assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
     assert record["status"] == "captured" and record["sizes"] == list(GRAPHS), record
     assert sum(record["replays"].values()) > 0 and record["eager_fallback_sizes"] == []
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (8, 1024, 3072), (16, 100, 300), (3, 33, 129)])
+def test_skinny_gemm_kernel_matches_float64(m, n, k):
+    from qual.runtime.kernels import skinny_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    exact = x.double() @ w.double().T
+    got = skinny_gemm.linear(x, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    # float32 accumulation, one bf16 rounding at the end: within bf16's half-ulp of the exact product
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
+
+
+def test_triton_gemm_in_graphs_equals_it_eager(tiny_pair):
+    """The split-K kernel captures into the decode graphs (also compiled) and replays what it computes eagerly.
+
+    bfloat16 rounding depends on shapes, so the eager run uses the graphs' padded static shapes."""
+    from runtime_helpers import prompts
+
+    common = dict(dtype="bfloat16", device="cuda", triton_gemm=True, max_model_len=256, requests=prompts()[:2])
+    for mode in (None, "default"):
+        eager, _ = run(*tiny_pair, static_shapes=True, compile_mode=mode, **common)
+        graphs, _ = run(*tiny_pair, cuda_graph_sizes=GRAPHS, compile_mode=mode, **common)
+        assert outputs(graphs) == outputs(eager), mode
+        assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], mode
 
 
 @two_gpus

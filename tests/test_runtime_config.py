@@ -27,6 +27,16 @@ def test_dcp_bounded_by_kv_head_replication(tmp_path):
         validate(cfg(gqa, tp=4, dcp=4))
 
 
+def test_compile_mode_must_leave_graphs_to_the_runtime():
+    EngineConfig("x", compile_mode="max-autotune-no-cudagraphs")
+    with pytest.raises(QualError, match="compile_mode must be one of default, max-autotune-no-cudagraphs"):
+        EngineConfig("x", compile_mode="reduce-overhead")  # inductor's own CUDA graphs inside ours
+    with pytest.raises(QualError, match="triton_gemm needs device cuda and dtype bfloat16"):
+        EngineConfig("x", triton_gemm=True)
+    with pytest.raises(QualError, match="triton_gemm needs device cuda and dtype bfloat16"):
+        EngineConfig("x", device="cuda", dtype="float32", triton_gemm=True)
+
+
 def test_interleave_must_divide_block_size():
     with pytest.raises(QualError, match="block_size % interleave"):
         cfg("x", tp=2, dcp=2, interleave=3, block_size=4)

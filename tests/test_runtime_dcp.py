@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runtime_helpers import run
+from runtime_helpers import prompts, run
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,15 @@ def test_statistics_are_consistent(control):
         assert all(a >= b for a, b in zip(r.accepted_per_position, r.accepted_per_position[1:]))
         assert len(r.output_token_ids) == 20 or r.finish_reason == "stop"
         assert len(r.top2_margins) == len(r.output_token_ids)
+
+
+def test_compiled_decode_equals_eager(tiny_pair):
+    """torch.compile'd decode (inductor; the GPU bench's --compile) computes the same tokens and proposals."""
+    one = prompts()[1:2]  # one request: one padded size, one compilation
+    eager, _ = run(*tiny_pair, static_shapes=True, max_model_len=128, requests=one)
+    compiled, _ = run(*tiny_pair, static_shapes=True, max_model_len=128, requests=one, compile_mode="default")
+    assert [r.output_token_ids for r in compiled] == [r.output_token_ids for r in eager]
+    assert [r.draft_steps for r in compiled] == [r.draft_steps for r in eager]
 
 
 def test_graph_shaped_static_decode_equals_dynamic(tiny_pair, control):

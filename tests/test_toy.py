@@ -19,6 +19,7 @@ from qual.toy.manifest import verify_manifest
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "models" / "toy"
 H, LAYERS, HEADS, HD, KV, FF, V = 256, 6, 8, 32, 1, 768, 4096
+DRAFT_FF, DRAFT_AUX = 2048, [1, 2, 3, 4]  # the drafter grew in training round 4
 
 
 @pytest.fixture(autouse=True)
@@ -53,19 +54,20 @@ def test_draft_config_and_weight_names_shapes():
     cfg = json.loads((TOY / "draft" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert cfg["block_size"] == 8 and cfg["num_target_layers"] == LAYERS
-    assert cfg["dflash_config"]["target_layer_ids"] == [1, 3]
+    assert cfg["dflash_config"]["target_layer_ids"] == DRAFT_AUX
     assert cfg["layer_types"] == ["full_attention", "full_attention"] and cfg["num_hidden_layers"] == 2
     for key, val in dict(hidden_size=H, num_attention_heads=HEADS, head_dim=HD, num_key_value_heads=KV,
-                         intermediate_size=FF, vocab_size=V).items():
+                         intermediate_size=DRAFT_FF, vocab_size=V).items():
         assert cfg[key] == val, key
-    expected = {"fc.weight": (H, 2 * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    expected = {"fc.weight": (H, len(DRAFT_AUX) * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
     for i in range(2):
         p = f"layers.{i}."
         expected |= {
             p + "self_attn.q_proj.weight": (HEADS * HD, H), p + "self_attn.k_proj.weight": (KV * HD, H),
             p + "self_attn.v_proj.weight": (KV * HD, H), p + "self_attn.o_proj.weight": (H, HEADS * HD),
             p + "self_attn.q_norm.weight": (HD,), p + "self_attn.k_norm.weight": (HD,),
-            p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF),
+            p + "mlp.gate_proj.weight": (DRAFT_FF, H), p + "mlp.up_proj.weight": (DRAFT_FF, H),
+            p + "mlp.down_proj.weight": (H, DRAFT_FF),
             p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
         }
     with safe_open(str(TOY / "draft" / "model.safetensors"), "pt") as f:
@@ -91,8 +93,8 @@ def test_manifest_hashes_match_committed_files():
     assert set(manifest["files"]) >= {"target/config.json", "target/model.safetensors", "target/tokenizer.json",
                                       "draft/config.json", "draft/model.safetensors"}
     assert manifest["total_bytes"] <= 20 * 1024 * 1024
-    # Issue 3 asks for rate >= 30% and mean acceptance length >= 2.5; these floors guard against regressions.
-    assert manifest["eval"]["mean_acceptance_length"] >= 3.0 and manifest["eval"]["acceptance_rate"] >= 0.28
+    # Issue 3 asks for rate >= 30% and mean acceptance length >= 2.5 (round 4 reached 31.30%, 3.191).
+    assert manifest["eval"]["mean_acceptance_length"] >= 3.1 and manifest["eval"]["acceptance_rate"] >= 0.30
     assert manifest["eval"]["mismatches_vs_greedy"] == 0
 
 
@@ -177,6 +179,33 @@ def test_batched_anchor_forward_matches_reference_math():
             torch.testing.assert_close(out[b, rows], ref, rtol=1e-5, atol=1e-5)  # RoPE tables are float32, as in HF
 
 
+def test_grown_drafter_computes_the_same_function_and_can_learn():
+    from dataclasses import replace
+
+    from qual.toy.drafter import grow_from
+
+    torch.manual_seed(0)
+    small = replace(SMALL, target_layer_ids=(2,))
+    big = replace(SMALL, target_layer_ids=(0, 2), draft_intermediate_size=96)
+    init, grown = DFlashDrafter(small).double(), DFlashDrafter(big).double()
+    grow_from(grown, init)
+    assert grown.layers[0].mlp.down_proj.weight.shape == (SMALL.hidden_size, 96)
+    t, h, anchors = 10, SMALL.hidden_size, torch.tensor([[4, 1]])
+    aux = torch.randn(1, t, 2 * h, dtype=torch.float64)  # target layers 0 and 2
+    emb = torch.randn(1, 2 * SMALL.block_size, h, dtype=torch.float64)
+    pos = (anchors[:, :, None] + torch.arange(SMALL.block_size)).flatten(1)
+    args = (torch.arange(t)[None], emb, pos, anchor_block_mask(anchors, t, SMALL.block_size))
+    out = grown(grown.context(aux), *args)
+    torch.testing.assert_close(out, init(init.context(aux[..., h:]), *args), rtol=1e-12, atol=1e-12)
+    out.square().sum().backward()  # the added capacity gets gradients: it is not dead weight
+    assert grown.layers[0].mlp.down_proj.weight.grad[:, 48:].abs().sum() > 0
+    assert grown.fc.weight.grad[:, :h].abs().sum() > 0
+    with pytest.raises(QualError, match="head_dim"):
+        grow_from(DFlashDrafter(replace(SMALL, head_dim=4)), init)
+    with pytest.raises(QualError, match="can only grow"):
+        grow_from(init, grown)
+
+
 def test_position_weights_and_anchor_sampling():
     from qual.toy.train_draft import position_weights, sample_anchors
 
@@ -252,9 +281,9 @@ def test_tiny_pipeline_end_to_end_on_cpu(tmp_path):
     manifest = json.loads((out / "MANIFEST.json").read_text())
     assert len(manifest["draft"]["lineage"]) == 1 and len(manifest["rounds"]) == 2  # the first round, then this one
     assert any("6 steps fit 600s" in line for line in logs)
-    # A drafter of another shape cannot be the starting point.
-    cfg3 = apply_overrides(TrainConfig.tiny(), [f"draft_init={out / 'draft'}", "shape.target_layer_ids=0,1,2"])
-    with pytest.raises(QualError, match="shape"):
+    # A drafter can grow from a smaller one but not shrink (layer 2 dropped).
+    cfg3 = apply_overrides(TrainConfig.tiny(), [f"draft_init={out / 'draft'}", "shape.target_layer_ids=0,1"])
+    with pytest.raises(QualError, match="can only grow"):
         run(cfg3, out, work, "cpu", ["draft"], log=logs.append)  # fails before it writes anything
 
 

@@ -28,6 +28,8 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         max_num_seqs=knobs.get("max_num_seqs", 64),
         cuda_graph_sizes=tuple(knobs.get("cuda_graph_sizes", DEFAULT_SIZES)) if arm.device.startswith("cuda") else None,
         max_prefill_tokens=knobs.get("max_prefill_tokens", 8192),
+        compile_mode=knobs.get("compile_mode"),
+        triton_gemm=bool(knobs.get("triton_gemm", False)),
     )
 
 

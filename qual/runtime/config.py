@@ -8,6 +8,7 @@ from qual.errors import QualError
 
 DRAFT_KV_MODES = ("replicated", "sharded")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # modes that leave CUDA graphs to us
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,13 @@ class EngineConfig:
     threads_per_rank: int | None = None  # CPU: torch threads per rank (None: cores // world)
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes to capture (CUDA only)
     static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
+    # torch.compile (inductor) the decode step with this mode ("default", "max-autotune-no-cudagraphs", ...),
+    # once per padded batch size, before any graph captures it: it fuses the elementwise work between the
+    # GEMMs into fewer kernels (bench/gpu_bench.py --compile). None: eager PyTorch.
+    compile_mode: str | None = None
+    # Decode projections of <= 16 rows through the split-K Triton kernel (qual/runtime/kernels/skinny_gemm.py)
+    # instead of cuBLAS; CUDA, bfloat16 / float16 only
+    triton_gemm: bool = False
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -101,6 +109,10 @@ class EngineConfig:
         if self.max_num_seqs < 1 or self.max_model_len < 2:
             raise QualError("max_num_seqs must be >= 1 and max_model_len >= 2")
         self.parallel.check_block_size(self.cache.block_size)
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise QualError(f"compile_mode must be one of {', '.join(COMPILE_MODES)} (got {self.compile_mode!r})")
+        if self.triton_gemm and (self.device == "cpu" or self.dtype not in ("bfloat16", "float16")):
+            raise QualError(f"triton_gemm needs device cuda and dtype bfloat16 or float16 (got {self.device}, {self.dtype})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
 

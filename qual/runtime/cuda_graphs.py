@@ -98,7 +98,7 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator, cuBLAS handles, NCCL communicators
-                self.runner.decode_compute(inp)
+                self.runner.decode_fn(inp)
         torch.cuda.current_stream().wait_stream(stream)
         self._quiesce()
         graph = torch.cuda.CUDAGraph()
@@ -106,7 +106,7 @@ class DecodeGraphs:
         # "thread_local" keeps other threads' calls from invalidating this capture.
         mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
         with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
-            out = self.runner.decode_compute(inp)
+            out = self.runner.decode_fn(inp)
         return _Graph(bs, graph, inp, out)
 
     def _quiesce(self) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from qual.errors import QualError
 from qual.runtime.checkpoint import DFlashConfig, Qwen3Config, load_draft_config, load_target_config
 from qual.runtime.config import EngineConfig
 from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
@@ -74,7 +76,7 @@ class ModelRunner:
         target_cfg = load_target_config(cfg.target_path)
         self.draft_cfg = load_draft_config(cfg.draft_path) if cfg.draft_path else None
         aux = self.draft_cfg.target_layer_ids if self.draft_cfg else ()
-        self.target = Qwen3Target(cfg.target_path, comm, dtype, aux)
+        self.target = Qwen3Target(cfg.target_path, comm, dtype, aux, _projection_gemm(cfg))
         self.drafter = DFlashDrafter(cfg.draft_path, comm, dtype, self.target) if cfg.draft_path else None
         self.groups = plan_cache_groups(cfg, target_cfg, self.draft_cfg, comm)
         self.num_blocks = num_cache_blocks(cfg, self.groups)
@@ -100,6 +102,10 @@ class ModelRunner:
         # Static key widths / table widths for graph-shaped steps: bounded by max_model_len.
         self.max_blocks = {g.name: blocks_needed(cfg.max_model_len, B, self.geometry[g.name].dcp_size) for g in self.groups}
         self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
+        self.decode_fn = self.decode_compute
+        if cfg.compile_mode:
+            # dynamic=False: one specialised graph per padded batch size, as the CUDA graphs are
+            self.decode_fn = torch.compile(self.decode_compute, mode=cfg.compile_mode, dynamic=False)
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -187,7 +193,7 @@ class ModelRunner:
             inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length(), static=True)
         else:
             inp = self.decode_inputs(step)
-        logits, drafts, aux = graphs.replay(inp) if graphs else self.decode_compute(inp)
+        logits, drafts, aux = graphs.replay(inp) if graphs else self.decode_fn(inp)
         Q = 1 + self.K
         if aux is not None:
             for i, rid in enumerate(step.req_ids):  # clone: graph outputs are overwritten by the next replay
@@ -267,6 +273,17 @@ class ModelRunner:
         hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores[TARGET_GROUP])
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1) if self.comm.rank == 0 else hidden[:P]
         return logits, drafts, aux
+
+
+def _projection_gemm(cfg: EngineConfig):
+    """The GEMM the models' projections use."""
+    if not cfg.triton_gemm:
+        return F.linear
+    from qual.runtime.kernels import skinny_gemm
+
+    if not skinny_gemm.available():
+        raise QualError("triton_gemm: Triton is not installed (CUDA builds of torch ship it)")
+    return skinny_gemm.linear
 
 
 def _pad_rows(table: torch.Tensor, rows: int, width: int | None) -> torch.Tensor:

@@ -36,6 +36,11 @@ class ModelShape:
     draft_layers: int = 2
     block_size: int = 8
     target_layer_ids: tuple[int, ...] = (1, 3)
+    draft_intermediate_size: int | None = None  # the drafter's MLP width; None: the target's
+
+    @property
+    def draft_mlp_size(self) -> int:
+        return self.draft_intermediate_size or self.intermediate_size
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -81,9 +81,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, s: ModelShape):
         super().__init__()
-        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(s.hidden_size, s.draft_mlp_size, bias=False)
+        self.up_proj = nn.Linear(s.hidden_size, s.draft_mlp_size, bias=False)
+        self.down_proj = nn.Linear(s.draft_mlp_size, s.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -136,6 +136,42 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
 
+@torch.no_grad()
+def grow_from(drafter: DFlashDrafter, init: DFlashDrafter) -> None:
+    """Load `init` into the same-or-larger `drafter` so that both compute the same function.
+
+    The drafter may have a wider MLP and may read a superset of init's target layers:
+    new gate/up rows keep their random init while the matching down_proj columns are
+    zero, and fc columns of the new target layers are zero. Training then starts from
+    init's acceptance instead of from scratch.
+    """
+    new, old = drafter.shape, init.shape
+    fixed = ("vocab_size", "hidden_size", "num_heads", "head_dim", "num_kv_heads", "draft_layers", "block_size")
+    changed = [f for f in fixed if getattr(new, f) != getattr(old, f)]
+    if changed:
+        raise QualError(f"draft_init: {', '.join(changed)} differ ({[getattr(old, f) for f in changed]} -> "
+                        f"{[getattr(new, f) for f in changed]}); only the MLP width and target layers can grow")
+    if new.draft_mlp_size < old.draft_mlp_size or not set(old.target_layer_ids) <= set(new.target_layer_ids):
+        raise QualError(f"draft_init: MLP {old.draft_mlp_size} -> {new.draft_mlp_size}, target layers "
+                        f"{list(old.target_layer_ids)} -> {list(new.target_layer_ids)}: can only grow")
+    state = drafter.state_dict()
+    h, m = old.hidden_size, old.draft_mlp_size
+    for name, value in init.state_dict().items():
+        dest = state[name]
+        if name == "fc.weight":
+            dest.zero_()
+            for i, layer in enumerate(old.target_layer_ids):
+                j = new.target_layer_ids.index(layer)
+                dest[:, j * h:(j + 1) * h] = value[:, i * h:(i + 1) * h]
+        elif name.endswith("mlp.down_proj.weight"):
+            dest.zero_()
+            dest[:, :m] = value
+        elif name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+            dest[:m] = value
+        else:
+            dest.copy_(value)
+
+
 def anchor_block_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> torch.Tensor:
     """Training mask [B, A*bs, ctx_len + A*bs]: block a sees context j < anchors[a] and all of block a."""
     b, a = anchors.shape
@@ -158,7 +194,7 @@ def draft_config(shape: ModelShape, mask_token_id: int, eos_token_id: int) -> di
         "layer_types": ["full_attention"] * shape.draft_layers,
         "num_hidden_layers": shape.draft_layers,
         "hidden_size": shape.hidden_size,
-        "intermediate_size": shape.intermediate_size,
+        "intermediate_size": shape.draft_mlp_size,
         "num_attention_heads": shape.num_heads,
         "num_key_value_heads": shape.num_kv_heads,
         "head_dim": shape.head_dim,

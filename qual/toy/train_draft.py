@@ -10,9 +10,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from qual.errors import QualError
 from qual.toy.config import TrainConfig
-from qual.toy.drafter import DFlashDrafter, anchor_block_mask
+from qual.toy.drafter import DFlashDrafter, anchor_block_mask, grow_from, load_drafter
 from qual.toy.target import autocast, lr_at, make_optimizer
 
 
@@ -66,16 +65,12 @@ def draft_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
 
 
 def _init_drafter(cfg: TrainConfig, device: str) -> DFlashDrafter:
-    """A fresh drafter, or cfg.draft_init's weights (which must have this shape)."""
+    """A fresh drafter, or one grown from cfg.draft_init (same function, possibly more capacity)."""
     torch.manual_seed(cfg.seed + 2)
     drafter = DFlashDrafter(cfg.shape)
     if cfg.draft_init:
-        from qual.toy.drafter import load_drafter
-
         init, _ = load_drafter(Path(cfg.draft_init), "cpu")
-        if init.shape != cfg.shape:
-            raise QualError(f"--draft-init {cfg.draft_init}: its shape {init.shape} differs from the configured one")
-        drafter.load_state_dict(init.state_dict())
+        grow_from(drafter, init)
     return drafter.to(device).train()
 
 

@@ -81,7 +81,7 @@ class DFlashDrafter:
         for layer, kind, (group, j) in zip(self.layers, self.cfg.layer_types, layer_slots):
             a, lay = layer.attn, self.layout
             h = rms_norm(x, layer.input_norm, eps)
-            q, kb, vb = project_qkv(h, a, lay, eps, self.rope, block_pos)
+            q, kb, vb = project_qkv(h, a, lay, eps, self.rope, block_pos, self.target.linear)
             kc, vc = stores[group].gather(j, meta.keys[group])
             D, Hk = lay.head_dim, lay.num_kv_heads
             keys = torch.cat([kc, kb.view(R, B1, Hk, D)], dim=1)
@@ -91,6 +91,6 @@ class DFlashDrafter:
             in_block = self.block_masks[kind][:B1, :B1]
             mask = torch.cat([view.valid[:, None, :].expand(R, B1, -1), in_block.expand(R, B1, B1)], dim=2)
             out, _ = attention_with_lse(q.view(R, B1, lay.num_heads, D), keys, values, mask, self.scale)
-            x = x + self.comm.all_reduce_tp(F.linear(out.reshape(R * B1, -1), a.o))
-            x = x + mlp(rms_norm(x, layer.post_norm, eps), layer.mlp, self.comm)
+            x = x + self.comm.all_reduce_tp(self.target.linear(out.reshape(R * B1, -1), a.o))
+            x = x + mlp(rms_norm(x, layer.post_norm, eps), layer.mlp, self.comm, self.target.linear)
         return rms_norm(x, self.norm, eps).view(R, B1, -1)[:, 1:]

@@ -140,19 +140,19 @@ def load_layer(
     )
 
 
-def mlp(x: torch.Tensor, m: MlpWeights, comm: Comm) -> torch.Tensor:
+def mlp(x: torch.Tensor, m: MlpWeights, comm: Comm, linear=F.linear) -> torch.Tensor:
     """SwiGLU MLP, column- then row-parallel across TP."""
-    gate, up = F.linear(x, m.gate_up).chunk(2, dim=-1)
-    return comm.all_reduce_tp(F.linear(F.silu(gate) * up, m.down))
+    gate, up = linear(x, m.gate_up).chunk(2, dim=-1)
+    return comm.all_reduce_tp(linear(F.silu(gate) * up, m.down))
 
 
-def project_qkv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions):
+def project_qkv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions, linear=F.linear):
     """q, k, v for tokens x [T, hidden] at positions [T]: per-head RMSNorm, then RoPE.
 
     One GEMM, one norm and one rotation cover the query and key heads together.
     """
     T, D, H = x.shape[0], layout.head_dim, layout.num_heads
-    qkv = F.linear(x, a.qkv).view(T, H + 2 * layout.num_kv_heads, D)
+    qkv = linear(x, a.qkv).view(T, H + 2 * layout.num_kv_heads, D)
     qk = rope(rms_norm(qkv[:, : H + layout.num_kv_heads], a.qk_norm, eps), positions)
     return qk[:, :H], qk[:, H:], qkv[:, H + layout.num_kv_heads :]
 

@@ -34,7 +34,8 @@ def causal_mask(q_positions: torch.Tensor, q_index: torch.Tensor, keys: KeyView)
 class Qwen3Target:
     """This rank's shard of a Qwen3 target."""
 
-    def __init__(self, path: str | Path, comm: Comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...] = ()):
+    def __init__(self, path: str | Path, comm: Comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...] = (),
+                 linear=F.linear):
         self.cfg: Qwen3Config = load_target_config(path)
         cfg, dev = self.cfg, comm.device
         weights = load_weights(path)
@@ -51,6 +52,7 @@ class Qwen3Target:
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, dev, dtype)
         self.aux_layer_ids = tuple(aux_layer_ids)
         self.scale = cfg.head_dim**-0.5
+        self.linear = linear  # the projections' GEMM (F.linear, or the Triton split-K kernel for decode)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, store: KVStore):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
@@ -60,7 +62,7 @@ class Qwen3Target:
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
             x = x + self._attention(i, h, positions, meta, store)
-            x = x + mlp(rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps), layer.mlp, self.comm)
+            x = x + mlp(rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps), layer.mlp, self.comm, self.linear)
             if i in self.aux_layer_ids:
                 aux.append(x)
         features = torch.cat([aux[self.aux_layer_ids.index(i)] for i in self.aux_layer_ids], dim=-1) if aux else None
@@ -89,7 +91,7 @@ class Qwen3Target:
 
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
         a, lay, comm = self.layers[i].attn, self.layout, self.comm
-        q, k, v = project_qkv(h, a, lay, self.cfg.rms_norm_eps, self.rope, positions)
+        q, k, v = project_qkv(h, a, lay, self.cfg.rms_norm_eps, self.rope, positions, self.linear)
         store.write(i, meta.write_slots, k, v)
         T, Hl, D = q.shape
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
@@ -100,4 +102,4 @@ class Qwen3Target:
         if comm.dcp_size > 1:
             out = self._dcp_combine(out, lse, Hl, D)
         flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
-        return comm.all_reduce_tp(F.linear(flat, a.o))
+        return comm.all_reduce_tp(self.linear(flat, a.o))

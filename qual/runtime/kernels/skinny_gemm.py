@@ -1,0 +1,107 @@
+"""Split-K Triton GEMM for decode's skinny products: y[M, N] = x[M, K] @ w[N, K]^T with M <= 16.
+
+At batch 1-2 a decode step's projections are matrix-vector products of 4-13 MB of weights, and
+cuBLAS reaches 0.6-1.6 TB/s on them (bench/gemv_bench.py). Here every program streams a
+[BLOCK_N, K / split] slab of w once and multiplies it with x padded to 16 rows on the tensor cores;
+`split` programs share each output column block so that enough loads are in flight to use the HBM.
+The kernel writes float32 partial sums [split, M, N]; their sum (in PyTorch, where torch.compile
+fuses it into the next elementwise kernel) is the product.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only torch builds ship no Triton
+    triton = None
+
+MAX_ROWS = 16  # one tensor-core tile of rows
+TARGET_PROGRAMS = 528  # ~4 per SM on an H200 (132 SMs): enough loads in flight to cover HBM latency
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_n: int = 32
+    block_k: int = 128
+    split: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def choose_config(n: int, k: int, block_n: int = 32, block_k: int = 128) -> GemmConfig:
+    """Split K until about TARGET_PROGRAMS programs run, keeping >= 2 K blocks per program."""
+    blocks = math.ceil(n / block_n)
+    split = 1
+    while blocks * split * 2 <= TARGET_PROGRAMS and k // (split * 2) >= 2 * block_k:
+        split *= 2
+    return GemmConfig(block_n, block_k, split)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _partials_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_lo = pid_s * k_per_split
+        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                        other=0.0)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K),
+                        other=0.0)
+            acc += tl.dot(x, tl.trans(w))
+        out = out_ptr + pid_s * M * N + rm[:, None] * N + rn[None, :]
+        tl.store(out, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def partials(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig | None = None) -> torch.Tensor:
+    """float32 [split, M, N] whose sum over dim 0 is x @ w.T (x [M, K] with M <= 16, w [N, K] row-major)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m > MAX_ROWS or w.shape[1] != k or w.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError(f"skinny_gemm: x {tuple(x.shape)} w {tuple(w.shape)} (need M <= {MAX_ROWS}, unit K stride)")
+    cfg = cfg or choose_config(n, k)
+    k_per_split = math.ceil(math.ceil(k / cfg.split) / cfg.block_k) * cfg.block_k
+    out = torch.empty(cfg.split, m, n, device=x.device, dtype=torch.float32)
+    grid = (math.ceil(n / cfg.block_n), cfg.split)
+    _partials_kernel[grid](x, w, out, m, n, k, k_per_split, x.stride(0), w.stride(0),
+                           BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+if triton is not None:
+    # As a custom op, torch.compile keeps the launch as one opaque node and fuses the sum after it.
+    @torch.library.custom_op("qual::skinny_gemm_partials", mutates_args=())
+    def _partials_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return partials(x, w)
+
+    @_partials_op.register_fake
+    def _(x, w):
+        split = choose_config(w.shape[0], x.shape[1]).split
+        return x.new_empty(split, x.shape[0], w.shape[0], dtype=torch.float32)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T for x [..., K]: the split-K kernel when the rows fit one tile, else torch's linear."""
+    rows = math.prod(x.shape[:-1])
+    if triton is None or rows > MAX_ROWS or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return torch.nn.functional.linear(x, w)
+    flat = x.reshape(rows, x.shape[-1])
+    if flat.stride(1) != 1:
+        flat = flat.contiguous()
+    return _partials_op(flat, w).sum(0).to(x.dtype).view(*x.shape[:-1], w.shape[0])
