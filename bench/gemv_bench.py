@@ -3,7 +3,9 @@
     python3 bench/gemv_bench.py [--out gemv.json] [--sweep]
 
 Runs on CUDA. Each product is timed as 50 back-to-back calls captured in one CUDA graph, as inside a
-decode step, for M = 1 and 8 rows. Prints microseconds per call and the weight bytes read per second for
+decode step, for M = 1 and 8 rows. The calls cycle through copies of the weight that together exceed
+the L2 cache three times over, so every call reads its weight from HBM as a decode step does (the
+first sweep, 2026-11-30, reused one copy: its numbers were L2-warm). Prints microseconds per call and the weight bytes read per second for
 cuBLAS (F.linear on w [out, in]; and x @ w.T made contiguous [in, out]), the kernel with the runtime's
 choose_config (its float32 partials summed and cast, as the runtime does), and with --sweep the best of
 a grid of configurations (kernel alone).
@@ -30,17 +32,21 @@ SWEEP = [skinny_gemm.GemmConfig(bn, bk, s, w, st) for bn, bk, s, w, st in
          itertools.product((16, 32, 64), (64, 128, 256), (1, 2, 4, 8, 16), (4,), (3,))]
 
 
+L2_BYTES = 60 << 20  # H200
+
+
 def graph_us(fn, n: int = 50) -> float:
+    """Microseconds per fn(i) call, i = 0..n-1, replayed from one CUDA graph."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
+        for i in range(3):
+            fn(i)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
+        for i in range(n):
+            fn(i)
     for _ in range(3):
         g.replay()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -60,22 +66,26 @@ def main() -> int:
     res = []
     for name, (n_out, n_in) in SHAPES.items():
         w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
-        wt = w.t().contiguous()
         mb = w.numel() * 2 / 1e6
+        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
+        wts = [c.t().contiguous() for c in ws]
+        pick = lambda i: ws[i % copies]  # noqa: E731
         for m in (1, 8):
             x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w).float()
             got = skinny_gemm.partials(x, w).sum(0)
             err = ((got - ref).abs().max() / ref.abs().max()).item()
             row = {"name": name, "m": m, "MB": mb, "rel_err": err,
-                   "cublas_us": graph_us(lambda: F.linear(x, w)), "cublas_nn_us": graph_us(lambda: x @ wt),
+                   "cublas_us": graph_us(lambda i: F.linear(x, pick(i))),
+                   "cublas_nn_us": graph_us(lambda i: x @ wts[i % copies]),
                    "config": str(skinny_gemm.choose_config(n_out, n_in)),
-                   "triton_us": graph_us(lambda: skinny_gemm.partials(x, w).sum(0).to(x.dtype))}
+                   "triton_us": graph_us(lambda i: skinny_gemm.partials(x, pick(i)).sum(0).to(x.dtype))}
             if args.sweep and name != "lm_head":
                 times = []
                 for cfg in SWEEP:
                     try:
-                        times.append((graph_us(lambda: skinny_gemm.partials(x, w, cfg)), cfg))
+                        times.append((graph_us(lambda i: skinny_gemm.partials(x, pick(i), cfg)), cfg))
                     except Exception as exc:  # a config the compiler rejects (registers, shared memory)
                         print(f"  {cfg}: {type(exc).__name__}", file=sys.stderr)
                 best = min(times, key=lambda t: t[0])

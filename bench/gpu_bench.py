@@ -180,9 +180,6 @@ def main() -> int:
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
     args = ap.parse_args()
-    # Dynamo keeps compiled entries per code object across engines (the default limit is 8): every compiled
-    # engine here is a new runner, and past the limit it would silently run uncompiled.
-    torch._dynamo.config.recompile_limit = 64
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     bw = copy_bandwidth()
     res["copy_bandwidth_Bps"] = bw

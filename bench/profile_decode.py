@@ -96,7 +96,6 @@ def main() -> int:
     ap.add_argument("--triton-gemm", action="store_true", help="decode projections through the split-K Triton kernel")
     ap.add_argument("--out", default="prof.json")
     args = ap.parse_args()
-    torch._dynamo.config.recompile_limit = 64
     with tempfile.TemporaryDirectory() as tmp:
         path = random_qwen3(Path(tmp) / "m", QWEN3_0_6B) if args.model != "toy" else ROOT / "models/toy/target"
         res = profile(path, args.batch, args.compile, args.triton_gemm)

@@ -75,6 +75,25 @@ def test_compiled_decode_equals_eager(tiny_pair):
     assert [r.draft_steps for r in compiled] == [r.draft_steps for r in eager]
 
 
+def test_compiled_entries_go_with_their_engine(tiny_pair):
+    """Dynamo's entries are per code object across engines, and past its limit it would silently run
+    uncompiled (seen on GPU: later engines of a process computed other tokens): a closed engine drops them."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+    from qual.runtime.engine import LLMEngine
+    from qual.runtime.model_runner import ModelRunner
+
+    code = ModelRunner.decode_compute.__code__
+    cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4),
+                       dtype="float64", static_shapes=True, max_model_len=128, compile_mode="default")
+    with LLMEngine(cfg) as engine:
+        engine.generate(prompts()[1:2], SamplingParams(max_tokens=6))
+        assert len(_debug_get_cache_entry_list(code)) >= 1  # rank 0 runs in this process
+    assert _debug_get_cache_entry_list(code) == []
+    assert torch._dynamo.config.fail_on_recompile_limit_hit  # a limit hit is an error, never a silent fallback
+
+
 def test_graph_shaped_static_decode_equals_dynamic(tiny_pair, control):
     """The padded, fixed-width decode a CUDA graph replays computes the same tokens and proposals (run eagerly here)."""
     out, _ = run(*tiny_pair, tp=2, dcp=2, static_shapes=True, max_model_len=128)

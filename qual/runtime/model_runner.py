@@ -102,10 +102,7 @@ class ModelRunner:
         # Static key widths / table widths for graph-shaped steps: bounded by max_model_len.
         self.max_blocks = {g.name: blocks_needed(cfg.max_model_len, B, self.geometry[g.name].dcp_size) for g in self.groups}
         self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
-        self.decode_fn = self.decode_compute
-        if cfg.compile_mode:
-            # dynamic=False: one specialised graph per padded batch size, as the CUDA graphs are
-            self.decode_fn = torch.compile(self.decode_compute, mode=cfg.compile_mode, dynamic=False)
+        self.decode_fn = _compiled(self.decode_compute, cfg.compile_mode) if cfg.compile_mode else self.decode_compute
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -116,6 +113,8 @@ class ModelRunner:
         """Release what must go before the process group does (CUDA graphs holding NCCL kernels)."""
         if self.graphs is not None:
             self.graphs.release()
+        if self.cfg.compile_mode:
+            torch._dynamo.reset()  # this runner's compiled entries would count against the next one's limit
 
     @property
     def kv_bytes(self) -> dict[str, int]:
@@ -193,7 +192,10 @@ class ModelRunner:
             inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length(), static=True)
         else:
             inp = self.decode_inputs(step)
-        logits, drafts, aux = graphs.replay(inp) if graphs else self.decode_fn(inp)
+        if graphs:
+            logits, drafts, aux = graphs.replay(inp)
+        else:  # compiled code only for the fixed shapes: dynamic shapes would recompile at every new width
+            logits, drafts, aux = (self.decode_fn if self.cfg.static_shapes else self.decode_compute)(inp)
         Q = 1 + self.K
         if aux is not None:
             for i, rid in enumerate(step.req_ids):  # clone: graph outputs are overwritten by the next replay
@@ -273,6 +275,19 @@ class ModelRunner:
         hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores[TARGET_GROUP])
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1) if self.comm.rank == 0 else hidden[:P]
         return logits, drafts, aux
+
+
+def _compiled(fn, mode: str):
+    """torch.compile'd fn, one specialised graph per padded batch size (as the CUDA graphs are).
+
+    Dynamo keeps compiled entries per code object, across runners, and past its limit (8) would
+    silently run the rest uncompiled: raise the limit and make hitting it an error instead.
+    """
+    dyn = torch._dynamo.config
+    dyn.recompile_limit = max(dyn.recompile_limit, 64)
+    if hasattr(dyn, "fail_on_recompile_limit_hit"):
+        dyn.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, mode=mode, dynamic=False)
 
 
 def _projection_gemm(cfg: EngineConfig):
