@@ -23,13 +23,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_bench import QWEN3_0_6B, ROOT as _ROOT, param_bytes, random_qwen3  # noqa: E402,F401
+from gpu_bench import QWEN3_0_6B, random_qwen3, weight_bytes_read  # noqa: E402
 
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams  # noqa: E402
 from qual.runtime.engine import GenerationRequest, LLMEngine  # noqa: E402
 
 KINDS = [  # first match names the kernel's kind
-    ("gemm/gemv", r"gemm|gemv|cutlass|sm90|xmma|nvjet|splitK|Kernel2"),
+    ("gemm/gemv", r"gemm|gemv|cutlass|sm90|xmma|nvjet|splitK|Kernel2|_partials_kernel"),
     ("triton (inductor)", r"^triton"),
     ("reduce", r"reduce|softmax|logsumexp|norm"),
     ("index/copy", r"index|gather|scatter|copy|cat|Memcpy|memcpy"),
@@ -70,7 +70,7 @@ def profile(path: Path, batch: int, compile_mode: str | None, triton_gemm: bool 
             for _ in range(steps):
                 graph.replay()
             torch.cuda.synchronize()
-        pbytes = param_bytes(engine.runner.target)
+        wbytes = weight_bytes_read(engine.runner.target, batch)
     per_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -83,7 +83,7 @@ def profile(path: Path, batch: int, compile_mode: str | None, triton_gemm: bool 
         kinds[kind_of(n)][0] += c
         kinds[kind_of(n)][1] += us
     return {"graph_step_ms": step_ms, "kernels_per_step": sum(c for _, c, _ in kernels),
-            "kernel_us_per_step": sum(us for _, _, us in kernels), "param_bytes": pbytes,
+            "kernel_us_per_step": sum(us for _, _, us in kernels), "weight_bytes_read": wbytes,
             "by_kind": {k: {"count": c, "us": round(us, 1)} for k, (c, us) in sorted(kinds.items(), key=lambda x: -x[1][1])},
             "top": [{"name": n[:120], "count": c, "us": round(us, 2)} for n, c, us in kernels[:25]]}
 

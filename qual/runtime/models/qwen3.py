@@ -43,8 +43,10 @@ class Qwen3Target:
         self.comm, self.dtype = comm, dtype
         self.layout = HeadLayout.for_rank(cfg, comm)
         self.embed = cast(require(weights, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), path))
-        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = cast(require(weights, head, (cfg.vocab_size, cfg.hidden_size), path))
+        if cfg.tie_word_embeddings:  # one device copy (a second would cost vocab x hidden of HBM)
+            self.lm_head = self.embed
+        else:
+            self.lm_head = cast(require(weights, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size), path))
         self.norm = cast(require(weights, "model.norm.weight", (cfg.hidden_size,), path))
         self.layers = [
             load_layer(weights, f"model.layers.{i}.", cfg, self.layout, comm, path, cast) for i in range(cfg.num_hidden_layers)
