@@ -89,7 +89,7 @@ class EngineConfig:
     threads_per_rank: int | None = None  # CPU: torch threads per rank (None: cores // world)
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes to capture (CUDA only)
     static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
-    # torch.compile (inductor) the decode step with this mode ("default", "max-autotune-no-cudagraphs", ...),
+    # torch.compile (inductor) the decode step with this mode (one of COMPILE_MODES),
     # once per padded batch size, before any graph captures it: it fuses the elementwise work between the
     # GEMMs into fewer kernels (bench/gpu_bench.py --compile). None: eager PyTorch.
     compile_mode: str | None = None

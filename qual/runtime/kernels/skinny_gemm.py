@@ -1,7 +1,8 @@
 """Split-K Triton GEMM for decode's skinny products: y[M, N] = x[M, K] @ w[N, K]^T with M <= 16.
 
 At batch 1-2 a decode step's projections are matrix-vector products of 4-13 MB of weights, and
-cuBLAS reaches 0.6-1.6 TB/s on them (bench/gemv_bench.py). Here every program streams a
+inside a Qwen3-0.6B-shape step cuBLAS's kernels for them reach ~1.1 TB/s of the H200's ~4.2
+(bench/profile_decode.py); this kernel ~1.9 (docs/PERFORMANCE.md). Here every program streams a
 [BLOCK_N, K / split] slab of w once and multiplies it with x padded to 16 rows on the tensor cores;
 `split` programs share each output column block so that enough loads are in flight to use the HBM.
 The kernel writes float32 partial sums [split, M, N]; their sum (in PyTorch, where torch.compile
