@@ -1,10 +1,11 @@
 """GPU benchmark (issue 6): decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
 
-    python3 bench/gpu_bench.py [--out bench.json] [--variants base,compile,triton,compile+triton]
+    python3 bench/gpu_bench.py [--out bench.json] [--variants base,compile,compile+triton+attn,...]
                                [--compile-mode MODE] [--models qwen3-0.6b-shape,toy] [--no-spec]
 
-Variants: compile = the decode step compiled by torch.compile (inductor) before graph capture,
-triton = the decode projections through the split-K Triton kernel (qual/runtime/kernels).
+Variants: base, or parts joined by "+": compile = the decode step compiled by torch.compile (inductor)
+before graph capture, triton = the decode projections through the split-K Triton kernel, attn = the
+target's attention through the Triton paged-attention kernel (both in qual/runtime/kernels).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
@@ -153,18 +154,18 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
     return out
 
 
-VARIANTS = ("base", "compile", "triton", "compile+triton")
+PARTS = ("compile", "triton", "attn")  # a variant is "base" or parts joined by "+", e.g. compile+triton+attn
 
 
 def variants(names: str, mode: str) -> dict[str, dict]:
     """Engine settings measured: row-name suffix -> EngineConfig fields."""
-    fields = {"base": {}, "compile": {"compile_mode": mode}, "triton": {"triton_gemm": True},
-              "compile+triton": {"compile_mode": mode, "triton_gemm": True}}
+    fields = {"compile": {"compile_mode": mode}, "triton": {"triton_gemm": True}, "attn": {"triton_attention": True}}
     out = {}
     for name in names.split(","):
-        if name not in fields:
-            raise SystemExit(f"--variants: unknown {name!r}; choose from {', '.join(VARIANTS)}")
-        out["" if name == "base" else "+" + name] = fields[name]
+        parts = [] if name == "base" else name.split("+")
+        if any(p not in fields for p in parts):
+            raise SystemExit(f"--variants: unknown {name!r}; use base or parts of {', '.join(PARTS)} joined by +")
+        out["".join("+" + p for p in parts)] = {k: v for p in parts for k, v in fields[p].items()}
     return out
 
 
@@ -177,8 +178,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench.json")
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--variants", default="base", help=f"comma list of {', '.join(VARIANTS)}: compile = the decode "
-                    "step compiled by torch.compile, triton = the split-K Triton kernel for the decode projections")
+    ap.add_argument("--variants", default="base", help="comma list of base or parts joined by + (compile+triton): "
+                    "compile = the decode step compiled by torch.compile, triton = the split-K Triton kernel for "
+                    "the decode projections, attn = the Triton paged attention")
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode of the compile variants")
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")

@@ -1,7 +1,7 @@
 """Where a decode step's GPU time goes: the kernels of one captured graph, grouped by kind.
 
     python3 bench/profile_decode.py [--model qwen3-0.6b-shape|toy] [--batch 1] [--compile MODE] [--triton-gemm]
-                                    [--out prof.json]
+                                    [--triton-attention] [--out prof.json]
 
 Runs on the device machine (CUDA). Builds the engine as bench/gpu_bench.py does, then profiles
 20 replays of the batch's decode graph (torch.profiler, CUPTI) and prints, per step: kernel count,
@@ -30,6 +30,7 @@ from qual.runtime.engine import GenerationRequest, LLMEngine  # noqa: E402
 
 KINDS = [  # first match names the kernel's kind
     ("gemm/gemv", r"gemm|gemv|cutlass|sm90|xmma|nvjet|splitK|Kernel2|_partials_kernel"),
+    ("attention", r"_paged_attention_kernel"),
     ("triton (inductor)", r"^triton"),
     ("reduce", r"reduce|softmax|logsumexp|norm"),
     ("index/copy", r"index|gather|scatter|copy|cat|Memcpy|memcpy"),
@@ -53,10 +54,11 @@ def graph_step_ms(graph: torch.cuda.CUDAGraph, n: int = 50) -> float:
     return s.elapsed_time(e) / n
 
 
-def profile(path: Path, batch: int, compile_mode: str | None, triton_gemm: bool = False, steps: int = 20) -> dict:
+def profile(path: Path, batch: int, compile_mode: str | None, triton_gemm: bool = False, triton_attention: bool = False,
+            steps: int = 20) -> dict:
     cfg = EngineConfig(str(path), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=16, memory_bytes=4 << 30),
                        dtype="bfloat16", device="cuda", cuda_graph_sizes=(batch,), max_model_len=32 + 128 + 32,
-                       compile_mode=compile_mode, triton_gemm=triton_gemm)
+                       compile_mode=compile_mode, triton_gemm=triton_gemm, triton_attention=triton_attention)
     with LLMEngine(cfg) as engine:
         g = torch.Generator().manual_seed(1)
         vocab = engine.target_cfg.vocab_size
@@ -94,14 +96,17 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--compile", default=None, metavar="MODE", help="torch.compile mode for the decode step")
     ap.add_argument("--triton-gemm", action="store_true", help="decode projections through the split-K Triton kernel")
+    ap.add_argument("--triton-attention", action="store_true", help="target attention through the Triton kernel")
     ap.add_argument("--out", default="prof.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = random_qwen3(Path(tmp) / "m", QWEN3_0_6B) if args.model != "toy" else ROOT / "models/toy/target"
-        res = profile(path, args.batch, args.compile, args.triton_gemm)
-    res |= {"model": args.model, "batch": args.batch, "compile": args.compile, "triton_gemm": args.triton_gemm}
+        res = profile(path, args.batch, args.compile, args.triton_gemm, args.triton_attention)
+    res |= {"model": args.model, "batch": args.batch, "compile": args.compile, "triton_gemm": args.triton_gemm,
+            "triton_attention": args.triton_attention}
     Path(args.out).write_text(json.dumps(res, indent=2))
-    print(f"{args.model} batch {args.batch} compile {args.compile} triton_gemm {args.triton_gemm}: graph step {res['graph_step_ms']:.3f} ms, "
+    print(f"{args.model} batch {args.batch} compile {args.compile} triton_gemm {args.triton_gemm} "
+          f"triton_attention {args.triton_attention}: graph step {res['graph_step_ms']:.3f} ms, "
           f"{res['kernels_per_step']:.0f} kernels, kernel time {res['kernel_us_per_step'] / 1e3:.3f} ms")
     for k, v in res["by_kind"].items():
         print(f"  {k:20s} {v['count']:6.0f} kernels {v['us'] / 1e3:8.3f} ms")

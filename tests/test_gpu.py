@@ -57,13 +57,35 @@ def test_skinny_gemm_kernel_matches_float64(m, n, k):
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
 
 
-def test_triton_gemm_in_graphs_equals_it_eager(tiny_pair):
-    """The split-K kernel captures into the decode graphs (also compiled) and replays what it computes eagerly.
+@pytest.mark.parametrize("r,q,h,hk,d,s", [(1, 1, 16, 8, 128, 192), (8, 8, 16, 8, 128, 192), (3, 8, 8, 1, 32, 70)])
+def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s):
+    from qual.runtime.attention import attention_with_lse
+    from qual.runtime.kernels.paged_attention import paged_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = 4 * s
+    qs = torch.randn(r, q, h, d, device="cuda", generator=g).bfloat16()
+    kc = torch.randn(n, hk, d, device="cuda", generator=g).bfloat16()
+    vc = torch.randn(n, hk, d, device="cuda", generator=g).bfloat16()
+    slots = torch.randint(0, n, (r, s), device="cuda", generator=g)
+    mask = torch.rand(r, q, s, device="cuda", generator=g) > 0.3
+    mask[0, 0] = False  # a row that sees nothing: out 0, lse -inf
+    ref_out, ref_lse = attention_with_lse(qs.float(), kc[slots].float(), vc[slots].float(), mask, d ** -0.5)
+    out, lse = paged_attention(qs, kc, vc, slots, mask, d ** -0.5)
+    torch.testing.assert_close(out.float(), ref_out, rtol=2e-2, atol=2e-2)  # bf16 output
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)  # float32 all the way
+
+
+@pytest.mark.parametrize("kernels", [{"triton_gemm": True}, {"triton_attention": True}], ids=["gemm", "attention"])
+def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernels):
+    """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly.
 
     bfloat16 rounding depends on shapes, so the eager run uses the graphs' padded static shapes."""
     from runtime_helpers import prompts
 
-    common = dict(dtype="bfloat16", device="cuda", triton_gemm=True, max_model_len=256, requests=prompts()[:2])
+    common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2], **kernels)
     for mode in (None, "default"):
         eager, _ = run(*tiny_pair, static_shapes=True, compile_mode=mode, **common)
         graphs, _ = run(*tiny_pair, cuda_graph_sizes=GRAPHS, compile_mode=mode, **common)

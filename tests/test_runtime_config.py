@@ -35,6 +35,8 @@ def test_compile_mode_must_leave_graphs_to_the_runtime():
         EngineConfig("x", triton_gemm=True)
     with pytest.raises(QualError, match="triton_gemm needs device cuda and dtype bfloat16"):
         EngineConfig("x", device="cuda", dtype="float32", triton_gemm=True)
+    with pytest.raises(QualError, match="triton_attention needs device cuda and dtype bfloat16"):
+        EngineConfig("x", triton_attention=True)
 
 
 def test_interleave_must_divide_block_size():

@@ -30,6 +30,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         max_prefill_tokens=knobs.get("max_prefill_tokens", 8192),
         compile_mode=knobs.get("compile_mode"),
         triton_gemm=bool(knobs.get("triton_gemm", False)),
+        triton_attention=bool(knobs.get("triton_attention", False)),
     )
 
 

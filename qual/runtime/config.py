@@ -96,6 +96,9 @@ class EngineConfig:
     # Decode projections of <= 16 rows through the split-K Triton kernel (qual/runtime/kernels/skinny_gemm.py)
     # instead of cuBLAS; CUDA, bfloat16 / float16 only
     triton_gemm: bool = False
+    # Target attention through the Triton paged-attention kernel with LSE (qual/runtime/kernels/
+    # paged_attention.py) instead of gathering the keys; CUDA, bfloat16 / float16 only
+    triton_attention: bool = False
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -111,8 +114,9 @@ class EngineConfig:
         self.parallel.check_block_size(self.cache.block_size)
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise QualError(f"compile_mode must be one of {', '.join(COMPILE_MODES)} (got {self.compile_mode!r})")
-        if self.triton_gemm and (self.device == "cpu" or self.dtype not in ("bfloat16", "float16")):
-            raise QualError(f"triton_gemm needs device cuda and dtype bfloat16 or float16 (got {self.device}, {self.dtype})")
+        for name in ("triton_gemm", "triton_attention"):
+            if getattr(self, name) and (self.device == "cpu" or self.dtype not in ("bfloat16", "float16")):
+                raise QualError(f"{name} needs device cuda and dtype bfloat16 or float16 (got {self.device}, {self.dtype})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
 

@@ -76,7 +76,7 @@ class ModelRunner:
         target_cfg = load_target_config(cfg.target_path)
         self.draft_cfg = load_draft_config(cfg.draft_path) if cfg.draft_path else None
         aux = self.draft_cfg.target_layer_ids if self.draft_cfg else ()
-        self.target = Qwen3Target(cfg.target_path, comm, dtype, aux, _projection_gemm(cfg))
+        self.target = Qwen3Target(cfg.target_path, comm, dtype, aux, *_triton_kernels(cfg))
         self.drafter = DFlashDrafter(cfg.draft_path, comm, dtype, self.target) if cfg.draft_path else None
         self.groups = plan_cache_groups(cfg, target_cfg, self.draft_cfg, comm)
         self.num_blocks = num_cache_blocks(cfg, self.groups)
@@ -290,15 +290,16 @@ def _compiled(fn, mode: str):
     return torch.compile(fn, mode=mode, dynamic=False)
 
 
-def _projection_gemm(cfg: EngineConfig):
-    """The GEMM the models' projections use."""
-    if not cfg.triton_gemm:
-        return F.linear
-    from qual.runtime.kernels import skinny_gemm
+def _triton_kernels(cfg: EngineConfig) -> tuple:
+    """(the projections' GEMM, the target's paged attention or None) as cfg asks."""
+    if not (cfg.triton_gemm or cfg.triton_attention):
+        return F.linear, None
+    from qual.runtime.kernels import paged_attention, skinny_gemm
 
     if not skinny_gemm.available():
-        raise QualError("triton_gemm: Triton is not installed (CUDA builds of torch ship it)")
-    return skinny_gemm.linear
+        raise QualError("triton_gemm / triton_attention: Triton is not installed (CUDA builds of torch ship it)")
+    return (skinny_gemm.linear if cfg.triton_gemm else F.linear,
+            paged_attention.paged_attention_op if cfg.triton_attention else None)
 
 
 def _pad_rows(table: torch.Tensor, rows: int, width: int | None) -> torch.Tensor:

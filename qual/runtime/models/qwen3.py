@@ -35,7 +35,7 @@ class Qwen3Target:
     """This rank's shard of a Qwen3 target."""
 
     def __init__(self, path: str | Path, comm: Comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...] = (),
-                 linear=F.linear):
+                 linear=F.linear, paged_attention=None):
         self.cfg: Qwen3Config = load_target_config(path)
         cfg, dev = self.cfg, comm.device
         weights = load_weights(path)
@@ -55,6 +55,7 @@ class Qwen3Target:
         self.aux_layer_ids = tuple(aux_layer_ids)
         self.scale = cfg.head_dim**-0.5
         self.linear = linear  # the projections' GEMM (F.linear, or the Triton split-K kernel for decode)
+        self.paged_attention = paged_attention  # None: gather the keys, then attention_with_lse
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, store: KVStore):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
@@ -99,8 +100,12 @@ class Qwen3Target:
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
         qg = comm.all_gather_dcp(q).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, D)
         # Step 2: attend over the local KV shard only, keeping the LSE.
-        kc, vc = store.gather(i, meta.keys)
-        out, lse = attention_with_lse(pad_queries(qg, meta.q_index, meta.dense), kc, vc, meta.mask, self.scale)
+        q_pad = pad_queries(qg, meta.q_index, meta.dense)
+        if self.paged_attention is not None and meta.dense:  # decode: one kernel reads the paged store in place
+            out, lse = self.paged_attention(q_pad, store.k[i], store.v[i], meta.keys.slots, meta.mask, self.scale)
+        else:
+            kc, vc = store.gather(i, meta.keys)
+            out, lse = attention_with_lse(q_pad, kc, vc, meta.mask, self.scale)
         if comm.dcp_size > 1:
             out = self._dcp_combine(out, lse, Hl, D)
         flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
