@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_bench import replay_seconds  # noqa: E402  (gpu_bench puts the repository on sys.path)
 
 from qual.runtime.kernels import skinny_gemm  # noqa: E402
 
@@ -47,15 +49,7 @@ def graph_us(fn, n: int = 50) -> float:
     with torch.cuda.graph(g):
         for i in range(n):
             fn(i)
-    for _ in range(3):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(10):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / (10 * n)
+    return replay_seconds(g, 10) * 1e6 / n
 
 
 def main() -> int:

@@ -49,6 +49,19 @@ def copy_bandwidth() -> float:
     return 2 * n / sorted(times[2:])[len(times[2:]) // 2]
 
 
+def replay_seconds(graph: torch.cuda.CUDAGraph, n: int = 50) -> float:
+    """Seconds per replay of a captured graph: the mean of n back-to-back replays after 3 warm-ups."""
+    for _ in range(3):
+        graph.replay()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(n):
+        graph.replay()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / 1e3 / n
+
+
 def random_qwen3(path: Path, dims: dict) -> Path:
     """A random-init Qwen3 checkpoint of the given shape (bf16, tied embeddings), HF format."""
     from checkpoints import _layer, _qwen3_config
@@ -96,19 +109,8 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
         rec = engine.graph_capture()
-        step_s = None
         graphs = engine.runner.graphs
-        if graphs and batch in graphs.graphs:
-            gr = graphs.graphs[batch].graph
-            for _ in range(3):
-                gr.replay()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(50):
-                gr.replay()
-            e.record()
-            e.synchronize()
-            step_s = s.elapsed_time(e) / 1e3 / 50
+        step_s = replay_seconds(graphs.graphs[batch].graph) if graphs and batch in graphs.graphs else None
         wbytes = weight_bytes_read(engine.runner.target, batch)
         kv_width = engine.runner.key_width["target"]
         tc = engine.target_cfg

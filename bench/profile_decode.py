@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_bench import QWEN3_0_6B, random_qwen3, weight_bytes_read  # noqa: E402
+from gpu_bench import QWEN3_0_6B, random_qwen3, replay_seconds, weight_bytes_read  # noqa: E402
 
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams  # noqa: E402
 from qual.runtime.engine import GenerationRequest, LLMEngine  # noqa: E402
@@ -42,18 +42,6 @@ def kind_of(name: str) -> str:
     return next((k for k, pat in KINDS if re.search(pat, name, re.I)), "other")
 
 
-def graph_step_ms(graph: torch.cuda.CUDAGraph, n: int = 50) -> float:
-    for _ in range(3):
-        graph.replay()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n):
-        graph.replay()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / n
-
-
 def profile(path: Path, batch: int, compile_mode: str | None, triton_gemm: bool = False, triton_attention: bool = False,
             steps: int = 20) -> dict:
     cfg = EngineConfig(str(path), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=16, memory_bytes=4 << 30),
@@ -66,7 +54,7 @@ def profile(path: Path, batch: int, compile_mode: str | None, triton_gemm: bool 
                 for i in range(batch)]
         engine.generate(reqs, SamplingParams(max_tokens=16, ignore_eos=True))
         graph = engine.runner.graphs.graphs[batch].graph
-        step_ms = graph_step_ms(graph)
+        step_ms = 1e3 * replay_seconds(graph)
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):

@@ -23,10 +23,6 @@ BLOCK_S = 64
 MAX_ROWS = 256  # query heads per KV head x query positions in one program: decode steps, not prefill
 
 
-def available() -> bool:
-    return triton is not None
-
-
 if triton is not None:
 
     @triton.jit
