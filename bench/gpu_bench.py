@@ -5,7 +5,8 @@
 
 Variants: base, or parts joined by "+": compile = the decode step compiled by torch.compile (inductor)
 before graph capture, triton = the decode projections through the split-K Triton kernel, attn = the
-target's attention through the Triton paged-attention kernel (both in qual/runtime/kernels).
+target's attention through the Triton paged-attention kernel, fused = batch-1 decode steps through one persistent
+kernel for all layers (all in qual/runtime/kernels).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
@@ -156,12 +157,13 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
     return out
 
 
-PARTS = ("compile", "triton", "attn")  # a variant is "base" or parts joined by "+", e.g. compile+triton+attn
+PARTS = ("compile", "triton", "attn", "fused")  # a variant is "base" or parts joined by "+", e.g. compile+triton+attn
 
 
 def variants(names: str, mode: str) -> dict[str, dict]:
     """Engine settings measured: row-name suffix -> EngineConfig fields."""
-    fields = {"compile": {"compile_mode": mode}, "triton": {"triton_gemm": True}, "attn": {"triton_attention": True}}
+    fields = {"compile": {"compile_mode": mode}, "triton": {"triton_gemm": True}, "attn": {"triton_attention": True},
+              "fused": {"fused_decode": True}}
     out = {}
     for name in names.split(","):
         parts = [] if name == "base" else name.split("+")

@@ -93,6 +93,27 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernels):
         assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], mode
 
 
+def test_fused_decode_matches_per_layer_path(tiny_pair):
+    """One kernel for all layers (batch 1, graphs on, float32) gives the per-layer path's tokens; no barrier timed out."""
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+    from qual.runtime.engine import LLMEngine
+    from runtime_helpers import prompts
+
+    def generate(fused):
+        cfg = EngineConfig(str(tiny_pair[0]), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
+                           dtype="float32", device="cuda", cuda_graph_sizes=(1, 2), max_model_len=256, fused_decode=fused)
+        with LLMEngine(cfg) as engine:
+            out = [engine.generate([r], SamplingParams(max_tokens=20))[0].output_token_ids for r in prompts()]
+            kernel = engine.runner.target.fused
+            return out, engine.graph_capture(), kernel and (kernel.flags.tolist(), kernel.programs, len(engine.runner.target.layers))
+
+    ref, _, _ = generate(False)
+    got, record, (flags, programs, layers) = generate(True)
+    assert got == ref
+    assert record["status"] == "captured" and record["replays"].get("1", 0) > 0, record
+    assert flags == [programs * 3 * layers, 0]  # every program met every barrier of the last step, none timed out
+
+
 @two_gpus
 def test_nccl_dcp2_matches_dcp1_with_graphs(tiny_pair, cpu_control):
     out, _ = run(*tiny_pair, tp=2, dcp=2, device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256)

@@ -99,6 +99,9 @@ class EngineConfig:
     # Target attention through the Triton paged-attention kernel with LSE (qual/runtime/kernels/
     # paged_attention.py) instead of gathering the keys; CUDA, bfloat16 / float16 only
     triton_attention: bool = False
+    # One-token target decode steps (batch 1, no drafter) through one persistent Triton kernel for all
+    # layers (qual/runtime/kernels/decode_layers.py); CUDA, not float64, tp 1, not with compile_mode
+    fused_decode: bool = False
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -117,6 +120,11 @@ class EngineConfig:
         for name in ("triton_gemm", "triton_attention"):
             if getattr(self, name) and (self.device == "cpu" or self.dtype not in ("bfloat16", "float16")):
                 raise QualError(f"{name} needs device cuda and dtype bfloat16 or float16 (got {self.device}, {self.dtype})")
+        if self.fused_decode and (self.device == "cpu" or self.dtype == "float64"):
+            raise QualError(f"fused_decode needs device cuda and dtype bfloat16, float16 or float32 (got {self.device}, {self.dtype})")
+        if self.fused_decode and (self.parallel.tp > 1 or self.compile_mode is not None):
+            raise QualError(f"fused_decode needs tp 1 and no compile_mode (got tp {self.parallel.tp}, "
+                            f"compile_mode {self.compile_mode})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
 

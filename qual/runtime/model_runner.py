@@ -77,6 +77,10 @@ class ModelRunner:
         self.draft_cfg = load_draft_config(cfg.draft_path) if cfg.draft_path else None
         aux = self.draft_cfg.target_layer_ids if self.draft_cfg else ()
         self.target = Qwen3Target(cfg.target_path, comm, dtype, aux, *_triton_kernels(cfg))
+        if cfg.fused_decode:
+            from qual.runtime.fused_decode import FusedDecode
+
+            self.target.fused = FusedDecode(self.target)
         self.drafter = DFlashDrafter(cfg.draft_path, comm, dtype, self.target) if cfg.draft_path else None
         self.groups = plan_cache_groups(cfg, target_cfg, self.draft_cfg, comm)
         self.num_blocks = num_cache_blocks(cfg, self.groups)

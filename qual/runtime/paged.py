@@ -63,10 +63,12 @@ class KVStore:
     """
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype, device):
-        shape = (num_slots + 1, num_kv_heads, head_dim)
+        shape = (num_layers, num_slots + 1, num_kv_heads, head_dim)
         self.trash = num_slots
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # One tensor per kind, viewed per layer: a kernel that walks the layers needs one base pointer.
+        self.k_all = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_all = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))
 
     def route(self, slots: torch.Tensor) -> torch.Tensor:
         """Slots as write() takes them: -1 (not stored here) goes to the trash slot."""
@@ -83,7 +85,7 @@ class KVStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in (self.k_all, self.v_all))
 
 
 def pad_queries(x: torch.Tensor, index: torch.Tensor, dense: bool = False) -> torch.Tensor:

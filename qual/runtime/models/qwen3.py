@@ -56,10 +56,14 @@ class Qwen3Target:
         self.scale = cfg.head_dim**-0.5
         self.linear = linear  # the projections' GEMM (F.linear, or the Triton split-K kernel for decode)
         self.paged_attention = paged_attention  # None: gather the keys, then attention_with_lse
+        self.fused = None  # a FusedDecode (qual/runtime/fused_decode.py) for one-token decode steps
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, store: KVStore):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
         self.rope.reset()
+        if self.fused is not None and self.fused.applies(tokens, meta):
+            x = self.fused(tokens, positions, meta, store).to(self.dtype)
+            return rms_norm(x, self.norm, self.cfg.rms_norm_eps), None
         x = F.embedding(tokens, self.embed)
         aux = []
         for i, layer in enumerate(self.layers):

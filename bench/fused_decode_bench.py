@@ -1,0 +1,96 @@
+"""The one-kernel decode step (qual/runtime/kernels/decode_layers.py) alone, per tiling, in a CUDA graph.
+
+    python3 bench/fused_decode_bench.py [--context 160] [--tilings 256x8,512x8,...] [--out fused.json]
+
+Random Qwen3-0.6B-shape layer weights (bf16), a paged KV store holding `context` earlier tokens.
+Per tiling (columns per load x warps): microseconds per launch of all 28 layers, the layer weights'
+GB/s and the fraction of the measured copy bandwidth, registers / spills per thread, and whether
+any barrier timed out. Run on the device machine (CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_bench import QWEN3_0_6B, copy_bandwidth, replay_seconds  # noqa: E402
+from qual.runtime.kernels.decode_layers import StackedWeights, Tiling, decode_layers  # noqa: E402
+
+
+def random_weights(d: dict, dev) -> StackedWeights:
+    g = torch.Generator(device=dev).manual_seed(0)
+    L, H, I, NH, NKV, D = (d[k] for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                                          "num_key_value_heads", "head_dim"))
+    r = lambda *s: (torch.randn(*s, generator=g, device=dev) * 0.02).to(torch.bfloat16)  # noqa: E731
+    one = lambda *s: torch.ones(*s, device=dev, dtype=torch.bfloat16)  # noqa: E731
+    return StackedWeights(one(L, H), one(L, H), r(L, (NH + 2 * NKV) * D, H), one(L, D), one(L, D), r(L, H, NH * D),
+                          r(L, 2 * I, H), r(L, I, H), NH, NKV, D)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=160, help="earlier tokens in the KV store")
+    ap.add_argument("--tilings", default="256x8,512x8,1024x8,256x4,512x16", help="comma list of k_block x num_warps")
+    ap.add_argument("--out", default="fused.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    d = QWEN3_0_6B
+    w = random_weights(d, dev)
+    L, NKV, D = d["num_hidden_layers"], d["num_key_value_heads"], d["head_dim"]
+    S = args.context + 1
+    k = (torch.randn(L, S + 64, NKV, D, device=dev) * 0.5).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = torch.arange(S, device=dev)
+    mask = torch.ones(S, dtype=torch.bool, device=dev)
+    pos = torch.tensor([args.context], device=dev)
+    wslot = torch.tensor([args.context], device=dev)
+    x0 = (torch.randn(d["hidden_size"], device=dev) * 0.02).to(torch.bfloat16)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, D, 2, device=dev).float() / D))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    layer_bytes = sum(t.numel() * t.element_size() for t in (w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t))
+    kv_bytes = 2 * L * S * NKV * D * 2
+    bw = copy_bandwidth()
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "programs": sms, "copy_bandwidth_Bps": bw,
+           "layer_weight_bytes": layer_bytes, "kv_bytes": kv_bytes, "context": args.context, "tilings": {}}
+    base = Tiling.for_shape(sms, d["hidden_size"], d["intermediate_size"], (d["num_attention_heads"] + 2 * NKV) * D, NKV)
+    ref = None
+    for spec in args.tilings.split(","):
+        kb, warps = (int(x) for x in spec.split("x"))
+        t = replace(base, k_block=kb, num_warps=warps)
+        info: dict = {}
+        run = lambda: decode_layers(x0, pos, wslot, slots, mask, w, k, v, inv_freq, 1e-6, D**-0.5, sms, t, info=info)  # noqa: E731
+        try:
+            out, flags = run()  # compiles
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out, flags = run()
+            sec = replay_seconds(graph, 200)
+        except Exception as exc:  # one failing tiling must not lose the others
+            res["tilings"][spec] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(spec, res["tilings"][spec]["error"], flush=True)
+            continue
+        ref = out.clone() if ref is None else ref
+        row = {"us": sec * 1e6, "weights_TBps": layer_bytes / sec / 1e12, "of_copy_bw": (layer_bytes + kv_bytes) / sec / bw,
+               "flags": flags.tolist(), "max_abs_diff_vs_first": (out - ref).abs().max().item(), **info}
+        res["tilings"][spec] = row
+        print(f"{spec:>9s}: {row['us']:8.1f} us  {row['weights_TBps']:.2f} TB/s  {100 * row['of_copy_bw']:5.1f}% of copy  "
+              f"regs {info.get('n_regs')} spills {info.get('n_spills')} flags {row['flags']} "
+              f"diff {row['max_abs_diff_vs_first']:.2e}", flush=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; layer weights {layer_bytes / 1e6:.1f} MB, KV {kv_bytes / 1e6:.1f} MB; "
+          f"{sms} programs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""One-token target decode steps through one persistent kernel for all layers (EngineConfig.fused_decode).
+
+Stacks the target's per-layer weights along a layer dimension, once, and rebinds every layer's
+tensors as views of the stacks (no second copy). Steps with more than one token (prefill, a
+drafter's verify block, batches) keep the per-layer path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qual.runtime.kernels.decode_layers import StackedWeights, decode_layers
+
+
+def _stack(layers, get, put, transpose: bool = False) -> torch.Tensor:
+    """torch.stack of get(layer) over layers, then put(layer, view) so each layer reads the stack."""
+    parts = [get(layer).t() if transpose else get(layer) for layer in layers]
+    stacked = torch.stack([p.contiguous() for p in parts])
+    del parts
+    for i, layer in enumerate(layers):
+        put(layer, stacked[i].t() if transpose else stacked[i])
+    return stacked
+
+
+class FusedDecode:
+    """The target's decode step for one token: decode_layers, then the caller's final norm."""
+
+    def __init__(self, target, programs: int | None = None, sync: bool = True):
+        """programs: one per SM by default (all must be resident at once); sync=False launches phase by
+        phase (Triton's interpreter on the CPU, where programs run one after another)."""
+        t, layers = target, target.layers
+        self.target, self.sync = t, sync
+        a = lambda name: (lambda layer: getattr(layer.attn, name), lambda layer, v: setattr(layer.attn, name, v))  # noqa: E731
+        m = lambda name: (lambda layer: getattr(layer.mlp, name), lambda layer, v: setattr(layer.mlp, name, v))  # noqa: E731
+        top = lambda name: (lambda layer: getattr(layer, name), lambda layer, v: setattr(layer, name, v))  # noqa: E731
+        self.weights = StackedWeights(
+            ln1=_stack(layers, *top("input_norm")), ln2=_stack(layers, *top("post_norm")), qkv=_stack(layers, *a("qkv")),
+            q_norm=_stack(layers, *a("q_norm")), k_norm=_stack(layers, *a("k_norm")), o=_stack(layers, *a("o")),
+            gate_up=_stack(layers, *m("gate_up")), down_t=_stack(layers, *m("down"), transpose=True),
+            num_heads=t.layout.num_heads, num_kv_heads=t.layout.num_kv_heads, head_dim=t.layout.head_dim)
+        dev = t.comm.device
+        self.programs = programs or torch.cuda.get_device_properties(dev).multi_processor_count
+        self.flags = None  # the last launch's flags (flags[1] != 0: a barrier timed out)
+
+    def applies(self, tokens: torch.Tensor, meta) -> bool:
+        return tokens.numel() == 1 and meta.dense and not self.target.aux_layer_ids
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, meta, store) -> torch.Tensor:
+        """Residual stream after the last layer, float32 [1, hidden]."""
+        t = self.target
+        out, self.flags = decode_layers(
+            F.embedding(tokens, t.embed)[0], positions, meta.write_slots, meta.keys.slots[0], meta.mask[0, 0],
+            self.weights, store.k_all, store.v_all, t.rope.inv_freq, t.cfg.rms_norm_eps, t.scale, self.programs,
+            sync=self.sync)
+        return out[None]
