@@ -1,9 +1,9 @@
 """The one-kernel decode step (qual/runtime/kernels/decode_layers.py) alone, per tiling, in a CUDA graph.
 
-    python3 bench/fused_decode_bench.py [--context 160] [--tilings 256x8,512x8,...] [--out fused.json]
+    python3 bench/fused_decode_bench.py [--context 160] [--tilings 1024x8x8xa,...] [--out fused.json]
 
 Random Qwen3-0.6B-shape layer weights (bf16), a paged KV store holding `context` earlier tokens.
-Per tiling (columns per load x warps): microseconds per launch of all 28 layers, the layer weights'
+Per tiling (see --tilings): microseconds per launch of all 28 layers, the layer weights'
 GB/s and the fraction of the measured copy bandwidth, registers / spills per thread, and whether
 any barrier timed out. Run on the device machine (CUDA).
 """
@@ -36,10 +36,34 @@ def random_weights(d: dict, dev) -> StackedWeights:
                           r(L, 2 * I, H), r(L, I, H), NH, NKV, D)
 
 
+def phase_breakdown(run, layers: int) -> dict:
+    """Mean microseconds per phase kind, from program 0's timestamps after each barrier; with all phases
+    (work 7) and with none (work 0: the barriers alone)."""
+    out = {}
+    for work in (7, 0, 1, 2, 4):
+        info = {"work": work}
+        run(info)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run(info)
+        total = replay_seconds(graph, 50)
+        t = info["times"].cpu().double()
+        d = (t[1:] - t[:-1]).view(layers, 3) / 1e3
+        out[f"work{work}"] = {"total_us": total * 1e6, "qkv_us": d[:, 0].mean().item(), "attention_us": d[:, 1].mean().item(),
+                              "mlp_us": d[:, 2].mean().item(), "regs": info.get("n_regs"), "spills": info.get("n_spills")}
+        info.pop("times")
+        print(f"work {work}: {total * 1e6:7.1f} us a launch; per layer: qkv {d[:, 0].mean():5.2f}, attention "
+              f"{d[:, 1].mean():5.2f}, mlp {d[:, 2].mean():5.2f} us (each incl. its barrier)", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=160, help="earlier tokens in the KV store")
-    ap.add_argument("--tilings", default="256x8,512x8,1024x8,256x4,512x16", help="comma list of k_block x num_warps")
+    ap.add_argument("--tilings", default="1024x8x8xa,1024x8x8xv,1024x4x8xa,1024x8x4xa,1024x8x16xa,512x8x8xa",
+                    help="comma list of k_block x num_warps x MLP rows per step x barrier polls (a: acquire loads, "
+                         "v: volatile loads + an acquire atomic)")
     ap.add_argument("--out", default="fused.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -61,11 +85,11 @@ def main() -> int:
     bw = copy_bandwidth()
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "programs": sms, "copy_bandwidth_Bps": bw,
            "layer_weight_bytes": layer_bytes, "kv_bytes": kv_bytes, "context": args.context, "tilings": {}}
-    base = Tiling.for_shape(sms, d["hidden_size"], d["intermediate_size"], (d["num_attention_heads"] + 2 * NKV) * D, NKV)
+    base = Tiling.for_shape(sms, d["hidden_size"], d["intermediate_size"], (d["num_attention_heads"] + 2 * NKV) * D, NKV, D)
     ref = None
     for spec in args.tilings.split(","):
-        kb, warps = (int(x) for x in spec.split("x"))
-        t = replace(base, k_block=kb, num_warps=warps)
+        kb, warps, step, poll = spec.split("x")
+        t = replace(base, k_block=int(kb), num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a")
         info: dict = {}
         run = lambda: decode_layers(x0, pos, wslot, slots, mask, w, k, v, inv_freq, 1e-6, D**-0.5, sms, t, info=info)  # noqa: E731
         try:
@@ -80,12 +104,19 @@ def main() -> int:
             print(spec, res["tilings"][spec]["error"], flush=True)
             continue
         ref = out.clone() if ref is None else ref
+        info.pop("times", None)
         row = {"us": sec * 1e6, "weights_TBps": layer_bytes / sec / 1e12, "of_copy_bw": (layer_bytes + kv_bytes) / sec / bw,
                "flags": flags.tolist(), "max_abs_diff_vs_first": (out - ref).abs().max().item(), **info}
         res["tilings"][spec] = row
         print(f"{spec:>9s}: {row['us']:8.1f} us  {row['weights_TBps']:.2f} TB/s  {100 * row['of_copy_bw']:5.1f}% of copy  "
               f"regs {info.get('n_regs')} spills {info.get('n_spills')} flags {row['flags']} "
               f"diff {row['max_abs_diff_vs_first']:.2e}", flush=True)
+    try:
+        res["phases"] = phase_breakdown(lambda info: decode_layers(x0, pos, wslot, slots, mask, w, k, v, inv_freq, 1e-6,
+                                                                    D**-0.5, sms, base, info=info), L)
+    except Exception as exc:
+        res["phases"] = {"error": f"{type(exc).__name__}: {exc}"}
+        print("phases:", res["phases"]["error"], flush=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; layer weights {layer_bytes / 1e6:.1f} MB, KV {kv_bytes / 1e6:.1f} MB; "
           f"{sms} programs")

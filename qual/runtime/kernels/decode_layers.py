@@ -39,36 +39,53 @@ if triton is not None:
     MAX_SPINS = tl.constexpr(1 << 22)  # a barrier that does not open in this many polls gives up and flags it
 
     @triton.jit
-    def _grid_sync(flags_ptr, target):
-        """Wait until `target` arrivals (programs x barriers so far) have been counted."""
+    def _load_acquire(ptr):
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+
+    @triton.jit
+    def _grid_sync(flags_ptr, target, POLL_ACQUIRE: tl.constexpr):
+        """Wait until `target` arrivals (programs x barriers so far) have been counted.
+
+        POLL_ACQUIRE: poll with acquire loads (one round trip after the last arrival); else plain
+        volatile polls, then one acquire atomic (two)."""
         tl.debug_barrier()  # this program's stores are done before it announces arrival
         tl.atomic_add(flags_ptr, 1, sem="release")
         spins = 0
-        while (tl.atomic_add(flags_ptr, 0, sem="acquire") < target) & (spins < MAX_SPINS):
-            spins += 1
+        if POLL_ACQUIRE:
+            while (_load_acquire(flags_ptr) < target) & (spins < MAX_SPINS):
+                spins += 1
+        else:
+            while (tl.load(flags_ptr, volatile=True) < target) & (spins < MAX_SPINS):
+                spins += 1
+            tl.atomic_add(flags_ptr + 2, 0, sem="acquire")  # what the others wrote before arriving is visible now
         if spins >= MAX_SPINS:
             tl.atomic_max(flags_ptr + 1, 1)
         tl.debug_barrier()
 
     @triton.jit
-    def _rms_scale(x_ptr, w_ptr, eps, H: tl.constexpr, HB: tl.constexpr):
+    def _now():
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def _rms_scale(x_ptr, eps, H: tl.constexpr, HB: tl.constexpr):
         """1 / rms of the float32 vector at x_ptr (every program reads it whole: 4 bytes x hidden)."""
         cols = tl.arange(0, HB)
         x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
         return tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
 
     @triton.jit
-    def _qkv_phase(pid, nprog, x_ptr, ln_ptr, w_ptr, qkv_ptr, zero_ptr, eps,
+    def _qkv_phase(pid, x_ptr, ln_ptr, w_ptr, qkv_ptr, zero_ptr, eps,
                    H: tl.constexpr, HB: tl.constexpr, NQKV: tl.constexpr, RQ: tl.constexpr, KB: tl.constexpr):
-        rstd = _rms_scale(x_ptr, ln_ptr, eps, H, HB)
-        for u in range(pid, tl.cdiv(NQKV, RQ), nprog):
-            rows = u * RQ + tl.arange(0, RQ)
+        if pid < tl.cdiv(NQKV, RQ):
+            rstd = _rms_scale(x_ptr, eps, H, HB)
+            rows = pid * RQ + tl.arange(0, RQ)
             acc = tl.zeros((RQ,), tl.float32)
             for k0 in tl.static_range(0, HB, KB):
                 c = k0 + tl.arange(0, KB)
+                w = tl.load(w_ptr + rows[:, None] * H + c[None, :], mask=(rows[:, None] < NQKV) & (c[None, :] < H), other=0.0)
                 xn = tl.load(x_ptr + c, mask=c < H, other=0.0, cache_modifier=".cg") * rstd \
                     * tl.load(ln_ptr + c, mask=c < H, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + rows[:, None] * H + c[None, :], mask=(rows[:, None] < NQKV) & (c[None, :] < H), other=0.0)
                 acc += tl.sum(w.to(tl.float32) * xn[None, :], axis=1)
             tl.store(qkv_ptr + rows, acc, mask=rows < NQKV)
         if pid == 0:  # the buffer phase 2 accumulates into
@@ -83,35 +100,60 @@ if triton is not None:
         return a * cos - b * sin, b * cos + a * sin
 
     @triton.jit
-    def _attn_phase(pid, nprog, layer, x_ptr, acc_ptr, zero_ptr, qkv_ptr, qn_ptr, kn_ptr, o_ptr, inv_freq_ptr,
+    def _scores(q1, q2, k1, k2, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+        """[MQ, BS] q.k over both halves (tensor cores when the head is wide enough for tl.dot)."""
+        if USE_DOT:
+            return tl.dot(q1.to(k1.dtype), tl.trans(k1), input_precision=PREC) \
+                + tl.dot(q2.to(k2.dtype), tl.trans(k2), input_precision=PREC)
+        return tl.sum(q1[:, None, :] * k1.to(tl.float32)[None, :, :], axis=2) \
+            + tl.sum(q2[:, None, :] * k2.to(tl.float32)[None, :, :], axis=2)
+
+    @triton.jit
+    def _weighted(p, v, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+        """[MQ, HALF] p @ v."""
+        if USE_DOT:
+            return tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        return tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+
+    @triton.jit
+    def _attn_phase(pid, layer, x_ptr, acc_ptr, zero_ptr, qkv_ptr, qn_ptr, kn_ptr, o_ptr, inv_freq_ptr,
                     k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
                     eps, scale, H: tl.constexpr, HB: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
-                    D: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, BS: tl.constexpr):
+                    D: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, BS: tl.constexpr, MQ: tl.constexpr,
+                    USE_DOT: tl.constexpr, PREC: tl.constexpr):
         GQ: tl.constexpr = NH // NKV
         HALF: tl.constexpr = D // 2
-        g = tl.arange(0, GQ)
-        dh = tl.arange(0, HALF)
-        pos = tl.load(pos_ptr)
-        wslot = tl.load(wslot_ptr)
-        angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + dh)
-        cos, sin = tl.cos(angle), tl.sin(angle)
-        qn1, qn2 = tl.load(qn_ptr + dh).to(tl.float32), tl.load(qn_ptr + HALF + dh).to(tl.float32)
-        kn1, kn2 = tl.load(kn_ptr + dh).to(tl.float32), tl.load(kn_ptr + HALF + dh).to(tl.float32)
-        cache = layer.to(tl.int64) * cache_layer_stride
-        for u in range(pid, NKV * NC, nprog):
-            hk = u // NC
-            chunk = u % NC
+        if pid < NKV * NC:
+            hk = pid // NC
+            chunk = pid % NC
+            g = tl.arange(0, MQ)  # query heads of this KV head, padded to MQ rows for tl.dot
+            gm = g < GQ
             heads = hk * GQ + g
-            q1 = tl.load(qkv_ptr + heads[:, None] * D + dh[None, :], cache_modifier=".cg")
-            q2 = tl.load(qkv_ptr + heads[:, None] * D + HALF + dh[None, :], cache_modifier=".cg")
+            dh = tl.arange(0, HALF)
+            # this unit's o-projection rows, loaded first: they stream in while attention runs
+            rows = chunk * RO + tl.arange(0, RO)
+            gq = tl.arange(0, GQ)
+            wo = o_ptr + rows[:, None, None] * (NH * D) + (hk * GQ + gq)[None, :, None] * D + dh[None, None, :]
+            wo1 = tl.load(wo, mask=rows[:, None, None] < H, other=0.0)
+            wo2 = tl.load(wo + HALF, mask=rows[:, None, None] < H, other=0.0)
+            slot_next = tl.load(slots_ptr + tl.arange(0, BS), mask=tl.arange(0, BS) < S, other=0)
+            pos = tl.load(pos_ptr)
+            wslot = tl.load(wslot_ptr)
+            angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + dh)
+            cos, sin = tl.cos(angle), tl.sin(angle)
+            q1 = tl.load(qkv_ptr + heads[:, None] * D + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
+            q2 = tl.load(qkv_ptr + heads[:, None] * D + HALF + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
             kv = qkv_ptr + NH * D + hk * D
             k1, k2 = tl.load(kv + dh, cache_modifier=".cg"), tl.load(kv + HALF + dh, cache_modifier=".cg")
             v1 = tl.load(kv + NKV * D + dh, cache_modifier=".cg")
             v2 = tl.load(kv + NKV * D + HALF + dh, cache_modifier=".cg")
             rq = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)[:, None]
-            q1, q2 = _norm_rope(q1, q2, rq, qn1[None, :], qn2[None, :], cos[None, :], sin[None, :])
+            q1, q2 = _norm_rope(q1, q2, rq, tl.load(qn_ptr + dh).to(tl.float32)[None, :],
+                                tl.load(qn_ptr + HALF + dh).to(tl.float32)[None, :], cos[None, :], sin[None, :])
             rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
-            k1, k2 = _norm_rope(k1, k2, rk, kn1, kn2, cos, sin)
+            k1, k2 = _norm_rope(k1, k2, rk, tl.load(kn_ptr + dh).to(tl.float32), tl.load(kn_ptr + HALF + dh).to(tl.float32),
+                                cos, sin)
+            cache = layer.to(tl.int64) * cache_layer_stride
             here = cache + wslot.to(tl.int64) * cache_slot_stride + hk * D
             if chunk == 0:  # one unit per KV head stores the new token; the others use it from registers
                 tl.store(k_ptr + here + dh, k1.to(k_ptr.dtype.element_ty))
@@ -120,84 +162,88 @@ if triton is not None:
                 tl.store(v_ptr + here + HALF + dh, v2.to(v_ptr.dtype.element_ty))
             # online softmax, seeded with the new token (always visible to itself)
             m = (tl.sum(q1 * k1[None, :], axis=1) + tl.sum(q2 * k2[None, :], axis=1)) * scale
-            den = tl.full((GQ,), 1.0, tl.float32)
-            acc1 = tl.zeros((GQ, HALF), tl.float32) + v1[None, :]
-            acc2 = tl.zeros((GQ, HALF), tl.float32) + v2[None, :]
+            den = tl.full((MQ,), 1.0, tl.float32)
+            acc1 = tl.zeros((MQ, HALF), tl.float32) + v1[None, :]
+            acc2 = tl.zeros((MQ, HALF), tl.float32) + v2[None, :]
             for s0 in range(0, S, BS):
                 s = s0 + tl.arange(0, BS)
-                slot = tl.load(slots_ptr + s, mask=s < S, other=0)
+                slot = slot_next
+                slot_next = tl.load(slots_ptr + s + BS, mask=s + BS < S, other=0)  # the next block's slots, early
                 seen = (tl.load(mask_ptr + s, mask=s < S, other=0) != 0) & (slot != wslot)  # the new slot: above
                 at = cache + slot.to(tl.int64)[:, None] * cache_slot_stride + hk * D + dh[None, :]
-                kk1 = tl.load(k_ptr + at, mask=seen[:, None], other=0.0).to(tl.float32)
-                kk2 = tl.load(k_ptr + at + HALF, mask=seen[:, None], other=0.0).to(tl.float32)
-                sc = (tl.sum(q1[:, None, :] * kk1[None, :, :], axis=2) + tl.sum(q2[:, None, :] * kk2[None, :, :], axis=2)) * scale
-                sc = tl.where(seen[None, :], sc, float("-inf"))
+                kk1 = tl.load(k_ptr + at, mask=seen[:, None], other=0.0)
+                kk2 = tl.load(k_ptr + at + HALF, mask=seen[:, None], other=0.0)
+                vv1 = tl.load(v_ptr + at, mask=seen[:, None], other=0.0)
+                vv2 = tl.load(v_ptr + at + HALF, mask=seen[:, None], other=0.0)
+                sc = tl.where(seen[None, :], _scores(q1, q2, kk1, kk2, USE_DOT, PREC) * scale, float("-inf"))
                 m_new = tl.maximum(m, tl.max(sc, axis=1))
                 p = tl.exp(sc - m_new[:, None])
                 alpha = tl.exp(m - m_new)
-                vv1 = tl.load(v_ptr + at, mask=seen[:, None], other=0.0).to(tl.float32)
-                vv2 = tl.load(v_ptr + at + HALF, mask=seen[:, None], other=0.0).to(tl.float32)
                 den = den * alpha + tl.sum(p, axis=1)
-                acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * vv1[None, :, :], axis=1)
-                acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * vv2[None, :, :], axis=1)
+                acc1 = acc1 * alpha[:, None] + _weighted(p, vv1, USE_DOT, PREC)
+                acc2 = acc2 * alpha[:, None] + _weighted(p, vv2, USE_DOT, PREC)
                 m = m_new
-            o1 = acc1 / den[:, None]
-            o2 = acc2 / den[:, None]
-            # this unit's rows of the o projection, over its KV head's query heads only
-            rows = chunk * RO + tl.arange(0, RO)
-            w = o_ptr + rows[:, None, None] * (NH * D) + heads[None, :, None] * D + dh[None, None, :]
-            wm = rows[:, None, None] < H
-            y = tl.sum(tl.sum(tl.load(w, mask=wm, other=0.0).to(tl.float32) * o1[None, :, :], axis=2), axis=1)
-            y += tl.sum(tl.sum(tl.load(w + HALF, mask=wm, other=0.0).to(tl.float32) * o2[None, :, :], axis=2), axis=1)
+            # the GQ real rows of the MQ padded ones: [GQ, HALF]
+            pick = (gq[:, None] == g[None, :]).to(tl.float32)[:, :, None]
+            o1 = tl.sum(pick * (acc1 / den[:, None])[None, :, :], axis=1)
+            o2 = tl.sum(pick * (acc2 / den[:, None])[None, :, :], axis=1)
+            y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
+                + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
+            if hk == 0:  # the residual itself, once per row (the chunks of one KV head cover every row)
+                y += tl.load(x_ptr + rows, mask=rows < H, other=0.0, cache_modifier=".cg")
             tl.atomic_add(acc_ptr + rows, y, mask=rows < H, sem="relaxed")
-            if u == 0:  # the residual itself, once
-                cols = tl.arange(0, HB)
-                x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
-                tl.atomic_add(acc_ptr + cols, x, mask=cols < H, sem="relaxed")
         if pid == 0:  # the buffer phase 3 accumulates into
             cols = tl.arange(0, HB)
             tl.store(zero_ptr + cols, tl.zeros((HB,), tl.float32), mask=cols < H)
 
     @triton.jit
-    def _mlp_phase(pid, nprog, x_ptr, ln_ptr, gu_ptr, dt_ptr, acc_ptr, eps,
-                   H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, RI: tl.constexpr, RIB: tl.constexpr,
-                   KB: tl.constexpr):
-        rstd = _rms_scale(x_ptr, ln_ptr, eps, H, HB)
-        for u in range(pid, tl.cdiv(I, RI), nprog):
-            j = tl.arange(0, RIB)
-            rows = u * RI + j
-            ok = (j < RI) & (rows < I)
-            gate = tl.zeros((RIB,), tl.float32)
-            up = tl.zeros((RIB,), tl.float32)
-            for k0 in tl.static_range(0, HB, KB):
-                c = k0 + tl.arange(0, KB)
-                xn = tl.load(x_ptr + c, mask=c < H, other=0.0, cache_modifier=".cg") * rstd \
-                    * tl.load(ln_ptr + c, mask=c < H, other=0.0).to(tl.float32)
-                wm = ok[:, None] & (c[None, :] < H)
-                wg = tl.load(gu_ptr + rows[:, None] * H + c[None, :], mask=wm, other=0.0)
-                wu = tl.load(gu_ptr + (I + rows)[:, None] * H + c[None, :], mask=wm, other=0.0)
-                gate += tl.sum(wg.to(tl.float32) * xn[None, :], axis=1)
-                up += tl.sum(wu.to(tl.float32) * xn[None, :], axis=1)
-            act = gate / (1.0 + tl.exp(-gate)) * up  # 0 on rows past the end (their weights load as 0)
-            for k0 in tl.static_range(0, HB, KB):
-                c = k0 + tl.arange(0, KB)
-                wd = tl.load(dt_ptr + rows[:, None] * H + c[None, :], mask=ok[:, None] & (c[None, :] < H), other=0.0)
-                y = tl.sum(wd.to(tl.float32) * act[:, None], axis=0)
-                if u == 0:  # the residual itself, once
-                    y += tl.load(x_ptr + c, mask=c < H, other=0.0, cache_modifier=".cg")
-                tl.atomic_add(acc_ptr + c, y, mask=c < H, sem="relaxed")
+    def _mlp_rows(gu_ptr, dt_ptr, rows, ok, cols, H: tl.constexpr, I: tl.constexpr):
+        """gate, up and down^T rows [RS, HB] of one sub-block."""
+        m = ok[:, None] & (cols[None, :] < H)
+        return (tl.load(gu_ptr + rows[:, None] * H + cols[None, :], mask=m, other=0.0),
+                tl.load(gu_ptr + (I + rows)[:, None] * H + cols[None, :], mask=m, other=0.0),
+                tl.load(dt_ptr + rows[:, None] * H + cols[None, :], mask=m, other=0.0))
+
+    @triton.jit
+    def _mlp_phase(pid, x_ptr, ln_ptr, gu_ptr, dt_ptr, acc_ptr, eps,
+                   H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, RI: tl.constexpr, RS: tl.constexpr):
+        """RI intermediate rows per unit, RS at a time; the next RS rows' weights load while these compute."""
+        NSUB: tl.constexpr = (RI + RS - 1) // RS
+        if pid < tl.cdiv(I, RI):
+            j = tl.arange(0, RS)
+            cols = tl.arange(0, HB)
+            rows = pid * RI + j
+            wg, wu, wd = _mlp_rows(gu_ptr, dt_ptr, rows, (j < RI) & (rows < I), cols, H, I)
+            x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
+            xn = x * tl.rsqrt(tl.sum(x * x, axis=0) / H + eps) * tl.load(ln_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+            y = tl.where(pid == 0, x, 0.0)  # the residual itself, once
+            for i in tl.static_range(NSUB):
+                if i + 1 < NSUB:
+                    nxt = pid * RI + (i + 1) * RS + j
+                    wg2, wu2, wd2 = _mlp_rows(gu_ptr, dt_ptr, nxt, ((i + 1) * RS + j < RI) & (nxt < I), cols, H, I)
+                gate = tl.sum(wg.to(tl.float32) * xn[None, :], axis=1)
+                up = tl.sum(wu.to(tl.float32) * xn[None, :], axis=1)
+                act = gate / (1.0 + tl.exp(-gate)) * up  # 0 on rows past the end (their weights load as 0)
+                y += tl.sum(wd.to(tl.float32) * act[:, None], axis=0)
+                if i + 1 < NSUB:
+                    wg, wu, wd = wg2, wu2, wd2
+            tl.atomic_add(acc_ptr + cols, y, mask=cols < H, sem="relaxed")
 
     @triton.jit
     def _decode_layers_kernel(
-            resid_ptr, qkv_ptr, flags_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
+            resid_ptr, qkv_ptr, flags_ptr, times_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
             ln1_ptr, ln2_ptr, wqkv_ptr, qn_ptr, kn_ptr, wo_ptr, wgu_ptr, wdt_ptr, inv_freq_ptr,
             k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, first_phase, last_phase, eps, scale,
             H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
-            RQ: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, RI: tl.constexpr, RIB: tl.constexpr,
-            KB: tl.constexpr, BS: tl.constexpr, SYNC: tl.constexpr):
+            RQ: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, RI: tl.constexpr, RS: tl.constexpr,
+            KB: tl.constexpr, BS: tl.constexpr, MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr,
+            SYNC: tl.constexpr, POLL_ACQUIRE: tl.constexpr, WORK: tl.constexpr, TIMING: tl.constexpr):
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         NQKV: tl.constexpr = (NH + 2 * NKV) * D
+        if TIMING:
+            if pid == 0:
+                tl.store(times_ptr, _now())
         for ph in range(first_phase, last_phase):
             layer = ph // 3
             kind = ph % 3
@@ -206,17 +252,23 @@ if triton is not None:
             r_out = resid_ptr + ((2 * layer + 2) % 3) * H  # after the MLP
             lw = layer.to(tl.int64)
             if kind == 0:
-                _qkv_phase(pid, nprog, r_in, ln1_ptr + lw * H, wqkv_ptr + lw * NQKV * H, qkv_ptr, r_mid, eps,
-                           H, HB, NQKV, RQ, KB)
+                if WORK & 1:
+                    _qkv_phase(pid, r_in, ln1_ptr + lw * H, wqkv_ptr + lw * NQKV * H, qkv_ptr, r_mid, eps, H, HB, NQKV, RQ, KB)
             elif kind == 1:
-                _attn_phase(pid, nprog, layer, r_in, r_mid, r_out, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
-                            wo_ptr + lw * H * NH * D, inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride,
-                            pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, eps, scale, H, HB, NH, NKV, D, NC, RO, BS)
+                if WORK & 2:
+                    _attn_phase(pid, layer, r_in, r_mid, r_out, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
+                                wo_ptr + lw * H * NH * D, inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride,
+                                pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, eps, scale, H, HB, NH, NKV, D, NC, RO, BS, MQ,
+                                USE_DOT, PREC)
             else:
-                _mlp_phase(pid, nprog, r_mid, ln2_ptr + lw * H, wgu_ptr + lw * 2 * I * H, wdt_ptr + lw * I * H, r_out, eps,
-                           H, HB, I, RI, RIB, KB)
+                if WORK & 4:
+                    _mlp_phase(pid, r_mid, ln2_ptr + lw * H, wgu_ptr + lw * 2 * I * H, wdt_ptr + lw * I * H, r_out, eps,
+                               H, HB, I, RI, RS)
             if SYNC:
-                _grid_sync(flags_ptr, (ph - first_phase + 1) * nprog)
+                _grid_sync(flags_ptr, (ph - first_phase + 1) * nprog, POLL_ACQUIRE)
+            if TIMING:
+                if pid == 0:
+                    tl.store(times_ptr + 1 + ph - first_phase, _now())
 
 
 @dataclass
@@ -247,20 +299,24 @@ class Tiling:
     o_chunks: int  # units per KV head in phase 2
     rows_o: int  # o-projection rows per unit (power of 2)
     rows_mlp: int  # intermediate rows per unit
-    rows_mlp_block: int  # rows_mlp rounded up to a power of 2
-    k_block: int  # hidden columns per load
+    rows_mlp_step: int  # of which this many (a power of 2) at a time
+    k_block: int  # hidden columns per load (q/k/v)
     key_block: int  # keys per attention step
     num_warps: int
+    poll_acquire: bool = True  # barrier polls with acquire loads (else volatile loads + an acquire atomic)
 
     @classmethod
-    def for_shape(cls, programs: int, hidden: int, intermediate: int, nqkv: int, num_kv_heads: int,
-                  k_block: int = 256, num_warps: int = 8) -> "Tiling":
+    def for_shape(cls, programs: int, hidden: int, intermediate: int, nqkv: int, num_kv_heads: int, head_dim: int,
+                  k_block: int = 1024, num_warps: int = 8, mlp_step: int = 8) -> "Tiling":
+        """At most one unit per program in every phase (a program's share is then loaded in one go)."""
         p2 = triton.next_power_of_2
         rows_qkv = p2(-(-nqkv // programs))
-        o_chunks = max(1, programs // num_kv_heads)
-        rows_o = p2(-(-hidden // o_chunks))
+        o_chunks = programs // num_kv_heads
+        rows_o = p2(-(-hidden // o_chunks))  # o_chunks x rows_o >= hidden: every row has a unit
         rows_mlp = -(-intermediate // programs)
-        return cls(rows_qkv, o_chunks, rows_o, rows_mlp, p2(rows_mlp), min(k_block, p2(hidden)), 32, num_warps)
+        key_block = 128 if head_dim // 2 >= 16 else 32  # tl.dot needs 16-wide operands
+        return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp)), min(k_block, p2(hidden)), key_block,
+                   num_warps)
 
 
 def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Tensor, slots: torch.Tensor,
@@ -272,7 +328,9 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     x0 [hidden]: the token's embedding. position, write_slot [1]; slots [S] and mask [S] (bool): the
     request's key slots and which are visible. k/v_cache [L, slots, NKV, D] (written at write_slot).
     flags[1] != 0 means a barrier gave up waiting: the result is wrong (reported, never a hang).
-    info, if given, receives the compiled kernel's registers and spills per thread (benchmarks).
+    info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it
+    holds "work" (a bit mask of the phases to run: 1 qkv, 2 attention, 4 MLP), the kernel also records a
+    timestamp after every phase into info["times"] (int64 ns; GPU only) and skips the phases left out.
     """
     L, H = w.ln1.shape
     NH, NKV, D = w.num_heads, w.num_kv_heads, w.head_dim
@@ -282,22 +340,29 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
         raise ValueError("decode_layers: the KV caches must be [L, slots, NKV, D] with contiguous heads")
     if NH % NKV or (NH // NKV) & (NH // NKV - 1) or D & (D - 1) or D < 2:
         raise ValueError(f"decode_layers: heads {NH}/{NKV}, head_dim {D} (need a power-of-2 group size and head_dim)")
-    tiling = tiling or Tiling.for_shape(programs, H, I, nqkv, NKV)
-    t = tiling
+    if programs < NKV:
+        raise ValueError(f"decode_layers: {programs} programs < {NKV} KV heads (phase 2 needs one per KV head)")
+    t = tiling or Tiling.for_shape(programs, H, I, nqkv, NKV, D)
+    timing = info is not None and "work" in info  # benchmarks: per-phase timestamps, and phases left out
     resid = torch.zeros(3, H, device=x0.device, dtype=torch.float32)
     resid[0].copy_(x0)
     qkv = torch.empty(nqkv, device=x0.device, dtype=torch.float32)
-    flags = torch.zeros(2, device=x0.device, dtype=torch.int32)
+    flags = torch.zeros(3, device=x0.device, dtype=torch.int32)  # arrivals, timed out, acquire target
+    times = torch.zeros(L * PHASES_PER_LAYER + 1, device=x0.device, dtype=torch.int64)
     if mask.dtype == torch.bool:
         mask = mask.view(torch.int8)
-    args = (resid, qkv, flags, position, write_slot, slots, mask, slots.shape[0],
+    args = (resid, qkv, flags, times, position, write_slot, slots, mask, slots.shape[0],
             w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t, inv_freq,
             k_cache, v_cache, k_cache.stride(0), k_cache.stride(1))
+    use_dot = D // 2 >= 16
     meta = dict(H=H, HB=triton.next_power_of_2(H), I=I, NH=NH, NKV=NKV, D=D, RQ=t.rows_qkv, NC=t.o_chunks, RO=t.rows_o,
-                RI=t.rows_mlp, RIB=t.rows_mlp_block, KB=t.k_block, BS=t.key_block, num_warps=t.num_warps)
+                RI=t.rows_mlp, RS=t.rows_mlp_step, KB=t.k_block, BS=t.key_block, POLL_ACQUIRE=t.poll_acquire,
+                MQ=max(16, NH // NKV) if use_dot else NH // NKV, USE_DOT=use_dot,
+                PREC="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=t.num_warps,
+                WORK=info["work"] if timing else 7, TIMING=timing)
     phases = [(0, L * PHASES_PER_LAYER)] if sync else [(p, p + 1) for p in range(L * PHASES_PER_LAYER)]
     for first, last in phases:
         launch = _decode_layers_kernel[(programs,)](*args, first, last, eps, scale, SYNC=sync, **meta)
     if info is not None:
-        info.update(n_regs=getattr(launch, "n_regs", None), n_spills=getattr(launch, "n_spills", None))
-    return resid[(2 * L) % 3], flags
+        info.update(n_regs=getattr(launch, "n_regs", None), n_spills=getattr(launch, "n_spills", None), times=times)
+    return resid[(2 * L) % 3], flags[:2]
