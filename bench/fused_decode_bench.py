@@ -1,6 +1,6 @@
 """The one-kernel decode step (qual/runtime/kernels/decode_layers.py) alone, per tiling, in a CUDA graph.
 
-    python3 bench/fused_decode_bench.py [--context 160] [--tilings 1024x8x8xa,...] [--out fused.json]
+    python3 bench/fused_decode_bench.py [--context 160] [--tilings 8x8xaxd,...] [--out fused.json]
 
 Random Qwen3-0.6B-shape layer weights (bf16), a paged KV store holding `context` earlier tokens.
 Per tiling (see --tilings): microseconds per launch of all 28 layers, the layer weights'
@@ -61,9 +61,9 @@ def phase_breakdown(run, layers: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=160, help="earlier tokens in the KV store")
-    ap.add_argument("--tilings", default="1024x8x8xa,1024x8x8xv,1024x4x8xa,1024x8x4xa,1024x8x16xa,512x8x8xa",
-                    help="comma list of k_block x num_warps x MLP rows per step x barrier polls (a: acquire loads, "
-                         "v: volatile loads + an acquire atomic)")
+    ap.add_argument("--tilings", default="8x8xaxd,8x8xvxd,4x8xaxd,8x16xaxd,8x8xaxb,4x16xaxd",
+                    help="comma list of num_warps x MLP rows per step x barrier polls (a: acquire loads, v: volatile "
+                         "loads + an acquire atomic) x attention (d: tl.dot, 128 keys a step; b: broadcast products, 32)")
     ap.add_argument("--out", default="fused.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -88,8 +88,9 @@ def main() -> int:
     base = Tiling.for_shape(sms, d["hidden_size"], d["intermediate_size"], (d["num_attention_heads"] + 2 * NKV) * D, NKV, D)
     ref = None
     for spec in args.tilings.split(","):
-        kb, warps, step, poll = spec.split("x")
-        t = replace(base, k_block=int(kb), num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a")
+        warps, step, poll, attn = spec.split("x")
+        t = replace(base, num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a", attn_dot=attn == "d",
+                    key_block=128 if attn == "d" else 32)
         info: dict = {}
         run = lambda: decode_layers(x0, pos, wslot, slots, mask, w, k, v, inv_freq, 1e-6, D**-0.5, sms, t, info=info)  # noqa: E731
         try:

@@ -44,13 +44,18 @@ if triton is not None:
                                          is_pure=False, pack=1)
 
     @triton.jit
-    def _grid_sync(flags_ptr, target, POLL_ACQUIRE: tl.constexpr):
+    def _arrive(flags_ptr):
+        """Count this program in at the barrier (its stores first: bar.sync, then a release atomic)."""
+        tl.debug_barrier()
+        tl.atomic_add(flags_ptr, 1, sem="release")
+
+    @triton.jit
+    def _wait(flags_ptr, target, POLL_ACQUIRE: tl.constexpr):
         """Wait until `target` arrivals (programs x barriers so far) have been counted.
 
+        Loads issued between _arrive and _wait (the next phase's weights) stream in meanwhile.
         POLL_ACQUIRE: poll with acquire loads (one round trip after the last arrival); else plain
         volatile polls, then one acquire atomic (two)."""
-        tl.debug_barrier()  # this program's stores are done before it announces arrival
-        tl.atomic_add(flags_ptr, 1, sem="release")
         spins = 0
         if POLL_ACQUIRE:
             while (_load_acquire(flags_ptr) < target) & (spins < MAX_SPINS):
@@ -75,19 +80,22 @@ if triton is not None:
         return tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
 
     @triton.jit
-    def _qkv_phase(pid, x_ptr, ln_ptr, w_ptr, qkv_ptr, zero_ptr, eps,
-                   H: tl.constexpr, HB: tl.constexpr, NQKV: tl.constexpr, RQ: tl.constexpr, KB: tl.constexpr):
+    def _qkv_tile(w_ptr, pid, live, H: tl.constexpr, HB: tl.constexpr, NQKV: tl.constexpr, RQ: tl.constexpr):
+        """This program's q/k/v weight rows [RQ, HB] (nothing is read where live is false)."""
+        rows = pid * RQ + tl.arange(0, RQ)
+        cols = tl.arange(0, HB)
+        end = tl.where(live, NQKV, 0)
+        return tl.load(w_ptr + rows[:, None] * H + cols[None, :], mask=(rows[:, None] < end) & (cols[None, :] < H), other=0.0)
+
+    @triton.jit
+    def _qkv_phase(pid, w, x_ptr, ln_ptr, qkv_ptr, zero_ptr, eps,
+                   H: tl.constexpr, HB: tl.constexpr, NQKV: tl.constexpr, RQ: tl.constexpr):
         if pid < tl.cdiv(NQKV, RQ):
-            rstd = _rms_scale(x_ptr, eps, H, HB)
+            cols = tl.arange(0, HB)
+            x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
+            xn = x * tl.rsqrt(tl.sum(x * x, axis=0) / H + eps) * tl.load(ln_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
             rows = pid * RQ + tl.arange(0, RQ)
-            acc = tl.zeros((RQ,), tl.float32)
-            for k0 in tl.static_range(0, HB, KB):
-                c = k0 + tl.arange(0, KB)
-                w = tl.load(w_ptr + rows[:, None] * H + c[None, :], mask=(rows[:, None] < NQKV) & (c[None, :] < H), other=0.0)
-                xn = tl.load(x_ptr + c, mask=c < H, other=0.0, cache_modifier=".cg") * rstd \
-                    * tl.load(ln_ptr + c, mask=c < H, other=0.0).to(tl.float32)
-                acc += tl.sum(w.to(tl.float32) * xn[None, :], axis=1)
-            tl.store(qkv_ptr + rows, acc, mask=rows < NQKV)
+            tl.store(qkv_ptr + rows, tl.sum(w.to(tl.float32) * xn[None, :], axis=1), mask=rows < NQKV)
         if pid == 0:  # the buffer phase 2 accumulates into
             cols = tl.arange(0, HB)
             tl.store(zero_ptr + cols, tl.zeros((HB,), tl.float32), mask=cols < H)
@@ -116,7 +124,19 @@ if triton is not None:
         return tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
 
     @triton.jit
-    def _attn_phase(pid, layer, x_ptr, acc_ptr, zero_ptr, qkv_ptr, qn_ptr, kn_ptr, o_ptr, inv_freq_ptr,
+    def _o_tile(o_ptr, pid, live, H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
+                NC: tl.constexpr, RO: tl.constexpr):
+        """This program's o-projection rows over its KV head's query heads, as two halves [RO, GQ, D/2]."""
+        GQ: tl.constexpr = NH // NKV
+        HALF: tl.constexpr = D // 2
+        rows = (pid % NC) * RO + tl.arange(0, RO)
+        heads = (pid // NC) * GQ + tl.arange(0, GQ)
+        wo = o_ptr + rows[:, None, None] * (NH * D) + heads[None, :, None] * D + tl.arange(0, HALF)[None, None, :]
+        m = (rows[:, None, None] < tl.where(live & (pid < NKV * NC), H, 0))
+        return tl.load(wo, mask=m, other=0.0), tl.load(wo + HALF, mask=m, other=0.0)
+
+    @triton.jit
+    def _attn_phase(pid, layer, wo1, wo2, x_ptr, acc_ptr, zero_ptr, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr,
                     k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
                     eps, scale, H: tl.constexpr, HB: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                     D: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, BS: tl.constexpr, MQ: tl.constexpr,
@@ -130,12 +150,8 @@ if triton is not None:
             gm = g < GQ
             heads = hk * GQ + g
             dh = tl.arange(0, HALF)
-            # this unit's o-projection rows, loaded first: they stream in while attention runs
             rows = chunk * RO + tl.arange(0, RO)
             gq = tl.arange(0, GQ)
-            wo = o_ptr + rows[:, None, None] * (NH * D) + (hk * GQ + gq)[None, :, None] * D + dh[None, None, :]
-            wo1 = tl.load(wo, mask=rows[:, None, None] < H, other=0.0)
-            wo2 = tl.load(wo + HALF, mask=rows[:, None, None] < H, other=0.0)
             slot_next = tl.load(slots_ptr + tl.arange(0, BS), mask=tl.arange(0, BS) < S, other=0)
             pos = tl.load(pos_ptr)
             wslot = tl.load(wslot_ptr)
@@ -153,7 +169,7 @@ if triton is not None:
             rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
             k1, k2 = _norm_rope(k1, k2, rk, tl.load(kn_ptr + dh).to(tl.float32), tl.load(kn_ptr + HALF + dh).to(tl.float32),
                                 cos, sin)
-            cache = layer.to(tl.int64) * cache_layer_stride
+            cache = tl.cast(layer, tl.int64) * cache_layer_stride
             here = cache + wslot.to(tl.int64) * cache_slot_stride + hk * D
             if chunk == 0:  # one unit per KV head stores the new token; the others use it from registers
                 tl.store(k_ptr + here + dh, k1.to(k_ptr.dtype.element_ty))
@@ -205,15 +221,14 @@ if triton is not None:
                 tl.load(dt_ptr + rows[:, None] * H + cols[None, :], mask=m, other=0.0))
 
     @triton.jit
-    def _mlp_phase(pid, x_ptr, ln_ptr, gu_ptr, dt_ptr, acc_ptr, eps,
+    def _mlp_phase(pid, wg, wu, wd, x_ptr, ln_ptr, gu_ptr, dt_ptr, acc_ptr, eps,
                    H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, RI: tl.constexpr, RS: tl.constexpr):
-        """RI intermediate rows per unit, RS at a time; the next RS rows' weights load while these compute."""
+        """RI intermediate rows per unit, RS at a time (the first RS given); the next RS rows' weights load
+        while these compute."""
         NSUB: tl.constexpr = (RI + RS - 1) // RS
         if pid < tl.cdiv(I, RI):
             j = tl.arange(0, RS)
             cols = tl.arange(0, HB)
-            rows = pid * RI + j
-            wg, wu, wd = _mlp_rows(gu_ptr, dt_ptr, rows, (j < RI) & (rows < I), cols, H, I)
             x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
             xn = x * tl.rsqrt(tl.sum(x * x, axis=0) / H + eps) * tl.load(ln_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
             y = tl.where(pid == 0, x, 0.0)  # the residual itself, once
@@ -236,7 +251,7 @@ if triton is not None:
             k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, first_phase, last_phase, eps, scale,
             H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
             RQ: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, RI: tl.constexpr, RS: tl.constexpr,
-            KB: tl.constexpr, BS: tl.constexpr, MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr,
+            BS: tl.constexpr, MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr,
             SYNC: tl.constexpr, POLL_ACQUIRE: tl.constexpr, WORK: tl.constexpr, TIMING: tl.constexpr):
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
@@ -244,31 +259,56 @@ if triton is not None:
         if TIMING:
             if pid == 0:
                 tl.store(times_ptr, _now())
-        for ph in range(first_phase, last_phase):
-            layer = ph // 3
-            kind = ph % 3
+        first_layer = first_phase // 3
+        last_layer = (last_phase + 2) // 3
+        mlp_j = tl.arange(0, RS)
+        # Each phase's weights are requested before the barrier ahead of it: they stream in while it waits.
+        wq = _qkv_tile(wqkv_ptr + tl.cast(first_layer, tl.int64) * NQKV * H, pid, first_layer < last_layer, H, HB, NQKV, RQ)
+        for layer in range(first_layer, last_layer):
+            ph = 3 * layer
+            lw = tl.cast(layer, tl.int64)
             r_in = resid_ptr + ((2 * layer) % 3) * H  # the layer's input residual
             r_mid = resid_ptr + ((2 * layer + 1) % 3) * H  # after attention
             r_out = resid_ptr + ((2 * layer + 2) % 3) * H  # after the MLP
-            lw = layer.to(tl.int64)
-            if kind == 0:
-                if WORK & 1:
-                    _qkv_phase(pid, r_in, ln1_ptr + lw * H, wqkv_ptr + lw * NQKV * H, qkv_ptr, r_mid, eps, H, HB, NQKV, RQ, KB)
-            elif kind == 1:
-                if WORK & 2:
-                    _attn_phase(pid, layer, r_in, r_mid, r_out, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
-                                wo_ptr + lw * H * NH * D, inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride,
+            if WORK & 1:
+                if (ph >= first_phase) & (ph < last_phase):
+                    _qkv_phase(pid, wq, r_in, ln1_ptr + lw * H, qkv_ptr, r_mid, eps, H, HB, NQKV, RQ)
+            if SYNC:
+                _arrive(flags_ptr)
+            wo1, wo2 = _o_tile(wo_ptr + lw * H * NH * D, pid, layer < last_layer, H, NH, NKV, D, NC, RO)
+            if SYNC:
+                _wait(flags_ptr, (ph + 1 - first_phase) * nprog, POLL_ACQUIRE)
+                if TIMING:
+                    if pid == 0:
+                        tl.store(times_ptr + 1 + ph - first_phase, _now())
+            if WORK & 2:
+                if (ph + 1 >= first_phase) & (ph + 1 < last_phase):
+                    _attn_phase(pid, layer, wo1, wo2, r_in, r_mid, r_out, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
+                                inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride,
                                 pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, eps, scale, H, HB, NH, NKV, D, NC, RO, BS, MQ,
                                 USE_DOT, PREC)
-            else:
-                if WORK & 4:
-                    _mlp_phase(pid, r_mid, ln2_ptr + lw * H, wgu_ptr + lw * 2 * I * H, wdt_ptr + lw * I * H, r_out, eps,
-                               H, HB, I, RI, RS)
             if SYNC:
-                _grid_sync(flags_ptr, (ph - first_phase + 1) * nprog, POLL_ACQUIRE)
-            if TIMING:
-                if pid == 0:
-                    tl.store(times_ptr + 1 + ph - first_phase, _now())
+                _arrive(flags_ptr)
+            gu = wgu_ptr + lw * 2 * I * H
+            dt = wdt_ptr + lw * I * H
+            rows = pid * RI + mlp_j
+            wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
+            if SYNC:
+                _wait(flags_ptr, (ph + 2 - first_phase) * nprog, POLL_ACQUIRE)
+                if TIMING:
+                    if pid == 0:
+                        tl.store(times_ptr + 2 + ph - first_phase, _now())
+            if WORK & 4:
+                if (ph + 2 >= first_phase) & (ph + 2 < last_phase):
+                    _mlp_phase(pid, wg, wu, wd, r_mid, ln2_ptr + lw * H, gu, dt, r_out, eps, H, HB, I, RI, RS)
+            if SYNC:
+                _arrive(flags_ptr)
+            wq = _qkv_tile(wqkv_ptr + (lw + 1) * NQKV * H, pid, layer + 1 < last_layer, H, HB, NQKV, RQ)
+            if SYNC:
+                _wait(flags_ptr, (ph + 3 - first_phase) * nprog, POLL_ACQUIRE)
+                if TIMING:
+                    if pid == 0:
+                        tl.store(times_ptr + 3 + ph - first_phase, _now())
 
 
 @dataclass
@@ -300,23 +340,22 @@ class Tiling:
     rows_o: int  # o-projection rows per unit (power of 2)
     rows_mlp: int  # intermediate rows per unit
     rows_mlp_step: int  # of which this many (a power of 2) at a time
-    k_block: int  # hidden columns per load (q/k/v)
     key_block: int  # keys per attention step
     num_warps: int
     poll_acquire: bool = True  # barrier polls with acquire loads (else volatile loads + an acquire atomic)
+    attn_dot: bool = True  # attention scores and p @ v on tensor cores (tl.dot; only where head_dim / 2 >= 16)
 
     @classmethod
     def for_shape(cls, programs: int, hidden: int, intermediate: int, nqkv: int, num_kv_heads: int, head_dim: int,
-                  k_block: int = 1024, num_warps: int = 8, mlp_step: int = 8) -> "Tiling":
+                  num_warps: int = 8, mlp_step: int = 8) -> "Tiling":
         """At most one unit per program in every phase (a program's share is then loaded in one go)."""
         p2 = triton.next_power_of_2
         rows_qkv = p2(-(-nqkv // programs))
         o_chunks = programs // num_kv_heads
         rows_o = p2(-(-hidden // o_chunks))  # o_chunks x rows_o >= hidden: every row has a unit
         rows_mlp = -(-intermediate // programs)
-        key_block = 128 if head_dim // 2 >= 16 else 32  # tl.dot needs 16-wide operands
-        return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp)), min(k_block, p2(hidden)), key_block,
-                   num_warps)
+        key_block = 128 if head_dim // 2 >= 16 else 32  # tl.dot (16-wide operands) or broadcast products
+        return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp)), key_block, num_warps)
 
 
 def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Tensor, slots: torch.Tensor,
@@ -354,9 +393,9 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     args = (resid, qkv, flags, times, position, write_slot, slots, mask, slots.shape[0],
             w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t, inv_freq,
             k_cache, v_cache, k_cache.stride(0), k_cache.stride(1))
-    use_dot = D // 2 >= 16
+    use_dot = t.attn_dot and D // 2 >= 16
     meta = dict(H=H, HB=triton.next_power_of_2(H), I=I, NH=NH, NKV=NKV, D=D, RQ=t.rows_qkv, NC=t.o_chunks, RO=t.rows_o,
-                RI=t.rows_mlp, RS=t.rows_mlp_step, KB=t.k_block, BS=t.key_block, POLL_ACQUIRE=t.poll_acquire,
+                RI=t.rows_mlp, RS=t.rows_mlp_step, BS=t.key_block, POLL_ACQUIRE=t.poll_acquire,
                 MQ=max(16, NH // NKV) if use_dot else NH // NKV, USE_DOT=use_dot,
                 PREC="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=t.num_warps,
                 WORK=info["work"] if timing else 7, TIMING=timing)
