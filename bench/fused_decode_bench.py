@@ -40,7 +40,7 @@ def phase_breakdown(run, layers: int) -> dict:
     """Mean microseconds per phase kind, from program 0's timestamps after each barrier; with all phases
     (work 7) and with none (work 0: the barriers alone)."""
     out = {}
-    for work in (7, 0, 1, 2, 4):
+    for work in (7, 0, 1, 2, 4, 2 | 8, 2 | 16, 2 | 8 | 16):
         info = {"work": work}
         run(info)
         torch.cuda.synchronize()
@@ -61,7 +61,7 @@ def phase_breakdown(run, layers: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=160, help="earlier tokens in the KV store")
-    ap.add_argument("--tilings", default="8x8xaxd,8x8xvxd,4x8xaxd,8x16xaxd,8x8xaxb,4x16xaxd",
+    ap.add_argument("--tilings", default="8x16xaxd,8x8xaxd,8x32xaxd,8x16xaxb",
                     help="comma list of num_warps x MLP rows per step x barrier polls (a: acquire loads, v: volatile "
                          "loads + an acquire atomic) x attention (d: tl.dot, 128 keys a step; b: broadcast products, 32)")
     ap.add_argument("--out", default="fused.json")

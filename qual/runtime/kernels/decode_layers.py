@@ -140,7 +140,7 @@ if triton is not None:
                     k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
                     eps, scale, H: tl.constexpr, HB: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                     D: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, BS: tl.constexpr, MQ: tl.constexpr,
-                    USE_DOT: tl.constexpr, PREC: tl.constexpr):
+                    USE_DOT: tl.constexpr, PREC: tl.constexpr, DIAG: tl.constexpr):
         GQ: tl.constexpr = NH // NKV
         HALF: tl.constexpr = D // 2
         if pid < NKV * NC:
@@ -181,16 +181,19 @@ if triton is not None:
             den = tl.full((MQ,), 1.0, tl.float32)
             acc1 = tl.zeros((MQ, HALF), tl.float32) + v1[None, :]
             acc2 = tl.zeros((MQ, HALF), tl.float32) + v2[None, :]
-            for s0 in range(0, S, BS):
+            seen_next = tl.load(mask_ptr + tl.arange(0, BS), mask=tl.arange(0, BS) < S, other=0)
+            for s0 in range(0, tl.where(DIAG & 1, 0, S), BS):
                 s = s0 + tl.arange(0, BS)
                 slot = slot_next
-                slot_next = tl.load(slots_ptr + s + BS, mask=s + BS < S, other=0)  # the next block's slots, early
-                seen = (tl.load(mask_ptr + s, mask=s < S, other=0) != 0) & (slot != wslot)  # the new slot: above
+                seen = (seen_next != 0) & (slot != wslot)  # the new slot: above
+                # the next block's slots and mask, early; K/V loads wait on nothing but the slots
+                slot_next = tl.load(slots_ptr + s + BS, mask=s + BS < S, other=0)
+                seen_next = tl.load(mask_ptr + s + BS, mask=s + BS < S, other=0)
                 at = cache + slot.to(tl.int64)[:, None] * cache_slot_stride + hk * D + dh[None, :]
-                kk1 = tl.load(k_ptr + at, mask=seen[:, None], other=0.0)
-                kk2 = tl.load(k_ptr + at + HALF, mask=seen[:, None], other=0.0)
-                vv1 = tl.load(v_ptr + at, mask=seen[:, None], other=0.0)
-                vv2 = tl.load(v_ptr + at + HALF, mask=seen[:, None], other=0.0)
+                kk1 = tl.load(k_ptr + at, mask=(s < S)[:, None], other=0.0)
+                kk2 = tl.load(k_ptr + at + HALF, mask=(s < S)[:, None], other=0.0)
+                vv1 = tl.load(v_ptr + at, mask=(s < S)[:, None], other=0.0)
+                vv2 = tl.load(v_ptr + at + HALF, mask=(s < S)[:, None], other=0.0)
                 sc = tl.where(seen[None, :], _scores(q1, q2, kk1, kk2, USE_DOT, PREC) * scale, float("-inf"))
                 m_new = tl.maximum(m, tl.max(sc, axis=1))
                 p = tl.exp(sc - m_new[:, None])
@@ -203,8 +206,11 @@ if triton is not None:
             pick = (gq[:, None] == g[None, :]).to(tl.float32)[:, :, None]
             o1 = tl.sum(pick * (acc1 / den[:, None])[None, :, :], axis=1)
             o2 = tl.sum(pick * (acc2 / den[:, None])[None, :, :], axis=1)
-            y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
-                + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
+            if DIAG & 2:  # diagnostics: the o projection left out
+                y = tl.zeros((RO,), tl.float32)
+            else:
+                y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
+                    + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
             if hk == 0:  # the residual itself, once per row (the chunks of one KV head cover every row)
                 y += tl.load(x_ptr + rows, mask=rows < H, other=0.0, cache_modifier=".cg")
             tl.atomic_add(acc_ptr + rows, y, mask=rows < H, sem="relaxed")
@@ -286,7 +292,7 @@ if triton is not None:
                     _attn_phase(pid, layer, wo1, wo2, r_in, r_mid, r_out, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
                                 inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride,
                                 pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, eps, scale, H, HB, NH, NKV, D, NC, RO, BS, MQ,
-                                USE_DOT, PREC)
+                                USE_DOT, PREC, WORK >> 3)
             if SYNC:
                 _arrive(flags_ptr)
             gu = wgu_ptr + lw * 2 * I * H
@@ -347,7 +353,7 @@ class Tiling:
 
     @classmethod
     def for_shape(cls, programs: int, hidden: int, intermediate: int, nqkv: int, num_kv_heads: int, head_dim: int,
-                  num_warps: int = 8, mlp_step: int = 8) -> "Tiling":
+                  num_warps: int = 8, mlp_step: int = 16) -> "Tiling":
         """At most one unit per program in every phase (a program's share is then loaded in one go)."""
         p2 = triton.next_power_of_2
         rows_qkv = p2(-(-nqkv // programs))
@@ -368,7 +374,8 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     request's key slots and which are visible. k/v_cache [L, slots, NKV, D] (written at write_slot).
     flags[1] != 0 means a barrier gave up waiting: the result is wrong (reported, never a hang).
     info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it
-    holds "work" (a bit mask of the phases to run: 1 qkv, 2 attention, 4 MLP), the kernel also records a
+    holds "work" (a bit mask of the phases to run: 1 qkv, 2 attention, 4 MLP; diagnostics: 8 leaves out the
+    attention's key loop, 16 its o projection), the kernel also records a
     timestamp after every phase into info["times"] (int64 ns; GPU only) and skips the phases left out.
     """
     L, H = w.ln1.shape
