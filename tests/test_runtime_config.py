@@ -39,6 +39,18 @@ def test_compile_mode_must_leave_graphs_to_the_runtime():
         EngineConfig("x", triton_attention=True)
 
 
+def test_fused_decode_needs_one_gpu_rank_and_no_compile():
+    EngineConfig("x", device="cuda", dtype="float32", fused_decode=True)
+    with pytest.raises(QualError, match="fused_decode needs device cuda"):
+        EngineConfig("x", fused_decode=True)
+    with pytest.raises(QualError, match="fused_decode needs device cuda"):
+        EngineConfig("x", device="cuda", dtype="float64", fused_decode=True)
+    with pytest.raises(QualError, match="fused_decode needs tp 1 and no compile_mode"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), fused_decode=True)
+    with pytest.raises(QualError, match="fused_decode needs tp 1 and no compile_mode"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", compile_mode="default", fused_decode=True)
+
+
 def test_interleave_must_divide_block_size():
     with pytest.raises(QualError, match="block_size % interleave"):
         cfg("x", tp=2, dcp=2, interleave=3, block_size=4)

@@ -182,7 +182,9 @@ if triton is not None:
             acc1 = tl.zeros((MQ, HALF), tl.float32) + v1[None, :]
             acc2 = tl.zeros((MQ, HALF), tl.float32) + v2[None, :]
             seen_next = tl.load(mask_ptr + tl.arange(0, BS), mask=tl.arange(0, BS) < S, other=0)
-            for s0 in range(0, tl.where(DIAG & 1, 0, S), BS):
+            if DIAG & 1:  # diagnostics: the key loop left out
+                S = 0
+            for s0 in range(0, S, BS):
                 s = s0 + tl.arange(0, BS)
                 slot = slot_next
                 seen = (seen_next != 0) & (slot != wslot)  # the new slot: above
@@ -353,7 +355,7 @@ class Tiling:
 
     @classmethod
     def for_shape(cls, programs: int, hidden: int, intermediate: int, nqkv: int, num_kv_heads: int, head_dim: int,
-                  num_warps: int = 8, mlp_step: int = 16) -> "Tiling":
+                  num_warps: int = 8, mlp_step: int = 32) -> "Tiling":
         """At most one unit per program in every phase (a program's share is then loaded in one go)."""
         p2 = triton.next_power_of_2
         rows_qkv = p2(-(-nqkv // programs))
