@@ -1,6 +1,6 @@
 """The one-kernel decode step (qual/runtime/kernels/decode_layers.py) alone, per tiling, in a CUDA graph.
 
-    python3 bench/fused_decode_bench.py [--context 160] [--tilings 8x8xaxd,...] [--out fused.json]
+    python3 bench/fused_decode_bench.py [--context 160] [--tilings 8x32xaxdxqm,...] [--out fused.json]
 
 Random Qwen3-0.6B-shape layer weights (bf16), a paged KV store holding `context` earlier tokens.
 Per tiling (see --tilings): microseconds per launch of all 28 layers, the layer weights'
@@ -37,10 +37,10 @@ def random_weights(d: dict, dev) -> StackedWeights:
 
 
 def phase_breakdown(run, layers: int) -> dict:
-    """Mean microseconds per phase kind, from program 0's timestamps after each barrier; with all phases
-    (work 7) and with none (work 0: the barriers alone)."""
+    """Mean microseconds per phase kind, from program 0's timestamps after each barrier: with all phases
+    (work 7), none (0: the barriers and prefetches alone), q/k/v (1), attention (2) or the MLP (4) alone."""
     out = {}
-    for work in (7, 0, 1, 2, 4, 2 | 8, 2 | 16, 2 | 8 | 16):
+    for work in (7, 0, 1, 2, 4):
         info = {"work": work}
         run(info)
         torch.cuda.synchronize()
@@ -49,21 +49,24 @@ def phase_breakdown(run, layers: int) -> dict:
             run(info)
         total = replay_seconds(graph, 50)
         t = info["times"].cpu().double()
-        d = (t[1:] - t[:-1]).view(layers, 3) / 1e3
+        d = (t[1:] - t[:-1]).view(layers, 4) / 1e3
         out[f"work{work}"] = {"total_us": total * 1e6, "qkv_us": d[:, 0].mean().item(), "attention_us": d[:, 1].mean().item(),
-                              "mlp_us": d[:, 2].mean().item(), "regs": info.get("n_regs"), "spills": info.get("n_spills")}
+                              "merge_o_us": d[:, 2].mean().item(), "mlp_us": d[:, 3].mean().item(),
+                              "regs": info.get("n_regs"), "spills": info.get("n_spills")}
         info.pop("times")
         print(f"work {work}: {total * 1e6:7.1f} us a launch; per layer: qkv {d[:, 0].mean():5.2f}, attention "
-              f"{d[:, 1].mean():5.2f}, mlp {d[:, 2].mean():5.2f} us (each incl. its barrier)", flush=True)
+              f"{d[:, 1].mean():5.2f}, merge+o {d[:, 2].mean():5.2f}, mlp {d[:, 3].mean():5.2f} us (each incl. its barrier)",
+              flush=True)
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=160, help="earlier tokens in the KV store")
-    ap.add_argument("--tilings", default="8x16xaxd,8x8xaxd,8x32xaxd,8x16xaxb",
+    ap.add_argument("--tilings", default="8x32xaxdxqm,8x32xaxdxq,8x32xaxdx,8x16xaxdx,8x16xaxdxq",
                     help="comma list of num_warps x MLP rows per step x barrier polls (a: acquire loads, v: volatile "
-                         "loads + an acquire atomic) x attention (d: tl.dot, 128 keys a step; b: broadcast products, 32)")
+                         "loads + an acquire atomic) x attention (d: tl.dot, b: broadcast products) x weights requested "
+                         "before the barrier (q: q/k/v, m: the MLP's)")
     ap.add_argument("--out", default="fused.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -88,9 +91,9 @@ def main() -> int:
     base = Tiling.for_shape(sms, d["hidden_size"], d["intermediate_size"], (d["num_attention_heads"] + 2 * NKV) * D, NKV, D)
     ref = None
     for spec in args.tilings.split(","):
-        warps, step, poll, attn = spec.split("x")
+        warps, step, poll, attn, pf = spec.split("x")
         t = replace(base, num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a", attn_dot=attn == "d",
-                    key_block=128 if attn == "d" else 32)
+                    key_block=128 if attn == "d" else 32, prefetch_qkv="q" in pf, prefetch_mlp="m" in pf)
         info: dict = {}
         run = lambda: decode_layers(x0, pos, wslot, slots, mask, w, k, v, inv_freq, 1e-6, D**-0.5, sms, t, info=info)  # noqa: E731
         try:

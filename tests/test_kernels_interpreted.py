@@ -32,7 +32,7 @@ with tempfile.TemporaryDirectory() as tmp:
     reqs, sp = prompts(3), SamplingParams(max_tokens=12)
     with LLMEngine(cfg) as engine:
         ref = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
-        fused = engine.runner.target.fused = FusedDecode(engine.runner.target, programs=3, sync=False)
+        fused = engine.runner.target.fused = FusedDecode(engine.runner.target, programs={programs}, sync=False)
         got = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
     assert fused.flags is not None, "the fused path never ran"
     assert got == ref, (got, ref)
@@ -48,9 +48,9 @@ def interpret(code: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv,head_dim", [(2, 32), (1, 16)], ids=["gqa2-dot", "gqa4-broadcast"])
-def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim):
+@pytest.mark.parametrize("kv,head_dim,programs", [(2, 32, 5), (1, 16, 3)], ids=["gqa2-dot", "gqa4-broadcast"])
+def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs):
     """One kernel for all layers (run phase by phase: the interpreter has no concurrent programs) generates
-    the same greedy tokens as the per-layer path, float32; head_dim 32 takes the tl.dot attention, 16 the
-    broadcast one."""
-    interpret(FUSED_DECODE.format(kv=kv, head_dim=head_dim))
+    the same greedy tokens as the per-layer path, float32. head_dim 32 takes the tl.dot attention, 16 the
+    broadcast one; the keys are split over 2 and 3 chunks per KV head (3: a non-power-of-2 merge)."""
+    interpret(FUSED_DECODE.format(kv=kv, head_dim=head_dim, programs=programs))

@@ -2,13 +2,18 @@
 
 Why: at batch 1 a compiled step is ~9 small kernels a layer, and each pays launch and ramp-up
 time larger than its share of the weight stream (docs/PERFORMANCE.md). Here one program per SM
-runs the whole step. Each layer is three phases, separated by grid-wide barriers:
+runs the whole step. Each layer is four phases, separated by grid-wide barriers:
 
 1. RMSNorm, then the q/k/v projection (rows split across programs) into a float32 scratch.
-2. Per-head RMSNorm, RoPE, the KV write, attention over the paged store, and the o projection,
-   split by (KV head, chunk of output rows); each unit adds its rows into the residual.
-3. RMSNorm, gate/up, SiLU(gate)·up and down, split by intermediate rows; each unit adds its
+2. Per-head RMSNorm, RoPE, the KV write, and attention over the paged store, split by
+   (KV head, slice of the keys): each unit stores an unnormalised partial with its max and sum.
+3. Per (KV head, chunk of output rows): merge the KV head's partials by log-sum-exp, then that
+   chunk of the o projection, added into the residual.
+4. RMSNorm, gate/up, SiLU(gate)·up and down, split by intermediate rows; each unit adds its
    down-projection partial into the residual.
+
+Whatever a phase reads that the phase before does not write (its weights, the cached keys) is
+requested between arriving at the barrier and waiting there, so it streams in meanwhile.
 
 Units add into the residual with float32 atomics, so the residual stream is float32 and the
 summation order (hence the last bits) varies from run to run. It lives in three rotating
@@ -32,7 +37,7 @@ try:
 except ImportError:  # CPU-only torch builds ship no Triton
     triton = None
 
-PHASES_PER_LAYER = 3
+PHASES_PER_LAYER = 4  # q/k/v; attention over a slice of the keys; merge + o projection; MLP
 
 
 if triton is not None:
@@ -136,11 +141,38 @@ if triton is not None:
         return tl.load(wo, mask=m, other=0.0), tl.load(wo + HALF, mask=m, other=0.0)
 
     @triton.jit
-    def _attn_phase(pid, layer, wo1, wo2, x_ptr, acc_ptr, zero_ptr, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr,
-                    k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
-                    eps, scale, H: tl.constexpr, HB: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
-                    D: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, BS: tl.constexpr, MQ: tl.constexpr,
-                    USE_DOT: tl.constexpr, PREC: tl.constexpr, DIAG: tl.constexpr):
+    def _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot, s0, hi, hk,
+                  BS: tl.constexpr, D: tl.constexpr):
+        """Keys s0 .. s0+BS (those < hi) of one KV head: K and V halves [BS, D/2] and which are visible."""
+        HALF: tl.constexpr = D // 2
+        s = s0 + tl.arange(0, BS)
+        dh = tl.arange(0, HALF)
+        slot = tl.load(slots_ptr + s, mask=s < hi, other=0)
+        seen = (tl.load(mask_ptr + s, mask=s < hi, other=0) != 0) & (slot != wslot) & (s < hi)  # new slot: registers
+        at = cache + slot.to(tl.int64)[:, None] * cache_slot_stride + hk * D + dh[None, :]
+        inside = (s < hi)[:, None]
+        return (tl.load(k_ptr + at, mask=inside, other=0.0), tl.load(k_ptr + at + HALF, mask=inside, other=0.0),
+                tl.load(v_ptr + at, mask=inside, other=0.0), tl.load(v_ptr + at + HALF, mask=inside, other=0.0), seen)
+
+    @triton.jit
+    def _attend(q1, q2, kk1, kk2, vv1, vv2, seen, m, den, acc1, acc2, scale, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+        """One online-softmax step over a block of keys (rows with nothing visible yet stay at m = -inf)."""
+        sc = tl.where(seen[None, :], _scores(q1, q2, kk1, kk2, USE_DOT, PREC) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, axis=1))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(sc - base[:, None])
+        alpha = tl.exp(m - base)
+        return (m_new, den * alpha + tl.sum(p, axis=1), acc1 * alpha[:, None] + _weighted(p, vv1, USE_DOT, PREC),
+                acc2 * alpha[:, None] + _weighted(p, vv2, USE_DOT, PREC))
+
+    @triton.jit
+    def _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride,
+                            cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, KPU, part_ptr, eps, scale,
+                            NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NC: tl.constexpr, BS: tl.constexpr,
+                            MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+        """Unit (KV head, chunk) attends its KV head's query heads over keys chunk*KPU .. +KPU (the first block,
+        kk1 .. seen, loaded before the barrier) and stores the unnormalised partial: acc [GQ, D], running max, sum.
+        Chunk 0 also stores the new token's K/V and counts it (it is always visible to itself)."""
         GQ: tl.constexpr = NH // NKV
         HALF: tl.constexpr = D // 2
         if pid < NKV * NC:
@@ -150,9 +182,6 @@ if triton is not None:
             gm = g < GQ
             heads = hk * GQ + g
             dh = tl.arange(0, HALF)
-            rows = chunk * RO + tl.arange(0, RO)
-            gq = tl.arange(0, GQ)
-            slot_next = tl.load(slots_ptr + tl.arange(0, BS), mask=tl.arange(0, BS) < S, other=0)
             pos = tl.load(pos_ptr)
             wslot = tl.load(wslot_ptr)
             angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + dh)
@@ -170,53 +199,62 @@ if triton is not None:
             k1, k2 = _norm_rope(k1, k2, rk, tl.load(kn_ptr + dh).to(tl.float32), tl.load(kn_ptr + HALF + dh).to(tl.float32),
                                 cos, sin)
             cache = tl.cast(layer, tl.int64) * cache_layer_stride
-            here = cache + wslot.to(tl.int64) * cache_slot_stride + hk * D
-            if chunk == 0:  # one unit per KV head stores the new token; the others use it from registers
+            first = chunk == 0
+            if first:  # one unit per KV head stores the new token; the others never read its slot
+                here = cache + wslot.to(tl.int64) * cache_slot_stride + hk * D
                 tl.store(k_ptr + here + dh, k1.to(k_ptr.dtype.element_ty))
                 tl.store(k_ptr + here + HALF + dh, k2.to(k_ptr.dtype.element_ty))
                 tl.store(v_ptr + here + dh, v1.to(v_ptr.dtype.element_ty))
                 tl.store(v_ptr + here + HALF + dh, v2.to(v_ptr.dtype.element_ty))
-            # online softmax, seeded with the new token (always visible to itself)
-            m = (tl.sum(q1 * k1[None, :], axis=1) + tl.sum(q2 * k2[None, :], axis=1)) * scale
-            den = tl.full((MQ,), 1.0, tl.float32)
-            acc1 = tl.zeros((MQ, HALF), tl.float32) + v1[None, :]
-            acc2 = tl.zeros((MQ, HALF), tl.float32) + v2[None, :]
-            seen_next = tl.load(mask_ptr + tl.arange(0, BS), mask=tl.arange(0, BS) < S, other=0)
-            if DIAG & 1:  # diagnostics: the key loop left out
-                S = 0
-            for s0 in range(0, S, BS):
-                s = s0 + tl.arange(0, BS)
-                slot = slot_next
-                seen = (seen_next != 0) & (slot != wslot)  # the new slot: above
-                # the next block's slots and mask, early; K/V loads wait on nothing but the slots
-                slot_next = tl.load(slots_ptr + s + BS, mask=s + BS < S, other=0)
-                seen_next = tl.load(mask_ptr + s + BS, mask=s + BS < S, other=0)
-                at = cache + slot.to(tl.int64)[:, None] * cache_slot_stride + hk * D + dh[None, :]
-                kk1 = tl.load(k_ptr + at, mask=(s < S)[:, None], other=0.0)
-                kk2 = tl.load(k_ptr + at + HALF, mask=(s < S)[:, None], other=0.0)
-                vv1 = tl.load(v_ptr + at, mask=(s < S)[:, None], other=0.0)
-                vv2 = tl.load(v_ptr + at + HALF, mask=(s < S)[:, None], other=0.0)
-                sc = tl.where(seen[None, :], _scores(q1, q2, kk1, kk2, USE_DOT, PREC) * scale, float("-inf"))
-                m_new = tl.maximum(m, tl.max(sc, axis=1))
-                p = tl.exp(sc - m_new[:, None])
-                alpha = tl.exp(m - m_new)
-                den = den * alpha + tl.sum(p, axis=1)
-                acc1 = acc1 * alpha[:, None] + _weighted(p, vv1, USE_DOT, PREC)
-                acc2 = acc2 * alpha[:, None] + _weighted(p, vv2, USE_DOT, PREC)
-                m = m_new
-            # the GQ real rows of the MQ padded ones: [GQ, HALF]
-            pick = (gq[:, None] == g[None, :]).to(tl.float32)[:, :, None]
-            o1 = tl.sum(pick * (acc1 / den[:, None])[None, :, :], axis=1)
-            o2 = tl.sum(pick * (acc2 / den[:, None])[None, :, :], axis=1)
-            if DIAG & 2:  # diagnostics: the o projection left out
-                y = tl.zeros((RO,), tl.float32)
-            else:
-                y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
-                    + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
+            m = tl.where(first, (tl.sum(q1 * k1[None, :], axis=1) + tl.sum(q2 * k2[None, :], axis=1)) * scale, float("-inf"))
+            den = tl.where(first, 1.0, 0.0) + tl.zeros((MQ,), tl.float32)
+            acc1 = tl.where(first, 1.0, 0.0) * (tl.zeros((MQ, HALF), tl.float32) + v1[None, :])
+            acc2 = tl.where(first, 1.0, 0.0) * (tl.zeros((MQ, HALF), tl.float32) + v2[None, :])
+            lo = chunk * KPU
+            hi = tl.minimum(lo + KPU, S)
+            m, den, acc1, acc2 = _attend(q1, q2, kk1, kk2, vv1, vv2, seen, m, den, acc1, acc2, scale, USE_DOT, PREC)
+            for s0 in range(lo + BS, hi, BS):  # keys past the first block (long contexts)
+                kk1, kk2, vv1, vv2, seen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot,
+                                                     s0, hi, hk, BS, D)
+                m, den, acc1, acc2 = _attend(q1, q2, kk1, kk2, vv1, vv2, seen, m, den, acc1, acc2, scale, USE_DOT, PREC)
+            out = part_ptr + pid * GQ * (D + 2)  # per unit: acc [GQ, D], then (max, sum) per query head
+            tl.store(out + g[:, None] * D + dh[None, :], acc1, mask=gm[:, None])
+            tl.store(out + g[:, None] * D + HALF + dh[None, :], acc2, mask=gm[:, None])
+            tl.store(out + GQ * D + 2 * g, m, mask=gm)
+            tl.store(out + GQ * D + 2 * g + 1, den, mask=gm)
+
+    @triton.jit
+    def _attn_merge_phase(pid, wo1, wo2, x_ptr, acc_ptr, zero_ptr, part_ptr, H: tl.constexpr, HB: tl.constexpr,
+                          NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NC: tl.constexpr, NCB: tl.constexpr,
+                          RO: tl.constexpr):
+        """Unit (KV head, chunk) merges its KV head's NC partials by their log-sum-exp and adds its rows of the
+        o projection (and, for KV head 0, the residual) into the residual."""
+        GQ: tl.constexpr = NH // NKV
+        HALF: tl.constexpr = D // 2
+        if pid < NKV * NC:
+            hk = pid // NC
+            rows = (pid % NC) * RO + tl.arange(0, RO)
+            c = tl.arange(0, NCB)
+            gq = tl.arange(0, GQ)
+            dh = tl.arange(0, HALF)
+            part = part_ptr + (hk * NC + c)[:, None] * GQ * (D + 2)  # [NCB, 1]
+            ok = (c < NC)[:, None]
+            m = tl.load(part + GQ * D + 2 * gq[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")  # [NCB, GQ]
+            den = tl.load(part + GQ * D + 2 * gq[None, :] + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            at = part[:, :, None] + gq[None, :, None] * D + dh[None, None, :]
+            a1 = tl.load(at, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # [NCB, GQ, HALF]
+            a2 = tl.load(at + HALF, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+            top = tl.max(m, axis=0)  # finite: chunk 0 holds the new token
+            w = tl.exp(m - top[None, :])
+            total = tl.sum(den * w, axis=0)
+            o1 = tl.sum(a1 * w[:, :, None], axis=0) / total[:, None]  # [GQ, HALF]
+            o2 = tl.sum(a2 * w[:, :, None], axis=0) / total[:, None]
+            y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
+                + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
             if hk == 0:  # the residual itself, once per row (the chunks of one KV head cover every row)
                 y += tl.load(x_ptr + rows, mask=rows < H, other=0.0, cache_modifier=".cg")
             tl.atomic_add(acc_ptr + rows, y, mask=rows < H, sem="relaxed")
-        if pid == 0:  # the buffer phase 3 accumulates into
+        if pid == 0:  # the buffer the MLP phase accumulates into
             cols = tl.arange(0, HB)
             tl.store(zero_ptr + cols, tl.zeros((HB,), tl.float32), mask=cols < H)
 
@@ -254,27 +292,37 @@ if triton is not None:
 
     @triton.jit
     def _decode_layers_kernel(
-            resid_ptr, qkv_ptr, flags_ptr, times_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
+            resid_ptr, qkv_ptr, part_ptr, flags_ptr, times_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, KPU,
             ln1_ptr, ln2_ptr, wqkv_ptr, qn_ptr, kn_ptr, wo_ptr, wgu_ptr, wdt_ptr, inv_freq_ptr,
             k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, first_phase, last_phase, eps, scale,
             H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
-            RQ: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr, RI: tl.constexpr, RS: tl.constexpr,
+            RQ: tl.constexpr, NC: tl.constexpr, NCB: tl.constexpr, RO: tl.constexpr, RI: tl.constexpr, RS: tl.constexpr,
             BS: tl.constexpr, MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr,
-            SYNC: tl.constexpr, POLL_ACQUIRE: tl.constexpr, WORK: tl.constexpr, TIMING: tl.constexpr):
+            SYNC: tl.constexpr, POLL_ACQUIRE: tl.constexpr, PF_QKV: tl.constexpr, PF_MLP: tl.constexpr,
+            WORK: tl.constexpr, TIMING: tl.constexpr):
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         NQKV: tl.constexpr = (NH + 2 * NKV) * D
         if TIMING:
             if pid == 0:
                 tl.store(times_ptr, _now())
-        first_layer = first_phase // 3
-        last_layer = (last_phase + 2) // 3
+        first_layer = first_phase // 4
+        last_layer = (last_phase + 3) // 4
         mlp_j = tl.arange(0, RS)
-        # Each phase's weights are requested before the barrier ahead of it: they stream in while it waits.
-        wq = _qkv_tile(wqkv_ptr + tl.cast(first_layer, tl.int64) * NQKV * H, pid, first_layer < last_layer, H, HB, NQKV, RQ)
+        wslot = tl.load(wslot_ptr)
+        chunk = pid % NC
+        lo = chunk * KPU
+        hi = tl.where(pid < NKV * NC, tl.minimum(lo + KPU, S), 0)  # this program's keys in the attention phase
+        # Each phase's inputs that do not depend on the phase before (weights, cached keys) are requested
+        # between arriving at the barrier ahead of it and waiting there: they stream in meanwhile.
+        if PF_QKV:
+            wq = _qkv_tile(wqkv_ptr + tl.cast(first_layer, tl.int64) * NQKV * H, pid, first_layer < last_layer, H, HB,
+                           NQKV, RQ)
         for layer in range(first_layer, last_layer):
-            ph = 3 * layer
+            ph = 4 * layer
             lw = tl.cast(layer, tl.int64)
+            if not PF_QKV:
+                wq = _qkv_tile(wqkv_ptr + lw * NQKV * H, pid, layer < last_layer, H, HB, NQKV, RQ)
             r_in = resid_ptr + ((2 * layer) % 3) * H  # the layer's input residual
             r_mid = resid_ptr + ((2 * layer + 1) % 3) * H  # after attention
             r_out = resid_ptr + ((2 * layer + 2) % 3) * H  # after the MLP
@@ -283,7 +331,9 @@ if triton is not None:
                     _qkv_phase(pid, wq, r_in, ln1_ptr + lw * H, qkv_ptr, r_mid, eps, H, HB, NQKV, RQ)
             if SYNC:
                 _arrive(flags_ptr)
-            wo1, wo2 = _o_tile(wo_ptr + lw * H * NH * D, pid, layer < last_layer, H, NH, NKV, D, NC, RO)
+            cache = lw * cache_layer_stride
+            kk1, kk2, vv1, vv2, seen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot, lo,
+                                                 hi, pid // NC, BS, D)
             if SYNC:
                 _wait(flags_ptr, (ph + 1 - first_phase) * nprog, POLL_ACQUIRE)
                 if TIMING:
@@ -291,32 +341,47 @@ if triton is not None:
                         tl.store(times_ptr + 1 + ph - first_phase, _now())
             if WORK & 2:
                 if (ph + 1 >= first_phase) & (ph + 1 < last_phase):
-                    _attn_phase(pid, layer, wo1, wo2, r_in, r_mid, r_out, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
-                                inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride,
-                                pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, eps, scale, H, HB, NH, NKV, D, NC, RO, BS, MQ,
-                                USE_DOT, PREC, WORK >> 3)
+                    _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
+                                        inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr,
+                                        slots_ptr, mask_ptr, S, KPU, part_ptr, eps, scale, NH, NKV, D, NC, BS, MQ, USE_DOT,
+                                        PREC)
             if SYNC:
                 _arrive(flags_ptr)
-            gu = wgu_ptr + lw * 2 * I * H
-            dt = wdt_ptr + lw * I * H
-            rows = pid * RI + mlp_j
-            wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
+            wo1, wo2 = _o_tile(wo_ptr + lw * H * NH * D, pid, layer < last_layer, H, NH, NKV, D, NC, RO)
             if SYNC:
                 _wait(flags_ptr, (ph + 2 - first_phase) * nprog, POLL_ACQUIRE)
                 if TIMING:
                     if pid == 0:
                         tl.store(times_ptr + 2 + ph - first_phase, _now())
-            if WORK & 4:
+            if WORK & 2:
                 if (ph + 2 >= first_phase) & (ph + 2 < last_phase):
-                    _mlp_phase(pid, wg, wu, wd, r_mid, ln2_ptr + lw * H, gu, dt, r_out, eps, H, HB, I, RI, RS)
+                    _attn_merge_phase(pid, wo1, wo2, r_in, r_mid, r_out, part_ptr, H, HB, NH, NKV, D, NC, NCB, RO)
             if SYNC:
                 _arrive(flags_ptr)
-            wq = _qkv_tile(wqkv_ptr + (lw + 1) * NQKV * H, pid, layer + 1 < last_layer, H, HB, NQKV, RQ)
+            gu = wgu_ptr + lw * 2 * I * H
+            dt = wdt_ptr + lw * I * H
+            rows = pid * RI + mlp_j
+            if PF_MLP:
+                wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
             if SYNC:
                 _wait(flags_ptr, (ph + 3 - first_phase) * nprog, POLL_ACQUIRE)
                 if TIMING:
                     if pid == 0:
                         tl.store(times_ptr + 3 + ph - first_phase, _now())
+            if WORK & 4:
+                if (ph + 3 >= first_phase) & (ph + 3 < last_phase):
+                    if not PF_MLP:
+                        wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
+                    _mlp_phase(pid, wg, wu, wd, r_mid, ln2_ptr + lw * H, gu, dt, r_out, eps, H, HB, I, RI, RS)
+            if SYNC:
+                _arrive(flags_ptr)
+            if PF_QKV:
+                wq = _qkv_tile(wqkv_ptr + (lw + 1) * NQKV * H, pid, layer + 1 < last_layer, H, HB, NQKV, RQ)
+            if SYNC:
+                _wait(flags_ptr, (ph + 4 - first_phase) * nprog, POLL_ACQUIRE)
+                if TIMING:
+                    if pid == 0:
+                        tl.store(times_ptr + 4 + ph - first_phase, _now())
 
 
 @dataclass
@@ -348,10 +413,12 @@ class Tiling:
     rows_o: int  # o-projection rows per unit (power of 2)
     rows_mlp: int  # intermediate rows per unit
     rows_mlp_step: int  # of which this many (a power of 2) at a time
-    key_block: int  # keys per attention step
+    key_block: int  # at most this many keys per attention step
     num_warps: int
     poll_acquire: bool = True  # barrier polls with acquire loads (else volatile loads + an acquire atomic)
     attn_dot: bool = True  # attention scores and p @ v on tensor cores (tl.dot; only where head_dim / 2 >= 16)
+    prefetch_qkv: bool = True  # request the q/k/v weights before the barrier ahead of their phase (else after)
+    prefetch_mlp: bool = True  # the same for the MLP's first rows
 
     @classmethod
     def for_shape(cls, programs: int, hidden: int, intermediate: int, nqkv: int, num_kv_heads: int, head_dim: int,
@@ -376,8 +443,8 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     request's key slots and which are visible. k/v_cache [L, slots, NKV, D] (written at write_slot).
     flags[1] != 0 means a barrier gave up waiting: the result is wrong (reported, never a hang).
     info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it
-    holds "work" (a bit mask of the phases to run: 1 qkv, 2 attention, 4 MLP; diagnostics: 8 leaves out the
-    attention's key loop, 16 its o projection), the kernel also records a
+    holds "work" (a bit mask of the phases to run: 1 q/k/v, 2 attention (both phases), 4 MLP), the kernel also
+    records a
     timestamp after every phase into info["times"] (int64 ns; GPU only) and skips the phases left out.
     """
     L, H = w.ln1.shape
@@ -395,16 +462,21 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     resid = torch.zeros(3, H, device=x0.device, dtype=torch.float32)
     resid[0].copy_(x0)
     qkv = torch.empty(nqkv, device=x0.device, dtype=torch.float32)
+    part = torch.empty(NKV * t.o_chunks * (NH // NKV) * (D + 2), device=x0.device, dtype=torch.float32)
     flags = torch.zeros(3, device=x0.device, dtype=torch.int32)  # arrivals, timed out, acquire target
     times = torch.zeros(L * PHASES_PER_LAYER + 1, device=x0.device, dtype=torch.int64)
     if mask.dtype == torch.bool:
         mask = mask.view(torch.int8)
-    args = (resid, qkv, flags, times, position, write_slot, slots, mask, slots.shape[0],
+    S = slots.shape[0]
+    keys_per_unit = -(-S // t.o_chunks)  # the attention phase splits the keys over a KV head's chunks
+    use_dot = t.attn_dot and D // 2 >= 16
+    key_block = min(t.key_block, max(16 if use_dot else 2, triton.next_power_of_2(keys_per_unit)))
+    args = (resid, qkv, part, flags, times, position, write_slot, slots, mask, S, keys_per_unit,
             w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t, inv_freq,
             k_cache, v_cache, k_cache.stride(0), k_cache.stride(1))
-    use_dot = t.attn_dot and D // 2 >= 16
     meta = dict(H=H, HB=triton.next_power_of_2(H), I=I, NH=NH, NKV=NKV, D=D, RQ=t.rows_qkv, NC=t.o_chunks, RO=t.rows_o,
-                RI=t.rows_mlp, RS=t.rows_mlp_step, BS=t.key_block, POLL_ACQUIRE=t.poll_acquire,
+                NCB=triton.next_power_of_2(t.o_chunks), RI=t.rows_mlp, RS=t.rows_mlp_step, BS=key_block,
+                POLL_ACQUIRE=t.poll_acquire, PF_QKV=t.prefetch_qkv, PF_MLP=t.prefetch_mlp,
                 MQ=max(16, NH // NKV) if use_dot else NH // NKV, USE_DOT=use_dot,
                 PREC="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=t.num_warps,
                 WORK=info["work"] if timing else 7, TIMING=timing)
