@@ -61,6 +61,19 @@ for R, Q, H, Hk, D, S in [(3, 4, 4, 2, 16, 70), (2, 1, 8, 1, 32, 130), (1, 8, 2,
 print("ok")
 """
 
+SKINNY_GEMM = """
+import torch
+from qual.runtime.kernels.skinny_gemm import choose_config, partials
+
+g = torch.Generator().manual_seed(0)
+for m, n, k in [(1, 256, 512), (5, 100, 300), (16, 64, 1024)]:
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    parts = partials(x, w)
+    assert parts.shape[0] == choose_config(n, k).split
+    assert torch.allclose(parts.sum(0), x @ w.T, atol=1e-3), (parts.sum(0) - x @ w.T).abs().max()
+print("ok")
+"""
+
 
 def interpret(code: str) -> None:
     path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -82,3 +95,8 @@ def test_paged_attention_matches_gather_then_attend():
     """The paged-attention kernel (reads the store in place) equals gathering the keys and attention_with_lse:
     GQA, several query positions, non-contiguous slots, an empty row (lse -inf, output 0)."""
     interpret(PAGED_ATTENTION)
+
+
+def test_split_k_partials_sum_to_the_product():
+    """The split-K GEMM's float32 partials sum to x @ w.T (ragged N and K, 1 to 16 rows)."""
+    interpret(SKINNY_GEMM)
