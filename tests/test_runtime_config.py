@@ -130,3 +130,17 @@ def test_mismatched_pair_is_rejected(tmp_path, tiny_pair):
     other = make_draft(tmp_path / "wide", hidden_size=32, head_dim=8)
     with pytest.raises(QualError, match="hidden_size/vocab_size must match"):
         LLMEngine(cfg(tiny_pair[0], other))
+
+
+def test_reference_profile_knobs_reach_the_runtime():
+    from qual.engines.reference import engine_config
+    from synthetic import synthetic_arm_config
+
+    knobs = {"compile_mode": "default", "triton_gemm": True, "triton_attention": True, "cuda_graph_sizes": [1, 4]}
+    arm = synthetic_arm_config(1, tp=1, device="cuda", dtype="bfloat16", extra={"reference": knobs})
+    cfg = engine_config(arm)
+    assert (cfg.compile_mode, cfg.triton_gemm, cfg.triton_attention, cfg.cuda_graph_sizes) == ("default", True, True, (1, 4))
+    fused = engine_config(synthetic_arm_config(1, tp=1, device="cuda", dtype="bfloat16", extra={"reference": {"fused_decode": True}}))
+    assert fused.fused_decode and not engine_config(arm).fused_decode
+    with pytest.raises(QualError, match="fused_decode needs tp 1"):  # a bad profile fails as the runtime says
+        engine_config(synthetic_arm_config(1, tp=2, device="cuda", dtype="bfloat16", extra={"reference": {"fused_decode": True}}))

@@ -31,6 +31,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         compile_mode=knobs.get("compile_mode"),
         triton_gemm=bool(knobs.get("triton_gemm", False)),
         triton_attention=bool(knobs.get("triton_attention", False)),
+        fused_decode=bool(knobs.get("fused_decode", False)),
     )
 
 
