@@ -7,19 +7,22 @@ drafter's verify block, batches) keep the per-layer path.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from qual.runtime.kernels.decode_layers import StackedWeights, decode_layers
 
 
-def _stack(layers, get, put, transpose: bool = False) -> torch.Tensor:
-    """torch.stack of get(layer) over layers, then put(layer, view) so each layer reads the stack."""
-    parts = [get(layer).t() if transpose else get(layer) for layer in layers]
-    stacked = torch.stack([p.contiguous() for p in parts])
-    del parts
-    for i, layer in enumerate(layers):
-        put(layer, stacked[i].t() if transpose else stacked[i])
+def _stack(layers, path: str, transpose: bool = False) -> torch.Tensor:
+    """Stack one weight (path: attribute path in a layer, e.g. "attn.qkv") over the layers, then rebind each
+    layer's attribute to its view of the stack, so the per-layer path reads the same memory."""
+    *owner, name = path.split(".")
+    holders = [functools.reduce(getattr, owner, layer) for layer in layers]
+    stacked = torch.stack([(getattr(h, name).t() if transpose else getattr(h, name)).contiguous() for h in holders])
+    for h, view in zip(holders, stacked):
+        setattr(h, name, view.t() if transpose else view)
     return stacked
 
 
@@ -31,13 +34,10 @@ class FusedDecode:
         phase (Triton's interpreter on the CPU, where programs run one after another)."""
         t, layers = target, target.layers
         self.target, self.sync = t, sync
-        a = lambda name: (lambda layer: getattr(layer.attn, name), lambda layer, v: setattr(layer.attn, name, v))  # noqa: E731
-        m = lambda name: (lambda layer: getattr(layer.mlp, name), lambda layer, v: setattr(layer.mlp, name, v))  # noqa: E731
-        top = lambda name: (lambda layer: getattr(layer, name), lambda layer, v: setattr(layer, name, v))  # noqa: E731
         self.weights = StackedWeights(
-            ln1=_stack(layers, *top("input_norm")), ln2=_stack(layers, *top("post_norm")), qkv=_stack(layers, *a("qkv")),
-            q_norm=_stack(layers, *a("q_norm")), k_norm=_stack(layers, *a("k_norm")), o=_stack(layers, *a("o")),
-            gate_up=_stack(layers, *m("gate_up")), down_t=_stack(layers, *m("down"), transpose=True),
+            ln1=_stack(layers, "input_norm"), ln2=_stack(layers, "post_norm"), qkv=_stack(layers, "attn.qkv"),
+            q_norm=_stack(layers, "attn.q_norm"), k_norm=_stack(layers, "attn.k_norm"), o=_stack(layers, "attn.o"),
+            gate_up=_stack(layers, "mlp.gate_up"), down_t=_stack(layers, "mlp.down", transpose=True),
             num_heads=t.layout.num_heads, num_kv_heads=t.layout.num_kv_heads, head_dim=t.layout.head_dim)
         dev = t.comm.device
         self.programs = programs or torch.cuda.get_device_properties(dev).multi_processor_count

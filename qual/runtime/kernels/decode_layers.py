@@ -78,11 +78,11 @@ if triton is not None:
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
     @triton.jit
-    def _rms_scale(x_ptr, eps, H: tl.constexpr, HB: tl.constexpr):
-        """1 / rms of the float32 vector at x_ptr (every program reads it whole: 4 bytes x hidden)."""
+    def _rms_normed(x_ptr, ln_ptr, eps, H: tl.constexpr, HB: tl.constexpr):
+        """(x, RMSNorm(x) * ln) for the float32 residual at x_ptr, [HB] each (every program reads it whole)."""
         cols = tl.arange(0, HB)
-        x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
-        return tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+        x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")  # .cg: written this step, skip L1
+        return x, x * tl.rsqrt(tl.sum(x * x, axis=0) / H + eps) * tl.load(ln_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
 
     @triton.jit
     def _qkv_tile(w_ptr, pid, live, H: tl.constexpr, HB: tl.constexpr, NQKV: tl.constexpr, RQ: tl.constexpr):
@@ -96,9 +96,7 @@ if triton is not None:
     def _qkv_phase(pid, w, x_ptr, ln_ptr, qkv_ptr, zero_ptr, eps,
                    H: tl.constexpr, HB: tl.constexpr, NQKV: tl.constexpr, RQ: tl.constexpr):
         if pid < tl.cdiv(NQKV, RQ):
-            cols = tl.arange(0, HB)
-            x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
-            xn = x * tl.rsqrt(tl.sum(x * x, axis=0) / H + eps) * tl.load(ln_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+            _, xn = _rms_normed(x_ptr, ln_ptr, eps, H, HB)
             rows = pid * RQ + tl.arange(0, RQ)
             tl.store(qkv_ptr + rows, tl.sum(w.to(tl.float32) * xn[None, :], axis=1), mask=rows < NQKV)
         if pid == 0:  # the buffer phase 2 accumulates into
@@ -275,8 +273,7 @@ if triton is not None:
         if pid < tl.cdiv(I, RI):
             j = tl.arange(0, RS)
             cols = tl.arange(0, HB)
-            x = tl.load(x_ptr + cols, mask=cols < H, other=0.0, cache_modifier=".cg")
-            xn = x * tl.rsqrt(tl.sum(x * x, axis=0) / H + eps) * tl.load(ln_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+            x, xn = _rms_normed(x_ptr, ln_ptr, eps, H, HB)
             y = tl.where(pid == 0, x, 0.0)  # the residual itself, once
             for i in tl.static_range(NSUB):
                 if i + 1 < NSUB:
