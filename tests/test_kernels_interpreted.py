@@ -24,6 +24,7 @@ from checkpoints import make_target
 from runtime_helpers import prompts
 from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
 from qual.runtime.engine import LLMEngine
+from qual.errors import QualError
 from qual.runtime.fused_decode import FusedDecode
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -34,6 +35,12 @@ with tempfile.TemporaryDirectory() as tmp:
         ref = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
         fused = engine.runner.target.fused = FusedDecode(engine.runner.target, programs={programs}, sync=False)
         got = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
+        fused.timeouts.fill_(1)  # as a barrier that gave up would leave it
+        try:
+            engine.generate(reqs[:1], sp)
+            raise AssertionError("a timed-out barrier went unreported")
+        except QualError as exc:
+            assert "grid barrier timed out" in str(exc), exc
     assert fused.flags is not None, "the fused path never ran"
     assert got == ref, (got, ref)
 print("ok")

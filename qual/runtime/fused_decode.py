@@ -12,6 +12,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from qual.errors import QualError
 from qual.runtime.kernels.decode_layers import StackedWeights, decode_layers
 
 
@@ -41,7 +42,8 @@ class FusedDecode:
             num_heads=t.layout.num_heads, num_kv_heads=t.layout.num_kv_heads, head_dim=t.layout.head_dim)
         dev = t.comm.device
         self.programs = programs or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.flags = None  # the last launch's flags (flags[1] != 0: a barrier timed out)
+        self.flags = None  # the last launch's [barrier arrivals, timeouts so far]
+        self.timeouts = torch.zeros(1, dtype=torch.int32, device=dev)  # sticky across steps and graph replays
 
     def applies(self, tokens: torch.Tensor, meta) -> bool:
         return tokens.numel() == 1 and meta.dense and not self.target.aux_layer_ids
@@ -52,5 +54,12 @@ class FusedDecode:
         out, self.flags = decode_layers(
             F.embedding(tokens, t.embed)[0], positions, meta.write_slots, meta.keys.slots[0], meta.mask[0, 0],
             self.weights, store.k_all, store.v_all, t.rope.inv_freq, t.cfg.rms_norm_eps, t.scale, self.programs,
-            sync=self.sync)
+            sync=self.sync, timeouts=self.timeouts)
         return out[None]
+
+    def check(self) -> None:
+        """Raise if a grid barrier ever gave up waiting (its step's results are wrong): the kernel needs every
+        SM to itself, so another process's kernels on the same GPU can starve it."""
+        if int(self.timeouts.item()):
+            raise QualError("fused_decode: a grid barrier timed out (all programs must be resident at once: "
+                            "is another process using this GPU?); its decode steps are wrong")

@@ -200,6 +200,8 @@ class ModelRunner:
             logits, drafts, aux = graphs.replay(inp)
         else:  # compiled code only for the fixed shapes: dynamic shapes would recompile at every new width
             logits, drafts, aux = (self.decode_fn if self.cfg.static_shapes else self.decode_compute)(inp)
+        if self.target.fused is not None:
+            self.target.fused.check()
         Q = 1 + self.K
         if aux is not None:
             for i, rid in enumerate(step.req_ids):  # clone: graph outputs are overwritten by the next replay

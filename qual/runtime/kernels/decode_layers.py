@@ -55,7 +55,7 @@ if triton is not None:
         tl.atomic_add(flags_ptr, 1, sem="release")
 
     @triton.jit
-    def _wait(flags_ptr, target, POLL_ACQUIRE: tl.constexpr):
+    def _wait(flags_ptr, timeout_ptr, target, POLL_ACQUIRE: tl.constexpr):
         """Wait until `target` arrivals (programs x barriers so far) have been counted.
 
         Loads issued between _arrive and _wait (the next phase's weights) stream in meanwhile.
@@ -68,9 +68,9 @@ if triton is not None:
         else:
             while (tl.load(flags_ptr, volatile=True) < target) & (spins < MAX_SPINS):
                 spins += 1
-            tl.atomic_add(flags_ptr + 2, 0, sem="acquire")  # what the others wrote before arriving is visible now
+            tl.atomic_add(flags_ptr + 1, 0, sem="acquire")  # what the others wrote before arriving is visible now
         if spins >= MAX_SPINS:
-            tl.atomic_max(flags_ptr + 1, 1)
+            tl.atomic_max(timeout_ptr, 1)
         tl.debug_barrier()
 
     @triton.jit
@@ -289,7 +289,7 @@ if triton is not None:
 
     @triton.jit
     def _decode_layers_kernel(
-            resid_ptr, qkv_ptr, part_ptr, flags_ptr, times_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, KPU,
+            resid_ptr, qkv_ptr, part_ptr, flags_ptr, timeout_ptr, times_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, KPU,
             ln1_ptr, ln2_ptr, wqkv_ptr, qn_ptr, kn_ptr, wo_ptr, wgu_ptr, wdt_ptr, inv_freq_ptr,
             k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, first_phase, last_phase, eps, scale,
             H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
@@ -332,7 +332,7 @@ if triton is not None:
             kk1, kk2, vv1, vv2, seen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot, lo,
                                                  hi, pid // NC, BS, D)
             if SYNC:
-                _wait(flags_ptr, (ph + 1 - first_phase) * nprog, POLL_ACQUIRE)
+                _wait(flags_ptr, timeout_ptr, (ph + 1 - first_phase) * nprog, POLL_ACQUIRE)
                 if TIMING:
                     if pid == 0:
                         tl.store(times_ptr + 1 + ph - first_phase, _now())
@@ -346,7 +346,7 @@ if triton is not None:
                 _arrive(flags_ptr)
             wo1, wo2 = _o_tile(wo_ptr + lw * H * NH * D, pid, layer < last_layer, H, NH, NKV, D, NC, RO)
             if SYNC:
-                _wait(flags_ptr, (ph + 2 - first_phase) * nprog, POLL_ACQUIRE)
+                _wait(flags_ptr, timeout_ptr, (ph + 2 - first_phase) * nprog, POLL_ACQUIRE)
                 if TIMING:
                     if pid == 0:
                         tl.store(times_ptr + 2 + ph - first_phase, _now())
@@ -361,7 +361,7 @@ if triton is not None:
             if PF_MLP:
                 wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
             if SYNC:
-                _wait(flags_ptr, (ph + 3 - first_phase) * nprog, POLL_ACQUIRE)
+                _wait(flags_ptr, timeout_ptr, (ph + 3 - first_phase) * nprog, POLL_ACQUIRE)
                 if TIMING:
                     if pid == 0:
                         tl.store(times_ptr + 3 + ph - first_phase, _now())
@@ -375,7 +375,7 @@ if triton is not None:
             if PF_QKV:
                 wq = _qkv_tile(wqkv_ptr + (lw + 1) * NQKV * H, pid, layer + 1 < last_layer, H, HB, NQKV, RQ)
             if SYNC:
-                _wait(flags_ptr, (ph + 4 - first_phase) * nprog, POLL_ACQUIRE)
+                _wait(flags_ptr, timeout_ptr, (ph + 4 - first_phase) * nprog, POLL_ACQUIRE)
                 if TIMING:
                     if pid == 0:
                         tl.store(times_ptr + 4 + ph - first_phase, _now())
@@ -433,12 +433,15 @@ class Tiling:
 def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Tensor, slots: torch.Tensor,
                   mask: torch.Tensor, w: StackedWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   inv_freq: torch.Tensor, eps: float, scale: float, programs: int, tiling: Tiling | None = None,
-                  sync: bool = True, info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run every layer for one token. Returns (residual after the last layer, float32 [hidden]; flags int32 [2]).
+                  sync: bool = True, info: dict | None = None, timeouts: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run every layer for one token. Returns (residual after the last layer, float32 [hidden]; int32 [2]:
+    barrier arrivals in this launch, timeouts so far).
 
     x0 [hidden]: the token's embedding. position, write_slot [1]; slots [S] and mask [S] (bool): the
     request's key slots and which are visible. k/v_cache [L, slots, NKV, D] (written at write_slot).
-    flags[1] != 0 means a barrier gave up waiting: the result is wrong (reported, never a hang).
+    A barrier that gives up waiting sets timeouts[0] (the caller's, kept across steps; else a fresh one): the
+    result is then wrong. That is reported, never a hang.
     info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it
     holds "work" (a bit mask of the phases to run: 1 q/k/v, 2 attention (both phases), 4 MLP), the kernel also
     records a
@@ -460,7 +463,8 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     resid[0].copy_(x0)
     qkv = torch.empty(nqkv, device=x0.device, dtype=torch.float32)
     part = torch.empty(NKV * t.o_chunks * (NH // NKV) * (D + 2), device=x0.device, dtype=torch.float32)
-    flags = torch.zeros(3, device=x0.device, dtype=torch.int32)  # arrivals, timed out, acquire target
+    flags = torch.zeros(2, device=x0.device, dtype=torch.int32)  # arrivals, a target for acquire atomics
+    timeouts = torch.zeros(1, device=x0.device, dtype=torch.int32) if timeouts is None else timeouts
     times = torch.zeros(L * PHASES_PER_LAYER + 1, device=x0.device, dtype=torch.int64)
     if mask.dtype == torch.bool:
         mask = mask.view(torch.int8)
@@ -468,7 +472,7 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     keys_per_unit = -(-S // t.o_chunks)  # the attention phase splits the keys over a KV head's chunks
     use_dot = t.attn_dot and D // 2 >= 16
     key_block = min(t.key_block, max(16 if use_dot else 2, triton.next_power_of_2(keys_per_unit)))
-    args = (resid, qkv, part, flags, times, position, write_slot, slots, mask, S, keys_per_unit,
+    args = (resid, qkv, part, flags, timeouts, times, position, write_slot, slots, mask, S, keys_per_unit,
             w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t, inv_freq,
             k_cache, v_cache, k_cache.stride(0), k_cache.stride(1))
     meta = dict(H=H, HB=triton.next_power_of_2(H), I=I, NH=NH, NKV=NKV, D=D, RQ=t.rows_qkv, NC=t.o_chunks, RO=t.rows_o,
@@ -482,4 +486,4 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
         launch = _decode_layers_kernel[(programs,)](*args, first, last, eps, scale, SYNC=sync, **meta)
     if info is not None:
         info.update(n_regs=getattr(launch, "n_regs", None), n_spills=getattr(launch, "n_spills", None), times=times)
-    return resid[(2 * L) % 3], flags[:2]
+    return resid[(2 * L) % 3], torch.cat([flags[:1], timeouts])
