@@ -1,12 +1,13 @@
 #!/bin/bash
-# Prepared, not yet run (written at the end of the third session, whose device time was spent):
-# the GPU tests of the Triton paged-attention kernel, then the 0.6B-shape step with it.
-# 1 x H200 is enough. Carry .whl (datasets/dill/multiprocess wheels for Python 3.12).
+# Prepared for the next session (1 x H200; carry .whl). The last commits of session 4 changed the fused kernel
+# after its last GPU run (call 18): one RMSNorm helper, and a sticky timeout flag with its own pointer. They were
+# checked under Triton's interpreter and compiled offline for sm_90 with Triton 3.6 (bench/kernel_resources.py),
+# not run on a GPU. This call re-runs the GPU tests and the microbench before any new optimisation.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
-mkdir -p /tmp/n
-timeout 150 python3 -m pytest -s -q tests/test_gpu.py -k "not nccl" -p no:cacheprovider > /tmp/n/gputests.log 2>&1
-timeout 90 python3 bench/profile_decode.py --compile default --triton-gemm --triton-attention --out /tmp/n/prof.json > /tmp/n/prof.log 2>&1
-timeout 300 python3 bench/gpu_bench.py --models qwen3-0.6b-shape --variants base,compile+triton,compile+triton+attn --no-spec \
-  --out /tmp/n/bench.json > /tmp/n/bench.log 2>&1
-cd /tmp && tar czf $OUT/n.tgz n
+mkdir -p /tmp/q; T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*" | tee -a /tmp/q/timeline.log; }
+el tests; timeout 170 python3 -m pytest -q tests/test_gpu.py -k "not nccl" -p no:cacheprovider > /tmp/q/gputests.log 2>&1; el tests rc $?
+el micro; timeout 150 python3 bench/fused_decode_bench.py --out /tmp/q/fused.json > /tmp/q/fused.log 2>&1; el micro rc $?
+el bench; timeout 150 python3 bench/gpu_bench.py --models qwen3-0.6b-shape --variants fused --no-spec \
+  --out /tmp/q/bench.json > /tmp/q/bench.log 2>&1; el bench rc $?
+cd /tmp && tar czf $OUT/q.tgz q; el done
