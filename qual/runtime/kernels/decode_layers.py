@@ -406,7 +406,7 @@ class Tiling:
     """How the work of each phase is cut into units (one unit = one program's share)."""
 
     rows_qkv: int  # q/k/v rows per unit (power of 2)
-    o_chunks: int  # units per KV head in phase 2
+    o_chunks: int  # units per KV head in the attention phases (key slices, then o-projection row chunks)
     rows_o: int  # o-projection rows per unit (power of 2)
     rows_mlp: int  # intermediate rows per unit
     rows_mlp_step: int  # of which this many (a power of 2) at a time
@@ -442,10 +442,9 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     request's key slots and which are visible. k/v_cache [L, slots, NKV, D] (written at write_slot).
     A barrier that gives up waiting sets timeouts[0] (the caller's, kept across steps; else a fresh one): the
     result is then wrong. That is reported, never a hang.
-    info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it
-    holds "work" (a bit mask of the phases to run: 1 q/k/v, 2 attention (both phases), 4 MLP), the kernel also
-    records a
-    timestamp after every phase into info["times"] (int64 ns; GPU only) and skips the phases left out.
+    info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it holds
+    "work" (a bit mask of the phases to run: 1 q/k/v, 2 attention (both phases), 4 MLP), the kernel also records
+    a timestamp after every phase into info["times"] (int64 ns; GPU only) and skips the phases left out.
     """
     L, H = w.ln1.shape
     NH, NKV, D = w.num_heads, w.num_kv_heads, w.head_dim
