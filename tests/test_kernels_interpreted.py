@@ -107,3 +107,14 @@ def test_paged_attention_matches_gather_then_attend():
 def test_split_k_partials_sum_to_the_product():
     """The split-K GEMM's float32 partials sum to x @ w.T (ragged N and K, 1 to 16 rows)."""
     interpret(SKINNY_GEMM)
+
+
+def test_fused_decode_tiling_fits_registers_or_says_why():
+    """The 0.6B shape fits one tile a program (the MLP step shrinks for wider models); a 4B-wide one is refused."""
+    from qual.runtime.kernels.decode_layers import Tiling
+
+    small = Tiling.for_shape(132, 1024, 3072, 4096, 8, 128)
+    assert small.too_big(1024) is None and (small.rows_qkv, small.rows_mlp, small.rows_mlp_step) == (32, 24, 32)
+    assert Tiling.for_shape(132, 2048, 6144, 4096, 8, 128).rows_mlp_step == 16
+    wide = Tiling.for_shape(132, 2560, 9728, 6144, 8, 128)
+    assert "q/k/v rows x hidden 2560 per program exceed 128 KiB" in wide.too_big(2560)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from qual.errors import QualError
-from qual.runtime.kernels.decode_layers import StackedWeights, decode_layers
+from qual.runtime.kernels.decode_layers import StackedWeights, Tiling, decode_layers
 
 
 def _stack(layers, path: str, transpose: bool = False) -> torch.Tensor:
@@ -34,16 +34,21 @@ class FusedDecode:
         """programs: one per SM by default (all must be resident at once); sync=False launches phase by
         phase (Triton's interpreter on the CPU, where programs run one after another)."""
         t, layers = target, target.layers
+        lay, cfg = t.layout, t.cfg
+        self.programs = programs or torch.cuda.get_device_properties(t.comm.device).multi_processor_count
+        self.tiling = Tiling.for_shape(self.programs, cfg.hidden_size, cfg.intermediate_size,
+                                       (lay.num_heads + 2 * lay.num_kv_heads) * lay.head_dim, lay.num_kv_heads, lay.head_dim)
+        problem = self.tiling.too_big(cfg.hidden_size)
+        if problem or self.programs < lay.num_kv_heads:  # checked before any weight is moved
+            raise QualError(f"fused_decode: {problem or f'{self.programs} SMs < {lay.num_kv_heads} KV heads'}")
         self.target, self.sync = t, sync
         self.weights = StackedWeights(
             ln1=_stack(layers, "input_norm"), ln2=_stack(layers, "post_norm"), qkv=_stack(layers, "attn.qkv"),
             q_norm=_stack(layers, "attn.q_norm"), k_norm=_stack(layers, "attn.k_norm"), o=_stack(layers, "attn.o"),
             gate_up=_stack(layers, "mlp.gate_up"), down_t=_stack(layers, "mlp.down", transpose=True),
             num_heads=t.layout.num_heads, num_kv_heads=t.layout.num_kv_heads, head_dim=t.layout.head_dim)
-        dev = t.comm.device
-        self.programs = programs or torch.cuda.get_device_properties(dev).multi_processor_count
         self.flags = None  # the last launch's [barrier arrivals, timeouts so far]
-        self.timeouts = torch.zeros(1, dtype=torch.int32, device=dev)  # sticky across steps and graph replays
+        self.timeouts = torch.zeros(1, dtype=torch.int32, device=t.comm.device)  # sticky across steps and graph replays
 
     def applies(self, tokens: torch.Tensor, meta) -> bool:
         return tokens.numel() == 1 and meta.dense and not self.target.aux_layer_ids
@@ -54,7 +59,7 @@ class FusedDecode:
         out, self.flags = decode_layers(
             F.embedding(tokens, t.embed)[0], positions, meta.write_slots, meta.keys.slots[0], meta.mask[0, 0],
             self.weights, store.k_all, store.v_all, t.rope.inv_freq, t.cfg.rms_norm_eps, t.scale, self.programs,
-            sync=self.sync, timeouts=self.timeouts)
+            self.tiling, sync=self.sync, timeouts=self.timeouts)
         return out[None]
 
     def check(self) -> None:

@@ -38,6 +38,10 @@ except ImportError:  # CPU-only torch builds ship no Triton
     triton = None
 
 PHASES_PER_LAYER = 4  # q/k/v; attention over a slice of the keys; merge + o projection; MLP
+# A program holds its weight tiles in registers (64K 32-bit registers an SM): beyond these the kernel spills
+# to local memory on every tile, so larger shapes are refused rather than run slowly.
+MAX_QKV_TILE_BYTES = 128 << 10
+MAX_MLP_TILE_BYTES = 192 << 10  # gate + up + down rows of one step
 
 
 if triton is not None:
@@ -426,8 +430,19 @@ class Tiling:
         o_chunks = programs // num_kv_heads
         rows_o = p2(-(-hidden // o_chunks))  # o_chunks x rows_o >= hidden: every row has a unit
         rows_mlp = -(-intermediate // programs)
+        fit = 1 << max(0, (MAX_MLP_TILE_BYTES // (6 * p2(hidden))).bit_length() - 1)  # MLP rows a step that fit
         key_block = 128 if head_dim // 2 >= 16 else 32  # tl.dot (16-wide operands) or broadcast products
-        return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp)), key_block, num_warps)
+        return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp), fit), key_block, num_warps)
+
+    def too_big(self, hidden: int) -> str | None:
+        """Why this tiling does not fit a program's registers for `hidden`, or None."""
+        width = 2 * triton.next_power_of_2(hidden)  # bytes of one bf16 row, padded
+        if self.rows_qkv * width > MAX_QKV_TILE_BYTES:
+            return (f"{self.rows_qkv} q/k/v rows x hidden {hidden} per program exceed {MAX_QKV_TILE_BYTES >> 10} KiB of "
+                    "registers (a model this size needs more programs than SMs; use the per-layer path)")
+        if 3 * self.rows_mlp_step * width > MAX_MLP_TILE_BYTES:
+            return f"hidden {hidden} is too wide for one MLP row step in {MAX_MLP_TILE_BYTES >> 10} KiB of registers"
+        return None
 
 
 def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Tensor, slots: torch.Tensor,
