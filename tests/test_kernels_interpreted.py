@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FUSED_DECODE = """
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from checkpoints import make_target
 from runtime_helpers import prompts
@@ -34,6 +35,7 @@ with tempfile.TemporaryDirectory() as tmp:
     with LLMEngine(cfg) as engine:
         ref = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
         fused = engine.runner.target.fused = FusedDecode(engine.runner.target, programs={programs}, sync=False)
+        fused.tiling = replace(fused.tiling, key_block={key_block})  # small: several key blocks a unit
         got = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
         fused.timeouts.fill_(1)  # as a barrier that gave up would leave it
         try:
@@ -90,12 +92,14 @@ def interpret(code: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv,head_dim,programs", [(2, 32, 5), (1, 16, 3)], ids=["gqa2-dot", "gqa4-broadcast"])
-def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs):
+@pytest.mark.parametrize("kv,head_dim,programs,key_block", [(2, 32, 5, 16), (1, 16, 3, 4)],
+                         ids=["gqa2-dot", "gqa4-broadcast"])
+def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs, key_block):
     """One kernel for all layers (run phase by phase: the interpreter has no concurrent programs) generates
     the same greedy tokens as the per-layer path, float32. head_dim 32 takes the tl.dot attention, 16 the
-    broadcast one; the keys are split over 2 and 3 chunks per KV head (3: a non-power-of-2 merge)."""
-    interpret(FUSED_DECODE.format(kv=kv, head_dim=head_dim, programs=programs))
+    broadcast one; the keys are split over 2 and 3 chunks per KV head (3: a non-power-of-2 merge), each
+    chunk walked in blocks of 16 and 4 keys (prompts of 3-40 tokens + 20 generated: several blocks)."""
+    interpret(FUSED_DECODE.format(kv=kv, head_dim=head_dim, programs=programs, key_block=key_block))
 
 
 def test_paged_attention_matches_gather_then_attend():

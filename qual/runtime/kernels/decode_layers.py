@@ -485,7 +485,7 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     S = slots.shape[0]
     keys_per_unit = -(-S // t.o_chunks)  # the attention phase splits the keys over a KV head's chunks
     use_dot = t.attn_dot and D // 2 >= 16
-    key_block = min(t.key_block, max(16 if use_dot else 2, triton.next_power_of_2(keys_per_unit)))
+    key_block = max(min(t.key_block, triton.next_power_of_2(keys_per_unit)), 16 if use_dot else 2)  # tl.dot: >= 16
     args = (resid, qkv, part, flags, timeouts, times, position, write_slot, slots, mask, S, keys_per_unit,
             w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t, inv_freq,
             k_cache, v_cache, k_cache.stride(0), k_cache.stride(1))
