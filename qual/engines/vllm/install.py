@@ -15,6 +15,18 @@ from pathlib import Path
 # Where `make vllm-venv` puts it, relative to the repository root.
 DEFAULT_VENV = ".venv-vllm"
 REPO_ROOT = Path(__file__).resolve().parents[3]
+# Run in a vLLM install's interpreter (VllmInstall.grouped_rms_norm): how its rms_norm op treats a stacked weight.
+GROUPED_NORM_PROBE = """
+import torch
+from vllm import _custom_ops as ops
+x = torch.randn(2, 3, 1, 8)
+w = torch.stack([torch.ones(8), torch.full((8,), 3.0)])
+out = torch.empty_like(x)
+ops.rms_norm(out, x, w, 1e-6)
+base = torch.nn.functional.rms_norm(x, (8,), None, 1e-6)
+print("per-layer" if torch.allclose(out, base * w[:, None, None, :], atol=1e-4) else
+      "layer0" if torch.allclose(out, base * w[0], atol=1e-4) else "other")
+"""
 
 
 @dataclass(frozen=True)
@@ -131,19 +143,6 @@ class VllmInstall:
         if not spec_flag and not draft_dcp1 and not runner:
             return Evidence("no", ["no dcp_sharded KV spec flag and no DCP1 draft override in the package"])
         return Evidence("unknown", evidence or ["partial mechanism only"])
-
-
-GROUPED_NORM_PROBE = """
-import torch
-from vllm import _custom_ops as ops
-x = torch.randn(2, 3, 1, 8)
-w = torch.stack([torch.ones(8), torch.full((8,), 3.0)])
-out = torch.empty_like(x)
-ops.rms_norm(out, x, w, 1e-6)
-base = torch.nn.functional.rms_norm(x, (8,), None, 1e-6)
-print("per-layer" if torch.allclose(out, base * w[:, None, None, :], atol=1e-4) else
-      "layer0" if torch.allclose(out, base * w[0], atol=1e-4) else "other")
-"""
 
 
 def _dist_of(site: Path) -> tuple[str | None, str | None]:
