@@ -53,18 +53,24 @@ if triton is not None:
                                          is_pure=False, pack=1)
 
     @triton.jit
+    def _now():
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
     def _arrive(flags_ptr):
         """Count this program in at the barrier (its stores first: bar.sync, then a release atomic)."""
         tl.debug_barrier()
         tl.atomic_add(flags_ptr, 1, sem="release")
 
     @triton.jit
-    def _wait(flags_ptr, timeout_ptr, target, POLL_ACQUIRE: tl.constexpr):
-        """Wait until `target` arrivals (programs x barriers so far) have been counted.
+    def _wait(flags_ptr, timeout_ptr, barrier, times_ptr, POLL_ACQUIRE: tl.constexpr, TIMING: tl.constexpr):
+        """Wait until every program has arrived at barrier number `barrier` (1, 2, ... in this launch);
+        with TIMING, program 0 then stamps times[barrier].
 
         Loads issued between _arrive and _wait (the next phase's weights) stream in meanwhile.
         POLL_ACQUIRE: poll with acquire loads (one round trip after the last arrival); else plain
         volatile polls, then one acquire atomic (two)."""
+        target = barrier * tl.num_programs(0)
         spins = 0
         if POLL_ACQUIRE:
             while (_load_acquire(flags_ptr) < target) & (spins < MAX_SPINS):
@@ -76,10 +82,9 @@ if triton is not None:
         if spins >= MAX_SPINS:
             tl.atomic_max(timeout_ptr, 1)
         tl.debug_barrier()
-
-    @triton.jit
-    def _now():
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        if TIMING:
+            if tl.program_id(0) == 0:
+                tl.store(times_ptr + barrier, _now())
 
     @triton.jit
     def _rms_normed(x_ptr, ln_ptr, eps, H: tl.constexpr, HB: tl.constexpr):
@@ -302,7 +307,6 @@ if triton is not None:
             SYNC: tl.constexpr, POLL_ACQUIRE: tl.constexpr, PF_QKV: tl.constexpr, PF_MLP: tl.constexpr,
             WORK: tl.constexpr, TIMING: tl.constexpr):
         pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
         NQKV: tl.constexpr = (NH + 2 * NKV) * D
         if TIMING:
             if pid == 0:
@@ -336,10 +340,7 @@ if triton is not None:
             kk1, kk2, vv1, vv2, seen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot, lo,
                                                  hi, pid // NC, BS, D)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, (ph + 1 - first_phase) * nprog, POLL_ACQUIRE)
-                if TIMING:
-                    if pid == 0:
-                        tl.store(times_ptr + 1 + ph - first_phase, _now())
+                _wait(flags_ptr, timeout_ptr, ph + 1 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
             if WORK & 2:
                 if (ph + 1 >= first_phase) & (ph + 1 < last_phase):
                     _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
@@ -350,10 +351,7 @@ if triton is not None:
                 _arrive(flags_ptr)
             wo1, wo2 = _o_tile(wo_ptr + lw * H * NH * D, pid, layer < last_layer, H, NH, NKV, D, NC, RO)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, (ph + 2 - first_phase) * nprog, POLL_ACQUIRE)
-                if TIMING:
-                    if pid == 0:
-                        tl.store(times_ptr + 2 + ph - first_phase, _now())
+                _wait(flags_ptr, timeout_ptr, ph + 2 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
             if WORK & 2:
                 if (ph + 2 >= first_phase) & (ph + 2 < last_phase):
                     _attn_merge_phase(pid, wo1, wo2, r_in, r_mid, r_out, part_ptr, H, HB, NH, NKV, D, NC, NCB, RO)
@@ -365,10 +363,7 @@ if triton is not None:
             if PF_MLP:
                 wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, (ph + 3 - first_phase) * nprog, POLL_ACQUIRE)
-                if TIMING:
-                    if pid == 0:
-                        tl.store(times_ptr + 3 + ph - first_phase, _now())
+                _wait(flags_ptr, timeout_ptr, ph + 3 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
             if WORK & 4:
                 if (ph + 3 >= first_phase) & (ph + 3 < last_phase):
                     if not PF_MLP:
@@ -379,10 +374,7 @@ if triton is not None:
             if PF_QKV:
                 wq = _qkv_tile(wqkv_ptr + (lw + 1) * NQKV * H, pid, layer + 1 < last_layer, H, HB, NQKV, RQ)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, (ph + 4 - first_phase) * nprog, POLL_ACQUIRE)
-                if TIMING:
-                    if pid == 0:
-                        tl.store(times_ptr + 4 + ph - first_phase, _now())
+                _wait(flags_ptr, timeout_ptr, ph + 4 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
 
 
 @dataclass
