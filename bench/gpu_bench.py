@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from qual.runtime.checkpoint import save_checkpoint  # noqa: E402
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams  # noqa: E402
 from qual.runtime.engine import GenerationRequest, LLMEngine  # noqa: E402
+from qual.runtime.kernels.decode_layers import Tiling  # noqa: E402
 
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                   head_dim=128, intermediate_size=3072)
@@ -188,8 +189,13 @@ def main() -> int:
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode of the compile variants")
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
+    ap.add_argument("--fused-tiling", help="the fused variant's tiling, as bench/fused_decode_bench.py --tilings "
+                    "spells one (default: Tiling.for_shape's)")
     args = ap.parse_args()
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    if args.fused_tiling:  # this process only: every FusedDecode built from here on takes the spec
+        spec, for_shape = args.fused_tiling, Tiling.for_shape
+        Tiling.for_shape = lambda *a, **k: for_shape(*a, **k).with_spec(spec)
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "fused_tiling": args.fused_tiling}
     bw = copy_bandwidth()
     res["copy_bandwidth_Bps"] = bw
     toy_t, toy_d = ROOT / "models/toy/target", ROOT / "models/toy/draft"

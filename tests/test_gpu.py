@@ -93,11 +93,19 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernels):
         assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], mode
 
 
-def test_fused_decode_matches_per_layer_path(tiny_pair):
-    """One kernel for all layers (batch 1, graphs on, float32) gives the per-layer path's tokens; no barrier timed out."""
+@pytest.mark.parametrize("change", [{}, {"poll": "t"}, {"poll": "v", "l2_ahead": 0}])
+def test_fused_decode_matches_per_layer_path(tiny_pair, change, monkeypatch):
+    """One kernel for all layers (batch 1, graphs on, float32) gives the per-layer path's tokens; no barrier timed out.
+    change: the default tiling, then other barrier polls and L2 prefetch settings."""
+    from dataclasses import replace
+
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
     from qual.runtime.engine import LLMEngine
+    from qual.runtime.kernels.decode_layers import Tiling
     from runtime_helpers import prompts
+
+    for_shape = Tiling.for_shape
+    monkeypatch.setattr(Tiling, "for_shape", lambda *a, **k: replace(for_shape(*a, **k), **change))
 
     def generate(fused):
         cfg = EngineConfig(str(tiny_pair[0]), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
