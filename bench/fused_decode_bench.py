@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("--tilings", default="8x32xaxdxqm,8x32xaxdxq,8x32xaxdx,8x16xaxdx,8x16xaxdxq",
                     help="comma list of num_warps x MLP rows per step x barrier polls (a: acquire loads, v: volatile "
                          "loads + an acquire atomic) x attention (d: tl.dot, b: broadcast products) x weights requested "
-                         "before the barrier (q: q/k/v, m: the MLP's) [x phases ahead of the L2 prefetch, default 0]")
+                         "before the barrier (q: q/k/v, m: the MLP's)")
     ap.add_argument("--phase-tilings", default="8x32xaxdxqm", help="tilings to break down per phase")
     ap.add_argument("--layers", type=int, help="run this many layers instead of the model's 28: one layer's weights "
                     "(31.5 MB) stay in H200's L2 across graph replays, which shows what the kernel does when loads hit L2")

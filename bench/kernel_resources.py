@@ -6,8 +6,7 @@ Compiles qual/runtime/kernels/decode_layers.py for the Qwen3-0.6B shape ahead of
 installed here (its own ptxas) and prints cuobjdump's resource usage per variant. Spills cost the fused
 kernel time on the GPU (docs/PERFORMANCE.md), and this shows them on a CPU-only machine: use the Triton
 version of the device (3.6 with torch 2.11) for numbers that match it.
-Variants: num_warps x MLP rows a step x weights requested before a barrier (q: q/k/v, m: the MLP's)
-[x phases ahead of the L2 prefetch];
+Variants: num_warps x MLP rows a step x weights requested before a barrier (q: q/k/v, m: the MLP's);
 --work: phases compiled in (1 q/k/v, 2 attention, 4 MLP), to see which phase needs the registers.
 """
 
@@ -38,7 +37,7 @@ SIGNATURE = {"resid_ptr": "*fp32", "qkv_ptr": "*fp32", "part_ptr": "*fp32", "fla
              "cache_slot_stride": "i32", "first_phase": "i32", "last_phase": "i32", "eps": "fp32", "scale": "fp32"}
 # The 0.6B shape on 132 programs, 160 cached tokens (what bench/fused_decode_bench.py runs)
 SHAPE = dict(H=1024, HB=1024, I=3072, NH=16, NKV=8, D=128, RQ=32, NC=16, NCB=16, RO=64, RI=24, BS=16, MQ=16,
-             USE_DOT=True, PREC="tf32", SYNC=True, POLL=0, NT=256, TIMING=False, LQ=512, LO=256, LGU=1024, LDT=512)
+             USE_DOT=True, PREC="tf32", SYNC=True, POLL_ACQUIRE=True, TIMING=False)
 
 
 def resources(arch: int, num_warps: int, **constexprs) -> dict:
@@ -58,18 +57,16 @@ def resources(arch: int, num_warps: int, **constexprs) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
-    ap.add_argument("--tilings", default="8x32xqm,8x32xqmx2,8x32xq,8x32x,8x16xqm,16x32xqm")
+    ap.add_argument("--tilings", default="8x32xqm,8x32xq,8x32x,8x16xqm,16x32xqm")
     ap.add_argument("--work", default="7,1,2,4")
     args = ap.parse_args()
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="qual-triton-"))
     print(f"Triton {triton.__version__}, sm_{args.arch}")
     print(f"{'variant':>10s} {'work':>4s} {'REG':>5s} {'STACK':>6s} {'SHARED':>7s}")
     for spec in args.tilings.split(","):
-        warps, step, pf, *more = spec.split("x")  # [x L2 phases ahead [x poll: a, v or t]]
+        warps, step, pf = spec.split("x")
         for work in (int(w) for w in args.work.split(",")):
-            r = resources(args.arch, int(warps), RS=int(step), PF_QKV="q" in pf, PF_MLP="m" in pf, WORK=work,
-                          L2_AHEAD=int(more[0]) if more else 0, POLL="avt".index(more[1]) if len(more) > 1 else 0,
-                          NT=32 * int(warps))
+            r = resources(args.arch, int(warps), RS=int(step), PF_QKV="q" in pf, PF_MLP="m" in pf, WORK=work)
             print(f"{spec:>10s} {work:4d} {r.get('REG', 0):5d} {r.get('STACK', 0):6d} {r.get('SHARED', 0):7d}", flush=True)
     return 0
 

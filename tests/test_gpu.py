@@ -93,10 +93,10 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernels):
         assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], mode
 
 
-@pytest.mark.parametrize("change", [{}, {"poll": "t"}, {"poll": "v", "l2_ahead": 0}])
+@pytest.mark.parametrize("change", [{}, {"poll_acquire": False}])
 def test_fused_decode_matches_per_layer_path(tiny_pair, change, monkeypatch):
     """One kernel for all layers (batch 1, graphs on, float32) gives the per-layer path's tokens; no barrier timed out.
-    change: the default tiling, then other barrier polls and L2 prefetch settings."""
+    change: the default tiling, then the other barrier poll."""
     from dataclasses import replace
 
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams

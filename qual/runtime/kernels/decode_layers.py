@@ -63,31 +63,16 @@ if triton is not None:
         tl.atomic_add(flags_ptr, 1, sem="release")
 
     @triton.jit
-    def _poll_thread0(flags_ptr, target, NT: tl.constexpr):
-        """Thread 0 alone polls (acquire loads) until the count reaches target; 1 if it gave up, else 0."""
-        tid = tl.arange(0, NT)  # one element a thread: the asm checks %tid.x itself
-        gave_up = tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b32 t, v, n;\n\tmov.u32 $0, 0; mov.u32 t, %tid.x; setp.ne.u32 p, t, 0; "
-            "@p bra DONE;\n\tmov.u32 n, 0;\nWAIT:\n\tld.acquire.gpu.global.b32 v, [$1]; setp.ge.s32 p, v, $2; "
-            "@p bra DONE;\n\tadd.u32 n, n, 1; setp.lt.u32 p, n, $3; @p bra WAIT;\n\tmov.u32 $0, 1;\nDONE:\n\t}",
-            "=r,l,r,r", [flags_ptr + tid * 0, target + tid * 0, MAX_SPINS + tid * 0], dtype=tl.int32, is_pure=False,
-            pack=1)
-        return tl.max(gave_up, axis=0)  # a reduction over the program: every thread waits for thread 0 here
-
-    @triton.jit
-    def _wait(flags_ptr, timeout_ptr, barrier, times_ptr, POLL: tl.constexpr, NT: tl.constexpr, TIMING: tl.constexpr):
+    def _wait(flags_ptr, timeout_ptr, barrier, times_ptr, POLL_ACQUIRE: tl.constexpr, TIMING: tl.constexpr):
         """Wait until every program has arrived at barrier number `barrier` (1, 2, ... in this launch);
         with TIMING, program 0 then stamps times[barrier].
 
         Loads issued between _arrive and _wait (the next phase's weights) stream in meanwhile.
-        POLL 0: every thread polls with acquire loads (one round trip after the last arrival); 1: plain
-        volatile polls, then one acquire atomic (two); 2: thread 0 alone polls, the others wait at a
-        program barrier (NT threads)."""
+        POLL_ACQUIRE: poll with acquire loads (one round trip after the last arrival); else plain
+        volatile polls, then one acquire atomic (two)."""
         target = barrier * tl.num_programs(0)
         spins = 0
-        if POLL == 2:
-            spins = _poll_thread0(flags_ptr, target, NT) * MAX_SPINS
-        elif POLL == 0:
+        if POLL_ACQUIRE:
             while (_load_acquire(flags_ptr) < target) & (spins < MAX_SPINS):
                 spins += 1
         else:
@@ -100,36 +85,6 @@ if triton is not None:
         if TIMING:
             if tl.program_id(0) == 0:
                 tl.store(times_ptr + barrier, _now())
-
-    @triton.jit
-    def _prefetch_l2(base, n, pid, LINES: tl.constexpr):
-        """Ask L2 for this program's share (LINES 128-byte lines) of the n elements at base: one bulk prefetch
-        (sm_90's TMA unit) from thread 0, so no registers are held and no load slots taken while HBM streams it in."""
-        per_line: tl.constexpr = 1024 // base.dtype.element_ty.primitive_bitwidth
-        start = pid * LINES * per_line
-        if start < n:
-            size = (tl.minimum(n - start, LINES * per_line) * (128 // per_line) // 16 * 16).to(tl.int32)  # bytes, 16s
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
-                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [base + start + tl.zeros((1,), tl.int64), size + tl.zeros((1,), tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
-
-    @triton.jit
-    def _prefetch_phase(t, last_phase, pid, wqkv_ptr, wo_ptr, wgu_ptr, wdt_ptr, H: tl.constexpr, I: tl.constexpr,
-                        NQKV: tl.constexpr, NO: tl.constexpr, LQ: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
-                        LDT: tl.constexpr):
-        """L2 prefetch of the weights of phase t (global phase number; attention has none)."""
-        if t < last_phase:
-            lw = tl.cast(t // 4, tl.int64)
-            kind = t % 4
-            if kind == 0:
-                _prefetch_l2(wqkv_ptr + lw * NQKV * H, NQKV * H, pid, LQ)
-            if kind == 2:
-                _prefetch_l2(wo_ptr + lw * H * NO, H * NO, pid, LO)
-            if kind == 3:
-                _prefetch_l2(wgu_ptr + lw * 2 * I * H, 2 * I * H, pid, LGU)
-                _prefetch_l2(wdt_ptr + lw * I * H, I * H, pid, LDT)
 
     @triton.jit
     def _rms_normed(x_ptr, ln_ptr, eps, H: tl.constexpr, HB: tl.constexpr):
@@ -349,8 +304,7 @@ if triton is not None:
             H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
             RQ: tl.constexpr, NC: tl.constexpr, NCB: tl.constexpr, RO: tl.constexpr, RI: tl.constexpr, RS: tl.constexpr,
             BS: tl.constexpr, MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr,
-            SYNC: tl.constexpr, POLL: tl.constexpr, NT: tl.constexpr, PF_QKV: tl.constexpr, PF_MLP: tl.constexpr,
-            L2_AHEAD: tl.constexpr, LQ: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr, LDT: tl.constexpr,
+            SYNC: tl.constexpr, POLL_ACQUIRE: tl.constexpr, PF_QKV: tl.constexpr, PF_MLP: tl.constexpr,
             WORK: tl.constexpr, TIMING: tl.constexpr):
         pid = tl.program_id(0)
         NQKV: tl.constexpr = (NH + 2 * NKV) * D
@@ -369,10 +323,6 @@ if triton is not None:
         if PF_QKV:
             wq = _qkv_tile(wqkv_ptr + tl.cast(first_layer, tl.int64) * NQKV * H, pid, first_layer < last_layer, H, HB,
                            NQKV, RQ)
-        # L2_AHEAD > 0: at each barrier, L2 is also asked for the weights L2_AHEAD phases past the next one, so HBM
-        # keeps streaming through the barriers and each phase's loads come from L2.
-        for i in tl.static_range(1, L2_AHEAD + 1):
-            _prefetch_phase(4 * first_layer + i, last_phase, pid, wqkv_ptr, wo_ptr, wgu_ptr, wdt_ptr, H, I, NQKV, NH * D, LQ, LO, LGU, LDT)
         for layer in range(first_layer, last_layer):
             ph = 4 * layer
             lw = tl.cast(layer, tl.int64)
@@ -386,13 +336,11 @@ if triton is not None:
                     _qkv_phase(pid, wq, r_in, ln1_ptr + lw * H, qkv_ptr, r_mid, eps, H, HB, NQKV, RQ)
             if SYNC:
                 _arrive(flags_ptr)
-            if L2_AHEAD > 0:
-                _prefetch_phase(ph + 1 + L2_AHEAD, last_phase, pid, wqkv_ptr, wo_ptr, wgu_ptr, wdt_ptr, H, I, NQKV, NH * D, LQ, LO, LGU, LDT)
             cache = lw * cache_layer_stride
             kk1, kk2, vv1, vv2, seen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot, lo,
                                                  hi, pid // NC, BS, D)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, ph + 1 - first_phase, times_ptr, POLL, NT, TIMING)
+                _wait(flags_ptr, timeout_ptr, ph + 1 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
             if WORK & 2:
                 if (ph + 1 >= first_phase) & (ph + 1 < last_phase):
                     _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
@@ -401,25 +349,21 @@ if triton is not None:
                                         PREC)
             if SYNC:
                 _arrive(flags_ptr)
-            if L2_AHEAD > 0:
-                _prefetch_phase(ph + 2 + L2_AHEAD, last_phase, pid, wqkv_ptr, wo_ptr, wgu_ptr, wdt_ptr, H, I, NQKV, NH * D, LQ, LO, LGU, LDT)
             wo1, wo2 = _o_tile(wo_ptr + lw * H * NH * D, pid, layer < last_layer, H, NH, NKV, D, NC, RO)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, ph + 2 - first_phase, times_ptr, POLL, NT, TIMING)
+                _wait(flags_ptr, timeout_ptr, ph + 2 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
             if WORK & 2:
                 if (ph + 2 >= first_phase) & (ph + 2 < last_phase):
                     _attn_merge_phase(pid, wo1, wo2, r_in, r_mid, r_out, part_ptr, H, HB, NH, NKV, D, NC, NCB, RO)
             if SYNC:
                 _arrive(flags_ptr)
-            if L2_AHEAD > 0:
-                _prefetch_phase(ph + 3 + L2_AHEAD, last_phase, pid, wqkv_ptr, wo_ptr, wgu_ptr, wdt_ptr, H, I, NQKV, NH * D, LQ, LO, LGU, LDT)
             gu = wgu_ptr + lw * 2 * I * H
             dt = wdt_ptr + lw * I * H
             rows = pid * RI + mlp_j
             if PF_MLP:
                 wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, ph + 3 - first_phase, times_ptr, POLL, NT, TIMING)
+                _wait(flags_ptr, timeout_ptr, ph + 3 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
             if WORK & 4:
                 if (ph + 3 >= first_phase) & (ph + 3 < last_phase):
                     if not PF_MLP:
@@ -427,12 +371,10 @@ if triton is not None:
                     _mlp_phase(pid, wg, wu, wd, r_mid, ln2_ptr + lw * H, gu, dt, r_out, eps, H, HB, I, RI, RS)
             if SYNC:
                 _arrive(flags_ptr)
-            if L2_AHEAD > 0:
-                _prefetch_phase(ph + 4 + L2_AHEAD, last_phase, pid, wqkv_ptr, wo_ptr, wgu_ptr, wdt_ptr, H, I, NQKV, NH * D, LQ, LO, LGU, LDT)
             if PF_QKV:
                 wq = _qkv_tile(wqkv_ptr + (lw + 1) * NQKV * H, pid, layer + 1 < last_layer, H, HB, NQKV, RQ)
             if SYNC:
-                _wait(flags_ptr, timeout_ptr, ph + 4 - first_phase, times_ptr, POLL, NT, TIMING)
+                _wait(flags_ptr, timeout_ptr, ph + 4 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
 
 
 @dataclass
@@ -466,11 +408,10 @@ class Tiling:
     rows_mlp_step: int  # of which this many (a power of 2) at a time
     key_block: int  # at most this many keys per attention step
     num_warps: int
-    poll: str = "a"  # barrier polls: a = acquire loads, v = volatile loads + an acquire atomic, t = thread 0 alone
+    poll_acquire: bool = True  # barrier polls with acquire loads (else volatile loads + an acquire atomic)
     attn_dot: bool = True  # attention scores and p @ v on tensor cores (tl.dot; only where head_dim / 2 >= 16)
     prefetch_qkv: bool = True  # request the q/k/v weights before the barrier ahead of their phase (else after)
     prefetch_mlp: bool = True  # the same for the MLP's first rows
-    l2_ahead: int = 2  # also ask L2, at each barrier, for the weights this many phases past the next (0: off)
 
     @classmethod
     def for_shape(cls, programs: int, hidden: int, intermediate: int, nqkv: int, num_kv_heads: int, head_dim: int,
@@ -486,13 +427,13 @@ class Tiling:
         return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp), fit), key_block, num_warps)
 
     def with_spec(self, spec: str) -> "Tiling":
-        """This tiling changed by a benchmark's spec: num_warps x MLP rows a step x poll (a, v, t) x attention
-        (d: tl.dot, b: broadcast products) x weights requested before the barrier (q, m, both or neither)
-        [x L2 prefetch phases ahead], e.g. 8x32xaxdxqmx2."""
-        warps, step, poll, attn, pf, *ahead = spec.split("x")
-        return replace(self, num_warps=int(warps), rows_mlp_step=int(step), poll=poll, attn_dot=attn == "d",
-                       key_block=128 if attn == "d" else 32, prefetch_qkv="q" in pf, prefetch_mlp="m" in pf,
-                       l2_ahead=int(ahead[0]) if ahead else self.l2_ahead)
+        """This tiling changed by a benchmark's spec: num_warps x MLP rows a step x barrier polls (a: acquire
+        loads, v: volatile loads + an acquire atomic) x attention (d: tl.dot, b: broadcast products) x weights
+        requested before the barrier (q: q/k/v, m: the MLP's; both, one or neither), e.g. 8x32xaxdxqm."""
+        warps, step, poll, attn, pf = spec.split("x")
+        return replace(self, num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a",
+                       attn_dot=attn == "d", key_block=128 if attn == "d" else 32, prefetch_qkv="q" in pf,
+                       prefetch_mlp="m" in pf)
 
     def too_big(self, hidden: int) -> str | None:
         """Why this tiling does not fit a program's registers for `hidden`, or None."""
@@ -503,11 +444,6 @@ class Tiling:
         if 3 * self.rows_mlp_step * width > MAX_MLP_TILE_BYTES:
             return f"hidden {hidden} is too wide for one MLP row step in {MAX_MLP_TILE_BYTES >> 10} KiB of registers"
         return None
-
-
-def _lines_per_program(layer_weight: torch.Tensor, programs: int) -> int:
-    """128-byte lines of one layer's weight each program prefetches (a power of 2: the last programs may get none)."""
-    return triton.next_power_of_2(-(-layer_weight.numel() * layer_weight.element_size() // 128 // programs))
 
 
 def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Tensor, slots: torch.Tensor,
@@ -556,12 +492,9 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
             k_cache, v_cache, k_cache.stride(0), k_cache.stride(1))
     meta = dict(H=H, HB=triton.next_power_of_2(H), I=I, NH=NH, NKV=NKV, D=D, RQ=t.rows_qkv, NC=t.o_chunks, RO=t.rows_o,
                 NCB=triton.next_power_of_2(t.o_chunks), RI=t.rows_mlp, RS=t.rows_mlp_step, BS=key_block,
-                POLL="avt".index(t.poll), NT=32 * t.num_warps, PF_QKV=t.prefetch_qkv, PF_MLP=t.prefetch_mlp,
+                POLL_ACQUIRE=t.poll_acquire, PF_QKV=t.prefetch_qkv, PF_MLP=t.prefetch_mlp,
                 MQ=max(16, NH // NKV) if use_dot else NH // NKV, USE_DOT=use_dot,
                 PREC="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=t.num_warps,
-                L2_AHEAD=t.l2_ahead if sync else 0,  # inline PTX: not under the interpreter (sync=False)
-                **{name: _lines_per_program(tensor[0], programs) for name, tensor in
-                   (("LQ", w.qkv), ("LO", w.o), ("LGU", w.gate_up), ("LDT", w.down_t))},
                 WORK=info["work"] if timing else 7, TIMING=timing)
     phases = [(0, L * PHASES_PER_LAYER)] if sync else [(p, p + 1) for p in range(L * PHASES_PER_LAYER)]
     for first, last in phases:
