@@ -117,7 +117,7 @@ def main() -> int:
               f"regs {info.get('n_regs')} spills {info.get('n_spills')} flags {row['flags']} "
               f"diff {row['max_abs_diff_vs_first']:.2e}", flush=True)
     res["phases"] = {}
-    for spec in args.phase_tilings.split(","):
+    for spec in filter(None, args.phase_tilings.split(",")):
         t = base.with_spec(spec)
         print("phases of", spec, flush=True)
         try:

@@ -35,6 +35,10 @@ SIGNATURE = {"resid_ptr": "*fp32", "qkv_ptr": "*fp32", "part_ptr": "*fp32", "fla
              "pos_ptr": "*i64", "wslot_ptr": "*i64", "slots_ptr": "*i64", "mask_ptr": "*i8", "S": "i32", "KPU": "i32",
              **{n: "*bf16" for n in BF16_POINTERS}, "inv_freq_ptr": "*fp32", "cache_layer_stride": "i32",
              "cache_slot_stride": "i32", "first_phase": "i32", "last_phase": "i32", "eps": "fp32", "scale": "fp32"}
+# Arguments a launch on the device specializes as multiples of 16 (every pointer; the strides, phase bounds): without
+# this hint Triton cannot vectorize the weight loads, and the compile would not be the device's
+ALIGNED = [k for k, v in SIGNATURE.items() if v.startswith("*")] + ["cache_layer_stride", "cache_slot_stride",
+                                                                    "first_phase", "last_phase"]
 # The 0.6B shape on 132 programs, 160 cached tokens (what bench/fused_decode_bench.py runs)
 SHAPE = dict(H=1024, HB=1024, I=3072, NH=16, NKV=8, D=128, RQ=32, NC=16, NCB=16, RO=64, RI=24, BS=16, MQ=16,
              USE_DOT=True, PREC="tf32", SYNC=True, POLL_ACQUIRE=True, TIMING=False)
@@ -44,7 +48,8 @@ def resources(arch: int, num_warps: int, **constexprs) -> dict:
     fn = _decode_layers_kernel
     const = {**SHAPE, **constexprs}
     src = ASTSource(fn=fn, signature={**SIGNATURE, **{k: "constexpr" for k in const}},
-                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in ALIGNED})
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
     tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
