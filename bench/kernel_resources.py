@@ -41,16 +41,22 @@ ALIGNED = [k for k, v in SIGNATURE.items() if v.startswith("*")] + ["cache_layer
                                                                     "first_phase", "last_phase"]
 # The 0.6B shape on 132 programs, 160 cached tokens (what bench/fused_decode_bench.py runs)
 SHAPE = dict(H=1024, HB=1024, I=3072, NH=16, NKV=8, D=128, RQ=32, NC=16, NCB=16, RO=64, RI=24, BS=16, MQ=16,
-             USE_DOT=True, PREC="tf32", SYNC=True, POLL_ACQUIRE=True, TIMING=False)
+             USE_DOT=True, PREC="tf32", SYNC=True, POLL_ACQUIRE=True, TIMING=False, RS=32, PF_QKV=True, PF_MLP=True,
+             WORK=7)  # the default tiling
 
 
-def resources(arch: int, num_warps: int, **constexprs) -> dict:
+def compile_kernel(arch: int, num_warps: int, **constexprs):
+    """The kernel compiled for sm_<arch> as a launch of the 0.6B shape compiles it on the device."""
     fn = _decode_layers_kernel
     const = {**SHAPE, **constexprs}
     src = ASTSource(fn=fn, signature={**SIGNATURE, **{k: "constexpr" for k in const}},
                     constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in ALIGNED})
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+
+def resources(arch: int, num_warps: int, **constexprs) -> dict:
+    kernel = compile_kernel(arch, num_warps, **constexprs)
     tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"

@@ -173,8 +173,8 @@ if triton is not None:
                 acc2 * alpha[:, None] + _weighted(p, vv2, USE_DOT, PREC))
 
     @triton.jit
-    def _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr, kn_ptr, cos, sin, k_ptr, v_ptr,
-                            cache_layer_stride, cache_slot_stride, wslot_ptr, slots_ptr, mask_ptr, S, KPU, part_ptr, eps, scale,
+    def _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride,
+                            cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, KPU, part_ptr, eps, scale,
                             NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NC: tl.constexpr, BS: tl.constexpr,
                             MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr):
         """Unit (KV head, chunk) attends its KV head's query heads over keys chunk*KPU .. +KPU (the first block,
@@ -189,7 +189,10 @@ if triton is not None:
             gm = g < GQ
             heads = hk * GQ + g
             dh = tl.arange(0, HALF)
+            pos = tl.load(pos_ptr)
             wslot = tl.load(wslot_ptr)
+            angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + dh)
+            cos, sin = tl.cos(angle), tl.sin(angle)
             q1 = tl.load(qkv_ptr + heads[:, None] * D + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
             q2 = tl.load(qkv_ptr + heads[:, None] * D + HALF + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
             kv = qkv_ptr + NH * D + hk * D
@@ -241,22 +244,18 @@ if triton is not None:
             c = tl.arange(0, NCB)
             gq = tl.arange(0, GQ)
             dh = tl.arange(0, HALF)
-            part = part_ptr + hk * NC * GQ * (D + 2)
-            stats = part + (c * GQ * (D + 2) + GQ * D)[:, None] + 2 * gq[None, :]  # [NCB, GQ]: each chunk's max
-            top = tl.max(tl.load(stats, mask=(c < NC)[:, None], other=float("-inf"), cache_modifier=".cg"), axis=0)
-            # One chunk at a time (unrolled, so every load is in flight at once): a sum over a chunk axis of one
-            # tensor would be a cross-warp reduction through shared memory, with bank conflicts (ncu, call 22).
-            total = tl.zeros((GQ,), tl.float32)
-            o1 = tl.zeros((GQ, HALF), tl.float32)
-            o2 = tl.zeros((GQ, HALF), tl.float32)
-            for i in tl.static_range(NC):
-                at = part + i * GQ * (D + 2)
-                w = tl.exp(tl.load(at + GQ * D + 2 * gq, cache_modifier=".cg") - top)  # finite: chunk 0 holds the token
-                total += tl.load(at + GQ * D + 2 * gq + 1, cache_modifier=".cg") * w
-                o1 += tl.load(at + gq[:, None] * D + dh[None, :], cache_modifier=".cg") * w[:, None]
-                o2 += tl.load(at + gq[:, None] * D + HALF + dh[None, :], cache_modifier=".cg") * w[:, None]
-            o1 = o1 / total[:, None]  # [GQ, HALF]
-            o2 = o2 / total[:, None]
+            part = part_ptr + (hk * NC + c)[:, None] * GQ * (D + 2)  # [NCB, 1]
+            ok = (c < NC)[:, None]
+            m = tl.load(part + GQ * D + 2 * gq[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")  # [NCB, GQ]
+            den = tl.load(part + GQ * D + 2 * gq[None, :] + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            at = part[:, :, None] + gq[None, :, None] * D + dh[None, None, :]
+            a1 = tl.load(at, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # [NCB, GQ, HALF]
+            a2 = tl.load(at + HALF, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+            top = tl.max(m, axis=0)  # finite: chunk 0 holds the new token
+            w = tl.exp(m - top[None, :])
+            total = tl.sum(den * w, axis=0)
+            o1 = tl.sum(a1 * w[:, :, None], axis=0) / total[:, None]  # [GQ, HALF]
+            o2 = tl.sum(a2 * w[:, :, None], axis=0) / total[:, None]
             y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
                 + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
             if hk == 0:  # the residual itself, once per row (the chunks of one KV head cover every row)
@@ -267,18 +266,12 @@ if triton is not None:
             tl.store(zero_ptr + cols, tl.zeros((HB,), tl.float32), mask=cols < H)
 
     @triton.jit
-    def _mlp_rows(gu_ptr, dt_ptr, r0, n, H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, RS: tl.constexpr):
-        """Intermediate rows r0 .. r0+RS (the first n of them real): gate and up [RS, HB], and down^T as row pairs
-        [RS / 2, 2 HB] (row 2j, then row 2j + 1). A sum over the pairs axis stays inside each thread, where one
-        over [RS, HB]'s rows crossed warps through shared memory, with bank conflicts (ncu, call 22)."""
-        j = tl.arange(0, RS)
-        cols = tl.arange(0, HB)
-        m = (j < n)[:, None] & (cols[None, :] < H)
-        p = tl.arange(0, RS // 2)[:, None] * 2 + tl.arange(0, 2 * HB)[None, :] // HB  # [RS / 2, 2 HB]: row in block
-        c2 = tl.arange(0, 2 * HB)[None, :] % HB
-        return (tl.load(gu_ptr + (r0 + j)[:, None] * H + cols[None, :], mask=m, other=0.0),
-                tl.load(gu_ptr + (I + r0 + j)[:, None] * H + cols[None, :], mask=m, other=0.0),
-                tl.load(dt_ptr + (r0 + p) * H + c2, mask=(p < n) & (c2 < H), other=0.0))
+    def _mlp_rows(gu_ptr, dt_ptr, rows, ok, cols, H: tl.constexpr, I: tl.constexpr):
+        """gate, up and down^T rows [RS, HB] of one sub-block."""
+        m = ok[:, None] & (cols[None, :] < H)
+        return (tl.load(gu_ptr + rows[:, None] * H + cols[None, :], mask=m, other=0.0),
+                tl.load(gu_ptr + (I + rows)[:, None] * H + cols[None, :], mask=m, other=0.0),
+                tl.load(dt_ptr + rows[:, None] * H + cols[None, :], mask=m, other=0.0))
 
     @triton.jit
     def _mlp_phase(pid, wg, wu, wd, x_ptr, ln_ptr, gu_ptr, dt_ptr, acc_ptr, eps,
@@ -287,22 +280,20 @@ if triton is not None:
         while these compute."""
         NSUB: tl.constexpr = (RI + RS - 1) // RS
         if pid < tl.cdiv(I, RI):
+            j = tl.arange(0, RS)
             cols = tl.arange(0, HB)
-            c2 = tl.arange(0, 2 * HB)
             x, xn = _rms_normed(x_ptr, ln_ptr, eps, H, HB)
-            y2 = tl.zeros((2 * HB,), tl.float32)
+            y = tl.where(pid == 0, x, 0.0)  # the residual itself, once
             for i in tl.static_range(NSUB):
                 if i + 1 < NSUB:
-                    r0 = pid * RI + (i + 1) * RS
-                    wg2, wu2, wd2 = _mlp_rows(gu_ptr, dt_ptr, r0, tl.minimum(RI - (i + 1) * RS, I - r0), H, HB, I, RS)
+                    nxt = pid * RI + (i + 1) * RS + j
+                    wg2, wu2, wd2 = _mlp_rows(gu_ptr, dt_ptr, nxt, ((i + 1) * RS + j < RI) & (nxt < I), cols, H, I)
                 gate = tl.sum(wg.to(tl.float32) * xn[None, :], axis=1)
                 up = tl.sum(wu.to(tl.float32) * xn[None, :], axis=1)
                 act = gate / (1.0 + tl.exp(-gate)) * up  # 0 on rows past the end (their weights load as 0)
-                even, odd = tl.split(tl.reshape(act, (RS // 2, 2)))
-                y2 += tl.sum(wd.to(tl.float32) * tl.where(c2[None, :] < HB, even[:, None], odd[:, None]), axis=0)
+                y += tl.sum(wd.to(tl.float32) * act[:, None], axis=0)
                 if i + 1 < NSUB:
                     wg, wu, wd = wg2, wu2, wd2
-            y = tl.sum(tl.reshape(y2, (2, HB)), axis=0) + tl.where(pid == 0, x, 0.0)  # the residual itself, once
             tl.atomic_add(acc_ptr + cols, y, mask=cols < H, sem="relaxed")
 
     @triton.jit
@@ -322,12 +313,11 @@ if triton is not None:
                 tl.store(times_ptr, _now())
         first_layer = first_phase // 4
         last_layer = (last_phase + 3) // 4
+        mlp_j = tl.arange(0, RS)
         wslot = tl.load(wslot_ptr)
         chunk = pid % NC
         lo = chunk * KPU
         hi = tl.where(pid < NKV * NC, tl.minimum(lo + KPU, S), 0)  # this program's keys in the attention phase
-        angle = tl.load(pos_ptr).to(tl.float32) * tl.load(inv_freq_ptr + tl.arange(0, D // 2))
-        cos, sin = tl.cos(angle), tl.sin(angle)  # RoPE of this token's position: the same in every layer
         # Each phase's inputs that do not depend on the phase before (weights, cached keys) are requested
         # between arriving at the barrier ahead of it and waiting there: they stream in meanwhile.
         if PF_QKV:
@@ -354,7 +344,7 @@ if triton is not None:
             if WORK & 2:
                 if (ph + 1 >= first_phase) & (ph + 1 < last_phase):
                     _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
-                                        cos, sin, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, wslot_ptr,
+                                        inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr,
                                         slots_ptr, mask_ptr, S, KPU, part_ptr, eps, scale, NH, NKV, D, NC, BS, MQ, USE_DOT,
                                         PREC)
             if SYNC:
@@ -369,14 +359,15 @@ if triton is not None:
                 _arrive(flags_ptr)
             gu = wgu_ptr + lw * 2 * I * H
             dt = wdt_ptr + lw * I * H
+            rows = pid * RI + mlp_j
             if PF_MLP:
-                wg, wu, wd = _mlp_rows(gu, dt, pid * RI, tl.minimum(RI, I - pid * RI), H, HB, I, RS)
+                wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
             if SYNC:
                 _wait(flags_ptr, timeout_ptr, ph + 3 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
             if WORK & 4:
                 if (ph + 3 >= first_phase) & (ph + 3 < last_phase):
                     if not PF_MLP:
-                        wg, wu, wd = _mlp_rows(gu, dt, pid * RI, tl.minimum(RI, I - pid * RI), H, HB, I, RS)
+                        wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
                     _mlp_phase(pid, wg, wu, wd, r_mid, ln2_ptr + lw * H, gu, dt, r_out, eps, H, HB, I, RI, RS)
             if SYNC:
                 _arrive(flags_ptr)
