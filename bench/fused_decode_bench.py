@@ -69,6 +69,8 @@ def main() -> int:
     ap.add_argument("--phase-tilings", default="8x32xaxdxqm", help="tilings to break down per phase")
     ap.add_argument("--layers", type=int, help="run this many layers instead of the model's 28: one layer's weights "
                     "(31.5 MB) stay in H200's L2 across graph replays, which shows what the kernel does when loads hit L2")
+    ap.add_argument("--programs", type=int, help="programs (default: one per SM); 2 x SMs with 4-warp tilings puts two "
+                    "programs on each SM, if their registers fit")
     ap.add_argument("--out", default="fused.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -84,7 +86,7 @@ def main() -> int:
     wslot = torch.tensor([args.context], device=dev)
     x0 = (torch.randn(d["hidden_size"], device=dev) * 0.02).to(torch.bfloat16)
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, D, 2, device=dev).float() / D))
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = args.programs or torch.cuda.get_device_properties(dev).multi_processor_count
     layer_bytes = sum(t.numel() * t.element_size() for t in (w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t))
     kv_bytes = 2 * L * S * NKV * D * 2
     bw = copy_bandwidth()
