@@ -122,3 +122,15 @@ def test_fused_decode_tiling_fits_registers_or_says_why():
     assert Tiling.for_shape(132, 2048, 6144, 4096, 8, 128).rows_mlp_step == 16
     wide = Tiling.for_shape(132, 2560, 9728, 6144, 8, 128)
     assert "q/k/v rows x hidden 2560 per program exceed 128 KiB" in wide.too_big(2560)
+
+
+def test_tiling_spec_changes_only_what_it_names():
+    """Benchmarks name tilings as num_warps x MLP rows a step x poll x attention x prefetches (bench/*.py)."""
+    from qual.runtime.kernels.decode_layers import Tiling
+
+    base = Tiling.for_shape(132, 1024, 3072, 4096, 8, 128)
+    t = base.with_spec("4x16xvxbxq")
+    assert (t.num_warps, t.rows_mlp_step, t.poll_acquire, t.attn_dot, t.key_block) == (4, 16, False, False, 32)
+    assert (t.prefetch_qkv, t.prefetch_mlp) == (True, False)
+    assert (t.rows_qkv, t.o_chunks, t.rows_o, t.rows_mlp) == (base.rows_qkv, base.o_chunks, base.rows_o, base.rows_mlp)
+    assert base.with_spec("8x32xaxdxqm") == base
