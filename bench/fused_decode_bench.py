@@ -71,6 +71,8 @@ def main() -> int:
                     "(31.5 MB) stay in H200's L2 across graph replays, which shows what the kernel does when loads hit L2")
     ap.add_argument("--programs", type=int, help="programs (default: one per SM); 2 x SMs with 4-warp tilings puts two "
                     "programs on each SM, if their registers fit")
+    ap.add_argument("--key-width", type=int, help="pad the key slots to this many (invisible past the context), as a "
+                    "CUDA graph's static key width up to max_model_len does")
     ap.add_argument("--out", default="fused.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -78,10 +80,11 @@ def main() -> int:
     w = random_weights(d, dev)
     L, NKV, D = d["num_hidden_layers"], d["num_key_value_heads"], d["head_dim"]
     S = args.context + 1
-    k = (torch.randn(L, S + 64, NKV, D, device=dev) * 0.5).to(torch.bfloat16)
+    width = max(S, args.key_width or S)
+    k = (torch.randn(L, width + 64, NKV, D, device=dev) * 0.5).to(torch.bfloat16)
     v = torch.randn_like(k)
-    slots = torch.arange(S, device=dev)
-    mask = torch.ones(S, dtype=torch.bool, device=dev)
+    slots = torch.arange(width, device=dev)
+    mask = torch.arange(width, device=dev) < S
     pos = torch.tensor([args.context], device=dev)
     wslot = torch.tensor([args.context], device=dev)
     x0 = (torch.randn(d["hidden_size"], device=dev) * 0.02).to(torch.bfloat16)
@@ -91,7 +94,7 @@ def main() -> int:
     kv_bytes = 2 * L * S * NKV * D * 2
     bw = copy_bandwidth()
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "programs": sms, "copy_bandwidth_Bps": bw,
-           "layer_weight_bytes": layer_bytes, "kv_bytes": kv_bytes, "context": args.context, "layers": L,
+           "layer_weight_bytes": layer_bytes, "kv_bytes": kv_bytes, "context": args.context, "key_width": width, "layers": L,
            "tilings": {}}
     base = Tiling.for_shape(sms, d["hidden_size"], d["intermediate_size"], (d["num_attention_heads"] + 2 * NKV) * D, NKV, D)
     ref = None

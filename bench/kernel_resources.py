@@ -32,7 +32,7 @@ from qual.runtime.kernels.decode_layers import _decode_layers_kernel  # noqa: E4
 BF16_POINTERS = ("ln1_ptr", "ln2_ptr", "wqkv_ptr", "qn_ptr", "kn_ptr", "wo_ptr", "wgu_ptr", "wdt_ptr", "k_ptr", "v_ptr")
 SIGNATURE = {"resid_ptr": "*fp32", "qkv_ptr": "*fp32", "part_ptr": "*fp32", "flags_ptr": "*i32", "timeout_ptr": "*i32",
              "times_ptr": "*i64",
-             "pos_ptr": "*i64", "wslot_ptr": "*i64", "slots_ptr": "*i64", "mask_ptr": "*i8", "S": "i32", "KPU": "i32",
+             "pos_ptr": "*i64", "wslot_ptr": "*i64", "slots_ptr": "*i64", "mask_ptr": "*i8", "S": "i32",
              **{n: "*bf16" for n in BF16_POINTERS}, "inv_freq_ptr": "*fp32", "cache_layer_stride": "i32",
              "cache_slot_stride": "i32", "first_phase": "i32", "last_phase": "i32", "eps": "fp32", "scale": "fp32"}
 # Arguments a launch on the device specializes as multiples of 16 (every pointer; the strides, phase bounds): without

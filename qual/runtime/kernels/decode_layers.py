@@ -298,7 +298,7 @@ if triton is not None:
 
     @triton.jit
     def _decode_layers_kernel(
-            resid_ptr, qkv_ptr, part_ptr, flags_ptr, timeout_ptr, times_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, KPU,
+            resid_ptr, qkv_ptr, part_ptr, flags_ptr, timeout_ptr, times_ptr, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S,
             ln1_ptr, ln2_ptr, wqkv_ptr, qn_ptr, kn_ptr, wo_ptr, wgu_ptr, wdt_ptr, inv_freq_ptr,
             k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, first_phase, last_phase, eps, scale,
             H: tl.constexpr, HB: tl.constexpr, I: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
@@ -315,6 +315,10 @@ if triton is not None:
         last_layer = (last_phase + 3) // 4
         mlp_j = tl.arange(0, RS)
         wslot = tl.load(wslot_ptr)
+        # Key s is at position s (one rank): those past this token's position are never visible. So the keys
+        # are split over a KV head's chunks by how many can be, not by the static key width (max_model_len).
+        S = tl.minimum(S, tl.load(pos_ptr).to(tl.int32) + 1)
+        KPU = tl.cdiv(S, NC)
         chunk = pid % NC
         lo = chunk * KPU
         hi = tl.where(pid < NKV * NC, tl.minimum(lo + KPU, S), 0)  # this program's keys in the attention phase
@@ -423,7 +427,7 @@ class Tiling:
         rows_o = p2(-(-hidden // o_chunks))  # o_chunks x rows_o >= hidden: every row has a unit
         rows_mlp = -(-intermediate // programs)
         fit = 1 << max(0, (MAX_MLP_TILE_BYTES // (6 * p2(hidden))).bit_length() - 1)  # MLP rows a step that fit
-        key_block = 128 if head_dim // 2 >= 16 else 32  # tl.dot (16-wide operands) or broadcast products
+        key_block = 32  # keys an attention step: a unit loops over blocks when its share of the keys is longer
         return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp), fit), key_block, num_warps)
 
     def with_spec(self, spec: str) -> "Tiling":
@@ -432,7 +436,7 @@ class Tiling:
         requested before the barrier (q: q/k/v, m: the MLP's; both, one or neither), e.g. 8x32xaxdxqm."""
         warps, step, poll, attn, pf = spec.split("x")
         return replace(self, num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a",
-                       attn_dot=attn == "d", key_block=128 if attn == "d" else 32, prefetch_qkv="q" in pf,
+                       attn_dot=attn == "d", prefetch_qkv="q" in pf,
                        prefetch_mlp="m" in pf)
 
     def too_big(self, hidden: int) -> str | None:
@@ -455,7 +459,9 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     barrier arrivals in this launch, timeouts so far).
 
     x0 [hidden]: the token's embedding. position, write_slot [1]; slots [S] and mask [S] (bool): the
-    request's key slots and which are visible. k/v_cache [L, slots, NKV, D] (written at write_slot).
+    request's key slots and which are visible, key s at position s (one rank, no DCP): only the first
+    position + 1 are read, however wide S (a CUDA graph's static key width, up to max_model_len).
+    k/v_cache [L, slots, NKV, D] (written at write_slot).
     A barrier that gives up waiting sets timeouts[0] (the caller's, kept across steps; else a fresh one): the
     result is then wrong. That is reported, never a hang.
     info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it holds
@@ -484,10 +490,10 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     if mask.dtype == torch.bool:
         mask = mask.view(torch.int8)
     S = slots.shape[0]
-    keys_per_unit = -(-S // t.o_chunks)  # the attention phase splits the keys over a KV head's chunks
+    keys_per_unit = -(-S // t.o_chunks)  # at most: the kernel splits the keys up to the token's position
     use_dot = t.attn_dot and D // 2 >= 16
     key_block = max(min(t.key_block, triton.next_power_of_2(keys_per_unit)), 16 if use_dot else 2)  # tl.dot: >= 16
-    args = (resid, qkv, part, flags, timeouts, times, position, write_slot, slots, mask, S, keys_per_unit,
+    args = (resid, qkv, part, flags, timeouts, times, position, write_slot, slots, mask, S,
             w.ln1, w.ln2, w.qkv, w.q_norm, w.k_norm, w.o, w.gate_up, w.down_t, inv_freq,
             k_cache, v_cache, k_cache.stride(0), k_cache.stride(1))
     meta = dict(H=H, HB=triton.next_power_of_2(H), I=I, NH=NH, NKV=NKV, D=D, RQ=t.rows_qkv, NC=t.o_chunks, RO=t.rows_o,
