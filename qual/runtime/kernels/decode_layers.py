@@ -436,8 +436,7 @@ class Tiling:
         requested before the barrier (q: q/k/v, m: the MLP's; both, one or neither), e.g. 8x32xaxdxqm."""
         warps, step, poll, attn, pf = spec.split("x")
         return replace(self, num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a",
-                       attn_dot=attn == "d", prefetch_qkv="q" in pf,
-                       prefetch_mlp="m" in pf)
+                       attn_dot=attn == "d", prefetch_qkv="q" in pf, prefetch_mlp="m" in pf)
 
     def too_big(self, hidden: int) -> str | None:
         """Why this tiling does not fit a program's registers for `hidden`, or None."""
