@@ -61,12 +61,20 @@ for R, Q, H, Hk, D, S in [(3, 4, 4, 2, 16, 70), (2, 1, 8, 1, 32, 130), (1, 8, 2,
     q = torch.randn(R, Q, H, D, generator=g)
     mask = torch.rand(R, Q, S, generator=g) < 0.7
     mask[0, 0] = False  # a row that sees nothing: out 0, lse -inf
-    out, lse = paged_attention(q, k_cache, v_cache, slots, mask, D**-0.5)
+    lengths = torch.randint(1, S + 1, (R,), generator=g, dtype=torch.int32)
+    lengths[-1] = S
+    mask &= torch.arange(S)[None, None, :] < lengths[:, None, None].long()
     ref, ref_lse = attention_with_lse(q, k_cache[slots], v_cache[slots], mask, D**-0.5)
+    for r in range(R):  # keys past a row's length must not be read at all: NaN there would reach the output
+        k_cache[slots[r, lengths[r]:]] = float("nan")
+        v_cache[slots[r, lengths[r]:]] = float("nan")
+    out, lse = paged_attention(q, k_cache, v_cache, slots, mask, D**-0.5, lengths)
     assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
     assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
     finite = torch.isfinite(ref_lse)
     assert torch.allclose(lse[finite], ref_lse[finite], atol=1e-4)
+    if ((lengths < S) & mask.flatten(1).any(1)).any():  # without lengths every key is read: the NaN shows
+        assert paged_attention(q, k_cache, v_cache, slots, mask, D**-0.5)[0].isnan().any()
 print("ok")
 """
 
@@ -104,7 +112,8 @@ def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs, key_blo
 
 def test_paged_attention_matches_gather_then_attend():
     """The paged-attention kernel (reads the store in place) equals gathering the keys and attention_with_lse:
-    GQA, several query positions, non-contiguous slots, an empty row (lse -inf, output 0)."""
+    GQA, several query positions, non-contiguous slots, an empty row (lse -inf, output 0), and rows shorter
+    than the key width, whose padding keys it does not read."""
     interpret(PAGED_ATTENTION)
 
 

@@ -134,7 +134,7 @@ class ModelRunner:
 
     def _dev_view(self, view: KeyView) -> KeyView:
         """What attention reads on the device (global positions stay host-side: masks are built there)."""
-        return KeyView(self._dev(view.slots), view.positions, self._dev(view.valid))
+        return KeyView(self._dev(view.slots), view.positions, self._dev(view.valid), self._dev(view.lengths))
 
     def _target_meta(self, positions, rows, q_index, seq_lens, table, width=None, dense=False) -> TargetMeta:
         """Causal target attention metadata; positions/rows [T] flat, q_index [R, Q]."""

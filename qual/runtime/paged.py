@@ -29,6 +29,7 @@ class KeyView:
     slots: torch.Tensor  # [R, S] clamped to >= 0
     positions: torch.Tensor  # [R, S] global positions
     valid: torch.Tensor  # [R, S] local, allocated, inside the window
+    lengths: torch.Tensor  # [R] int32: valid is False from here on (the rest of S pads a static width)
 
 
 def write_slots(geo: Geometry, positions: torch.Tensor, rows: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,7 @@ def key_view(
     valid = (torch.arange(S)[None, :] < local[:, None]) & (slots >= 0)
     if window_start is not None:
         valid &= pos >= window_start[:, None]
-    return KeyView(slots.clamp(min=0), pos, valid)
+    return KeyView(slots.clamp(min=0), pos, valid, local.clamp(max=S).to(torch.int32))
 
 
 class KVStore:

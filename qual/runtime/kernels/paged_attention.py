@@ -26,7 +26,7 @@ MAX_ROWS = 256  # query heads per KV head x query positions in one program: deco
 if triton is not None:
 
     @triton.jit
-    def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, mask_ptr, out_ptr, lse_ptr, S, scale,
+    def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, mask_ptr, len_ptr, out_ptr, lse_ptr, S, scale,
                                 sq_r, sq_q, sq_h, sk_n, sk_h, ss_r, sm_r, sm_q, so_r, so_q, so_h, sl_r, sl_q,
                                 Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -41,6 +41,7 @@ if triton is not None:
         m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, D), tl.float32)
+        S = tl.minimum(S, tl.load(len_ptr + r))  # keys past the row's length are padding: not even read
         for s0 in range(0, S, BLOCK_S):
             s = s0 + tl.arange(0, BLOCK_S)
             s_ok = s < S
@@ -67,8 +68,11 @@ if triton is not None:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                    mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    mask: torch.Tensor, scale: float, lengths: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [R, Q, H, D]; k/v_cache [slots, Hk, D]; slots [R, S]; mask [R, Q, S] bool (True = may attend).
+    lengths [R] int32, optional: the mask is False from there on in each row, so those keys are not read
+    (a CUDA graph's static S, up to max_model_len, costs only the keys a row has).
 
     Returns out [R, Q, H, D] in q's dtype and lse [R, Q, H] float32 (-inf, out 0 where nothing is visible).
     """
@@ -85,8 +89,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     lse = torch.empty(R, Q, H, device=q.device, dtype=torch.float32)
     if mask.dtype == torch.bool:
         mask = mask.view(torch.int8)  # same bytes; Triton loads int8
+    if lengths is None:
+        lengths = torch.full((R,), slots.shape[1], device=q.device, dtype=torch.int32)
     _paged_attention_kernel[(R, Hk)](
-        q, k_cache, v_cache, slots, mask, out, lse, slots.shape[1], scale,
+        q, k_cache, v_cache, slots, mask, lengths, out, lse, slots.shape[1], scale,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), slots.stride(0),
         mask.stride(0), mask.stride(1), out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         Q=Q, G=G, D=D, BLOCK_M=max(16, triton.next_power_of_2(G * Q)), BLOCK_S=BLOCK_S)
@@ -97,9 +103,10 @@ if triton is not None:
     # A custom op: torch.compile keeps the launch as one node and traces around it.
     @torch.library.custom_op("qual::paged_attention", mutates_args=())
     def paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                           mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return paged_attention(q, k_cache, v_cache, slots, mask, scale)
+                           mask: torch.Tensor, scale: float, lengths: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        return paged_attention(q, k_cache, v_cache, slots, mask, scale, lengths)
 
     @paged_attention_op.register_fake
-    def _(q, k_cache, v_cache, slots, mask, scale):
+    def _(q, k_cache, v_cache, slots, mask, scale, lengths=None):
         return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)

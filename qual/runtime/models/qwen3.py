@@ -106,7 +106,8 @@ class Qwen3Target:
         # Step 2: attend over the local KV shard only, keeping the LSE.
         q_pad = pad_queries(qg, meta.q_index, meta.dense)
         if self.paged_attention is not None and meta.dense:  # decode: one kernel reads the paged store in place
-            out, lse = self.paged_attention(q_pad, store.k[i], store.v[i], meta.keys.slots, meta.mask, self.scale)
+            out, lse = self.paged_attention(q_pad, store.k[i], store.v[i], meta.keys.slots, meta.mask, self.scale,
+                                            meta.keys.lengths)
         else:
             kc, vc = store.gather(i, meta.keys)
             out, lse = attention_with_lse(q_pad, kc, vc, meta.mask, self.scale)
