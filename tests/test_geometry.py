@@ -76,3 +76,20 @@ def test_replicated_group_is_dcp1_geometry():
 def test_unallocated_block_gives_pad_slot():
     table = torch.tensor([[3, -1]])
     assert slot_mapping(torch.tensor([0, 5]), table.expand(2, -1), 4, 1, 0, 1).tolist() == [12, -1]
+
+
+def test_key_view_lengths_bound_the_valid_keys_in_a_static_width():
+    """Attention kernels read a row's keys only up to KeyView.lengths: no valid key may lie at or past it, and
+    in a graph's static width (S > the row's keys) everything past it is padding."""
+    from qual.runtime.paged import Geometry, key_view
+
+    for B, N, I in CASES:
+        for r in range(N):
+            seq_lens = torch.tensor([0, 1, 2 * B * N + 3, 5 * B * N])
+            table = torch.randperm(60)[: 5 * 4].view(4, 5)
+            for width in (None, 6 * B):
+                view = key_view(Geometry(B, N, r, I), table, seq_lens, width=width)
+                S = view.valid.shape[1]
+                beyond = torch.arange(S)[None, :] >= view.lengths[:, None].long()
+                assert view.lengths.dtype == torch.int32 and not (view.valid & beyond).any(), (B, N, I, r, width)
+                assert torch.equal(view.lengths.long(), view.valid.sum(1)), (B, N, I, r, width)  # prefix, no holes
