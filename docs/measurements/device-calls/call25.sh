@@ -1,4 +1,6 @@
 #!/bin/bash
+# (.device/ is git-ignored: alt_bench.py is kept as docs/measurements/s5/call25/alt_bench.py; orig_decode_layers.py is
+# qual/runtime/kernels/decode_layers.py at commit 16f5c74, alt_decode_layers.py that file with RoPE once a launch.)
 # Session 5, call 25 (1 x H200; carry .whl .device). Call 24 was slower (merge as a loop). Three kernels side by side:
 # A = the working tree (down^T as row pairs, residual by its own atomic, RoPE once a launch, tensor merge),
 # B = session 4's kernel + RoPE once a launch only, C = session 4's kernel (commit 16f5c74). Then the fused GPU tests.

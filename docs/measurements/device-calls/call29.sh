@@ -1,4 +1,6 @@
 #!/bin/bash
+# (.device/ is git-ignored: alt_bench.py is kept as docs/measurements/s5/call25/alt_bench.py; orig_decode_layers.py is
+# qual/runtime/kernels/decode_layers.py at commit 16f5c74, alt_decode_layers.py that file with RoPE once a launch.)
 # Session 5, call 29 (1 x H200; carry .whl .device). The fused kernel now reads keys only up to the token's position
 # and splits those over the chunks; before, it split the graph's static key width (max_model_len) and read all of
 # it, masked. Kernel layers with 161 keys in a 2048-wide key view, new vs old (commit 16f5c74, via alt_bench), then
