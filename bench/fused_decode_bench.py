@@ -56,7 +56,30 @@ def phase_breakdown(run, layers: int) -> dict:
         print(f"work {work}: {total * 1e6:7.1f} us a launch; per layer: qkv {d[:, 0].mean():5.2f}, attention "
               f"{d[:, 1].mean():5.2f}, merge+o {d[:, 2].mean():5.2f}, mlp {d[:, 3].mean():5.2f} us (each incl. its barrier)",
               flush=True)
+        if work == 7:
+            out["skew"] = arrival_skew(info.pop("arrivals").cpu().double(), t, layers)
+        info.pop("arrivals", None)
     return out
+
+
+def arrival_skew(arrivals, times, layers: int) -> dict:
+    """Where a barrier's time goes, per phase kind (µs, the mean over layers): from the median program's arrival
+    to the last one's (waiting for stragglers), and from the last arrival to program 0 leaving (the barrier's own
+    latency); and which programs arrive last most often (the same SMs each time would mean uneven work)."""
+    arrivals = arrivals.view(layers, 4, -1)
+    last, who = arrivals.max(dim=2)
+    straggle = (last - arrivals.median(dim=2).values) / 1e3
+    release = (times[1:].view(layers, 4) - last) / 1e3
+    kinds = ("qkv", "attention", "merge_o", "mlp")
+    res = {k: {"median_to_last_us": straggle[:, i].mean().item(), "last_to_release_us": release[:, i].mean().item()}
+           for i, k in enumerate(kinds)}
+    counts = torch.bincount(who.flatten(), minlength=arrivals.shape[2])
+    top = counts.argsort(descending=True)[:5]
+    res["last_most_often"] = {int(p): int(counts[p]) for p in top}
+    print("barriers (us, mean a layer): " + ", ".join(
+        f"{k} median->last {res[k]['median_to_last_us']:.2f} last->release {res[k]['last_to_release_us']:.2f}" for k in kinds))
+    print(f"programs arriving last most often (of {4 * layers} barriers): {res['last_most_often']}", flush=True)
+    return res
 
 
 def main() -> int:
@@ -114,7 +137,8 @@ def main() -> int:
             print(spec, res["tilings"][spec]["error"], flush=True)
             continue
         ref = out.clone() if ref is None else ref
-        info.pop("times", None)
+        for key in ("times", "arrivals"):  # tensors: not for the JSON
+            info.pop(key, None)
         row = {"us": sec * 1e6, "weights_TBps": layer_bytes / sec / 1e12, "of_copy_bw": (layer_bytes + kv_bytes) / sec / bw,
                "flags": flags.tolist(), "max_abs_diff_vs_first": (out - ref).abs().max().item(), **info}
         res["tilings"][spec] = row

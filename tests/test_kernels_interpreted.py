@@ -106,7 +106,7 @@ def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs, key_blo
     """One kernel for all layers (run phase by phase: the interpreter has no concurrent programs) generates
     the same greedy tokens as the per-layer path, float32. head_dim 32 takes the tl.dot attention, 16 the
     broadcast one; the keys are split over 2 and 3 chunks per KV head (3: a non-power-of-2 merge), each
-    chunk walked in blocks of 16 and 4 keys (prompts of 3-40 tokens + 20 generated: several blocks)."""
+    chunk walked in blocks of 16 and 4 keys (prompts of 3-40 tokens + 12 generated: several blocks)."""
     interpret(FUSED_DECODE.format(kv=kv, head_dim=head_dim, programs=programs, key_block=key_block))
 
 
@@ -134,12 +134,18 @@ def test_fused_decode_tiling_fits_registers_or_says_why():
 
 
 def test_tiling_spec_changes_only_what_it_names():
-    """Benchmarks name tilings as num_warps x MLP rows a step x poll x attention x prefetches (bench/*.py)."""
+    """Benchmarks name tilings as num_warps x MLP rows a step x poll x attention x prefetches [x key block]
+    (bench/*.py)."""
+    from dataclasses import replace
+
     from qual.runtime.kernels.decode_layers import Tiling
 
     base = Tiling.for_shape(132, 1024, 3072, 4096, 8, 128)
     t = base.with_spec("4x16xvxbxq")
-    assert (t.num_warps, t.rows_mlp_step, t.poll_acquire, t.attn_dot, t.key_block) == (4, 16, False, False, 32)
+    assert (t.num_warps, t.rows_mlp_step, t.poll_acquire, t.attn_dot, t.key_block) == (4, 16, False, False, 64)
     assert (t.prefetch_qkv, t.prefetch_mlp) == (True, False)
     assert (t.rows_qkv, t.o_chunks, t.rows_o, t.rows_mlp) == (base.rows_qkv, base.o_chunks, base.rows_o, base.rows_mlp)
     assert base.with_spec("8x32xaxdxqm") == base
+    assert base.with_spec("8x32xaxdxqmxb16") == replace(base, key_block=16)
+    with pytest.raises(ValueError, match="only b<keys a block>"):
+        base.with_spec("8x32xaxdxqmxk0")

@@ -57,9 +57,12 @@ if triton is not None:
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
     @triton.jit
-    def _arrive(flags_ptr):
-        """Count this program in at the barrier (its stores first: bar.sync, then a release atomic)."""
+    def _arrive(flags_ptr, arrivals_ptr, TIMING: tl.constexpr):
+        """Count this program in at the barrier (its stores first: bar.sync, then a release atomic); with
+        TIMING, stamp when (arrivals_ptr: this program's entry for this barrier)."""
         tl.debug_barrier()
+        if TIMING:
+            tl.store(arrivals_ptr, _now())
         tl.atomic_add(flags_ptr, 1, sem="release")
 
     @triton.jit
@@ -108,9 +111,7 @@ if triton is not None:
             _, xn = _rms_normed(x_ptr, ln_ptr, eps, H, HB)
             rows = pid * RQ + tl.arange(0, RQ)
             tl.store(qkv_ptr + rows, tl.sum(w.to(tl.float32) * xn[None, :], axis=1), mask=rows < NQKV)
-        if pid == 0:  # the buffer phase 2 accumulates into
-            cols = tl.arange(0, HB)
-            tl.store(zero_ptr + cols, tl.zeros((HB,), tl.float32), mask=cols < H)
+        _zero_next(pid, zero_ptr, H, HB)  # the buffer the o projection accumulates into
 
     @triton.jit
     def _norm_rope(a, b, rstd, n1, n2, cos, sin):
@@ -173,74 +174,107 @@ if triton is not None:
                 acc2 * alpha[:, None] + _weighted(p, vv2, USE_DOT, PREC))
 
     @triton.jit
-    def _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride,
-                            cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, S, KPU, part_ptr, eps, scale,
-                            NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NC: tl.constexpr, BS: tl.constexpr,
-                            MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr):
-        """Unit (KV head, chunk) attends its KV head's query heads over keys chunk*KPU .. +KPU (the first block,
-        kk1 .. seen, loaded before the barrier) and stores the unnormalised partial: acc [GQ, D], running max, sum.
-        Chunk 0 also stores the new token's K/V and counts it (it is always visible to itself)."""
+    def _attention(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr,
+                   cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, lo, hi, eps, scale,
+                   NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NC: tl.constexpr, BS: tl.constexpr,
+                   MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+        """Unit (KV head, chunk) attends its KV head's query heads over keys lo .. hi: the first block (kk1 .. seen)
+        was loaded before the barrier, and each next block is requested before the one in hand is used. Chunk 0
+        stores the new token's K/V and counts it (it is always visible to itself). Returns the unnormalised
+        (running max, sum, acc halves), [MQ] / [MQ, D/2]."""
+        GQ: tl.constexpr = NH // NKV
+        HALF: tl.constexpr = D // 2
+        hk = pid // NC
+        g = tl.arange(0, MQ)  # query heads of this KV head, padded to MQ rows for tl.dot
+        gm = g < GQ
+        heads = hk * GQ + g
+        dh = tl.arange(0, HALF)
+        pos = tl.load(pos_ptr)
+        wslot = tl.load(wslot_ptr)
+        angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + dh)
+        cos, sin = tl.cos(angle), tl.sin(angle)
+        q1 = tl.load(qkv_ptr + heads[:, None] * D + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
+        q2 = tl.load(qkv_ptr + heads[:, None] * D + HALF + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
+        kv = qkv_ptr + NH * D + hk * D
+        k1, k2 = tl.load(kv + dh, cache_modifier=".cg"), tl.load(kv + HALF + dh, cache_modifier=".cg")
+        v1 = tl.load(kv + NKV * D + dh, cache_modifier=".cg")
+        v2 = tl.load(kv + NKV * D + HALF + dh, cache_modifier=".cg")
+        rq = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)[:, None]
+        q1, q2 = _norm_rope(q1, q2, rq, tl.load(qn_ptr + dh).to(tl.float32)[None, :],
+                            tl.load(qn_ptr + HALF + dh).to(tl.float32)[None, :], cos[None, :], sin[None, :])
+        rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
+        k1, k2 = _norm_rope(k1, k2, rk, tl.load(kn_ptr + dh).to(tl.float32), tl.load(kn_ptr + HALF + dh).to(tl.float32),
+                            cos, sin)
+        cache = tl.cast(layer, tl.int64) * cache_layer_stride
+        first = (pid % NC) == 0
+        if first:  # one unit per KV head stores the new token; no unit reads its slot (seen excludes it)
+            here = cache + wslot.to(tl.int64) * cache_slot_stride + hk * D
+            tl.store(k_ptr + here + dh, k1.to(k_ptr.dtype.element_ty))
+            tl.store(k_ptr + here + HALF + dh, k2.to(k_ptr.dtype.element_ty))
+            tl.store(v_ptr + here + dh, v1.to(v_ptr.dtype.element_ty))
+            tl.store(v_ptr + here + HALF + dh, v2.to(v_ptr.dtype.element_ty))
+        m = tl.where(first, (tl.sum(q1 * k1[None, :], axis=1) + tl.sum(q2 * k2[None, :], axis=1)) * scale, float("-inf"))
+        den = tl.where(first, 1.0, 0.0) + tl.zeros((MQ,), tl.float32)
+        acc1 = tl.where(first, 1.0, 0.0) * (tl.zeros((MQ, HALF), tl.float32) + v1[None, :])
+        acc2 = tl.where(first, 1.0, 0.0) * (tl.zeros((MQ, HALF), tl.float32) + v2[None, :])
+        for s0 in range(lo + BS, hi + BS, BS):  # block s0 - BS is in hand: request block s0 (none past hi), then use it
+            nk1, nk2, nv1, nv2, nseen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot,
+                                                  s0, hi, hk, BS, D)
+            m, den, acc1, acc2 = _attend(q1, q2, kk1, kk2, vv1, vv2, seen, m, den, acc1, acc2, scale, USE_DOT, PREC)
+            kk1, kk2, vv1, vv2, seen = nk1, nk2, nv1, nv2, nseen
+        return m, den, acc1, acc2
+
+    @triton.jit
+    def _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr,
+                            cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr, slots_ptr, mask_ptr, lo, hi, part_ptr,
+                            eps, scale, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NC: tl.constexpr,
+                            BS: tl.constexpr, MQ: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+        """Unit (KV head, chunk) attends over its slice of the keys, lo .. hi, and stores the unnormalised partial:
+        acc [GQ, D], then (running max, sum) per query head."""
         GQ: tl.constexpr = NH // NKV
         HALF: tl.constexpr = D // 2
         if pid < NKV * NC:
-            hk = pid // NC
-            chunk = pid % NC
-            g = tl.arange(0, MQ)  # query heads of this KV head, padded to MQ rows for tl.dot
+            m, den, acc1, acc2 = _attention(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr,
+                                            k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr,
+                                            slots_ptr, mask_ptr, lo, hi, eps, scale, NH, NKV, D, NC, BS, MQ,
+                                            USE_DOT, PREC)
+            g = tl.arange(0, MQ)
             gm = g < GQ
-            heads = hk * GQ + g
             dh = tl.arange(0, HALF)
-            pos = tl.load(pos_ptr)
-            wslot = tl.load(wslot_ptr)
-            angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + dh)
-            cos, sin = tl.cos(angle), tl.sin(angle)
-            q1 = tl.load(qkv_ptr + heads[:, None] * D + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
-            q2 = tl.load(qkv_ptr + heads[:, None] * D + HALF + dh[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg")
-            kv = qkv_ptr + NH * D + hk * D
-            k1, k2 = tl.load(kv + dh, cache_modifier=".cg"), tl.load(kv + HALF + dh, cache_modifier=".cg")
-            v1 = tl.load(kv + NKV * D + dh, cache_modifier=".cg")
-            v2 = tl.load(kv + NKV * D + HALF + dh, cache_modifier=".cg")
-            rq = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)[:, None]
-            q1, q2 = _norm_rope(q1, q2, rq, tl.load(qn_ptr + dh).to(tl.float32)[None, :],
-                                tl.load(qn_ptr + HALF + dh).to(tl.float32)[None, :], cos[None, :], sin[None, :])
-            rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
-            k1, k2 = _norm_rope(k1, k2, rk, tl.load(kn_ptr + dh).to(tl.float32), tl.load(kn_ptr + HALF + dh).to(tl.float32),
-                                cos, sin)
-            cache = tl.cast(layer, tl.int64) * cache_layer_stride
-            first = chunk == 0
-            if first:  # one unit per KV head stores the new token; the others never read its slot
-                here = cache + wslot.to(tl.int64) * cache_slot_stride + hk * D
-                tl.store(k_ptr + here + dh, k1.to(k_ptr.dtype.element_ty))
-                tl.store(k_ptr + here + HALF + dh, k2.to(k_ptr.dtype.element_ty))
-                tl.store(v_ptr + here + dh, v1.to(v_ptr.dtype.element_ty))
-                tl.store(v_ptr + here + HALF + dh, v2.to(v_ptr.dtype.element_ty))
-            m = tl.where(first, (tl.sum(q1 * k1[None, :], axis=1) + tl.sum(q2 * k2[None, :], axis=1)) * scale, float("-inf"))
-            den = tl.where(first, 1.0, 0.0) + tl.zeros((MQ,), tl.float32)
-            acc1 = tl.where(first, 1.0, 0.0) * (tl.zeros((MQ, HALF), tl.float32) + v1[None, :])
-            acc2 = tl.where(first, 1.0, 0.0) * (tl.zeros((MQ, HALF), tl.float32) + v2[None, :])
-            lo = chunk * KPU
-            hi = tl.minimum(lo + KPU, S)
-            m, den, acc1, acc2 = _attend(q1, q2, kk1, kk2, vv1, vv2, seen, m, den, acc1, acc2, scale, USE_DOT, PREC)
-            for s0 in range(lo + BS, hi, BS):  # keys past the first block (long contexts)
-                kk1, kk2, vv1, vv2, seen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot,
-                                                     s0, hi, hk, BS, D)
-                m, den, acc1, acc2 = _attend(q1, q2, kk1, kk2, vv1, vv2, seen, m, den, acc1, acc2, scale, USE_DOT, PREC)
-            out = part_ptr + pid * GQ * (D + 2)  # per unit: acc [GQ, D], then (max, sum) per query head
+            out = part_ptr + pid * GQ * (D + 2)
             tl.store(out + g[:, None] * D + dh[None, :], acc1, mask=gm[:, None])
             tl.store(out + g[:, None] * D + HALF + dh[None, :], acc2, mask=gm[:, None])
             tl.store(out + GQ * D + 2 * g, m, mask=gm)
             tl.store(out + GQ * D + 2 * g + 1, den, mask=gm)
 
     @triton.jit
+    def _o_rows(wo1, wo2, o1, o2, pid, x_ptr, acc_ptr, H: tl.constexpr, NC: tl.constexpr, RO: tl.constexpr):
+        """Unit (KV head, chunk) adds its rows of the o projection of its KV head's attention output (halves
+        o1, o2 [GQ, D/2]) and, for KV head 0, the residual itself into the residual."""
+        rows = (pid % NC) * RO + tl.arange(0, RO)
+        y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
+            + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
+        if pid // NC == 0:  # the residual itself, once per row (the chunks of one KV head cover every row)
+            y += tl.load(x_ptr + rows, mask=rows < H, other=0.0, cache_modifier=".cg")
+        tl.atomic_add(acc_ptr + rows, y, mask=rows < H, sem="relaxed")
+
+    @triton.jit
+    def _zero_next(pid, zero_ptr, H: tl.constexpr, HB: tl.constexpr):
+        """Program 0 zeroes the residual buffer the next phase accumulates into."""
+        if pid == 0:
+            cols = tl.arange(0, HB)
+            tl.store(zero_ptr + cols, tl.zeros((HB,), tl.float32), mask=cols < H)
+
+    @triton.jit
     def _attn_merge_phase(pid, wo1, wo2, x_ptr, acc_ptr, zero_ptr, part_ptr, H: tl.constexpr, HB: tl.constexpr,
                           NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NC: tl.constexpr, NCB: tl.constexpr,
                           RO: tl.constexpr):
         """Unit (KV head, chunk) merges its KV head's NC partials by their log-sum-exp and adds its rows of the
-        o projection (and, for KV head 0, the residual) into the residual."""
+        o projection."""
         GQ: tl.constexpr = NH // NKV
         HALF: tl.constexpr = D // 2
         if pid < NKV * NC:
             hk = pid // NC
-            rows = (pid % NC) * RO + tl.arange(0, RO)
             c = tl.arange(0, NCB)
             gq = tl.arange(0, GQ)
             dh = tl.arange(0, HALF)
@@ -256,14 +290,8 @@ if triton is not None:
             total = tl.sum(den * w, axis=0)
             o1 = tl.sum(a1 * w[:, :, None], axis=0) / total[:, None]  # [GQ, HALF]
             o2 = tl.sum(a2 * w[:, :, None], axis=0) / total[:, None]
-            y = tl.sum(tl.sum(wo1.to(tl.float32) * o1[None, :, :], axis=2), axis=1) \
-                + tl.sum(tl.sum(wo2.to(tl.float32) * o2[None, :, :], axis=2), axis=1)
-            if hk == 0:  # the residual itself, once per row (the chunks of one KV head cover every row)
-                y += tl.load(x_ptr + rows, mask=rows < H, other=0.0, cache_modifier=".cg")
-            tl.atomic_add(acc_ptr + rows, y, mask=rows < H, sem="relaxed")
-        if pid == 0:  # the buffer the MLP phase accumulates into
-            cols = tl.arange(0, HB)
-            tl.store(zero_ptr + cols, tl.zeros((HB,), tl.float32), mask=cols < H)
+            _o_rows(wo1, wo2, o1, o2, pid, x_ptr, acc_ptr, H, NC, RO)
+        _zero_next(pid, zero_ptr, H, HB)
 
     @triton.jit
     def _mlp_rows(gu_ptr, dt_ptr, rows, ok, cols, H: tl.constexpr, I: tl.constexpr):
@@ -319,9 +347,10 @@ if triton is not None:
         # are split over a KV head's chunks by how many can be, not by the static key width (max_model_len).
         S = tl.minimum(S, tl.load(pos_ptr).to(tl.int32) + 1)
         KPU = tl.cdiv(S, NC)
-        chunk = pid % NC
-        lo = chunk * KPU
+        lo = (pid % NC) * KPU
         hi = tl.where(pid < NKV * NC, tl.minimum(lo + KPU, S), 0)  # this program's keys in the attention phase
+        nprog = tl.num_programs(0)
+        arrivals = times_ptr + (last_phase - first_phase + 1) + pid  # TIMING: [barrier, program] arrival stamps
         # Each phase's inputs that do not depend on the phase before (weights, cached keys) are requested
         # between arriving at the barrier ahead of it and waiting there: they stream in meanwhile.
         if PF_QKV:
@@ -339,7 +368,7 @@ if triton is not None:
                 if (ph >= first_phase) & (ph < last_phase):
                     _qkv_phase(pid, wq, r_in, ln1_ptr + lw * H, qkv_ptr, r_mid, eps, H, HB, NQKV, RQ)
             if SYNC:
-                _arrive(flags_ptr)
+                _arrive(flags_ptr, arrivals + (ph - first_phase) * nprog, TIMING)
             cache = lw * cache_layer_stride
             kk1, kk2, vv1, vv2, seen = _kv_block(k_ptr, v_ptr, cache, cache_slot_stride, slots_ptr, mask_ptr, wslot, lo,
                                                  hi, pid // NC, BS, D)
@@ -348,11 +377,11 @@ if triton is not None:
             if WORK & 2:
                 if (ph + 1 >= first_phase) & (ph + 1 < last_phase):
                     _attn_partial_phase(pid, layer, kk1, kk2, vv1, vv2, seen, qkv_ptr, qn_ptr + lw * D, kn_ptr + lw * D,
-                                        inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr, wslot_ptr,
-                                        slots_ptr, mask_ptr, S, KPU, part_ptr, eps, scale, NH, NKV, D, NC, BS, MQ, USE_DOT,
-                                        PREC)
+                                        inv_freq_ptr, k_ptr, v_ptr, cache_layer_stride, cache_slot_stride, pos_ptr,
+                                        wslot_ptr, slots_ptr, mask_ptr, lo, hi, part_ptr, eps, scale, NH, NKV, D, NC, BS,
+                                        MQ, USE_DOT, PREC)
             if SYNC:
-                _arrive(flags_ptr)
+                _arrive(flags_ptr, arrivals + (ph + 1 - first_phase) * nprog, TIMING)
             wo1, wo2 = _o_tile(wo_ptr + lw * H * NH * D, pid, layer < last_layer, H, NH, NKV, D, NC, RO)
             if SYNC:
                 _wait(flags_ptr, timeout_ptr, ph + 2 - first_phase, times_ptr, POLL_ACQUIRE, TIMING)
@@ -360,7 +389,7 @@ if triton is not None:
                 if (ph + 2 >= first_phase) & (ph + 2 < last_phase):
                     _attn_merge_phase(pid, wo1, wo2, r_in, r_mid, r_out, part_ptr, H, HB, NH, NKV, D, NC, NCB, RO)
             if SYNC:
-                _arrive(flags_ptr)
+                _arrive(flags_ptr, arrivals + (ph + 2 - first_phase) * nprog, TIMING)
             gu = wgu_ptr + lw * 2 * I * H
             dt = wdt_ptr + lw * I * H
             rows = pid * RI + mlp_j
@@ -374,7 +403,7 @@ if triton is not None:
                         wg, wu, wd = _mlp_rows(gu, dt, rows, (mlp_j < RI) & (rows < I), tl.arange(0, HB), H, I)
                     _mlp_phase(pid, wg, wu, wd, r_mid, ln2_ptr + lw * H, gu, dt, r_out, eps, H, HB, I, RI, RS)
             if SYNC:
-                _arrive(flags_ptr)
+                _arrive(flags_ptr, arrivals + (ph + 3 - first_phase) * nprog, TIMING)
             if PF_QKV:
                 wq = _qkv_tile(wqkv_ptr + (lw + 1) * NQKV * H, pid, layer + 1 < last_layer, H, HB, NQKV, RQ)
             if SYNC:
@@ -427,16 +456,20 @@ class Tiling:
         rows_o = p2(-(-hidden // o_chunks))  # o_chunks x rows_o >= hidden: every row has a unit
         rows_mlp = -(-intermediate // programs)
         fit = 1 << max(0, (MAX_MLP_TILE_BYTES // (6 * p2(hidden))).bit_length() - 1)  # MLP rows a step that fit
-        key_block = 32  # keys an attention step: a unit loops over blocks when its share of the keys is longer
+        key_block = 64  # keys an attention step: a unit loops over blocks when its share of the keys is longer
         return cls(rows_qkv, o_chunks, rows_o, rows_mlp, min(mlp_step, p2(rows_mlp), fit), key_block, num_warps)
 
     def with_spec(self, spec: str) -> "Tiling":
         """This tiling changed by a benchmark's spec: num_warps x MLP rows a step x barrier polls (a: acquire
         loads, v: volatile loads + an acquire atomic) x attention (d: tl.dot, b: broadcast products) x weights
-        requested before the barrier (q: q/k/v, m: the MLP's; both, one or neither), e.g. 8x32xaxdxqm."""
-        warps, step, poll, attn, pf = spec.split("x")
+        requested before the barrier (q: q/k/v, m: the MLP's; both, one or neither), e.g. 8x32xaxdxqm; then,
+        optionally, b<keys> for the key block, e.g. 8x32xaxdxqmxb32."""
+        warps, step, poll, attn, pf, *block = spec.split("x")
+        if len(block) > 1 or block and not (block[0][:1] == "b" and block[0][1:].isdigit()):
+            raise ValueError(f"tiling spec {spec!r}: after the five fields only b<keys a block>")
         return replace(self, num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a",
-                       attn_dot=attn == "d", prefetch_qkv="q" in pf, prefetch_mlp="m" in pf)
+                       attn_dot=attn == "d", prefetch_qkv="q" in pf, prefetch_mlp="m" in pf,
+                       key_block=int(block[0][1:]) if block else self.key_block)
 
     def too_big(self, hidden: int) -> str | None:
         """Why this tiling does not fit a program's registers for `hidden`, or None."""
@@ -465,7 +498,8 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     result is then wrong. That is reported, never a hang.
     info, if given, receives the compiled kernel's registers and spills per thread (benchmarks). If it holds
     "work" (a bit mask of the phases to run: 1 q/k/v, 2 attention (both phases), 4 MLP), the kernel also records
-    a timestamp after every phase into info["times"] (int64 ns; GPU only) and skips the phases left out.
+    a timestamp after every phase into info["times"] (int64 ns; GPU only), each program's arrival at every barrier
+    into info["arrivals"] ([barriers, programs]), and skips the phases left out.
     """
     L, H = w.ln1.shape
     NH, NKV, D = w.num_heads, w.num_kv_heads, w.head_dim
@@ -485,7 +519,8 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     part = torch.empty(NKV * t.o_chunks * (NH // NKV) * (D + 2), device=x0.device, dtype=torch.float32)
     flags = torch.zeros(2, device=x0.device, dtype=torch.int32)  # arrivals, a target for acquire atomics
     timeouts = torch.zeros(1, device=x0.device, dtype=torch.int32) if timeouts is None else timeouts
-    times = torch.zeros(L * PHASES_PER_LAYER + 1, device=x0.device, dtype=torch.int64)
+    barriers = L * PHASES_PER_LAYER
+    times = torch.zeros(barriers + 1 + (barriers * programs if timing else 0), device=x0.device, dtype=torch.int64)
     if mask.dtype == torch.bool:
         mask = mask.view(torch.int8)
     S = slots.shape[0]
@@ -505,5 +540,6 @@ def decode_layers(x0: torch.Tensor, position: torch.Tensor, write_slot: torch.Te
     for first, last in phases:
         launch = _decode_layers_kernel[(programs,)](*args, first, last, eps, scale, SYNC=sync, **meta)
     if info is not None:
-        info.update(n_regs=getattr(launch, "n_regs", None), n_spills=getattr(launch, "n_spills", None), times=times)
+        info.update(n_regs=getattr(launch, "n_regs", None), n_spills=getattr(launch, "n_spills", None),
+                    times=times[:barriers + 1], arrivals=times[barriers + 1:].view(-1, programs))
     return resid[(2 * L) % 3], torch.cat([flags[:1], timeouts])
