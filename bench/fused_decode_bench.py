@@ -5,7 +5,8 @@
 Random Qwen3-0.6B-shape layer weights (bf16), a paged KV store holding `context` earlier tokens.
 Per tiling (see --tilings): microseconds per launch of all 28 layers, the layer weights'
 GB/s and the fraction of the measured copy bandwidth, registers / spills per thread, and whether
-any barrier timed out. Run on the device machine (CUDA).
+any barrier timed out. Per --phase-tilings: microseconds per phase, and from each program's arrival stamps how
+long barriers wait for the last program and then for it to be let through. Run on the device machine (CUDA).
 """
 
 from __future__ import annotations
