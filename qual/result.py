@@ -55,9 +55,14 @@ class CorpusInfo:
 
 @dataclass
 class Throughput:
-    wall_seconds: float
+    wall_seconds: float  # the arm, start-up included
     output_tokens: int
-    tokens_per_second: float
+    tokens_per_second: float  # output_tokens / wall_seconds
+    generate_seconds: float | None = None  # generation alone, where the engine reports it (the reference engine does)
+
+    @property
+    def generate_tokens_per_second(self) -> float | None:
+        return self.output_tokens / self.generate_seconds if self.generate_seconds else None
 
 
 @dataclass
@@ -243,7 +248,7 @@ def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[Re
         acceptance=acceptance_summary(requests),
         per_request=list(requests),
         graph_capture=graph,
-        throughput=Throughput(info.wall_seconds, info.output_tokens, info.tokens_per_second),
+        throughput=Throughput(info.wall_seconds, info.output_tokens, info.tokens_per_second, info.generate_seconds),
         engine_version=info.engine_version,
         runnable=info.runnable,
         not_runnable_reason=info.not_runnable_reason,

@@ -159,3 +159,13 @@ def test_report_opens_in_headless_chromium_without_console_errors(tmp_path, host
 def page_with_violation(page: str) -> str:
     """The report with a script injected after escaping: its CSP must block it and say so."""
     return page.replace("</main>", "<script>console.log('ran')</script></main>")
+
+
+def test_throughput_row_leads_with_generation_where_timed():
+    """The first arm of a process pays one-time CUDA costs at start-up: where the engine timed generation apart,
+    the report shows that rate first, and the whole-arm rate after it."""
+    from qual.report.common import throughput
+    from qual.result import Throughput
+
+    assert throughput(Throughput(2.0, 1000, 500.0)) == "500.0 tok/s"
+    assert throughput(Throughput(2.0, 1000, 500.0, 0.5)) == "2000.0 tok/s generating (500.0 tok/s with start-up)"

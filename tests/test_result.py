@@ -113,3 +113,18 @@ def _corpus(n):
     from qual.result import CorpusInfo
 
     return CorpusInfo("s", "s.jsonl", "sha256:00", n)
+
+
+def test_throughput_generate_seconds_is_optional(tmp_path):
+    """result.json files from before generate_seconds load (None); with it, generation tok/s excludes start-up."""
+    res = synthetic_result(5)
+    data = res.to_json()
+    for arm in data["arms"].values():
+        del arm["throughput"]["generate_seconds"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_result(tmp_path / "old.json")
+    assert old.control.throughput.generate_seconds is None and old.control.throughput.generate_tokens_per_second is None
+    res.control.throughput.generate_seconds = res.control.throughput.wall_seconds / 4
+    back = load_result(save_result(res, tmp_path / "new" / "result.json"))
+    t = back.control.throughput
+    assert t.generate_tokens_per_second == pytest.approx(4 * t.tokens_per_second)

@@ -121,6 +121,8 @@ def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_
     for arm in ("control", "candidate"):
         assert [r["output_token_ids"] for r in got["arms"][arm]["per_request"]] == \
                [r["output_token_ids"] for r in full["arms"][arm]["per_request"]]
+        t = got["arms"][arm]["throughput"]  # the control arm's time adds up over its two pieces
+        assert 0 < t["generate_seconds"] < t["wall_seconds"]
     assert history_rows(db) == 1
 
 

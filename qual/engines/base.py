@@ -101,6 +101,9 @@ class ArmRunInfo:
     runnable: bool = True
     not_runnable_reason: str | None = None
     extra: dict = field(default_factory=dict)  # engine-specific facts (e.g. KV memory per rank)
+    # Seconds spent generating, without the engine's start-up (loading, graph capture), where the engine can tell.
+    # The first arm of a process pays one-time CUDA costs at start-up: wall_seconds alone would favour the second.
+    generate_seconds: float | None = None
 
     @property
     def tokens_per_second(self) -> float:

@@ -46,7 +46,9 @@ class ReferenceEngine:
         gen = [GenerationRequest(r.id, tuple(r.prompt_token_ids), r.max_tokens, r.category) for r in requests]
         start = time.perf_counter()
         with LLMEngine(cfg) as engine:
+            ready = time.perf_counter()
             results = engine.generate(gen, sampling, on_result) if gen else []
+            generating = time.perf_counter() - ready
             memory = engine.memory()
             graphs = engine.graph_capture()
         wall = time.perf_counter() - start
@@ -54,6 +56,7 @@ class ReferenceEngine:
             engine_version=self.version,
             graph_capture=GraphCapture(**{k: v for k, v in graphs.items() if k in GraphCapture.__dataclass_fields__}),
             wall_seconds=wall,
+            generate_seconds=generating,
             output_tokens=sum(len(r.output_token_ids) for r in results),
             extra={"kv_memory": memory, "graph_replays": graphs.get("replays"), "graph_eager_steps": graphs.get("eager_steps")},
         )

@@ -29,7 +29,8 @@ def parse_ref(ref: str) -> tuple[Path, str]:
 def _as_engine_output(arm: ArmResult):
     g = {k: v for k, v in arm.graph_capture.items() if k in GraphCapture.__dataclass_fields__}
     info = ArmRunInfo(arm.engine_version, GraphCapture(**g), arm.throughput.wall_seconds, arm.throughput.output_tokens,
-                      arm.log_path, arm.runnable, arm.not_runnable_reason)
+                      arm.log_path, arm.runnable, arm.not_runnable_reason,
+                      generate_seconds=arm.throughput.generate_seconds)
     return arm.config, info, arm.per_request
 
 

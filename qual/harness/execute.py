@@ -87,6 +87,8 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
     if prior is not None:  # resumed: time and tokens add up over the pieces
         info.wall_seconds += prior.wall_seconds
         info.output_tokens += prior.output_tokens
+        both = info.generate_seconds is not None and prior.generate_seconds is not None
+        info.generate_seconds = info.generate_seconds + prior.generate_seconds if both else None
     _save_info(plan.out_dir, arm, info)
     return info, done
 

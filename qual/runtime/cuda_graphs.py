@@ -68,8 +68,9 @@ class DecodeGraphs:
         return DecodeStep(ids, [0] * batch_size, [2] * batch_size, [0] * batch_size, [1] * batch_size, tables), ids
 
     def _capture(self) -> None:
-        torch.cuda.synchronize()
-        free_before = torch.cuda.mem_get_info()[0]
+        device = self.runner.comm.device
+        self._settle()
+        reserved_before = torch.cuda.memory_reserved(device)
         start = time.perf_counter()
         pool = None
         for bs in self.sizes:  # largest first: the smaller graphs reuse its pool
@@ -87,7 +88,17 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         self.captured = sorted(self.graphs)
         self.seconds = time.perf_counter() - start
-        self.bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
+        self._settle()
+        self.bytes = max(0, torch.cuda.memory_reserved(device) - reserved_before)
+
+    @staticmethod
+    def _settle() -> None:
+        """Idle GPU, and the caching allocator holding only live blocks. Free device memory would also count
+        what the allocator kept from an earlier engine in this process (the first arm of a run), and the warm-up
+        steps' activations: so the graphs' bytes are what stays reserved across the capture (their pool and
+        static buffers), the same in either arm."""
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
     def _capture_one(self, bs: int, pool) -> _Graph:
         step, ids = self._dummy_step(bs)
