@@ -20,4 +20,5 @@ def run(target, draft, tp=1, dcp=1, interleave=1, draft_kv="replicated", dtype="
     with LLMEngine(cfg) as engine:
         out = engine.generate(reqs, SamplingParams(temperature=temperature, seed=7, max_tokens=20))
         lg = engine.prompt_logits([list(r.prompt_token_ids) for r in reqs]) if logits else None
+    assert [p.exitcode for p in engine.workers] == [0] * (engine.cfg.parallel.world_size - 1)  # clean exits, no abort
     return out, lg
