@@ -76,10 +76,16 @@ def test_skinny_gemm_kernel_matches_float64(m, n, k):
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
 
 
-@pytest.mark.parametrize("r,q,h,hk,d,s", [(1, 1, 16, 8, 128, 192), (8, 8, 16, 8, 128, 192), (3, 8, 8, 1, 32, 70)])
-def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s):
+@pytest.mark.parametrize("r,q,h,hk,d,s,splits", [
+    (1, 1, 16, 8, 128, 192, 1), (8, 8, 16, 8, 128, 192, 1), (3, 8, 8, 1, 32, 70, 1),
+    (1, 1, 16, 8, 128, 4000, 16), (2, 8, 16, 8, 128, 1000, 4), (3, 8, 8, 1, 32, 70, 2)])
+def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s, splits):
+    """Also long rows whose keys the default splits over several programs (key_splits on an H200: 16 and 4)."""
     from qual.runtime.attention import attention_with_lse
-    from qual.runtime.kernels.paged_attention import paged_attention
+    from qual.runtime.kernels.paged_attention import _programs_wanted, key_splits, paged_attention
+
+    if s > 192:
+        assert key_splits(_programs_wanted(torch.device("cuda")), r, hk, s) == splits
 
     g = torch.Generator(device="cuda").manual_seed(0)
     n = 4 * s
@@ -90,7 +96,7 @@ def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s):
     mask = torch.rand(r, q, s, device="cuda", generator=g) > 0.3
     mask[0, 0] = False  # a row that sees nothing: out 0, lse -inf
     ref_out, ref_lse = attention_with_lse(qs.float(), kc[slots].float(), vc[slots].float(), mask, d ** -0.5)
-    out, lse = paged_attention(qs, kc, vc, slots, mask, d ** -0.5)
+    out, lse = paged_attention(qs, kc, vc, slots, mask, d ** -0.5, splits=None if s > 192 else splits)
     torch.testing.assert_close(out.float(), ref_out, rtol=2e-2, atol=2e-2)  # bf16 output
     assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
     finite = torch.isfinite(ref_lse)

@@ -68,11 +68,12 @@ for R, Q, H, Hk, D, S in [(3, 4, 4, 2, 16, 70), (2, 1, 8, 1, 32, 130), (1, 8, 2,
     for r in range(R):  # keys past a row's length must not be read at all: NaN there would reach the output
         k_cache[slots[r, lengths[r]:]] = float("nan")
         v_cache[slots[r, lengths[r]:]] = float("nan")
-    out, lse = paged_attention(q, k_cache, v_cache, slots, mask, D**-0.5, lengths)
-    assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
-    finite = torch.isfinite(ref_lse)
-    assert torch.allclose(lse[finite], ref_lse[finite], atol=1e-4)
+    for splits in (None, 1, 2, 3, 4):  # 3: a split of 0 keys in a 70-key row; 4: empty splits at 130 too
+        out, lse = paged_attention(q, k_cache, v_cache, slots, mask, D**-0.5, lengths, splits)
+        assert torch.allclose(out, ref, atol=1e-4), (splits, (out - ref).abs().max())
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), splits
+        finite = torch.isfinite(ref_lse)
+        assert torch.allclose(lse[finite], ref_lse[finite], atol=1e-4), splits
     if ((lengths < S) & mask.flatten(1).any(1)).any():  # without lengths every key is read: the NaN shows
         assert paged_attention(q, k_cache, v_cache, slots, mask, D**-0.5)[0].isnan().any()
 print("ok")
@@ -112,8 +113,9 @@ def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs, key_blo
 
 def test_paged_attention_matches_gather_then_attend():
     """The paged-attention kernel (reads the store in place) equals gathering the keys and attention_with_lse:
-    GQA, several query positions, non-contiguous slots, an empty row (lse -inf, output 0), and rows shorter
-    than the key width, whose padding keys it does not read."""
+    GQA, several query positions, non-contiguous slots, an empty row (lse -inf, output 0), rows shorter
+    than the key width, whose padding keys it does not read, and each row's keys split over 1-4 programs
+    and merged (some splits with no keys)."""
     interpret(PAGED_ATTENTION)
 
 
@@ -149,3 +151,15 @@ def test_tiling_spec_changes_only_what_it_names():
     assert base.with_spec("8x32xaxdxqmxb16") == replace(base, key_block=16)
     with pytest.raises(ValueError, match="only b<keys a block>"):
         base.with_spec("8x32xaxdxqmxk0")
+
+
+def test_key_splits_fill_the_gpu_only_where_rows_are_long():
+    """Flash-decoding splits: a power of two, enough programs for 2 an SM, never under 128 keys of the width."""
+    from qual.runtime.kernels.paged_attention import key_splits
+
+    h200 = 2 * 132
+    assert key_splits(h200, 1, 8, 192) == 1  # short static width: one program walks it
+    assert key_splits(h200, 1, 8, 2048) == 16  # 2048 // 128 = 16 splits of 128 keys
+    assert key_splits(h200, 1, 8, 4000) == 16  # 33 wanted, 31 allowed: 16
+    assert key_splits(h200, 8, 8, 4000) == 4  # 264 // 64
+    assert key_splits(h200, 64, 8, 4000) == 1  # 512 programs already
