@@ -2,6 +2,7 @@
 
     python3 bench/gpu_bench.py [--out bench.json] [--variants base,compile,compile+triton+attn,...]
                                [--compile-mode MODE] [--models qwen3-0.6b-shape,toy] [--no-spec]
+                               [--prompt-tokens N] [--max-model-len N] [--fused-tiling SPEC]
 
 Variants: base, or parts joined by "+": compile = the decode step compiled by torch.compile (inductor)
 before graph capture, triton = the decode projections through the split-K Triton kernel, attn = the
