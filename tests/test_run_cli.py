@@ -86,6 +86,8 @@ def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, kind):
     (["--dcp", 3], "not divisible by tp=3"),
     (["--draft-kv", "halved"], "--draft-kv"),
     (["--engine", "magic"], "--engine"),
+    (["--limit", "abc"], "Invalid value for '--limit'"),  # typer >= 0.29 raises its own copy of click's errors
+    (["--no-such-flag"], "No such option"),
 ])
 def test_bad_options_are_exit_2(profile, tmp_path, args, needle):
     if "--model" not in args:
@@ -94,6 +96,17 @@ def test_bad_options_are_exit_2(profile, tmp_path, args, needle):
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert history_rows(tmp_path / "h.sqlite") == 0
+
+
+def test_unwritable_out_or_history_is_exit_2_before_any_work(profile, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, history, needle in [(blocker / "o", tmp_path / "h.sqlite", "--out"),
+                                 (tmp_path / "o", tmp_path, "is a directory")]:
+        proc = qual("run", "--model", profile, "--out", out, "--history", history)
+        assert proc.returncode == 2, proc.stderr
+        assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not (tmp_path / "o").exists() and history_rows(tmp_path / "h.sqlite") == 0
 
 
 def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_path):
@@ -161,3 +174,6 @@ def test_compare_two_arms_and_refuse_unmatched(finished_run, tmp_path):
         path.write_text(json.dumps(other))
         bad = qual("compare", f"{result}:control", path, "--out", tmp_path / "bad")
         assert bad.returncode == 2 and what in bad.stderr and not (tmp_path / "bad").exists()
+    (tmp_path / "a-file").write_text("")
+    blocked = qual("compare", f"{result}:control", result, "--out", tmp_path / "a-file" / "cmp")
+    assert blocked.returncode == 2 and "--out" in blocked.stderr and len(blocked.stderr.strip().splitlines()) == 1

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from qual.cli.main import EXIT_GATE_FAILED, app
+from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict
 
 
@@ -26,7 +27,10 @@ def compare_command(
     from qual.history import record_run
     from qual.report import write_reports
 
-    result = compare(a, b, str(gate or DEFAULT_GATE), seed)
+    result = compare(a, b, str(gate or DEFAULT_GATE), seed)  # mismatched inputs: exit 2 before anything is made
+    if history:
+        history_file(Path(history))
+    output_dir(out, "--out")
     paths = write_reports(result, out)
     if history:
         record_run(history, result, paths["json"])

@@ -35,6 +35,20 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(Abort, ClickException) classes: click's, and those of the copy of click that newer typer versions carry
+    (typer 0.29 raises its own, which click's classes do not match)."""
+    aborts, errors = [typer.Abort], [c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"]
+    try:
+        import click
+
+        aborts.append(click.exceptions.Abort)
+        errors.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(aborts), tuple(errors)
+
+
 def main() -> None:
     """Console-script entry point: one-line errors, stable exit codes."""
     import signal
@@ -56,11 +70,10 @@ def main() -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive as ClickException
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
+        aborts, usage_errors = _click_exceptions()
+        if isinstance(exc, aborts):
             sys.exit(130)
-        if isinstance(exc, click.ClickException):
+        if isinstance(exc, usage_errors):
             print(f"error: {exc.format_message()}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
         raise

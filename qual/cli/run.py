@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from qual.cli.main import EXIT_GATE_FAILED, app
+from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict
 from qual.errors import QualError
 
@@ -50,8 +51,10 @@ def run_command(
     if dry_run:
         _print_dry_run(plan)
         return
-    if resume is None and plan.out_dir.exists() and any(plan.out_dir.iterdir()):
+    if resume is None and plan.out_dir.is_dir() and any(plan.out_dir.iterdir()):
         raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
+    history_file(plan.history_path)
+    output_dir(plan.out_dir, "--out")
     result = _run_with_progress(plan)
     print_verdict(result, "control", "candidate", plan.out_dir)
     if not result.gate.passed:
