@@ -74,6 +74,8 @@ def _validate_options(o: RunOptions) -> None:
         raise QualError(f"--draft-kv must be one of {', '.join(DRAFT_KV_MODES)} (got {o.draft_kv!r})")
     if o.dcp < 1:
         raise QualError(f"--dcp must be >= 1 (got {o.dcp})")
+    if o.tp is not None and o.tp < 1:
+        raise QualError(f"--tp must be >= 1 (got {o.tp})")
     if o.limit is not None and o.limit < 1:
         raise QualError(f"--limit must be >= 1 (got {o.limit})")
     if o.max_tokens is not None and o.max_tokens < 1:
@@ -89,7 +91,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
     """
     _validate_options(o)
     profile = load_profile(o.model)
-    tp = o.tp or profile.tp or o.dcp
+    tp = o.tp if o.tp is not None else profile.tp or o.dcp
     for dcp in (1, o.dcp):
         ParallelConfig(tp, dcp, profile.interleave)  # tp % dcp, interleave >= 1
     gate_path = str(Path(o.gate) if o.gate else DEFAULT_GATE)
