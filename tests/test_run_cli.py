@@ -110,6 +110,13 @@ def test_unwritable_out_or_history_is_exit_2_before_any_work(profile, tmp_path):
         assert not (tmp_path / "o").exists() and history_rows(tmp_path / "h.sqlite") == 0
 
 
+def test_missing_vllm_interpreter_is_exit_2_before_any_work(tmp_path):
+    profile = make_profile(tmp_path, vllm={"python": str(tmp_path / "no-venv" / "bin" / "python")})
+    proc = qual("run", "--model", profile, "--engine", "vllm", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+    assert proc.returncode == 2 and "no such interpreter" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_path):
     out, db = tmp_path / "out", tmp_path / "h.sqlite"
     proc = subprocess.Popen([*QUAL, "run", "--model", str(profile), "--dcp", "2", "--out", str(out), "--history", str(db)],
