@@ -1,7 +1,7 @@
 #!/bin/bash
 # Prepared for the next session (2 x H200 when lent, else 1; carry .whl, which bench/device_wheels.sh rebuilds).
-# Not yet run on two GPUs: session 6's worker exit fix (os._exit(0) after a clean shutdown, every worker must exit 0)
-# and session 7's split paged attention under NCCL. Every GPU test (the NCCL ones skip on one GPU), then the DCP 2
+# Not yet run on two GPUs: session 6's worker exit fix (os._exit(0) after a clean shutdown, every worker must exit 0).
+# Every GPU test (the NCCL ones skip on one GPU), then the DCP 2
 # pass/fail pair of README (the toy profile: eager attention in the graphs).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
