@@ -127,13 +127,13 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
             validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable
     if o.engine == "vllm" and not dry_run:  # the control arm needs one whatever the machine: say so before writing
         from qual.engines.vllm.argv import VllmOptions
-        from qual.engines.vllm.install import locate
+        from qual.engines.vllm.install import NOT_FOUND, locate
 
         python = VllmOptions.from_extra(extra).python
         if python is not None and not Path(python).is_file():
             raise QualError(f"vllm.python {python}: no such interpreter (the profile's vllm.python)")
         if locate(python) is None:
-            raise QualError("no vLLM installation found: run `make vllm-venv` (or set vllm.python in the profile)")
+            raise QualError(NOT_FOUND)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(o.out) if o.out else REPO_ROOT / "reports" / f"{stamp}-{profile.name}-dcp{o.dcp}"
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),

@@ -10,7 +10,7 @@ from pathlib import Path
 from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult, RequestResult
 from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, serve_command
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
-from qual.engines.vllm.install import REPO_ROOT, VllmInstall, locate
+from qual.engines.vllm.install import NOT_FOUND, REPO_ROOT, VllmInstall, locate
 from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
 from qual.engines.vllm.metrics import SpecCounters
 from qual.engines.vllm.server import VllmServer, free_port
@@ -122,7 +122,7 @@ class VllmEngine:
                               wall_seconds=0.0, output_tokens=0, runnable=False, not_runnable_reason=reason,
                               extra={"server_command": command})
         if install is None:
-            raise QualError("no vLLM installation found: run `make vllm-venv` (or set vllm.python in the profile)")
+            raise QualError(NOT_FOUND)
 
         port = free_port()
         cmd = serve_command(arm, options, port, install, self.repo_root)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 # Where `make vllm-venv` puts it, relative to the repository root.
 DEFAULT_VENV = ".venv-vllm"
+NOT_FOUND = "no vLLM installation found: run `make vllm-venv` (or set vllm.python in the profile)"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Run in a vLLM install's interpreter (VllmInstall.grouped_rms_norm): how its rms_norm op treats a stacked weight.
 GROUPED_NORM_PROBE = """

@@ -146,8 +146,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_m = max(16, triton.next_power_of_2(G * Q))
     out = torch.empty_like(q)
     lse = torch.empty(R, Q, H, device=q.device, dtype=torch.float32)
-    part_acc = torch.empty(R * Hk * splits * block_m * D if splits > 1 else 1, device=q.device, dtype=torch.float32)
-    part_ml = torch.empty(R * Hk * splits * 2 * block_m if splits > 1 else 1, device=q.device, dtype=torch.float32)
+    if splits > 1:  # the partials _combine_kernel merges; one split writes out and lse directly (lse: unused args)
+        part_acc = torch.empty(R * Hk * splits * block_m * D, device=q.device, dtype=torch.float32)
+        part_ml = torch.empty(R * Hk * splits * 2 * block_m, device=q.device, dtype=torch.float32)
+    else:
+        part_acc = part_ml = lse
     if mask.dtype == torch.bool:
         mask = mask.view(torch.int8)  # same bytes; Triton loads int8
     if lengths is None:
