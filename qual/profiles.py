@@ -1,51 +1,58 @@
-"""Model profiles (configs/models/<name>.yaml): what to load and how each engine should run it."""
+"""Model profiles (configs/models/<name>.yaml): what to load and the defaults `qual run` uses for it.
+
+Validated on load: a wrong type, an unknown key (in any section), an impossible value is a one-line error
+naming the file and the key. Each engine's section (`reference:`, `vllm:`) is validated by that engine.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
+from pydantic import Field, PositiveInt
 
+from qual import paths
+from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
+from qual.validation import Section, parse_section, read_config_text
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PROFILE_DIR = REPO_ROOT / "configs" / "models"
-KNOWN_KEYS = {
-    "name", "description", "target", "draft", "tokenizer", "num_speculative_tokens", "tp", "dcp", "interleave",
-    "dtype", "corpus", "max_tokens", "block_size", "kv_memory_mib", "max_model_len", "vllm", "reference",
-}
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+_MOVED = {"block_size": "reference", "kv_memory_mib": "reference"}  # keys that belong to one engine's section
 
 
-@dataclass(frozen=True)
-class ModelProfile:
+class ModelProfile(Section):
+    """One profile. `tp` and `dcp` are the defaults of `qual run --model NAME`."""
+
     name: str
-    target: str
-    draft: str | None
-    num_speculative_tokens: int
+    target: str = Field(min_length=1)
+    draft: str | None = None
+    num_speculative_tokens: PositiveInt
     description: str = ""
     tokenizer: str | None = None
-    tp: int | None = None
-    dcp: int | None = None
-    interleave: int = 1
-    dtype: str = "float32"
-    corpus: str = "humaneval"
-    max_tokens: int = 64
-    block_size: int = 16
-    kv_memory_mib: int = 256
-    max_model_len: int = 2048
-    vllm: dict = field(default_factory=dict)
-    reference: dict = field(default_factory=dict)
-    path: str = ""
+    tp: PositiveInt | None = None  # None: the candidate's DCP size
+    dcp: PositiveInt | None = None  # the candidate's DCP size (None: 4)
+    interleave: PositiveInt = 1
+    dtype: Literal[DTYPES] = "float32"
+    corpus: str = Field("humaneval", min_length=1)
+    max_tokens: PositiveInt = 64
+    max_model_len: PositiveInt = 2048
+    vllm: dict = Field(default_factory=dict)  # validated by the vLLM engine
+    reference: dict = Field(default_factory=dict)  # validated by the reference engine
+    path: str = ""  # the file it came from (not a key of the file)
 
     def local_path(self, value: str | None) -> str | None:
-        """Profile paths are relative to the repository root; anything else (a hub id) is passed through."""
+        """A relative path resolves against the profile's folder, then qual's data folder; anything else (a
+        hub id) is passed through unchanged."""
         if value is None:
             return None
         p = Path(value)
-        if not p.is_absolute() and (REPO_ROOT / p).exists():
-            return str(REPO_ROOT / p)
-        return str(p) if p.is_absolute() or p.exists() else value
+        if p.is_absolute():
+            return str(p)
+        for base in (Path(self.path).parent, paths.DATA_DIR):
+            if (base / p).exists():
+                return str((base / p).resolve())
+        return value
 
     @property
     def target_path(self) -> str:
@@ -59,32 +66,42 @@ class ModelProfile:
     def tokenizer_path(self) -> str:
         return self.local_path(self.tokenizer) or self.target_path
 
+    def section(self, engine: str) -> dict:
+        """This profile's section for an engine (already validated)."""
+        return dict(getattr(self, engine))
+
 
 def available_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in paths.PROFILE_DIR.glob("*.yaml"))
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(read_config_text(path)) or {}
+    except (yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise QualError(f"{path}: malformed YAML ({first[:200]})") from None
+    except OSError as exc:
+        raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise QualError(f"{path}: a profile must be a mapping")
+    return data
 
 
 def load_profile(name_or_path: str) -> ModelProfile:
     """A profile by name (configs/models/NAME.yaml) or by path."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        path = PROFILE_DIR / f"{name_or_path}.yaml"
+        path = paths.PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise QualError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise QualError(f"{path}: a profile must be a mapping")
-    unknown = set(data) - KNOWN_KEYS
-    if unknown:
-        raise QualError(f"{path}: unknown keys {', '.join(sorted(unknown))}")
-    for key in ("target", "num_speculative_tokens"):
-        if data.get(key) in (None, ""):
-            raise QualError(f"{path}: missing {key!r}")
+    data = _read(path)
+    for key, section in _MOVED.items():
+        if key in data:
+            raise QualError(f"{path}: {key}: belongs under `{section}:` (it applies to that engine only)")
     data.setdefault("name", path.stem)
-    try:
-        return ModelProfile(**data, path=str(path))
-    except TypeError as exc:
-        raise QualError(f"{path}: {exc}") from None
+    if "path" in data:
+        raise QualError(f"{path}: path: unknown key")
+    profile = parse_section(ModelProfile, {**data, "path": str(path)}, str(path))
+    sections = {name: engine_class(name).parse_options(data.get(name) or {}, str(path)) for name in ENGINES}
+    return profile.model_copy(update=sections)

@@ -1,6 +1,6 @@
 """The Result of one control-vs-candidate run and its result.json form (schema "qual.result/1").
 
-Keys named in issue 4 are a contract: extend, never rename. Rates are
+The keys tests/test_result.py lists (CONTRACT) are a contract: extend, never rename. Rates are
 fractions; an undefined rate is null.
 """
 
@@ -9,32 +9,20 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from qual import __version__
-from qual.engines.base import ArmConfig, ArmRunInfo, RequestResult
 from qual.errors import QualError
-from qual.gate import Gate, GateOutcome, confidences, evaluate, load_gate, near_tie_margin
-from qual.stats import (
-    DEFAULT_NEAR_TIE_MARGIN,
-    DEFAULT_RESAMPLES,
-    Acceptance,
-    acceptance_summary,
-    compare_outputs,
-    pair_requests,
-    paired_bootstrap,
-    per_category,
-    per_request_deltas,
-    proposal_divergence,
-)
+from qual.records import RequestResult
+from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance
 
 SCHEMA = "qual.result/1"
 ARMS = ("control", "candidate")
 
 
-def _ci_key(confidence: float) -> str:
+def ci_key(confidence: float) -> str:
     return f"{confidence:g}"
 
 
@@ -125,7 +113,7 @@ class Comparison:
     bootstrap: dict = field(default_factory=dict)
 
     def ci_at(self, confidence: float) -> tuple[float, float] | None:
-        ci = self.delta_rate_ci.get(_ci_key(confidence))
+        ci = self.delta_rate_ci.get(ci_key(confidence))
         if ci is None and abs(confidence - 0.95) < 1e-12:
             ci = self.delta_rate_ci95
         return (ci[0], ci[1]) if ci is not None else None
@@ -137,6 +125,39 @@ class Comparison:
     def from_json(cls, d: dict) -> "Comparison":
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one check, with a human detail string carrying the numbers."""
+
+    name: str
+    passed: bool
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+@dataclass
+class GateOutcome:
+    """All checks of a gate; passed only if every check passed."""
+
+    passed: bool
+    checks: list[CheckResult] = field(default_factory=list)
+    source: str | None = None
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.passed]
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "source": self.source, "checks": [c.to_json() for c in self.checks]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GateOutcome":
+        checks = [CheckResult(c["name"], bool(c["passed"]), c["detail"]) for c in data.get("checks", [])]
+        return cls(passed=bool(data["passed"]), checks=checks, source=data.get("source"))
 
 
 @dataclass
@@ -234,104 +255,3 @@ def load_result(path: str | Path) -> Result:
     except json.JSONDecodeError as exc:
         raise QualError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
     return Result.from_json(data, str(path))
-
-
-# ---------------------------------------------------------------- building
-
-
-def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[RequestResult]) -> ArmResult:
-    """Summarise one arm's engine output."""
-    g = info.graph_capture
-    graph = asdict(g) if not isinstance(g, dict) else dict(g)
-    return ArmResult(
-        config=config.to_json() if isinstance(config, ArmConfig) else dict(config),
-        acceptance=acceptance_summary(requests),
-        per_request=list(requests),
-        graph_capture=graph,
-        throughput=Throughput(info.wall_seconds, info.output_tokens, info.tokens_per_second, info.generate_seconds),
-        engine_version=info.engine_version,
-        runnable=info.runnable,
-        not_runnable_reason=info.not_runnable_reason,
-        log_path=info.log_path,
-    )
-
-
-def compare_arms(
-    control: Sequence[RequestResult],
-    candidate: Sequence[RequestResult],
-    *,
-    seed: int = 0,
-    n_resamples: int = DEFAULT_RESAMPLES,
-    confidence_levels: Sequence[float] = (0.95,),
-    near_tie: float = DEFAULT_NEAR_TIE_MARGIN,
-) -> Comparison:
-    """Paired comparison of two arms' per-request results (raises QualError if replay was not matched)."""
-    control, candidate = pair_requests(control, candidate)
-    levels = sorted({0.95, *confidence_levels})
-    boot = paired_bootstrap(control, candidate, n_resamples=n_resamples, seed=seed, confidences=levels)
-    ci = {_ci_key(c): (list(v) if v is not None else None) for c, v in boot.delta_rate_ci.items()}
-    mal_ci = boot.delta_mean_acceptance_length_ci.get(0.95)
-    divergence = compare_outputs(control, candidate, near_tie)
-    return Comparison(
-        delta_rate=boot.delta_rate,
-        delta_rate_ci95=ci.get(_ci_key(0.95)),
-        delta_rate_ci=ci,
-        delta_mean_acceptance_length=boot.delta_mean_acceptance_length,
-        delta_mean_acceptance_length_ci95=list(mal_ci) if mal_ci is not None else None,
-        target_outputs_identical=not divergence if control else None,
-        output_divergence=divergence,
-        near_tie_margin=near_tie,
-        proposal_divergence=proposal_divergence(control, candidate),
-        per_category=per_category(control, candidate),
-        per_request_deltas=per_request_deltas(control, candidate),
-        bootstrap={
-            "unit": "request",
-            "method": "paired percentile",
-            "resamples": n_resamples,
-            "seed": seed,
-            "n_requests": boot.n_requests,
-        },
-    )
-
-
-def build_result(
-    corpus_info: CorpusInfo | Any,
-    control: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]],
-    candidate: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]],
-    gate_rules: Gate | str | Path,
-    seed: int,
-    *,
-    reproduce: str = "",
-    n_resamples: int = DEFAULT_RESAMPLES,
-    created_at: str | None = None,
-) -> Result:
-    """Summarise both arms, compare them (paired, bootstrapped), evaluate the gate: the full Result."""
-    gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
-    corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
-    ctrl, cand = arm_result(*control), arm_result(*candidate)
-    if ctrl.runnable and cand.runnable:
-        comparison = compare_arms(
-            ctrl.per_request,
-            cand.per_request,
-            seed=seed,
-            n_resamples=n_resamples,
-            confidence_levels=confidences(gate),
-            near_tie=near_tie_margin(gate),
-        )
-        # Keep both arms in the paired (control) order.
-        order = {r.id: i for i, r in enumerate(ctrl.per_request)}
-        cand.per_request.sort(key=lambda r: order[r.id])
-    else:
-        comparison = Comparison(near_tie_margin=near_tie_margin(gate))
-    result = Result(
-        corpus=corpus,
-        control=ctrl,
-        candidate=cand,
-        comparison=comparison,
-        gate=GateOutcome(passed=False, source=gate.source),
-        created_at=created_at or datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        reproduce=reproduce,
-        seed=seed,
-    )
-    result.gate = evaluate(gate, result)
-    return result

@@ -1,4 +1,4 @@
-"""Acceptance math and paired comparisons of two arms (pure functions, DESIGN §5).
+"""Acceptance math and paired comparisons of two arms (pure functions, docs/statistics.md).
 
 Rates are fractions in [0, 1] everywhere here; percentage points appear only in
 gate details and reports. An undefined ratio (nothing drafted, nothing to
@@ -14,12 +14,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from qual.engines.base import RequestResult
+from qual.records import RequestResult
 from qual.errors import QualError
 
 DEFAULT_RESAMPLES = 2000
 # Target top-1 minus top-2 logit below which a flipped greedy token counts as a
-# reduced-precision near tie rather than a disagreement (DESIGN §5).
+# reduced-precision near tie rather than a disagreement (docs/statistics.md).
 DEFAULT_NEAR_TIE_MARGIN = 0.1
 # Bounds the [resamples, requests] index matrix built at once.
 _MAX_CHUNK_ELEMENTS = 4_000_000

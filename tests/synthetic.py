@@ -13,9 +13,10 @@ from typing import Sequence
 
 import numpy as np
 
-from qual.engines.base import ArmConfig, ArmRunInfo, GraphCapture, RequestResult, Sampling
+from qual.records import ArmConfig, ArmRunInfo, GraphCapture, RequestResult, Sampling
 from qual.gate import Gate, parse_rules
-from qual.result import CorpusInfo, Result, build_result
+from qual.harness.build import build_result
+from qual.result import CorpusInfo, Result
 
 K = 7
 NIGHTLY_RULES = [

@@ -1,4 +1,4 @@
-"""LSE combine of shards equals full attention (DESIGN.md §2 step 3)."""
+"""LSE combine of shards equals full attention (docs/dcp.md, attention step 3)."""
 
 import pytest
 import torch

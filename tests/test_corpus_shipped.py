@@ -1,4 +1,4 @@
-"""The corpora committed under corpora/ match their manifests."""
+"""The corpora shipped in qual/data/corpora match their manifests."""
 
 from __future__ import annotations
 

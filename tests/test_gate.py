@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from qual.engines.base import GraphCapture
+from qual.records import GraphCapture
 from qual.errors import QualError
+from qual.paths import DEFAULT_GATE
 from qual.gate import CHECKS, evaluate, load_gate, parse_rules
 from synthetic import NIGHTLY_RULES, synthetic_pair, synthetic_request, synthetic_result
 
-NIGHTLY = Path(__file__).resolve().parents[1] / "configs" / "gates" / "nightly.yaml"
+NIGHTLY = DEFAULT_GATE
 
 
 def _check(result, name):
@@ -134,7 +135,8 @@ def test_target_outputs_identical(margin, allow, passed, words):
 
 def test_target_outputs_check_skipped_when_sampling():
     from synthetic import synthetic_arm_config, synthetic_run_info, synthetic_gate
-    from qual.result import CorpusInfo, build_result
+    from qual.harness.build import build_result
+    from qual.result import CorpusInfo
 
     control, candidate = _divergent_pair(4.0)
     res = build_result(
@@ -150,7 +152,8 @@ def test_target_outputs_check_skipped_when_sampling():
 
 def test_candidate_not_runnable_fails_cleanly():
     from synthetic import synthetic_arm_config, synthetic_run_info, synthetic_gate
-    from qual.result import CorpusInfo, build_result
+    from qual.harness.build import build_result
+    from qual.result import CorpusInfo
 
     control, _ = synthetic_pair(5, 0.7, 0.7)
     res = build_result(

@@ -1,4 +1,4 @@
-"""Slot mapping and local lengths against DESIGN.md §2, exhaustively on small cases."""
+"""Slot mapping and local lengths against docs/dcp.md, exhaustively on small cases."""
 
 import itertools
 
@@ -10,7 +10,7 @@ CASES = [(B, N, I) for B, N, I in itertools.product([1, 2, 4, 8], [1, 2, 3, 4], 
 
 
 def reference_slot(p, block_table, B, N, r, I):
-    """DESIGN.md §2, written out literally."""
+    """docs/dcp.md's formulas, written out literally."""
     vblk, off = p // (B * N), p % (B * N)
     if (off // I) % N != r:
         return -1

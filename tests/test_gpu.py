@@ -25,15 +25,15 @@ def test_cuda_matches_cpu_float64(tiny_pair, cpu_control):
     assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
 
 
-@pytest.mark.parametrize("compile_mode", [None, "default"], ids=["eager", "compiled"])
-def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, compile_mode):
+@pytest.mark.parametrize("backend", ["reference", "compiled"])
+def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend):
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
     from qual.runtime.engine import LLMEngine
     from runtime_helpers import prompts
 
     cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
                        dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256,
-                       compile_mode=compile_mode)
+                       backend=backend)
     with LLMEngine(cfg) as engine:
         out = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))
         record = engine.graph_capture()
@@ -45,8 +45,8 @@ def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, compile_mode):
 
 def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):
     """Two identical engines one after the other in one process, as the two arms of a qual run: the second must
-    not look cheaper because the caching allocator kept the first one's blocks (it did: call 36 of session 6
-    recorded 822 MB and 159 MB for two identical arms)."""
+    not look cheaper because the caching allocator kept the first one's blocks (before graph bytes were measured
+    from an emptied cache, two identical arms of `qual run --dcp 1 --device cuda --limit 64` recorded 822 MB and 159 MB)."""
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
     from qual.runtime.engine import LLMEngine
     from runtime_helpers import prompts
@@ -64,7 +64,7 @@ def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):
 
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (8, 1024, 3072), (16, 100, 300), (3, 33, 129)])
 def test_skinny_gemm_kernel_matches_float64(m, n, k):
-    from qual.runtime.kernels import skinny_gemm
+    from qual.runtime.backends import skinny_gemm
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
@@ -82,7 +82,7 @@ def test_skinny_gemm_kernel_matches_float64(m, n, k):
 def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s, splits):
     """Also long rows whose keys the default splits over several programs (key_splits on an H200: 16 and 4)."""
     from qual.runtime.attention import attention_with_lse
-    from qual.runtime.kernels.paged_attention import _programs_wanted, key_splits, paged_attention
+    from qual.runtime.backends.paged_attention import _programs_wanted, key_splits, paged_attention
 
     if s > 192:
         assert key_splits(_programs_wanted(torch.device("cuda")), r, hk, s) == splits
@@ -103,19 +103,19 @@ def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s, sp
     torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)  # float32 all the way
 
 
-@pytest.mark.parametrize("kernels", [{"triton_gemm": True}, {"triton_attention": True}], ids=["gemm", "attention"])
-def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernels):
+@pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention"])
+def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
     """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly.
 
     bfloat16 rounding depends on shapes, so the eager run uses the graphs' padded static shapes."""
     from runtime_helpers import prompts
 
-    common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2], **kernels)
-    for mode in (None, "default"):
-        eager, _ = run(*tiny_pair, static_shapes=True, compile_mode=mode, **common)
-        graphs, _ = run(*tiny_pair, cuda_graph_sizes=GRAPHS, compile_mode=mode, **common)
-        assert outputs(graphs) == outputs(eager), mode
-        assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], mode
+    common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2])
+    for backend in (kernel, f"compiled+{kernel}"):
+        eager, _ = run(*tiny_pair, static_shapes=True, backend=backend, **common)
+        graphs, _ = run(*tiny_pair, cuda_graph_sizes=GRAPHS, backend=backend, **common)
+        assert outputs(graphs) == outputs(eager), backend
+        assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], backend
 
 
 @pytest.mark.parametrize("change", [{}, {"poll_acquire": False}])
@@ -126,7 +126,7 @@ def test_fused_decode_matches_per_layer_path(tiny_pair, change, monkeypatch):
 
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
     from qual.runtime.engine import LLMEngine
-    from qual.runtime.kernels.decode_layers import Tiling
+    from qual.runtime.backends.decode_layers import Tiling
     from runtime_helpers import prompts
 
     for_shape = Tiling.for_shape
@@ -134,7 +134,8 @@ def test_fused_decode_matches_per_layer_path(tiny_pair, change, monkeypatch):
 
     def generate(fused):
         cfg = EngineConfig(str(tiny_pair[0]), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
-                           dtype="float32", device="cuda", cuda_graph_sizes=(1, 2), max_model_len=256, fused_decode=fused)
+                           dtype="float32", device="cuda", cuda_graph_sizes=(1, 2), max_model_len=256,
+                           backend="fused" if fused else "reference")
         with LLMEngine(cfg) as engine:
             out = [engine.generate([r], SamplingParams(max_tokens=20))[0].output_token_ids for r in prompts()]
             kernel = engine.runner.target.fused
@@ -144,7 +145,7 @@ def test_fused_decode_matches_per_layer_path(tiny_pair, change, monkeypatch):
     got, record, (flags, programs, layers) = generate(True)
     assert got == ref
     assert record["status"] == "captured" and record["replays"].get("1", 0) > 0, record
-    from qual.runtime.kernels.decode_layers import PHASES_PER_LAYER
+    from qual.runtime.backends.decode_layers import PHASES_PER_LAYER
 
     assert flags == [programs * PHASES_PER_LAYER * layers, 0]  # every program met every barrier of the last step
 

@@ -26,12 +26,12 @@ from runtime_helpers import prompts
 from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
 from qual.runtime.engine import LLMEngine
 from qual.errors import QualError
-from qual.runtime.fused_decode import FusedDecode
+from qual.runtime.backends.fused_decode import FusedDecode
 
 with tempfile.TemporaryDirectory() as tmp:
     target = make_target(Path(tmp) / "t", num_key_value_heads={kv}, head_dim={head_dim})
     cfg = EngineConfig(str(target), dtype="float32", cache=CacheConfig(block_size=4, memory_bytes=2**22))
-    reqs, sp = prompts(3), SamplingParams(max_tokens=12)
+    reqs, sp = prompts(2), SamplingParams(max_tokens=8)
     with LLMEngine(cfg) as engine:
         ref = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
         fused = engine.runner.target.fused = FusedDecode(engine.runner.target, programs={programs}, sync=False)
@@ -51,7 +51,7 @@ print("ok")
 PAGED_ATTENTION = """
 import torch
 from qual.runtime.attention import attention_with_lse
-from qual.runtime.kernels.paged_attention import paged_attention
+from qual.runtime.backends.paged_attention import paged_attention
 
 g = torch.Generator().manual_seed(0)
 for R, Q, H, Hk, D, S in [(3, 4, 4, 2, 16, 70), (2, 1, 8, 1, 32, 130), (1, 8, 2, 2, 16, 5)]:
@@ -81,7 +81,7 @@ print("ok")
 
 SKINNY_GEMM = """
 import torch
-from qual.runtime.kernels.skinny_gemm import choose_config, partials
+from qual.runtime.backends.skinny_gemm import choose_config, partials
 
 g = torch.Generator().manual_seed(0)
 for m, n, k in [(1, 256, 512), (5, 100, 300), (16, 64, 1024)]:
@@ -107,7 +107,7 @@ def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs, key_blo
     """One kernel for all layers (run phase by phase: the interpreter has no concurrent programs) generates
     the same greedy tokens as the per-layer path, float32. head_dim 32 takes the tl.dot attention, 16 the
     broadcast one; the keys are split over 2 and 3 chunks per KV head (3: a non-power-of-2 merge), each
-    chunk walked in blocks of 16 and 4 keys (prompts of 3-40 tokens + 12 generated: several blocks)."""
+    chunk walked in blocks of 16 and 4 keys (prompts of 3 and 17 tokens + 8 generated: several blocks)."""
     interpret(FUSED_DECODE.format(kv=kv, head_dim=head_dim, programs=programs, key_block=key_block))
 
 
@@ -126,7 +126,7 @@ def test_split_k_partials_sum_to_the_product():
 
 def test_fused_decode_tiling_fits_registers_or_says_why():
     """The 0.6B shape fits one tile a program (the MLP step shrinks for wider models); a 4B-wide one is refused."""
-    from qual.runtime.kernels.decode_layers import Tiling
+    from qual.runtime.backends.decode_layers import Tiling
 
     small = Tiling.for_shape(132, 1024, 3072, 4096, 8, 128)
     assert small.too_big(1024) is None and (small.rows_qkv, small.rows_mlp, small.rows_mlp_step) == (32, 24, 32)
@@ -140,7 +140,7 @@ def test_tiling_spec_changes_only_what_it_names():
     (bench/*.py)."""
     from dataclasses import replace
 
-    from qual.runtime.kernels.decode_layers import Tiling
+    from qual.runtime.backends.decode_layers import Tiling
 
     base = Tiling.for_shape(132, 1024, 3072, 4096, 8, 128)
     t = base.with_spec("4x16xvxbxq")
@@ -155,7 +155,7 @@ def test_tiling_spec_changes_only_what_it_names():
 
 def test_key_splits_fill_the_gpu_only_where_rows_are_long():
     """Flash-decoding splits: a power of two, enough programs for 2 an SM, never under 128 keys of the width."""
-    from qual.runtime.kernels.paged_attention import key_splits
+    from qual.runtime.backends.paged_attention import key_splits
 
     h200 = 2 * 132
     assert key_splits(h200, 1, 8, 192) == 1  # short static width: one program walks it

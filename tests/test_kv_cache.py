@@ -7,7 +7,7 @@ from qual.runtime.kv_cache import BlockPool, CacheManager, KVCacheGroup, KVCache
 
 
 def spec(sharded=True, window=None, attention="full"):
-    return KVCacheSpec(attention, window, sharded, num_kv_heads=1, head_dim=16, dtype_bytes=4)
+    return KVCacheSpec("gqa", sharded, 4, num_kv_heads=1, head_dim=16, window=window, attention=attention)
 
 
 def manager(dcp, groups, memory=2**24, block_size=16, lookahead=8):

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from qual.engines.base import GraphCapture
+from qual.records import GraphCapture
 from qual.report import html, junit, markdown, write_reports
 from synthetic import synthetic_pair, synthetic_result
 

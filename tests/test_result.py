@@ -7,10 +7,11 @@ import json
 import pytest
 
 from qual.errors import QualError
-from qual.result import SCHEMA, build_result, load_result, save_result
+from qual.harness.build import build_result
+from qual.result import SCHEMA, load_result, save_result
 from synthetic import synthetic_arm_config, synthetic_gate, synthetic_pair, synthetic_result, synthetic_run_info
 
-# Keys issue 4 names as the result.json contract.
+# The result.json contract: these keys are never renamed.
 CONTRACT = {
     "": ["schema", "corpus", "arms", "comparison", "gate", "created_at", "qual_version", "reproduce"],
     "corpus": ["name", "path", "fingerprint", "count"],

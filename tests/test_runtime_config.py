@@ -27,28 +27,31 @@ def test_dcp_bounded_by_kv_head_replication(tmp_path):
         validate(cfg(gqa, tp=4, dcp=4))
 
 
-def test_compile_mode_must_leave_graphs_to_the_runtime():
-    EngineConfig("x", compile_mode="max-autotune-no-cudagraphs")
-    with pytest.raises(QualError, match="compile_mode must be one of default, max-autotune-no-cudagraphs"):
-        EngineConfig("x", compile_mode="reduce-overhead")  # inductor's own CUDA graphs inside ours
-    with pytest.raises(QualError, match="triton_gemm needs device cuda and dtype bfloat16"):
-        EngineConfig("x", triton_gemm=True)
-    with pytest.raises(QualError, match="triton_gemm needs device cuda and dtype bfloat16"):
-        EngineConfig("x", device="cuda", dtype="float32", triton_gemm=True)
-    with pytest.raises(QualError, match="triton_attention needs device cuda and dtype bfloat16"):
-        EngineConfig("x", triton_attention=True)
+def test_backends_are_chosen_by_name_and_refused_where_they_cannot_run():
+    EngineConfig("x", backend="compiled")  # torch.compile runs on the CPU too
+    EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled-autotune+triton-gemm+triton-attention")
+    with pytest.raises(QualError, match="backend 'reduce-overhead': expected 'reference' or parts"):
+        EngineConfig("x", backend="reduce-overhead")  # inductor's own CUDA graphs inside ours: not a part
+    with pytest.raises(QualError, match="at most one of compiled"):
+        EngineConfig("x", backend="compiled+compiled-autotune")
+    with pytest.raises(QualError, match="triton-gemm need device cuda"):
+        EngineConfig("x", backend="triton-gemm")
+    with pytest.raises(QualError, match="triton-gemm need dtype bfloat16 or float16"):
+        EngineConfig("x", device="cuda", dtype="float32", backend="triton-gemm")
+    with pytest.raises(QualError, match="triton-attention need device cuda"):
+        EngineConfig("x", backend="triton-attention")
 
 
-def test_fused_decode_needs_one_gpu_rank_and_no_compile():
-    EngineConfig("x", device="cuda", dtype="float32", fused_decode=True)
-    with pytest.raises(QualError, match="fused_decode needs device cuda"):
-        EngineConfig("x", fused_decode=True)
-    with pytest.raises(QualError, match="fused_decode needs device cuda"):
-        EngineConfig("x", device="cuda", dtype="float64", fused_decode=True)
-    with pytest.raises(QualError, match="fused_decode needs tp 1 and no compile_mode"):
-        EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), fused_decode=True)
-    with pytest.raises(QualError, match="fused_decode needs tp 1 and no compile_mode"):
-        EngineConfig("x", device="cuda", dtype="bfloat16", compile_mode="default", fused_decode=True)
+def test_fused_backend_needs_one_gpu_rank_and_no_compile():
+    EngineConfig("x", device="cuda", dtype="float32", backend="fused")
+    with pytest.raises(QualError, match="fused need device cuda"):
+        EngineConfig("x", backend="fused")
+    with pytest.raises(QualError, match="fused needs dtype bfloat16, float16 or float32"):
+        EngineConfig("x", device="cuda", dtype="float64", backend="fused")
+    with pytest.raises(QualError, match="fused needs tp 1 and no compiled part"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="fused")
+    with pytest.raises(QualError, match="fused needs tp 1 and no compiled part"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+fused")
 
 
 def test_interleave_must_divide_block_size():
@@ -78,7 +81,7 @@ def test_missing_and_malformed_checkpoints(tmp_path, tiny_pair):
     noweights = tmp_path / "noweights"
     shutil.copytree(target, noweights)
     (noweights / "model.safetensors").unlink()
-    from qual.runtime.checkpoint import load_weights
+    from qual.checkpoints.io import load_weights
     with pytest.raises(QualError, match="no \\*.safetensors"):
         load_weights(noweights)
     corrupt = tmp_path / "corrupt"
@@ -107,9 +110,12 @@ def test_draft_config_is_checked(tmp_path, tiny_pair):
 def test_missing_or_misshapen_tensor_is_named(tmp_path, tiny_pair):
     from safetensors.torch import load_file, save_file
 
+    import torch
+
+    from qual.runtime.backends import parse_backend
     from qual.runtime.models.qwen3 import Qwen3Target
     from qual.runtime.parallel import Comm
-    import torch
+    from qual.runtime.registry import target_spec
 
     t = tmp_path / "t"
     shutil.copytree(tiny_pair[0], t)
@@ -117,11 +123,11 @@ def test_missing_or_misshapen_tensor_is_named(tmp_path, tiny_pair):
     w.pop("model.layers.1.mlp.up_proj.weight")
     save_file(w, str(t / "model.safetensors"))
     with pytest.raises(QualError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
-        Qwen3Target(t, Comm(), torch.float32)
+        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"))
     w["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
     save_file(w, str(t / "model.safetensors"))
     with pytest.raises(QualError, match="has shape \\(3, 3\\)"):
-        Qwen3Target(t, Comm(), torch.float32)
+        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"))
 
 
 def test_mismatched_pair_is_rejected(tmp_path, tiny_pair):
@@ -136,11 +142,10 @@ def test_reference_profile_knobs_reach_the_runtime():
     from qual.engines.reference import engine_config
     from synthetic import synthetic_arm_config
 
-    knobs = {"compile_mode": "default", "triton_gemm": True, "triton_attention": True, "cuda_graph_sizes": [1, 4]}
+    knobs = {"backend": "compiled+triton-gemm+triton-attention", "cuda_graph_sizes": [1, 4], "max_num_seqs": 3}
     arm = synthetic_arm_config(1, tp=1, device="cuda", dtype="bfloat16", extra={"reference": knobs})
     cfg = engine_config(arm)
-    assert (cfg.compile_mode, cfg.triton_gemm, cfg.triton_attention, cfg.cuda_graph_sizes) == ("default", True, True, (1, 4))
-    fused = engine_config(synthetic_arm_config(1, tp=1, device="cuda", dtype="bfloat16", extra={"reference": {"fused_decode": True}}))
-    assert fused.fused_decode and not engine_config(arm).fused_decode
-    with pytest.raises(QualError, match="fused_decode needs tp 1"):  # a bad profile fails as the runtime says
-        engine_config(synthetic_arm_config(1, tp=2, device="cuda", dtype="bfloat16", extra={"reference": {"fused_decode": True}}))
+    assert (cfg.backend, cfg.cuda_graph_sizes, cfg.max_num_seqs) == ("compiled+triton-gemm+triton-attention", (1, 4), 3)
+    assert engine_config(synthetic_arm_config(1, tp=1)).backend == "reference"
+    with pytest.raises(QualError, match="fused needs tp 1"):  # a bad profile fails as the runtime says
+        engine_config(synthetic_arm_config(1, tp=2, device="cuda", dtype="bfloat16", extra={"reference": {"backend": "fused"}}))

@@ -70,7 +70,7 @@ def test_compiled_decode_equals_eager(tiny_pair):
     """torch.compile'd decode (inductor; the GPU bench's --compile) computes the same tokens and proposals."""
     one = prompts()[1:2]  # one request: one padded size, one compilation
     eager, _ = run(*tiny_pair, static_shapes=True, max_model_len=128, requests=one)
-    compiled, _ = run(*tiny_pair, static_shapes=True, max_model_len=128, requests=one, compile_mode="default")
+    compiled, _ = run(*tiny_pair, static_shapes=True, max_model_len=128, requests=one, backend="compiled")
     assert [r.output_token_ids for r in compiled] == [r.output_token_ids for r in eager]
     assert [r.draft_steps for r in compiled] == [r.draft_steps for r in eager]
 
@@ -86,7 +86,7 @@ def test_compiled_entries_go_with_their_engine(tiny_pair):
 
     code = ModelRunner.decode_compute.__code__
     cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4),
-                       dtype="float64", static_shapes=True, max_model_len=128, compile_mode="default")
+                       dtype="float64", static_shapes=True, max_model_len=128, backend="compiled")
     with LLMEngine(cfg) as engine:
         engine.generate(prompts()[1:2], SamplingParams(max_tokens=6))
         assert len(_debug_get_cache_entry_list(code)) >= 1  # rank 0 runs in this process

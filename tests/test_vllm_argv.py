@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from qual.engines.base import ArmConfig, Sampling
+from qual.records import ArmConfig, Sampling
 from qual.engines.vllm.argv import VllmOptions, serve_args, serve_command, server_env
-from qual.engines.vllm.tiny import build_tiny_pair
+from vllm_pair import build_tiny_pair
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT, VllmInstall, from_python
 from qual.errors import QualError
-from qual.profiles import load_profile
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
 
@@ -112,7 +111,7 @@ def test_cpu_tensor_parallel_gets_one_core_range_per_rank():
     ({"enforce_eager": True, "cudagraph_mode": "FULL"}, "enforce_eager"),
     ({"cudagraph_capture_sizes": [8, -1]}, "cudagraph_capture_sizes"),
     ({"startup_timeout_s": 0}, "startup_timeout_s"),
-    ({"no_such_knob": 1}, "unknown vllm option"),
+    ({"no_such_knob": 1}, "vllm.no_such_knob: unknown key"),
 ])
 def test_bad_options_are_user_errors(vllm, message):
     with pytest.raises(QualError, match=message):
@@ -128,16 +127,11 @@ def test_profile_top_level_defaults():
 # -- vLLM's own parser ----------------------------------------------------------------------
 
 def profile_arms(name: str, dcp: int | None = None) -> list[ArmConfig]:
-    """Control and candidate of a profile, built the way `qual run` builds them."""
-    p = load_profile(name)
-    n = dcp or p.dcp or 4
-    tp = p.tp or n
-    extra = {"block_size": p.block_size, "kv_memory_mib": p.kv_memory_mib, "max_model_len": p.max_model_len,
-             "reference": p.reference, "vllm": p.vllm, "tokenizer": p.tokenizer_path}
-    cand = ArmConfig(engine="vllm", model=p.name, dcp=n, tp=tp, draft_kv="replicated", target_path=p.target_path,
-                     draft_path=p.draft_path, num_speculative_tokens=p.num_speculative_tokens, sampling=Sampling(),
-                     interleave=p.interleave, dtype=p.dtype, device="cuda", extra=extra)
-    return [replace(cand, dcp=1), cand]
+    """Control and candidate of a profile, as `qual run --engine vllm --device cuda --dry-run` plans them."""
+    from qual.harness.plan import RunOptions, make_plan
+
+    plan = make_plan(RunOptions(model=name, engine="vllm", dcp=dcp, device="cuda"), dry_run=True)
+    return [plan.arms["control"], plan.arms["candidate"]]
 
 
 PARSE_CHECK = r"""

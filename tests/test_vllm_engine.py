@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from qual.engines.base import ArmConfig, EngineRequest, Sampling
+from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.engines.vllm import DCP_NEEDS_GPU, VllmEngine
 from qual.engines.vllm import server as server_mod
 from qual.engines.vllm.client import VllmClient
-from qual.engines.vllm.engine import Acceptance
+from qual.engines.vllm.engine import SpecDecodeCounts
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
 from qual.engines.vllm.metrics import SpecCounters
 from qual.engines.vllm.server import VllmServer, group_members
-from qual.engines.vllm.tiny import TinyShape, build_tiny_pair
+from vllm_pair import TinyShape, build_tiny_pair
 from qual.errors import EngineError
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
@@ -85,7 +85,7 @@ def test_totals_mismatch_is_an_engine_error(tmp_path):
     class Server:
         log_path = tmp_path / "x.log"
 
-    done = [Acceptance(4, 28, 2, (1, 1)), Acceptance(5, 35, 2, (2, 0))]  # sums to 9 drafts, server says 10
+    done = [SpecDecodeCounts(4, 28, 2, (1, 1)), SpecDecodeCounts(5, 35, 2, (2, 0))]  # sums to 9 drafts, server says 10
     with pytest.raises(EngineError, match="does not add up"):
         VllmEngine(tmp_path)._check_totals(Server(), Client(), SpecCounters(present=True), done, 2)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from qual.engines.vllm.engine import Acceptance, _sum
+from qual.engines.vllm.engine import SpecDecodeCounts, _sum
 from qual.engines.vllm.metrics import SpecCounters, parse_samples, parse_spec_counters
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
@@ -30,10 +30,10 @@ def test_created_series_and_other_totals_are_not_counted():
 def test_per_request_server_metrics_add_up_to_the_counters():
     """The three captured responses are the only requests that server saw."""
     lines = (FIXTURES / "completions_3_requests.jsonl").read_text().splitlines()
-    per_request = [Acceptance.from_server(json.loads(x)["metrics"]["speculative_decoding"], 7) for x in lines]
+    per_request = [SpecDecodeCounts.from_server(json.loads(x)["metrics"]["speculative_decoding"], 7) for x in lines]
     total = _sum(per_request, 7)
     c = parse_spec_counters((FIXTURES / "metrics_after_3_requests.txt").read_text())
-    assert total == Acceptance.from_counters(c, 7)
+    assert total == SpecDecodeCounts.from_counters(c, 7)
 
 
 def test_sums_across_engines_and_model_names():

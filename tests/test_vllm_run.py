@@ -30,3 +30,16 @@ def test_qual_run_vllm_toy_control_arm(tmp_path):
     assert info["extra"]["acceptance_source"]  # per-request metrics or /metrics counter diffs, checked against the server's totals
     log = out / "control.vllm.log"
     assert log.is_file() and "dflash" in log.read_text().lower()
+
+
+def test_draft_kv_is_refused_where_the_build_decides_it(tmp_path):
+    """vLLM has no switch for draft-KV replication: asking for the legacy sharding is exit 2 before anything starts,
+    and no run ever claims a draft-KV mode the build does not run."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "qual", "run", "--engine", "vllm", "--dcp", "2", "--draft-kv", "sharded",
+                           "--limit", "1", "--out", str(out), "--history", str(tmp_path / "h.sqlite")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--draft-kv sharded: vLLM has no switch for draft-KV replication" in proc.stderr
+    assert "keeps draft KV replicated" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()

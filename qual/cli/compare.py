@@ -17,13 +17,13 @@ def compare_command(
     a: str = typer.Argument(..., help="Control: RESULT[:ARM] (result.json or run dir; ARM control|candidate, default candidate)."),
     b: str = typer.Argument(..., help="Candidate: RESULT[:ARM]."),
     out: Path = typer.Option(..., "--out", help="Directory for result.json, report.html, summary.md, junit.xml."),
-    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default configs/gates/nightly.yaml)."),
+    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
     history: Optional[str] = typer.Option(None, "--history", help="Also record the comparison in this history database."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
 ) -> None:
     """Compare two arms of earlier results (same corpus fingerprint and sampling, else exit 2)."""
     from qual.harness.compare import compare
-    from qual.harness.plan import DEFAULT_GATE
+    from qual.paths import DEFAULT_GATE
     from qual.history import record_run
     from qual.report import write_reports
 

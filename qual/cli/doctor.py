@@ -66,7 +66,7 @@ def _install_checks(label: str, install: VllmInstall) -> list[Check]:
     kv = install.replicated_draft_kv()
     detail = {
         "yes": "draft KV stays unsharded (DCP1 geometry) while target KV is DCP-sharded",
-        "no": "draft KV would follow the target's DCP sharding (the acceptance bug of DESIGN §1)",
+        "no": "draft KV would follow the target's DCP sharding (the sharded draft-KV acceptance bug, docs/dflash.md)",
         "unknown": "mechanism only partly present",
     }[kv.verdict]
     if kv.verdict == "yes" and any("Model Runner V1" in line for line in kv.evidence):

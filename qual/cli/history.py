@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from qual import history as hist
+from qual.paths import DEFAULT_HISTORY
 from qual.cli.main import app
 
-DEFAULT_HISTORY = Path("reports/history.sqlite")
 
 history_app = typer.Typer(no_args_is_help=True, help="Run history: list, show and trend recorded runs.")
 app.add_typer(history_app, name="history")

@@ -12,25 +12,26 @@ import typer
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict
+from qual.engines.registry import get_engine
 from qual.errors import QualError
 
 
 @app.command("run")
 def run_command(
-    model: str = typer.Option("toy", "--model", help="Model profile (configs/models/NAME.yaml)."),
-    dcp: int = typer.Option(4, "--dcp", help="Candidate DCP size; the control is DCP 1."),
+    model: str = typer.Option("toy", "--model", help="Model profile: a shipped name (qual/data/configs/models) or a YAML path."),
+    dcp: Optional[int] = typer.Option(None, "--dcp", help="Candidate DCP size (default: the profile's, else 4); the control is DCP 1."),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp)."),
     engine: str = typer.Option("reference", "--engine", help="reference | vllm"),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus name or JSONL path (default: the profile's)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Replay only the first K requests."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Max new tokens per request."),
-    draft_kv: str = typer.Option("replicated", "--draft-kv", help="replicated (the fix) | sharded (legacy)"),
+    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="replicated (the fix; default) | sharded (legacy)."),
     temperature: float = typer.Option(0.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
-    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default configs/gates/nightly.yaml)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Output directory (default reports/<time>-<model>-dcp<N>/)."),
-    history: Optional[str] = typer.Option(None, "--history", help="History database (default reports/history.sqlite)."),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda (reference engine)."),
+    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Output directory (default ./reports/<time>-<model>-dcp<N>/)."),
+    history: Optional[str] = typer.Option(None, "--history", help="History database (default ./reports/history.sqlite)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu (default) | cuda."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
@@ -46,7 +47,9 @@ def run_command(
         if plan.corpus_info["fingerprint"] != saved["corpus"]["fingerprint"]:
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
     else:
-        options = RunOptions(model, dcp, tp, engine, corpus, limit, max_tokens, draft_kv, temperature, seed, gate, out, history, device, dtype)
+        options = RunOptions(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit, max_tokens=max_tokens,
+                             draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate, out=out, history=history,
+                             device=device, dtype=dtype)
         plan = make_plan(options, dry_run=dry_run)
     if dry_run:
         _print_dry_run(plan)
@@ -64,15 +67,9 @@ def run_command(
 def _print_dry_run(plan) -> None:
     print(f"# dry run: nothing is started or written (out would be {plan.out_dir})")
     print(f"# corpus {plan.corpus_info['name']}: {plan.corpus_info['count']} requests, {plan.corpus_info['fingerprint']}")
+    engine = get_engine(plan.options.engine)
     for arm, config in plan.arms.items():
-        if config.engine == "vllm":
-            from qual.engines.vllm import dry_run_command
-
-            print(f"{arm}: {dry_run_command(config)}")
-        else:
-            c = config.to_json()
-            c.pop("extra")
-            print(f"{arm}: {json.dumps(c)}")
+        print(f"{arm}: {engine.describe(config)}")
 
 
 def _run_with_progress(plan):

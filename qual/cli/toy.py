@@ -9,6 +9,9 @@ import typer
 
 from qual.cli.main import app
 from qual.errors import QualError
+from qual.paths import DATA_DIR
+
+TOY_DIR = DATA_DIR / "models" / "toy"  # the shipped pair
 
 toy_app = typer.Typer(no_args_is_help=True, help=__doc__)
 app.add_typer(toy_app, name="toy")
@@ -23,7 +26,7 @@ def _default_device() -> str:
 @toy_app.command("train")
 def train(
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda when available)")] = None,
-    out: Annotated[Path, typer.Option(help="where target/, draft/ and MANIFEST.json are written")] = Path("models/toy"),
+    out: Annotated[Path, typer.Option(help="where target/, draft/ and MANIFEST.json are written")] = TOY_DIR,
     work: Annotated[Path, typer.Option(help="cache of downloads, tokens and generated data")] = Path(".cache/toy"),
     stages: Annotated[str, typer.Option(help="'all', a comma list, or 'STAGE-' (that stage and the rest)")] = "all",
     tiny: Annotated[bool, typer.Option(help="a few steps on the same data: a smoke run, not the committed pair")] = False,
@@ -54,7 +57,7 @@ def train(
 
 
 @toy_app.command("verify")
-def verify(out: Annotated[Path, typer.Option(help="the toy model dir")] = Path("models/toy")) -> None:
+def verify(out: Annotated[Path, typer.Option(help="the toy model dir")] = TOY_DIR) -> None:
     """Check every file's sha256 against MANIFEST.json."""
     from qual.toy.manifest import MANIFEST, verify_manifest
 

@@ -1,6 +1,6 @@
 """JSONL corpora: records, strict validation, loading (through `datasets`), manifests, importers."""
 
-from .loader import available_corpora, corpora_dir, load_corpus, repo_root, resolve_corpus
+from .loader import available_corpora, corpora_dir, load_corpus, resolve_corpus
 from .records import Corpus, CorpusRequest, canonical_json, fingerprint
 from .validate import CorpusFormatError
 
@@ -13,6 +13,5 @@ __all__ = [
     "corpora_dir",
     "fingerprint",
     "load_corpus",
-    "repo_root",
     "resolve_corpus",
 ]

@@ -15,7 +15,7 @@ from qual.errors import QualError
 from .hub import PREFIX as HUB_PREFIX
 from .hub import import_hub
 from .imported import Imported
-from .loader import SUFFIX, check_name, corpora_dir, load_corpus, repo_root
+from .loader import SUFFIX, check_name, corpora_dir, load_corpus
 from .manifest import CorpusManifest, manifest_path, manifest_text
 from .packages import PACKAGE_SOURCES, import_package
 from .records import Corpus, CorpusRequest
@@ -134,8 +134,8 @@ def import_corpus(
 ) -> tuple[Corpus, CorpusManifest]:
     """Import opts.source as corpora/<name>.jsonl plus its manifest; refuse to overwrite unless force."""
     check_name(opts.name)
-    base = repo_root(root)
-    folder = corpora_dir(base)
+    folder = corpora_dir(root)
+    base = folder.parent
     dest = folder / f"{opts.name}{SUFFIX}"
     if dest.exists() and not force:
         raise QualError(f"{display_path(dest)} already exists: pass --force to overwrite")

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qual import paths
 from qual.errors import QualError
 
 from .records import Corpus, CorpusRequest, fingerprint
@@ -20,24 +21,13 @@ SUFFIX = ".jsonl"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def repo_root(root: str | Path | None = None) -> Path:
-    """The checkout qual runs from: `root`, else $QUAL_ROOT, else the folder above the package."""
-    if root is not None:
-        return Path(root)
-    if os.environ.get("QUAL_ROOT"):
-        return Path(os.environ["QUAL_ROOT"])
-    import qual
-
-    return Path(qual.__file__).resolve().parents[1]
-
-
 def corpora_dir(root: str | Path | None = None) -> Path:
-    """Where named corpora live: <repo>/corpora."""
-    return repo_root(root) / "corpora"
+    """Where named corpora live: <root>/corpora when given, else qual.paths.corpora_dir()."""
+    return Path(root) / "corpora" if root is not None else paths.corpora_dir()
 
 
 def available_corpora(root: str | Path | None = None) -> list[str]:
-    """Names of the corpora shipped under corpora/ (sorted)."""
+    """Names of the named corpora (sorted)."""
     folder = corpora_dir(root)
     if not folder.is_dir():
         return []

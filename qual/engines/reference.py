@@ -2,45 +2,91 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import PositiveInt, field_validator
 
 import qual
-from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult
-from qual.runtime.cuda_graphs import DEFAULT_SIZES
+from qual.engines.base import KNOBS, Engine
+from qual.errors import QualError
+from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult
+from qual.runtime.backends import parse_backend
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
-from qual.runtime.engine import GenerationRequest, LLMEngine
+from qual.runtime.cuda_graphs import DEFAULT_SIZES
+from qual.runtime.engine import GenerationRequest, LLMEngine, validate
+from qual.validation import Section, parse_section
+
+_ENGINE, _CACHE = EngineConfig.__dataclass_fields__, CacheConfig.__dataclass_fields__  # the defaults, defined once
+
+
+class ReferenceOptions(Section):
+    """A profile's `reference:` section: how the embedded runtime runs the model."""
+
+    block_size: PositiveInt = _CACHE["block_size"].default  # tokens per KV block on one rank
+    kv_memory_mib: PositiveInt = _CACHE["memory_bytes"].default // 2**20  # KV budget per rank
+    max_num_seqs: PositiveInt = _ENGINE["max_num_seqs"].default
+    max_prefill_tokens: PositiveInt = _ENGINE["max_prefill_tokens"].default
+    cuda_graph_sizes: list[PositiveInt] | None = None  # None: DEFAULT_SIZES on CUDA
+    backend: str = _ENGINE["backend"].default  # see qual/runtime/backends
+    dcp_comm: Literal["a2a", "ag_rs"] = "a2a"  # how DCP partial attentions are merged
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        try:
+            parse_backend(name)  # refused when the profile loads, not when the arm starts
+        except QualError as exc:
+            raise ValueError(str(exc)) from None
+        return name
 
 
 def engine_config(arm: ArmConfig) -> EngineConfig:
-    """Arm -> runtime config; profile knobs arrive in arm.extra."""
-    x = arm.extra
-    knobs = x.get("reference") or {}
+    """Arm -> runtime config; the profile's `reference:` section arrives in arm.extra["reference"]."""
+    o = ReferenceOptions(**arm.extra.get("reference") or {})
+    sizes = o.cuda_graph_sizes if o.cuda_graph_sizes is not None else DEFAULT_SIZES
     return EngineConfig(
         target_path=arm.target_path,
         draft_path=arm.draft_path,
-        parallel=ParallelConfig(arm.tp, arm.dcp, arm.interleave),
-        cache=CacheConfig(block_size=x.get("block_size", 16), memory_bytes=x.get("kv_memory_mib", 256) * 2**20),
+        parallel=ParallelConfig(arm.tp, arm.dcp, arm.interleave, o.dcp_comm),
+        cache=CacheConfig(block_size=o.block_size, memory_bytes=o.kv_memory_mib * 2**20),
         draft_kv=arm.draft_kv,
         num_speculative_tokens=arm.num_speculative_tokens if arm.draft_path else None,
         dtype=arm.dtype,
         device=arm.device,
-        max_model_len=x.get("max_model_len", 2048),
-        max_num_seqs=knobs.get("max_num_seqs", 64),
-        cuda_graph_sizes=tuple(knobs.get("cuda_graph_sizes", DEFAULT_SIZES)) if arm.device.startswith("cuda") else None,
-        max_prefill_tokens=knobs.get("max_prefill_tokens", 8192),
-        compile_mode=knobs.get("compile_mode"),
-        triton_gemm=bool(knobs.get("triton_gemm", False)),
-        triton_attention=bool(knobs.get("triton_attention", False)),
-        fused_decode=bool(knobs.get("fused_decode", False)),
+        max_model_len=arm.extra.get("max_model_len", _ENGINE["max_model_len"].default),
+        max_num_seqs=o.max_num_seqs,
+        cuda_graph_sizes=tuple(sizes) if arm.device.startswith("cuda") else None,
+        max_prefill_tokens=o.max_prefill_tokens,
+        backend=o.backend,
     )
 
 
-class ReferenceEngine:
+class ReferenceEngine(Engine):
     """Runs one arm on the embedded DCP-aware DFlash runtime."""
 
+    name = "reference"
+    honours = frozenset(KNOBS)
+    local_checkpoints = True
     version = f"qual-reference {qual.__version__}"
 
-    def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult) -> ArmRunInfo:
+    @classmethod
+    def parse_options(cls, section: dict, where: str) -> dict:
+        return parse_section(ReferenceOptions, section, where, "reference").model_dump()
+
+    def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
+        return arm
+
+    def describe(self, arm: ArmConfig) -> str:
+        c = arm.to_json()
+        c.pop("extra")
+        return json.dumps(c)
+
+    def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
+            name: str) -> ArmRunInfo:
         cfg = engine_config(arm)
         sampling = SamplingParams(temperature=arm.sampling.temperature, seed=arm.sampling.seed, max_tokens=arm.sampling.max_tokens)
         gen = [GenerationRequest(r.id, tuple(r.prompt_token_ids), r.max_tokens, r.category) for r in requests]

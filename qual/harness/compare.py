@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qual.engines.base import ArmRunInfo, GraphCapture
+from qual.records import ArmRunInfo, GraphCapture
 from qual.errors import QualError
-from qual.result import ArmResult, Result, build_result, load_result
+from qual.harness.build import build_result
+from qual.result import ArmResult, Result, load_result
 
 ARM_NAMES = ("control", "candidate")
 

@@ -7,26 +7,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, RequestResult
+from qual.engines.registry import get_engine
+from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
 from qual.history import record_run
 from qual.report import write_reports
-from qual.result import CorpusInfo, Result, build_result
+from qual.harness.build import build_result
+from qual.result import CorpusInfo, Result
 
 ARM_ORDER = ("control", "candidate")
 Progress = Callable[[str, int, int], None]  # (arm, finished, total)
-
-
-def run_engine(config: ArmConfig, arm: str, run_dir: Path, todo: list[EngineRequest], on_result) -> ArmRunInfo:
-    if config.engine == "reference":
-        from qual.engines.reference import ReferenceEngine
-
-        return ReferenceEngine().run(config, todo, on_result)
-    from qual.engines.vllm import VllmEngine
-
-    return VllmEngine(run_dir).run(config, todo, on_result, name=arm)
 
 
 def info_path(out_dir: Path, arm: str) -> Path:
@@ -80,7 +72,7 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
     if progress:
         progress(arm, len(done), total)
     try:
-        info = run_engine(config, arm, plan.out_dir, todo, on_result)
+        info = get_engine(config.engine).run(config, todo, on_result, plan.out_dir, arm)
     finally:
         journal.close()
     info.extra.update(requests_run=len(todo), resumed_with=total - len(todo))

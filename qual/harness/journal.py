@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from qual.engines.base import RequestResult
+from qual.records import RequestResult
 from qual.errors import QualError
 
 

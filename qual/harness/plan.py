@@ -3,52 +3,59 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from qual import paths
 from qual.corpus import load_corpus
-from qual.engines.base import ENGINES, ArmConfig, EngineRequest, Sampling
+from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
 from qual.gate import load_gate
-from qual.profiles import REPO_ROOT, load_profile
-from qual.runtime.config import DRAFT_KV_MODES, ParallelConfig
+from qual.profiles import load_profile
+from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
 
 PLAN_FILE = "run.json"
-DEFAULT_GATE = REPO_ROOT / "configs" / "gates" / "nightly.yaml"
-DEFAULT_HISTORY = REPO_ROOT / "reports" / "history.sqlite"
+DRAFT_KV_MODES = ("replicated", "sharded")
+DEFAULT_DCP = 4  # the candidate's DCP size when neither --dcp nor the profile says
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """Exactly what the user asked for (saved in run.json so --resume repeats it)."""
+    """Exactly what the user asked for (saved in run.json so --resume repeats it); None = not asked."""
 
     model: str = "toy"
-    dcp: int = 4
-    tp: int | None = None
+    dcp: int | None = None  # default: the profile's dcp, else DEFAULT_DCP
+    tp: int | None = None  # default: the profile's tp, else the DCP size
     engine: str = "reference"
     corpus: str | None = None
     limit: int | None = None
     max_tokens: int | None = None
-    draft_kv: str = "replicated"
+    draft_kv: str | None = None  # default: replicated (the reference engine) or what the vLLM build does
     temperature: float = 0.0
     seed: int = 0
     gate: str | None = None
     out: str | None = None
     history: str | None = None
-    device: str = "cpu"
+    device: str | None = None  # default: cpu
     dtype: str | None = None
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
-        parts = ["qual run", f"--model {self.model}", f"--dcp {self.dcp}", f"--engine {self.engine}", f"--draft-kv {self.draft_kv}"]
-        for flag, value in [("--tp", self.tp), ("--corpus", self.corpus), ("--limit", self.limit), ("--max-tokens", self.max_tokens),
-                            ("--gate", self.gate), ("--device", None if self.device == "cpu" else self.device), ("--dtype", self.dtype)]:
+        parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
+        for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
+                            ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
+                            ("--device", self.device), ("--dtype", self.dtype)]:
             if value is not None:
                 parts.append(f"{flag} {value}")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
         return " ".join(parts)
+
+    def requested(self) -> frozenset[str]:
+        """The knobs the user set explicitly (an engine that cannot apply one of them refuses the run)."""
+        asked = {"dcp": self.dcp, "tp": self.tp, "draft_kv": self.draft_kv, "device": self.device, "dtype": self.dtype}
+        return frozenset(k for k, v in asked.items() if v is not None) | {"temperature", "seed"}
 
 
 @dataclass
@@ -68,77 +75,80 @@ class RunPlan:
 
 
 def _validate_options(o: RunOptions) -> None:
-    if o.engine not in ENGINES:
-        raise QualError(f"--engine must be one of {', '.join(ENGINES)} (got {o.engine!r})")
-    if o.draft_kv not in DRAFT_KV_MODES:
+    engine_class(o.engine)  # an unknown engine name is a usage error
+    if o.draft_kv is not None and o.draft_kv not in DRAFT_KV_MODES:
         raise QualError(f"--draft-kv must be one of {', '.join(DRAFT_KV_MODES)} (got {o.draft_kv!r})")
-    if o.dcp < 1:
-        raise QualError(f"--dcp must be >= 1 (got {o.dcp})")
-    if o.tp is not None and o.tp < 1:
-        raise QualError(f"--tp must be >= 1 (got {o.tp})")
-    if o.limit is not None and o.limit < 1:
-        raise QualError(f"--limit must be >= 1 (got {o.limit})")
-    if o.max_tokens is not None and o.max_tokens < 1:
-        raise QualError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
+    for flag, value in (("--dcp", o.dcp), ("--tp", o.tp), ("--limit", o.limit), ("--max-tokens", o.max_tokens)):
+        if value is not None and value < 1:
+            raise QualError(f"{flag} must be >= 1 (got {value})")
     if o.temperature < 0:
         raise QualError(f"--temperature must be >= 0 (got {o.temperature})")
+
+
+def _tokenize(profile, corpus, selected, o: RunOptions, dry_run: bool) -> list[EngineRequest]:
+    """Prompts are tokenized once, here, so both arms receive identical token ids (a dry run tokenizes nothing)."""
+    if dry_run:
+        return []
+    if not Path(profile.tokenizer_path).is_dir():
+        key = "tokenizer" if profile.tokenizer else "target"
+        raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
+                        "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
+    tokenizer = PromptTokenizer(profile.tokenizer_path)
+    requests = []
+    for r in selected:
+        ids = tokenizer.encode(r.prompt)
+        if not ids:
+            raise QualError(f"corpus {corpus.name}: request {r.id} tokenizes to nothing")
+        requests.append(EngineRequest(r.id, r.category, tuple(ids), o.max_tokens or r.max_tokens or profile.max_tokens))
+    return requests
+
+
+def _check_local(profile) -> None:
+    """The profile's checkpoints are local directories (an engine that loads them itself needs them here)."""
+    for key in ("target", "draft"):
+        value = getattr(profile, key)
+        if value is not None and not Path(profile.local_path(value)).is_dir():
+            raise QualError(f"{profile.path}: {key}: {value!r} is not a checkpoint directory (looked beside the "
+                            f"profile and in qual's data folder)")
 
 
 def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False) -> RunPlan:
     """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input.
 
-    A dry run needs no local tokenizer (real deployments name hub ids); it tokenizes nothing.
+    A dry run needs no local tokenizer or engine install (real deployments name hub ids); it checks the rest.
     """
     _validate_options(o)
     profile = load_profile(o.model)
-    tp = o.tp if o.tp is not None else profile.tp or o.dcp
-    for dcp in (1, o.dcp):
-        ParallelConfig(tp, dcp, profile.interleave)  # tp % dcp, interleave >= 1
-    gate_path = str(Path(o.gate) if o.gate else DEFAULT_GATE)
+    dcp = o.dcp or profile.dcp or DEFAULT_DCP
+    tp = o.tp or profile.tp or dcp
+    if tp % dcp:  # every engine's DCP groups split the TP group (docs/dcp.md)
+        raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
+    gate_path = str(Path(o.gate) if o.gate else paths.DEFAULT_GATE)
     load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
-    corpus = load_corpus(o.corpus or profile.corpus)
+    engine = get_engine(o.engine)
+    if engine.local_checkpoints and not dry_run:
+        _check_local(profile)
+    corpus = load_corpus(o.corpus if o.corpus is not None else profile.corpus)
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
-    local_tokenizer = Path(profile.tokenizer_path).is_dir()
-    if not local_tokenizer and not dry_run:
-        raise QualError(f"model {profile.name}: tokenizer {profile.tokenizer_path!r} is not a local directory "
-                        "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
-    tokenizer = PromptTokenizer(profile.tokenizer_path) if local_tokenizer else None
+    requests = _tokenize(profile, corpus, selected, o, dry_run)
     default_max = o.max_tokens or profile.max_tokens
-    requests = []
-    for r in selected if tokenizer else []:
-        ids = tokenizer.encode(r.prompt)
-        if not ids:
-            raise QualError(f"corpus {corpus.name}: request {r.id} tokenizes to nothing")
-        requests.append(EngineRequest(r.id, r.category, tuple(ids), o.max_tokens or r.max_tokens or default_max))
-    sampling = Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max)
-    extra = {"block_size": profile.block_size, "kv_memory_mib": profile.kv_memory_mib, "max_model_len": profile.max_model_len,
-             "reference": profile.reference, "vllm": profile.vllm, "tokenizer": profile.tokenizer_path}
+    extra = {"max_model_len": profile.max_model_len, "tokenizer": profile.tokenizer_path,
+             o.engine: profile.section(o.engine)}
     candidate = ArmConfig(
-        engine=o.engine, model=profile.name, dcp=o.dcp, tp=tp, draft_kv=o.draft_kv, target_path=profile.target_path,
-        draft_path=profile.draft_path, num_speculative_tokens=profile.num_speculative_tokens, sampling=sampling,
-        interleave=profile.interleave, dtype=o.dtype or profile.dtype, device=o.device, extra=extra,
+        engine=o.engine, model=profile.name, dcp=dcp, tp=tp, draft_kv=o.draft_kv or "replicated",
+        target_path=profile.target_path, draft_path=profile.draft_path,
+        num_speculative_tokens=profile.num_speculative_tokens,
+        sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
+        interleave=profile.interleave, dtype=o.dtype or profile.dtype, device=o.device or "cpu", extra=extra,
     )
     arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
-    if o.engine == "reference" and not dry_run:
-        from qual.engines.reference import engine_config
-        from qual.runtime.engine import validate
-
-        for arm in arms.values():
-            validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable
-    if o.engine == "vllm" and not dry_run:  # the control arm needs one whatever the machine: say so before writing
-        from qual.engines.vllm.argv import VllmOptions
-        from qual.engines.vllm.install import NOT_FOUND, locate
-
-        python = VllmOptions.from_extra(extra).python
-        if python is not None and not Path(python).is_file():
-            raise QualError(f"vllm.python {python}: no such interpreter (the profile's vllm.python)")
-        if locate(python) is None:
-            raise QualError(NOT_FOUND)
+    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs: refused before anything is written
+        arms = {name: engine.preflight(arm, o.requested()) for name, arm in arms.items()}
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = Path(o.out) if o.out else REPO_ROOT / "reports" / f"{stamp}-{profile.name}-dcp{o.dcp}"
+    out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-dcp{dcp}"
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
-    history = Path(o.history) if o.history else DEFAULT_HISTORY
+    history = Path(o.history) if o.history else paths.DEFAULT_HISTORY
     return RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history)
 
 
@@ -149,6 +159,8 @@ def load_plan_options(run_dir: Path) -> RunOptions:
         raise QualError(f"--resume {run_dir}: no {PLAN_FILE} there (not a qual run directory)")
     try:
         data = json.loads(path.read_text())
-        return RunOptions(**data["options"])
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        saved = data["options"]
+        known = {f.name for f in fields(RunOptions)}
+        return RunOptions(**{k: v for k, v in saved.items() if k in known})
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise QualError(f"{path}: unreadable run plan ({exc})") from None

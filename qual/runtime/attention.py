@@ -1,4 +1,4 @@
-"""Attention that returns its log-sum-exp, and the DCP combine of partial results (DESIGN.md §2)."""
+"""Attention that returns its log-sum-exp, and the DCP combine of partial results (docs/dcp.md, "Attention under DCP")."""
 
 from __future__ import annotations
 

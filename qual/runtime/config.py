@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qual.errors import QualError
+from qual.runtime.backends import parse_backend
 
 DRAFT_KV_MODES = ("replicated", "sharded")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # modes that leave CUDA graphs to us
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,25 +83,13 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     max_num_seqs: int = 64
-    max_prefill_tokens: int = 4096  # padded tokens per prefill chunk (and admitted per step)
+    max_prefill_tokens: int = 8192  # padded tokens per prefill chunk (and admitted per step)
     max_model_len: int = 2048
     dist_timeout_s: float = 300.0
     threads_per_rank: int | None = None  # CPU: torch threads per rank (None: cores // world)
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes to capture (CUDA only)
     static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
-    # torch.compile (inductor) the decode step with this mode (one of COMPILE_MODES),
-    # once per padded batch size, before any graph captures it: it fuses the elementwise work between the
-    # GEMMs into fewer kernels (bench/gpu_bench.py --compile). None: eager PyTorch.
-    compile_mode: str | None = None
-    # Decode projections of <= 16 rows through the split-K Triton kernel (qual/runtime/kernels/skinny_gemm.py)
-    # instead of cuBLAS; CUDA, bfloat16 / float16 only
-    triton_gemm: bool = False
-    # Target attention through the Triton paged-attention kernel with LSE (qual/runtime/kernels/
-    # paged_attention.py) instead of gathering the keys; CUDA, bfloat16 / float16 only
-    triton_attention: bool = False
-    # One-token target decode steps (batch 1, no drafter) through one persistent Triton kernel for all
-    # layers (qual/runtime/kernels/decode_layers.py); CUDA, not float64, tp 1, not with compile_mode
-    fused_decode: bool = False
+    backend: str = "reference"  # kernel backend by name (qual/runtime/backends): reference = PyTorch only
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -115,16 +103,7 @@ class EngineConfig:
         if self.max_num_seqs < 1 or self.max_model_len < 2:
             raise QualError("max_num_seqs must be >= 1 and max_model_len >= 2")
         self.parallel.check_block_size(self.cache.block_size)
-        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
-            raise QualError(f"compile_mode must be one of {', '.join(COMPILE_MODES)} (got {self.compile_mode!r})")
-        for name in ("triton_gemm", "triton_attention"):
-            if getattr(self, name) and (self.device == "cpu" or self.dtype not in ("bfloat16", "float16")):
-                raise QualError(f"{name} needs device cuda and dtype bfloat16 or float16 (got {self.device}, {self.dtype})")
-        if self.fused_decode and (self.device == "cpu" or self.dtype == "float64"):
-            raise QualError(f"fused_decode needs device cuda and dtype bfloat16, float16 or float32 (got {self.device}, {self.dtype})")
-        if self.fused_decode and (self.parallel.tp > 1 or self.compile_mode is not None):
-            raise QualError(f"fused_decode needs tp 1 and no compile_mode (got tp {self.parallel.tp}, "
-                            f"compile_mode {self.compile_mode})")
+        parse_backend(self.backend).check(self.device, self.dtype, self.parallel.tp)
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
 

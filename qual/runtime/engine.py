@@ -12,14 +12,15 @@ from typing import Callable
 
 import torch
 
-from qual.engines.base import RequestResult
 from qual.errors import EngineError, QualError
-from qual.runtime.checkpoint import load_draft_config, load_target_config
+from qual.records import RequestResult
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner
 from qual.runtime.parallel import Comm, arm_hang_dump, free_port, init_comm, set_cpu_threads, shutdown_comm
-from qual.runtime.sampling import choose_tokens, greedy_acceptance, top2_margins
+from qual.runtime.registry import ModelSpec, draft_spec, target_spec
+from qual.runtime.sampling import choose_tokens, top2_margins
+from qual.runtime.spec_decode import SpecStats
 from qual.runtime.steps import DecodeStep, PrefillStep
 
 
@@ -39,13 +40,12 @@ class _Seq:
     output: list[int] = field(default_factory=list)
     ctx_len: int = 0  # tokens already in the draft cache
     pending_commit: int = 0  # verified tokens whose hidden states join the draft context next step
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    draft_steps: list[list] = field(default_factory=list)
+    spec: SpecStats = None  # type: ignore[assignment]
     margins: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+
+    def __post_init__(self):
+        self.spec = self.spec or SpecStats(self.K)
 
     @property
     def num_committed(self) -> int:
@@ -55,20 +55,24 @@ class _Seq:
         return RequestResult(
             id=self.req.id, category=self.req.category,
             prompt_token_ids=list(self.req.prompt_token_ids), output_token_ids=list(self.output),
-            drafts=self.drafts, draft_tokens=self.draft_tokens, accepted_tokens=self.accepted,
-            accepted_per_position=list(self.accepted_per_pos), finish_reason=self.finish_reason or "length",
-            draft_steps=self.draft_steps, top2_margins=self.margins,
+            drafts=self.spec.drafts, draft_tokens=self.spec.draft_tokens, accepted_tokens=self.spec.accepted,
+            accepted_per_position=list(self.spec.accepted_per_pos), finish_reason=self.finish_reason or "length",
+            draft_steps=self.spec.draft_steps, top2_margins=self.margins,
         )
 
 
-def validate(cfg: EngineConfig):
-    """Check checkpoints and every parallel constraint before any process starts."""
-    target = load_target_config(cfg.target_path)
-    cfg.parallel.check_model(target.num_attention_heads, target.num_key_value_heads, "target")
+def validate(cfg: EngineConfig) -> tuple[ModelSpec, ModelSpec | None]:
+    """Read both checkpoints' configs (once) and check every constraint before any process starts."""
+    target = target_spec(cfg.target_path)
+    target.model_class.check_parallel(target.config, cfg.parallel)
     draft = None
     if cfg.draft_path:
-        draft = load_draft_config(cfg.draft_path)
-        cfg.parallel.check_model(draft.layers.num_attention_heads, draft.layers.num_key_value_heads, "drafter")
+        draft = draft_spec(cfg.draft_path)
+        draft.model_class.check_parallel(draft.config, cfg.parallel)
+        block = draft.config.block_size
+        if cfg.num_speculative_tokens is not None and cfg.num_speculative_tokens > block - 1:
+            raise QualError(f"num_speculative_tokens={cfg.num_speculative_tokens} exceeds what the drafter's block "
+                            f"allows (block_size {block}: the last token plus at most {block - 1} drafts)")
     if cfg.device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise QualError("device cuda requested but CUDA is not available")
@@ -77,12 +81,12 @@ def validate(cfg: EngineConfig):
     return target, draft
 
 
-def _worker_main(rank: int, cfg: EngineConfig, init_method: str) -> None:
+def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, init_method: str) -> None:
     try:
         arm_hang_dump()
         set_cpu_threads(cfg.parallel.world_size, cfg.threads_per_rank)
         comm = init_comm(rank, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s, cfg.parallel.dcp_comm)
-        runner = ModelRunner(cfg, comm)
+        runner = ModelRunner(cfg, comm, *specs)
         while (step := comm.broadcast_object(None)) is not None:
             runner.execute(step)
         runner.close()
@@ -102,11 +106,12 @@ class LLMEngine:
 
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
-        self.target_cfg, self.draft_cfg = validate(cfg)
+        specs = validate(cfg)
+        self.target_cfg = specs[0].config
         world = cfg.parallel.world_size
         init_method = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
-        self.workers = [ctx.Process(target=_worker_main, args=(r, cfg, init_method), daemon=True) for r in range(1, world)]
+        self.workers = [ctx.Process(target=_worker_main, args=(r, cfg, specs, init_method), daemon=True) for r in range(1, world)]
         for p in self.workers:
             p.start()
         self._prev_threads = torch.get_num_threads()
@@ -116,7 +121,7 @@ class LLMEngine:
             set_cpu_threads(world, cfg.threads_per_rank)
         try:
             self.comm: Comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s, cfg.parallel.dcp_comm)
-            self.runner = ModelRunner(cfg, self.comm)
+            self.runner = ModelRunner(cfg, self.comm, *specs)
         except Exception as exc:
             self._kill_workers()
             if isinstance(exc, QualError):
@@ -157,10 +162,12 @@ class LLMEngine:
 
     def graph_capture(self) -> dict:
         """Rank 0's CUDA-graph record (every rank captures the same sizes in lock-step)."""
+        backend = self.runner.backend.record()
         if self.runner.graphs is None:
             why = "CUDA graphs need a CUDA device" if self.cfg.device == "cpu" else "CUDA graphs disabled (no capture sizes)"
-            return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why}
-        return self.runner.graphs.record()
+            return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why,
+                    "backend": backend}
+        return {**self.runner.graphs.record(), "backend": backend}
 
     def memory(self) -> dict:
         """Per-rank KV bytes by cache group (block pool and live use)."""
@@ -199,7 +206,7 @@ class LLMEngine:
         on_result: Callable[[RequestResult], None] | None = None,
     ) -> list[RequestResult]:
         """Run every request to completion; results in input order (on_result as each finishes)."""
-        seqs = [_Seq(r, r.max_tokens or sampling.max_tokens, self.K, accepted_per_pos=[0] * self.K) for r in requests]
+        seqs = [_Seq(r, r.max_tokens or sampling.max_tokens, self.K) for r in requests]
         for s in seqs:
             total = len(s.req.prompt_token_ids) + s.max_tokens + self.K + 1
             if not s.req.prompt_token_ids:
@@ -282,13 +289,7 @@ class LLMEngine:
             if drafts is None:
                 self._append(s, targets[:1], margins[:1], sampling)
                 continue
-            a = greedy_acceptance(drafts[i], targets)
-            s.drafts += 1
-            s.draft_tokens += self.K
-            s.accepted += a
-            for j in range(a):
-                s.accepted_per_pos[j] += 1
-            s.draft_steps.append([n, drafts[i]])
+            a = s.spec.record(n, drafts[i], targets)
             s.ctx_len += s.pending_commit
             s.pending_commit = a + 1
             for name in self.cache.groups:

@@ -1,4 +1,4 @@
-"""Where a token's KV lives under decode context parallelism (DESIGN.md §2).
+"""Where a token's KV lives under decode context parallelism (docs/dcp.md).
 
 N = dcp_size, I = interleave, B = block_size (tokens per physical block on one rank).
 A sharded group has a virtual block of B*N tokens; a replicated group is the N=1 case.

@@ -14,20 +14,43 @@ from qual.errors import QualError
 from qual.runtime.geometry import blocks_needed
 
 
+KINDS = ("gqa", "latent", "state")
+
+
 @dataclass(frozen=True, slots=True)
 class KVCacheSpec:
-    """What a layer's KV looks like on one rank."""
+    """What one layer caches on one rank.
 
-    attention: str  # "full" | "sliding"
-    window: int | None  # context positions visible (None: all)
+    kind: "gqa" = K and V per KV head per token; "latent" = one MLA latent vector per token (head_dim wide);
+    "state" = a fixed-size state per request (linear attention), no per-token cache.
+    """
+
+    kind: str
     sharded: bool  # True: DCP geometry (virtual block B*N); False: replicated, DCP1 geometry on every rank
-    num_kv_heads: int  # on one rank
-    head_dim: int
     dtype_bytes: int
+    num_kv_heads: int = 0  # gqa: KV heads on one rank
+    head_dim: int = 0  # gqa: per head; latent: the latent width
+    window: int | None = None  # context positions visible (None: all)
+    attention: str = "full"  # "full" | "sliding"
+    state_bytes: int = 0  # state: bytes per request per layer
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise QualError(f"KV cache spec kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
+        if self.kind == "state" and self.sharded:
+            raise QualError("a state cache (linear attention) has no sequence to shard: it must be replicated")
 
     @property
     def replication(self) -> str:
         return "sharded" if self.sharded else "replicated"
+
+    def token_bytes(self) -> int:
+        """Bytes one token costs per layer (0 for a state)."""
+        if self.kind == "gqa":
+            return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        if self.kind == "latent":
+            return self.head_dim * self.dtype_bytes
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +73,11 @@ class KVCacheGroup:
         return KVCacheGroup(self.name, self.spec, self.layers + other.layers)
 
     def block_bytes(self, block_size: int) -> int:
-        """Bytes one block id costs on one rank (K and V of every layer in the group)."""
+        """Bytes one block id costs on one rank, every layer of the group (a state group's block is one request's state)."""
         s = self.spec
-        return 2 * len(self.layers) * block_size * s.num_kv_heads * s.head_dim * s.dtype_bytes
+        if s.kind == "state":
+            return len(self.layers) * s.state_bytes
+        return len(self.layers) * block_size * s.token_bytes()
 
 
 class BlockPool:
@@ -97,6 +122,8 @@ class CacheManager:
 
     def lifetime_blocks(self, name: str, total_len: int) -> int:
         """Most blocks a request of total_len tokens ever holds at once in this group."""
+        if self.groups[name].spec.kind == "state":
+            return 1
         n = self.group_dcp(name)
         full = blocks_needed(total_len, self.block_size, n)
         window = self.groups[name].spec.window
@@ -125,7 +152,7 @@ class CacheManager:
         """Allocate blocks so positions < num_tokens have slots in every group."""
         for name, pool in self.pools.items():
             table = self.tables[name][req_id]
-            need = blocks_needed(num_tokens, self.block_size, self.group_dcp(name))
+            need = 1 if self.groups[name].spec.kind == "state" else blocks_needed(num_tokens, self.block_size, self.group_dcp(name))
             if need > len(table):
                 table.extend(pool.allocate(need - len(table)))
                 self.peak_blocks[name] = max(self.peak_blocks[name], pool.num_blocks - pool.num_free)
@@ -165,6 +192,7 @@ class CacheManager:
             bb = g.block_bytes(self.block_size)
             used = sum(sum(1 for b in t if b >= 0) for t in self.tables[name].values())
             report[name] = {
+                "kind": g.spec.kind,
                 "replication": g.spec.replication,
                 "window": g.spec.window,
                 "block_bytes": bb,

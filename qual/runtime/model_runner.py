@@ -5,19 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from qual.errors import QualError
-from qual.runtime.checkpoint import DFlashConfig, Qwen3Config, load_draft_config, load_target_config
+from qual.runtime import spec_decode
+from qual.runtime.backends import parse_backend
 from qual.runtime.config import EngineConfig
-from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
-from qual.runtime.models.dflash import DFlashDrafter, DraftMeta
-from qual.runtime.models.layers import HeadLayout
-from qual.runtime.models.qwen3 import Qwen3Target, TargetMeta, causal_mask
 from qual.runtime.geometry import blocks_needed
-from qual.runtime.paged import Geometry, KeyView, KVStore, key_view, write_slots
+from qual.runtime.kv_cache import KVCacheGroup
+from qual.runtime.models.base import AttentionView, DraftMeta, TargetMeta
+from qual.runtime.paged import Geometry, KeyView, KVStore, causal_mask, key_view, write_slots
 from qual.runtime.parallel import Comm
+from qual.runtime.registry import ModelSpec
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
+
 
 @dataclass
 class DecodeInputs:
@@ -31,36 +30,6 @@ class DecodeInputs:
 
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TARGET_GROUP = "target"
-
-
-def draft_group_name(kind: str) -> str:
-    return "draft" if kind == "full_attention" else "draft_sliding"
-
-
-def plan_cache_groups(cfg: EngineConfig, target: Qwen3Config, draft: DFlashConfig | None, comm: Comm) -> list[KVCacheGroup]:
-    """Target layers in one sharded group; draft layers grouped by attention kind, replicated or sharded."""
-    nbytes = torch.tensor([], dtype=TORCH_DTYPES[cfg.dtype]).element_size()
-    tl = HeadLayout.for_rank(target, comm)
-    groups = [
-        KVCacheGroup(
-            TARGET_GROUP,
-            KVCacheSpec("full", None, True, tl.num_kv_heads, tl.head_dim, nbytes),
-            tuple(f"target.{i}" for i in range(target.num_hidden_layers)),
-        )
-    ]
-    if draft is None:
-        return groups
-    dl = HeadLayout.for_rank(draft.layers, comm)
-    by_name: dict[str, KVCacheGroup] = {}
-    for i, kind in enumerate(draft.layer_types):
-        window = draft.sliding_window if kind == "sliding_attention" else cfg.cache.draft_window
-        spec = KVCacheSpec(
-            "sliding" if kind == "sliding_attention" else "full", window, cfg.draft_kv == "sharded", dl.num_kv_heads, dl.head_dim, nbytes
-        )
-        g = KVCacheGroup(draft_group_name(kind), spec, (f"draft.{i}",))
-        by_name[g.name] = by_name[g.name].merge(g) if g.name in by_name else g
-    return groups + list(by_name.values())
 
 
 def num_cache_blocks(cfg: EngineConfig, groups: list[KVCacheGroup]) -> int:
@@ -70,19 +39,28 @@ def num_cache_blocks(cfg: EngineConfig, groups: list[KVCacheGroup]) -> int:
 class ModelRunner:
     """Executes prefill / decode steps on this rank."""
 
-    def __init__(self, cfg: EngineConfig, comm: Comm):
+    def __init__(self, cfg: EngineConfig, comm: Comm, target_spec: ModelSpec, draft_spec: ModelSpec | None):
         self.cfg, self.comm = cfg, comm
         dtype = TORCH_DTYPES[cfg.dtype]
-        target_cfg = load_target_config(cfg.target_path)
-        self.draft_cfg = load_draft_config(cfg.draft_path) if cfg.draft_path else None
+        self.backend = parse_backend(cfg.backend)
+        self.draft_cfg = draft_spec.config if draft_spec else None
         aux = self.draft_cfg.target_layer_ids if self.draft_cfg else ()
-        self.target = Qwen3Target(cfg.target_path, comm, dtype, aux, *_triton_kernels(cfg))
-        if cfg.fused_decode:
-            from qual.runtime.fused_decode import FusedDecode
+        target_cls = target_spec.model_class
+        self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend)
+        if self.backend.fused_decode:
+            from qual.runtime.backends.fused_decode import FusedDecode
 
             self.target.fused = FusedDecode(self.target)
-        self.drafter = DFlashDrafter(cfg.draft_path, comm, dtype, self.target) if cfg.draft_path else None
-        self.groups = plan_cache_groups(cfg, target_cfg, self.draft_cfg, comm)
+        nbytes = torch.tensor([], dtype=dtype).element_size()
+        target_groups = target_cls.cache_groups(target_spec.config, comm, nbytes)
+        self.target_groups = [g.name for g in target_groups]
+        self.drafter, draft_groups = None, []
+        if draft_spec:
+            draft_cls = draft_spec.model_class
+            self.drafter = draft_cls(draft_spec.path, draft_spec.config, comm, dtype, self.target)
+            draft_groups = draft_cls.cache_groups(draft_spec.config, comm, nbytes, cfg.draft_kv, cfg.cache.draft_window)
+        self.groups = target_groups + draft_groups
+        self.draft_groups = [g.name for g in draft_groups]
         self.num_blocks = num_cache_blocks(cfg, self.groups)
         B = cfg.cache.block_size
         self.stores = {
@@ -94,11 +72,11 @@ class ModelRunner:
             for g in self.groups
         }
         self.windows = {g.name: g.spec.window for g in self.groups}
-        self.layer_slots = []
-        if self.draft_cfg:
-            for i, kind in enumerate(self.draft_cfg.layer_types):
-                group = next(g for g in self.groups if f"draft.{i}" in g.layers)
-                self.layer_slots.append((group.name, group.layers.index(f"draft.{i}")))
+        self.layer_slots = []  # draft layer -> (cache group, index inside the group)
+        for g in draft_groups:
+            for j, layer in enumerate(g.layers):
+                self.layer_slots.append((int(layer.split(".")[1]), g.name, j))
+        self.layer_slots = [(name, j) for _, name, j in sorted(self.layer_slots)]
         self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
         self.K = (cfg.num_speculative_tokens or (self.draft_cfg.block_size - 1)) if self.draft_cfg else 0
         if self.draft_cfg:
@@ -106,7 +84,8 @@ class ModelRunner:
         # Static key widths / table widths for graph-shaped steps: bounded by max_model_len.
         self.max_blocks = {g.name: blocks_needed(cfg.max_model_len, B, self.geometry[g.name].dcp_size) for g in self.groups}
         self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
-        self.decode_fn = _compiled(self.decode_compute, cfg.compile_mode) if cfg.compile_mode else self.decode_compute
+        mode = self.backend.compile_mode
+        self.decode_fn = _compiled(self.decode_compute, mode) if mode else self.decode_compute
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -117,7 +96,7 @@ class ModelRunner:
         """Release what must go before the process group does (CUDA graphs holding NCCL kernels)."""
         if self.graphs is not None:
             self.graphs.release()
-        if self.cfg.compile_mode:
+        if self.backend.compile_mode:
             torch._dynamo.reset()  # this runner's compiled entries would count against the next one's limit
 
     @property
@@ -136,13 +115,16 @@ class ModelRunner:
         """What attention reads on the device (global positions stay host-side: masks are built there)."""
         return KeyView(self._dev(view.slots), view.positions, self._dev(view.valid), self._dev(view.lengths))
 
-    def _target_meta(self, positions, rows, q_index, seq_lens, table, width=None, dense=False) -> TargetMeta:
-        """Causal target attention metadata; positions/rows [T] flat, q_index [R, Q]."""
-        geo = self.geometry[TARGET_GROUP]
-        keys = key_view(geo, table, seq_lens, width=width)
-        mask = causal_mask(positions[q_index.clamp(min=0)], q_index, keys)
-        return TargetMeta(self._dev(self._route(write_slots(geo, positions, rows, table))), self._dev_view(keys), self._dev(q_index),
-                          self._dev(mask), dense=dense)
+    def _target_meta(self, positions, rows, q_index, seq_lens, tables, width=None, dense=False) -> TargetMeta:
+        """Causal target attention metadata per target cache group; positions/rows [T] flat, q_index [R, Q]."""
+        views = {}
+        for name in self.target_groups:
+            geo = self.geometry[name]
+            keys = key_view(geo, tables[name], seq_lens, width=width[name] if width else None)
+            mask = causal_mask(positions[q_index.clamp(min=0)], q_index, keys)
+            slots = self._dev(self._route(write_slots(geo, positions, rows, tables[name])))
+            views[name] = AttentionView(slots, self._dev_view(keys), self._dev(mask))
+        return TargetMeta(self._dev(q_index), views, dense=dense)
 
     @torch.inference_mode()
     def execute(self, step) -> StepOutput | None:
@@ -177,12 +159,12 @@ class ModelRunner:
         starts = torch.tensor([0] + lens[:-1]).cumsum(0)
         q = torch.arange(max(lens))
         q_index = torch.where(q[None, :] < torch.tensor(lens)[:, None], starts[:, None] + q[None, :], torch.tensor(-1))
-        meta = self._target_meta(positions, rows, q_index, torch.tensor(lens), tables[TARGET_GROUP])
-        hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores[TARGET_GROUP])
+        meta = self._target_meta(positions, rows, q_index, torch.tensor(lens), tables)
+        hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores)
         last = self._dev(starts + torch.tensor(lens) - 1)
         if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
-            slots = {name: self._dev(self._route(write_slots(g, positions, rows, tables[name])))
-                     for name, g in self.geometry.items() if name != TARGET_GROUP}
+            slots = {name: self._dev(self._route(write_slots(self.geometry[name], positions, rows, tables[name])))
+                     for name in self.draft_groups}
             self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
         # Only rank 0 samples: the other ranks skip the LM head.
         return self.target.logits(hidden[last]) if self.comm.rank == 0 else hidden.new_zeros(len(idx), 1)
@@ -200,7 +182,7 @@ class ModelRunner:
             logits, drafts, aux = graphs.replay(inp)
         else:  # compiled code only for the fixed shapes: dynamic shapes would recompile at every new width
             logits, drafts, aux = (self.decode_fn if self.cfg.static_shapes else self.decode_compute)(inp)
-        if self.target.fused is not None:
+        if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()
         Q = 1 + self.K
         if aux is not None:
@@ -216,7 +198,7 @@ class ModelRunner:
         """
         R = len(step.req_ids)
         P = pad_to or R
-        K, Q = self.K, 1 + self.K
+        Q = 1 + self.K
         pad = P - R
         n = torch.tensor(step.num_committed + [1] * pad)
         last = torch.tensor(step.last_tokens + [0] * pad, dtype=torch.long)
@@ -225,8 +207,7 @@ class ModelRunner:
         rows = torch.arange(P).repeat_interleave(Q)
         q_index = torch.arange(P * Q).view(P, Q)
         seq = torch.cat([n[:R] - 1 + Q, torch.zeros(pad, dtype=torch.long)])
-        target = self._target_meta(positions, rows, q_index, seq, tables[TARGET_GROUP],
-                                   width=self.key_width[TARGET_GROUP] if static else None, dense=True)
+        target = self._target_meta(positions, rows, q_index, seq, tables, width=self.key_width if static else None, dense=True)
         inp = DecodeInputs(self._dev(last), self._dev(positions), target)
         if self.drafter is None:
             return inp
@@ -244,9 +225,8 @@ class ModelRunner:
         new_len = torch.tensor(step.ctx_len) + torch.tensor(counts)
         new_len = torch.cat([new_len, torch.zeros(pad, dtype=torch.long)])
         slots, views = {}, {}
-        for name, g in self.geometry.items():
-            if name == TARGET_GROUP:
-                continue
+        for name in self.draft_groups:
+            g = self.geometry[name]
             table = tables[name]
             w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
             slots[name] = self._dev(self._route(torch.where(ctx_rows >= 0, w, torch.full_like(w, -1))))
@@ -260,25 +240,17 @@ class ModelRunner:
         return inp
 
     def decode_compute(self, inp: DecodeInputs):
-        """Device work of a decode step (what a CUDA graph captures): draft, then verify.
+        """Device work of a decode step (what a CUDA graph captures): propose, then verify.
 
         Returns logits [P, Q, V], proposals [P, K] (None without a drafter), aux features [P*Q, n*H].
         """
         P = inp.last_tokens.shape[0]
         drafts = None
-        if self.drafter is None:
-            tokens = inp.last_tokens[:, None]
-        else:
-            block = torch.cat([inp.last_tokens[:, None], self.mask_tokens[:1].expand(P, self.K)], dim=1)
-            h = self.drafter.forward(inp.ctx_features, block, inp.draft, self.stores, self.layer_slots)
-            # Rank 0 alone runs the LM head and picks; every rank verifies rank 0's proposals.
-            if self.comm.rank == 0:
-                proposals = self.target.logits(h).argmax(dim=-1)
-            else:
-                proposals = torch.empty(h.shape[:2], dtype=torch.long, device=h.device)
-            drafts = self.comm.broadcast_tensor(proposals.contiguous())
-            tokens = torch.cat([inp.last_tokens[:, None], drafts], dim=1)
-        hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores[TARGET_GROUP])
+        if self.drafter is not None:
+            drafts = spec_decode.propose(self.drafter, self.target, self.comm, self.K, inp.ctx_features, inp.last_tokens,
+                                         self.mask_tokens, inp.draft, self.stores, self.layer_slots)
+        tokens = spec_decode.verify_tokens(inp.last_tokens, drafts)
+        hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores)
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1) if self.comm.rank == 0 else hidden[:P]
         return logits, drafts, aux
 
@@ -294,18 +266,6 @@ def _compiled(fn, mode: str):
     if hasattr(dyn, "fail_on_recompile_limit_hit"):
         dyn.fail_on_recompile_limit_hit = True
     return torch.compile(fn, mode=mode, dynamic=False)
-
-
-def _triton_kernels(cfg: EngineConfig) -> tuple:
-    """(the projections' GEMM, the target's paged attention or None) as cfg asks."""
-    if not (cfg.triton_gemm or cfg.triton_attention):
-        return F.linear, None
-    from qual.runtime.kernels import paged_attention, skinny_gemm
-
-    if not skinny_gemm.available():
-        raise QualError("triton_gemm / triton_attention: Triton is not installed (CUDA builds of torch ship it)")
-    return (skinny_gemm.linear if cfg.triton_gemm else F.linear,
-            paged_attention.paged_attention_op if cfg.triton_attention else None)
 
 
 def _pad_rows(table: torch.Tensor, rows: int, width: int | None) -> torch.Tensor:

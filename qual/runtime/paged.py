@@ -56,6 +56,11 @@ def key_view(
     return KeyView(slots.clamp(min=0), pos, valid, local.clamp(max=S).to(torch.int32))
 
 
+def causal_mask(q_positions: torch.Tensor, q_index: torch.Tensor, keys: KeyView) -> torch.Tensor:
+    """[R, Q, S]: key visible if stored here and not after the query."""
+    return keys.valid[:, None, :] & (keys.positions[:, None, :] <= q_positions[:, :, None]) & (q_index >= 0)[:, :, None]
+
+
 class KVStore:
     """K/V tensors of one cache group on one rank: per layer [num_blocks * B + 1, kv_heads, D].
 

@@ -31,11 +31,3 @@ def top2_margins(logits: torch.Tensor) -> list:
     """Top-1 minus top-2 logit per row of [..., V] (small = near tie), as nested lists."""
     top = logits.topk(2, dim=-1).values.float()
     return (top[..., 0] - top[..., 1]).tolist()
-
-
-def greedy_acceptance(drafts: list[int], targets: list[int]) -> int:
-    """Longest prefix of drafts equal to the target's choices."""
-    a = 0
-    while a < len(drafts) and drafts[a] == targets[a]:
-        a += 1
-    return a

@@ -1,6 +1,6 @@
-"""The DFlash drafter as a trainable torch module, in the public checkpoint format (DESIGN §4b).
+"""The DFlash drafter as a trainable torch module, in the public checkpoint format (docs/vllm.md).
 
-It computes exactly the function of docs/ARCHITECTURE.md: context features
+It computes exactly the function of docs/dflash.md: context features
 hidden_norm(fc(concat aux)), per layer q from the block only, k/v from
 [context ; block], q_norm/k_norm per head before RoPE, GQA, non-causal block,
 SiLU MLP, final norm; embedding and LM head are the target's (passed in).
@@ -18,38 +18,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qual.checkpoints.dflash import DFlashConfig, write_dflash
+from qual.checkpoints.qwen3 import Qwen3Config
 from qual.errors import QualError
+from qual.runtime.models import layers
+from qual.runtime.models.layers import rms_norm
 from qual.toy.config import ModelShape
 
 
 class RMSNorm(nn.Module):
+    """The runtime's RMSNorm (qual/runtime/models/layers.py) with a trainable weight."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Qwen3: normalise in float32, cast back, then scale.
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin tables [..., head_dim] for integer positions (HF "default" RoPE, rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # [..., head_dim/2]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    """cos/sin tables [..., head_dim] for integer positions (the runtime's RoPE)."""
+    return layers.rope_cos_sin(positions, layers.rope_inv_freq(head_dim, theta, positions.device), dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
-    cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return layers.rotate(x, cos[:, None], sin[:, None])
 
 
 class Attention(nn.Module):
@@ -183,49 +179,19 @@ def anchor_block_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> t
     return torch.cat([ctx_ok, own], dim=2)
 
 
-def draft_config(shape: ModelShape, mask_token_id: int, eos_token_id: int) -> dict:
-    """config.json of the drafter, public DFlash format (DESIGN §4b)."""
-    return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "block_size": shape.block_size,
-        "num_target_layers": shape.num_layers,
-        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids)},
-        "layer_types": ["full_attention"] * shape.draft_layers,
-        "num_hidden_layers": shape.draft_layers,
-        "hidden_size": shape.hidden_size,
-        "intermediate_size": shape.draft_mlp_size,
-        "num_attention_heads": shape.num_heads,
-        "num_key_value_heads": shape.num_kv_heads,
-        "head_dim": shape.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": shape.rms_norm_eps,
-        "rope_theta": shape.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta},
-        "max_position_embeddings": shape.max_position_embeddings,
-        "vocab_size": shape.vocab_size,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": False,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": shape.draft_layers,
-        "eos_token_id": eos_token_id,
-        "pad_token_id": eos_token_id,
-        "initializer_range": 0.02,
-        "use_cache": False,
-        "dtype": "bfloat16",
-    }
+def draft_config(shape: ModelShape, mask_token_id: int, eos_token_id: int) -> DFlashConfig:
+    """The drafter's config in the public DFlash format (docs/dflash.md)."""
+    layers_cfg = Qwen3Config(shape.vocab_size, shape.hidden_size, shape.draft_layers, shape.num_heads, shape.num_kv_heads,
+                             shape.head_dim, shape.draft_mlp_size, shape.rms_norm_eps, shape.rope_theta,
+                             max_position_embeddings=shape.max_position_embeddings, eos_token_id=eos_token_id)
+    return DFlashConfig(layers_cfg, shape.block_size, shape.num_layers, mask_token_id, tuple(shape.target_layer_ids),
+                        ("full_attention",) * shape.draft_layers, None)
 
 
 def save_drafter(drafter: DFlashDrafter, out_dir: Path, mask_token_id: int, eos_token_id: int) -> None:
-    from safetensors.torch import save_file
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in drafter.state_dict().items()}
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    cfg = draft_config(drafter.shape, mask_token_id, eos_token_id)
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    """bf16 weights + config.json, the public format."""
+    write_dflash(out_dir, draft_config(drafter.shape, mask_token_id, eos_token_id), drafter.state_dict(),
+                 dtype=torch.bfloat16)
 
 
 def shape_from_config(cfg: dict, num_target_layers: int | None = None) -> ModelShape:

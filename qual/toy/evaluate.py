@@ -8,13 +8,13 @@ from typing import Callable
 
 import torch
 
+from qual.runtime.spec_decode import accept
 from qual.toy.drafter import DFlashDrafter
-from qual.toy.train_draft import target_aux
 
 
 @dataclass(slots=True)
-class Acceptance:
-    """Counts in vLLM's vocabulary (DESIGN §4); rates derived."""
+class EvalStats:
+    """Acceptance counts of the training-time evaluation, in vLLM's vocabulary (docs/vllm.md); rates derived."""
 
     num_requests: int = 0
     num_drafts: int = 0
@@ -58,7 +58,7 @@ def draft_block(drafter: DFlashDrafter, target, seq: torch.Tensor, aux: torch.Te
 
 @torch.no_grad()
 def speculative_greedy(target, drafter: DFlashDrafter, prompt: list[int], max_new: int, mask_token_id: int,
-                       eos_token_id: int, stats: Acceptance) -> list[int]:
+                       eos_token_id: int, stats: EvalStats) -> list[int]:
     """Greedy decode with DFlash drafts; updates `stats`; returns the new tokens."""
     k = drafter.shape.block_size - 1
     dev = next(target.parameters()).device
@@ -71,8 +71,7 @@ def speculative_greedy(target, drafter: DFlashDrafter, prompt: list[int], max_ne
         n = seq.shape[1]
         out = target(input_ids=torch.cat([seq, drafts], dim=1), output_hidden_states=True)
         choice = out.logits[0, n - 1 :].argmax(-1)  # [K+1]: target's token after seq, after d1, ...
-        match = (drafts[0] == choice[:k]).long().cumprod(0)
-        accepted = int(match.sum())
+        accepted = accept(drafts[0].tolist(), choice[:k].tolist())
         stats.num_drafts += 1
         stats.num_draft_tokens += k
         stats.num_accepted_tokens += accepted
@@ -99,9 +98,9 @@ def plain_greedy(target, prompt: list[int], max_new: int, eos_token_id: int) -> 
 
 
 def evaluate(target, drafter: DFlashDrafter, prompts: list[list[int]], max_new: int, mask_token_id: int,
-             eos_token_id: int, log: Callable[[str], None], greedy_check: int = 0) -> Acceptance:
+             eos_token_id: int, log: Callable[[str], None], greedy_check: int = 0) -> EvalStats:
     """Acceptance over `prompts` (token ids), greedy, K = block_size - 1."""
-    stats = Acceptance(accepted_per_position=[0] * (drafter.shape.block_size - 1))
+    stats = EvalStats(accepted_per_position=[0] * (drafter.shape.block_size - 1))
     t0 = time.time()
     for i, prompt in enumerate(prompts):
         out = speculative_greedy(target, drafter, prompt, max_new, mask_token_id, eos_token_id, stats)

@@ -1,4 +1,4 @@
-"""Stage 6: train the DFlash drafter on the target's continuations (DESIGN §3 recipe)."""
+"""Stage 6: train the DFlash drafter on the target's continuations (the recipe in docs/dflash.md)."""
 
 from __future__ import annotations
 

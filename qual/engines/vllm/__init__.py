@@ -1,4 +1,4 @@
-"""The vLLM engine adapter: drives a real `vllm serve` for one arm (DESIGN §4)."""
+"""The vLLM engine adapter: drives a real `vllm serve` for one arm (docs/vllm.md)."""
 
 from qual.engines.vllm.engine import DCP_NEEDS_GPU, VllmEngine, dry_run_command
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from qual.engines.base import ArmConfig
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+
+from qual.records import ArmConfig
 from qual.engines.vllm.install import REPO_ROOT, VllmInstall
 from qual.errors import QualError
+from qual.validation import Section, parse_section
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 DCP_COMM_BACKENDS = ("ag_rs", "a2a")
@@ -19,48 +23,40 @@ PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
 HOST = "127.0.0.1"
 
 
-@dataclass(frozen=True)
-class VllmOptions:
-    """The `vllm:` mapping of a model profile (every key optional)."""
+class VllmOptions(Section):
+    """The `vllm:` section of a model profile (every key optional)."""
 
     python: str | None = None  # interpreter of the vLLM install; default .venv-vllm, then this one
     tokenizer: str | None = None  # default: the target
     served_model_name: str | None = None  # default: the profile name
-    max_model_len: int | None = None
-    block_size: int | None = None
-    max_num_seqs: int | None = None
+    max_model_len: PositiveInt | None = None  # default: the profile's max_model_len
+    block_size: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
     attention_backend: str | None = None
-    dcp_comm_backend: str | None = None  # ag_rs | a2a; only passed when DCP > 1
+    dcp_comm_backend: Literal[DCP_COMM_BACKENDS] | None = None  # only passed when DCP > 1
     cudagraph_mode: str | None = None
-    cudagraph_capture_sizes: list[int] | None = None
+    cudagraph_capture_sizes: list[PositiveInt] | None = None
     enforce_eager: bool = False
-    per_request_metrics: str = "auto"  # auto: "detailed" where the install has the flag
-    gpu_memory_utilization: float | None = None
+    per_request_metrics: Literal[PER_REQUEST_METRICS] = "auto"  # auto: "detailed" where the install has the flag
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_dtype: str | None = None
     trust_remote_code: bool = False
-    speculative_config: dict = field(default_factory=dict)  # merged into --speculative-config
-    extra_args: list[str] = field(default_factory=list)
-    env: dict = field(default_factory=dict)
-    startup_timeout_s: float = 900.0
-    request_timeout_s: float = 600.0
+    speculative_config: dict = Field(default_factory=dict)  # merged into --speculative-config
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str | int] = Field(default_factory=dict)  # values passed as their text (1 -> "1")
+    startup_timeout_s: PositiveFloat = 900.0
+    request_timeout_s: PositiveFloat = 600.0
 
-    def __post_init__(self):
-        if self.cudagraph_mode is not None and self.cudagraph_mode.upper() not in CUDAGRAPH_MODES:
-            raise QualError(f"vllm.cudagraph_mode {self.cudagraph_mode!r} is not one of {', '.join(CUDAGRAPH_MODES)}")
-        if self.dcp_comm_backend is not None and self.dcp_comm_backend not in DCP_COMM_BACKENDS:
-            raise QualError(f"vllm.dcp_comm_backend {self.dcp_comm_backend!r} is not one of {', '.join(DCP_COMM_BACKENDS)}")
-        if self.per_request_metrics not in PER_REQUEST_METRICS:
-            raise QualError(f"vllm.per_request_metrics {self.per_request_metrics!r} is not one of {', '.join(PER_REQUEST_METRICS)}")
+    @field_validator("cudagraph_mode")
+    @classmethod
+    def _known_mode(cls, mode: str | None) -> str | None:
+        if mode is not None and mode.upper() not in CUDAGRAPH_MODES:
+            raise ValueError(f"not one of {', '.join(CUDAGRAPH_MODES)}")
+        return mode
+
+    def model_post_init(self, _context) -> None:
         if self.enforce_eager and self.cudagraph_mode not in (None, "NONE"):
             raise QualError("vllm.enforce_eager and vllm.cudagraph_mode both set: eager means no CUDA graphs")
-        sizes = self.cudagraph_capture_sizes
-        if sizes is not None and not (isinstance(sizes, list) and all(isinstance(s, int) and s > 0 for s in sizes)):
-            raise QualError(f"vllm.cudagraph_capture_sizes must be a list of positive integers, got {sizes!r}")
-        if not all(isinstance(a, str) for a in self.extra_args):
-            raise QualError("vllm.extra_args must be a list of strings")
-        for name in ("startup_timeout_s", "request_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise QualError(f"vllm.{name} must be positive")
 
     @classmethod
     def from_extra(cls, extra: dict | None) -> "VllmOptions":
@@ -69,19 +65,11 @@ class VllmOptions:
         extra = dict(extra or {})
         nested = isinstance(extra.get("vllm"), dict)
         data = dict(extra["vllm"]) if nested else extra
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise QualError(f"unknown vllm option(s) in the model profile: {', '.join(unknown)} "
-                            f"(known: {', '.join(sorted(known))})")
         if nested:
             for key in ("max_model_len", "tokenizer"):
                 if data.get(key) is None and extra.get(key) is not None:
                     data[key] = extra[key]
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise QualError(f"bad vllm options in the model profile: {exc}") from exc
+        return parse_section(cls, data, "the model profile", "vllm")
 
     @property
     def requested_cudagraph_mode(self) -> str | None:
@@ -180,7 +168,7 @@ def server_env(arm: ArmConfig, options: VllmOptions, cores: list[int] | None = N
     if arm.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the default would claim a large share of RAM
         binding = cpu_thread_binding(arm.tp, sorted(cores if cores is not None else os.sched_getaffinity(0)))
-        if binding:  # TP on CPU needs one core range per rank (DESIGN §4b: TP 2 works with "0|1")
+        if binding:  # TP on CPU needs one core range per rank (docs/vllm.md: TP 2 works with "0|1")
             env["VLLM_CPU_OMP_THREADS_BIND"] = binding
     env.update({str(k): str(v) for k, v in options.env.items()})
     return env

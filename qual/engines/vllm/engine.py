@@ -7,7 +7,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from qual.engines.base import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult, RequestResult
+from dataclasses import replace
+
+from qual.engines.base import KNOBS, Engine
+from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult, RequestResult
 from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, serve_command
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.install import NOT_FOUND, REPO_ROOT, VllmInstall, locate
@@ -15,6 +18,7 @@ from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
 from qual.engines.vllm.metrics import SpecCounters
 from qual.engines.vllm.server import VllmServer, free_port
 from qual.errors import EngineError, QualError
+from qual.validation import parse_section
 
 DCP_NEEDS_GPU = "vLLM DCP>1 needs GPUs: the CPU attention backend returns no softmax LSE"
 # /metrics is updated just after the response is sent; how long to wait for it to settle.
@@ -22,8 +26,8 @@ COUNTER_SETTLE_S = 5.0
 
 
 @dataclass(frozen=True)
-class Acceptance:
-    """Spec-decode numbers of one request."""
+class SpecDecodeCounts:
+    """Spec-decode numbers of one request, as the server counts them."""
 
     drafts: int
     draft_tokens: int
@@ -31,11 +35,11 @@ class Acceptance:
     accepted_per_position: tuple[int, ...]
 
     @classmethod
-    def from_counters(cls, delta: SpecCounters, k: int) -> "Acceptance":
+    def from_counters(cls, delta: SpecCounters, k: int) -> "SpecDecodeCounts":
         return cls(delta.drafts, delta.draft_tokens, delta.accepted_tokens, tuple(delta.per_position(k)))
 
     @classmethod
-    def from_server(cls, metrics: dict, k: int) -> "Acceptance":
+    def from_server(cls, metrics: dict, k: int) -> "SpecDecodeCounts":
         """From the response's metrics.speculative_decoding (vLLM's per-request metrics)."""
         hist = list(metrics["acceptance_histogram"])  # hist[j]: verify steps that accepted exactly j drafts
         # Position i is accepted in every step that accepted more than i drafts (greedy prefix rule).
@@ -47,8 +51,8 @@ class Acceptance:
         return SpecCounters(self.drafts, self.draft_tokens, self.accepted_tokens, self.accepted_per_position, True)
 
 
-def _sum(items: list[Acceptance], k: int) -> Acceptance:
-    return Acceptance(
+def _sum(items: list[SpecDecodeCounts], k: int) -> SpecDecodeCounts:
+    return SpecDecodeCounts(
         sum(a.drafts for a in items), sum(a.draft_tokens for a in items), sum(a.accepted_tokens for a in items),
         tuple(sum(a.accepted_per_position[i] for a in items) for i in range(k)),
     )
@@ -63,18 +67,47 @@ def _cuda_available() -> bool:
         return False
 
 
-class VllmEngine:
+# vLLM has no switch for draft-KV replication: the build decides (`qual doctor` reads which it does).
+DRAFT_KV_BY_VERDICT = {"yes": "replicated", "no": "sharded", "unknown": "unknown"}
+
+
+class VllmEngine(Engine):
     """Runs arms on a vLLM server started per arm; logs go to <run_dir>/<name>.vllm.log."""
 
-    def __init__(self, run_dir: str | Path, *, python: str | Path | None = None,
+    name = "vllm"
+    honours = frozenset(KNOBS) - {"draft_kv"}
+
+    def __init__(self, run_dir: str | Path | None = None, *, python: str | Path | None = None,
                  repo_root: Path = REPO_ROOT, cuda_available: bool | None = None):
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.repo_root = repo_root
         self._python = python
         self._cuda = cuda_available
         self._install: VllmInstall | None = None
         self._located = False
         self.active_server: VllmServer | None = None  # the running server, while run() is in progress
+
+    # -- the Engine interface -------------------------------------------------------------------
+
+    @classmethod
+    def parse_options(cls, section: dict, where: str) -> dict:
+        return parse_section(VllmOptions, section, where, "vllm").model_dump(exclude_defaults=True)
+
+    def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        options = VllmOptions.from_extra(arm.extra)
+        if options.python is not None and not Path(options.python).is_file():
+            raise QualError(f"vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
+        install = self.install(options)
+        if install is None or install.package_dir is None:
+            raise QualError(NOT_FOUND)
+        build = DRAFT_KV_BY_VERDICT[install.replicated_draft_kv().verdict]
+        if "draft_kv" in requested and arm.draft_kv != build:
+            raise QualError(f"--draft-kv {arm.draft_kv}: vLLM has no switch for draft-KV replication, and this build "
+                            f"({self.engine_version(install)}) keeps draft KV {build} under DCP (see `qual doctor`)")
+        return replace(arm, draft_kv=build)  # what the build runs, not what was assumed
+
+    def describe(self, arm: ArmConfig) -> str:
+        return dry_run_command(arm, self.run_dir or ".")
 
     # -- what the orchestration asks before running -------------------------------------------
 
@@ -107,10 +140,14 @@ class VllmEngine:
     # -- running an arm ---------------------------------------------------------------------
 
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult,
-            *, name: str | None = None) -> ArmRunInfo:
+            run_dir: str | Path | None = None, name: str | None = None) -> ArmRunInfo:
         """Start the server, replay requests one at a time, stop it; on_result after each request."""
         if arm.engine != "vllm":
             raise QualError(f"VllmEngine got an arm for engine {arm.engine!r}")
+        if run_dir is not None:
+            self.run_dir = Path(run_dir)
+        if self.run_dir is None:
+            raise QualError("VllmEngine.run needs a run directory for the server log")
         options = VllmOptions.from_extra(arm.extra)
         install = self.install(options)
         name = name or f"dcp{arm.dcp}"
@@ -176,7 +213,7 @@ class VllmEngine:
         k = arm.num_speculative_tokens if arm.draft_path else 0
         baseline = self._counters(server, client, "before the first request")
         last = baseline
-        done: list[Acceptance] = []
+        done: list[SpecDecodeCounts] = []
         output_tokens = 0
         for req in requests:
             try:
@@ -197,13 +234,13 @@ class VllmEngine:
         return output_tokens
 
     def _acceptance(self, server: VllmServer, client: VllmClient, completion: Completion,
-                    last: SpecCounters, k: int, req_id: str) -> tuple[Acceptance, SpecCounters]:
+                    last: SpecCounters, k: int, req_id: str) -> tuple[SpecDecodeCounts, SpecCounters]:
         """This request's numbers, and the counters after it (polled until /metrics caught up)."""
-        expected = Acceptance.from_server(completion.spec_decode, k) if completion.spec_decode else None
+        expected = SpecDecodeCounts.from_server(completion.spec_decode, k) if completion.spec_decode else None
         deadline = time.monotonic() + COUNTER_SETTLE_S
         now = self._counters(server, client, f"after request {req_id}")
         while True:
-            delta = Acceptance.from_counters(now - last, k)
+            delta = SpecDecodeCounts.from_counters(now - last, k)
             if expected is not None and delta == expected:
                 break
             time.sleep(0.05)
@@ -213,7 +250,7 @@ class VllmEngine:
             now = again
             if time.monotonic() >= deadline:
                 break  # the end-of-arm check reports the mismatch with totals
-        return (expected if expected is not None else Acceptance.from_counters(now - last, k)), now
+        return (expected if expected is not None else SpecDecodeCounts.from_counters(now - last, k)), now
 
     def _counters(self, server: VllmServer, client: VllmClient, when: str) -> SpecCounters:
         try:
@@ -222,9 +259,9 @@ class VllmEngine:
             raise self._died(server, f"/metrics unreadable {when} ({exc})") from exc
 
     def _check_totals(self, server: VllmServer, client: VllmClient, baseline: SpecCounters,
-                      done: list[Acceptance], k: int) -> None:
+                      done: list[SpecDecodeCounts], k: int) -> None:
         ours = _sum(done, k)
-        theirs = Acceptance.from_counters(self._counters(server, client, "after the last request") - baseline, k)
+        theirs = SpecDecodeCounts.from_counters(self._counters(server, client, "after the last request") - baseline, k)
         if ours != theirs:
             raise EngineError(
                 f"per-request acceptance does not add up to the server's /metrics counters: "

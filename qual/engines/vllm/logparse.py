@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from qual.engines.base import GraphCapture
+from qual.records import GraphCapture
 
 # "(Worker_TP0_DCP0 pid=123) ERROR 11-30 14:58:59 [multiproc_executor.py:1063] " and friends.
 _PROC_PREFIX = re.compile(r"^\((?:[^()]*?) pid=\d+\)\s?")

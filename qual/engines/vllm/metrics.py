@@ -1,4 +1,4 @@
-"""Spec-decode counters from vLLM's Prometheus /metrics text (DESIGN §4)."""
+"""Spec-decode counters from vLLM's Prometheus /metrics text (docs/vllm.md)."""
 
 from __future__ import annotations
 

@@ -1,38 +1,58 @@
-"""DFlash drafter: context K/V from target aux hidden states, one forward drafts a whole block (DESIGN.md §3)."""
+"""DFlash drafter: context K/V from target aux hidden states, one forward drafts a whole block (docs/dflash.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from qual.checkpoints.dflash import DFlashConfig
+from qual.checkpoints.io import load_weights, require
 from qual.errors import QualError
 from qual.runtime.attention import attention_with_lse
-from qual.runtime.checkpoint import DFlashConfig, load_draft_config, load_weights, require
-from qual.runtime.models.layers import HeadLayout, Rope, load_layer, mlp, project_kv, project_qkv, rms_norm
-from qual.runtime.models.qwen3 import Qwen3Target
-from qual.runtime.paged import KeyView, KVStore
+from qual.runtime.config import ParallelConfig
+from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
+from qual.runtime.models.base import DraftMeta, TargetModel
+from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, project_kv, project_qkv, rms_norm
+from qual.runtime.paged import KVStore
 from qual.runtime.parallel import Comm
 
 
-@dataclass
-class DraftMeta:
-    """Metadata of one draft step on this rank, per draft cache group."""
-
-    ctx_positions: torch.Tensor  # [Tc] positions of the new context tokens
-    write_slots: dict[str, torch.Tensor]  # group -> [Tc]; not stored on this rank = the trash slot
-    keys: dict[str, KeyView]  # group -> context keys per request (new ones included)
-    block_positions: torch.Tensor  # [R, K+1]
+def group_name(kind: str) -> str:
+    """Draft layers share a cache group per attention kind."""
+    return "draft" if kind == "full_attention" else "draft_sliding"
 
 
 class DFlashDrafter:
     """This rank's shard of a DFlash drafter; embedding and LM head are the target's."""
 
-    def __init__(self, path: str | Path, comm: Comm, dtype: torch.dtype, target: Qwen3Target):
-        self.cfg: DFlashConfig = load_draft_config(path)
-        cfg, lcfg, tcfg = self.cfg, self.cfg.layers, target.cfg
+    @staticmethod
+    def parse_config(raw: dict, path: Path) -> DFlashConfig:
+        return DFlashConfig.from_json(raw, path)
+
+    @staticmethod
+    def check_parallel(cfg: DFlashConfig, parallel: ParallelConfig) -> None:
+        parallel.check_model(cfg.layers.num_attention_heads, cfg.layers.num_key_value_heads, "drafter")
+
+    @staticmethod
+    def cache_groups(cfg: DFlashConfig, comm: Comm, dtype_bytes: int, draft_kv: str,
+                     draft_window: int | None) -> list[KVCacheGroup]:
+        """Draft layers grouped by attention kind; replicated (the fix) or sharded like the target (legacy)."""
+        dl = HeadLayout.for_rank(cfg.layers, comm)
+        by_name: dict[str, KVCacheGroup] = {}
+        for i, kind in enumerate(cfg.layer_types):
+            sliding = kind == "sliding_attention"
+            spec = KVCacheSpec("gqa", sharded=draft_kv == "sharded", dtype_bytes=dtype_bytes, num_kv_heads=dl.num_kv_heads,
+                               head_dim=dl.head_dim, window=cfg.sliding_window if sliding else draft_window,
+                               attention="sliding" if sliding else "full")
+            g = KVCacheGroup(group_name(kind), spec, (f"draft.{i}",))
+            by_name[g.name] = by_name[g.name].merge(g) if g.name in by_name else g
+        return list(by_name.values())
+
+    def __init__(self, path: str | Path, cfg: DFlashConfig, comm: Comm, dtype: torch.dtype, target: TargetModel):
+        self.cfg = self.config = cfg
+        lcfg, tcfg = cfg.layers, target.config
         if lcfg.hidden_size != tcfg.hidden_size or lcfg.vocab_size != tcfg.vocab_size:
             raise QualError(f"drafter {path}: hidden_size/vocab_size must match the target's ({tcfg.hidden_size}/{tcfg.vocab_size})")
         if cfg.num_target_layers != tcfg.num_hidden_layers:
@@ -45,7 +65,9 @@ class DFlashDrafter:
         self.fc = cast(require(weights, "fc.weight", (lcfg.hidden_size, n_ctx * lcfg.hidden_size), path))
         self.hidden_norm = cast(require(weights, "hidden_norm.weight", (lcfg.hidden_size,), path))
         self.norm = cast(require(weights, "norm.weight", (lcfg.hidden_size,), path))
-        self.layers = [load_layer(weights, f"layers.{i}.", lcfg, self.layout, comm, path, cast) for i in range(lcfg.num_hidden_layers)]
+        stacked = load_layers(weights, [f"layers.{i}." for i in range(lcfg.num_hidden_layers)], lcfg, self.layout, comm,
+                              path, cast)
+        self.layers = [stacked.layer(i) for i in range(lcfg.num_hidden_layers)]
         self.rope = Rope(lcfg.head_dim, lcfg.rope_theta, comm.device, dtype)
         self.scale = lcfg.head_dim**-0.5
         self.num_layers = lcfg.num_hidden_layers

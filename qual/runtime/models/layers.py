@@ -1,4 +1,4 @@
-"""Building blocks shared by the target and the drafter: norms, RoPE, TP-sharded weights."""
+"""Building blocks of the Qwen3-style layers (the Qwen3 target and DFlash drafters): norms, RoPE, TP-sharded weights."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from qual.errors import QualError
-from qual.runtime.checkpoint import Qwen3Config, require
+from qual.checkpoints.io import require
+from qual.checkpoints.qwen3 import Qwen3Config
 from qual.runtime.parallel import Comm
 
 
@@ -23,12 +24,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
 
 
+def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
+    """Rotary frequencies [head_dim / 2], float32 as transformers computes them ("default" RoPE)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (theta**exponent)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [..., head_dim] for integer positions [...] (rotate-half layout), in dtype."""
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x [..., D] with cos/sin broadcastable to it."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
 class Rope:
-    """Rotary embedding (rotate-half form), cos/sin computed as transformers does."""
+    """Rotary embedding (rotate-half form), cos/sin computed as transformers does, once per forward."""
 
     def __init__(self, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype):
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
-        self.inv_freq = 1.0 / (theta**exponent)  # float32, as in transformers
+        self.inv_freq = rope_inv_freq(head_dim, theta, device)
         self.dtype = dtype
         self._cached = None
 
@@ -40,18 +59,14 @@ class Rope:
         # Every layer rotates by the same positions: compute once per forward.
         if self._cached is not None and self._cached[0] is positions:
             return self._cached[1], self._cached[2]
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D]: every head
         self._cached = (positions, cos, sin)
         return cos, sin
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, D], positions: [T]."""
-        cos, sin = self.cos_sin(positions)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return rotate(x, *self.cos_sin(positions))
 
 
 @dataclass
@@ -112,10 +127,35 @@ class LayerWeights:
     mlp: MlpWeights
 
 
-def load_layer(
-    weights: dict, prefix: str, cfg: Qwen3Config, layout: HeadLayout, comm: Comm, where, cast
-) -> LayerWeights:
-    """Slice one decoder layer's tensors for this TP rank."""
+@dataclass
+class StackedLayers:
+    """Every layer's weights stacked along a leading layer dimension (one tensor per kind); a layer's weights
+    are views into these. Kernels that walk all layers read the stacks; the per-layer path reads the views."""
+
+    input_norm: torch.Tensor  # [L, hidden]
+    post_norm: torch.Tensor  # [L, hidden]
+    qkv: torch.Tensor  # [L, (heads + 2 kv) D, hidden]
+    o: torch.Tensor  # [L, hidden, heads D]
+    q_norm: torch.Tensor  # [L, D]
+    k_norm: torch.Tensor  # [L, D]
+    qk_norm: torch.Tensor  # [L, heads + kv, D]
+    gate_up: torch.Tensor  # [L, 2 I/tp, hidden]
+    down: torch.Tensor  # [L, hidden, I/tp]
+    num_q_rows: int
+
+    def __len__(self) -> int:
+        return self.qkv.shape[0]
+
+    def layer(self, i: int) -> LayerWeights:
+        return LayerWeights(
+            self.input_norm[i], self.post_norm[i],
+            AttentionWeights(self.qkv[i], self.o[i], self.q_norm[i], self.k_norm[i], self.qk_norm[i], self.num_q_rows),
+            MlpWeights(self.gate_up[i], self.down[i]),
+        )
+
+
+def _layer_tensors(weights: dict, prefix: str, cfg: Qwen3Config, layout: HeadLayout, comm: Comm, where) -> dict:
+    """One decoder layer's tensors, sliced for this TP rank (still on the host, checkpoint dtype)."""
     H, D, hid, inter = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
     kvh = cfg.num_key_value_heads
     if inter % comm.tp_size:
@@ -127,17 +167,23 @@ def load_layer(
     o = w("self_attn.o_proj.weight", (hid, H * D))[:, layout.q_start * D : (layout.q_start + layout.num_heads) * D]
     part = inter // comm.tp_size
     lo, hi = comm.tp_rank * part, (comm.tp_rank + 1) * part
-    q_norm, k_norm = cast(w("self_attn.q_norm.weight", (D,))), cast(w("self_attn.k_norm.weight", (D,)))
-    qk_norm = torch.cat([q_norm.expand(layout.num_heads, D), k_norm.expand(layout.num_kv_heads, D)]).contiguous()
-    return LayerWeights(
-        input_norm=cast(w("input_layernorm.weight", (hid,))),
-        post_norm=cast(w("post_attention_layernorm.weight", (hid,))),
-        attn=AttentionWeights(cast(torch.cat([q, k, v])), cast(o), q_norm, k_norm, qk_norm, q.shape[0]),
-        mlp=MlpWeights(
-            cast(torch.cat([w("mlp.gate_proj.weight", (inter, hid))[lo:hi], w("mlp.up_proj.weight", (inter, hid))[lo:hi]])),
-            cast(w("mlp.down_proj.weight", (hid, inter))[:, lo:hi]),
-        ),
-    )
+    q_norm, k_norm = w("self_attn.q_norm.weight", (D,)), w("self_attn.k_norm.weight", (D,))
+    return {
+        "input_norm": w("input_layernorm.weight", (hid,)),
+        "post_norm": w("post_attention_layernorm.weight", (hid,)),
+        "qkv": torch.cat([q, k, v]), "o": o, "q_norm": q_norm, "k_norm": k_norm,
+        "qk_norm": torch.cat([q_norm.expand(layout.num_heads, D), k_norm.expand(layout.num_kv_heads, D)]),
+        "gate_up": torch.cat([w("mlp.gate_proj.weight", (inter, hid))[lo:hi], w("mlp.up_proj.weight", (inter, hid))[lo:hi]]),
+        "down": w("mlp.down_proj.weight", (hid, inter))[:, lo:hi],
+    }
+
+
+def load_layers(weights: dict, prefixes: list[str], cfg: Qwen3Config, layout: HeadLayout, comm: Comm, where,
+                cast) -> StackedLayers:
+    """The decoder layers named by prefixes, sliced for this TP rank and stacked (cast: dtype and device)."""
+    per_layer = [_layer_tensors(weights, p, cfg, layout, comm, where) for p in prefixes]
+    stack = {name: cast(torch.stack([t[name] for t in per_layer])).contiguous() for name in per_layer[0]}
+    return StackedLayers(**stack, num_q_rows=layout.num_heads * cfg.head_dim)
 
 
 def mlp(x: torch.Tensor, m: MlpWeights, comm: Comm, linear=F.linear) -> torch.Tensor:

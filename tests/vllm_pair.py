@@ -1,4 +1,4 @@
-"""A tiny random Qwen3 target + DFlash drafter in the public checkpoint formats (DESIGN §4b).
+"""A tiny rigged Qwen3 target + DFlash drafter for vLLM smoke tests, written by qual.checkpoints (docs/vllm.md).
 
 For smoke-testing a vLLM install end to end in seconds. Weights are random, but rigged so
 that acceptance is neither zero nor total: the target's LM head gives real logits to a
@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+from qual.checkpoints.dflash import DFlashConfig, write_dflash
+from qual.checkpoints.qwen3 import Qwen3Config, write_qwen3
 
 
 @dataclass(frozen=True)
@@ -67,26 +69,10 @@ def _tokenizer_json(shape: TinyShape) -> dict:
     }
 
 
-def _qwen3_fields(shape: TinyShape, num_layers: int) -> dict:
-    return {
-        "model_type": "qwen3",
-        "hidden_size": shape.hidden_size,
-        "intermediate_size": shape.intermediate_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": shape.num_heads,
-        "num_key_value_heads": shape.num_kv_heads,
-        "head_dim": shape.head_dim,
-        "vocab_size": shape.vocab_size,
-        "max_position_embeddings": shape.max_position_embeddings,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "bos_token_id": shape.eos_token_id,
-        "eos_token_id": shape.eos_token_id,
-    }
+def _qwen3(shape: TinyShape, num_layers: int) -> Qwen3Config:
+    return Qwen3Config(shape.vocab_size, shape.hidden_size, num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                       shape.intermediate_size, max_position_embeddings=shape.max_position_embeddings,
+                       eos_token_id=shape.eos_token_id)
 
 
 def _layer_weights(prefix: str, shape: TinyShape, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -128,9 +114,7 @@ def build_tiny_pair(out_dir: Path, shape: TinyShape = TinyShape(), seed: int = 0
     weights["lm_head.weight"] = lm_head
     # The drafter's hidden state at a mask slot is the mask embedding itself (see below).
     weights["model.embed_tokens.weight"][shape.mask_token_id] = lm_head[shape.draft_token_id] * 4.0
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(target / "model.safetensors"))
-    config = {"architectures": ["Qwen3ForCausalLM"], **_qwen3_fields(shape, shape.num_target_layers)}
-    (target / "config.json").write_text(json.dumps(config, indent=2))
+    write_qwen3(target, _qwen3(shape, shape.num_target_layers), weights)
     (target / "generation_config.json").write_text(json.dumps({"eos_token_id": shape.eos_token_id}))
     for path in (target, draft):
         (path / "tokenizer.json").write_text(json.dumps(_tokenizer_json(shape)))
@@ -151,18 +135,10 @@ def build_tiny_pair(out_dir: Path, shape: TinyShape = TinyShape(), seed: int = 0
         layer[f"layers.{i}.self_attn.o_proj.weight"].zero_()
         layer[f"layers.{i}.mlp.down_proj.weight"].zero_()
         dweights.update(layer)
-    save_file({k: v.contiguous() for k, v in dweights.items()}, str(draft / "model.safetensors"))
     layer_types = ["full_attention"] * shape.num_draft_layers
     if mixed_draft_layers:  # DFlash2-style: sliding (causal, windowed) layers before full ones
         layer_types[0] = "sliding_attention"
-    dconfig = {
-        "architectures": ["DFlashDraftModel"],
-        **_qwen3_fields(shape, shape.num_draft_layers),
-        "block_size": shape.block_size,
-        "num_target_layers": shape.num_target_layers,
-        "dflash_config": {"mask_token_id": shape.mask_token_id, "target_layer_ids": target_layer_ids},
-        "layer_types": layer_types,
-        "sliding_window": shape.sliding_window,
-    }
-    (draft / "config.json").write_text(json.dumps(dconfig, indent=2))
+    dconfig = DFlashConfig(_qwen3(shape, shape.num_draft_layers), shape.block_size, shape.num_target_layers,
+                           shape.mask_token_id, tuple(target_layer_ids), tuple(layer_types), shape.sliding_window)
+    write_dflash(draft, dconfig, dweights)
     return target, draft

@@ -1,30 +1,18 @@
-"""One-token target decode steps through one persistent kernel for all layers (EngineConfig.fused_decode).
+"""One-token target decode steps through one persistent kernel for all layers (the `fused` backend part).
 
-Stacks the target's per-layer weights along a layer dimension, once, and rebinds every layer's
-tensors as views of the stacks (no second copy). Steps with more than one token (prefill, a
-drafter's verify block, batches) keep the per-layer path.
+The kernel reads the target's stacked layer weights (qual/runtime/models/layers.py StackedLayers) in
+place, plus one copy of its own: the down projections transposed, so that a program's slice of them is
+contiguous. Steps with more than one token (prefill, a drafter's verify block, batches) keep the
+per-layer path, as the backend's capture record says.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
 
 from qual.errors import QualError
-from qual.runtime.kernels.decode_layers import StackedWeights, Tiling, decode_layers
-
-
-def _stack(layers, path: str, transpose: bool = False) -> torch.Tensor:
-    """Stack one weight (path: attribute path in a layer, e.g. "attn.qkv") over the layers, then rebind each
-    layer's attribute to its view of the stack, so the per-layer path reads the same memory."""
-    *owner, name = path.split(".")
-    holders = [functools.reduce(getattr, owner, layer) for layer in layers]
-    stacked = torch.stack([(getattr(h, name).t() if transpose else getattr(h, name)).contiguous() for h in holders])
-    for h, view in zip(holders, stacked):
-        setattr(h, name, view.t() if transpose else view)
-    return stacked
+from qual.runtime.backends.decode_layers import StackedWeights, Tiling, decode_layers
 
 
 class FusedDecode:
@@ -33,7 +21,7 @@ class FusedDecode:
     def __init__(self, target, programs: int | None = None, sync: bool = True):
         """programs: one per SM by default (all must be resident at once); sync=False launches phase by
         phase (Triton's interpreter on the CPU, where programs run one after another)."""
-        t, layers = target, target.layers
+        t, stack = target, target.stacked
         lay, cfg = t.layout, t.cfg
         self.programs = programs or torch.cuda.get_device_properties(t.comm.device).multi_processor_count
         self.tiling = Tiling.for_shape(self.programs, cfg.hidden_size, cfg.intermediate_size,
@@ -43,9 +31,8 @@ class FusedDecode:
             raise QualError(f"fused_decode: {problem or f'{self.programs} SMs < {lay.num_kv_heads} KV heads'}")
         self.target, self.sync = t, sync
         self.weights = StackedWeights(
-            ln1=_stack(layers, "input_norm"), ln2=_stack(layers, "post_norm"), qkv=_stack(layers, "attn.qkv"),
-            q_norm=_stack(layers, "attn.q_norm"), k_norm=_stack(layers, "attn.k_norm"), o=_stack(layers, "attn.o"),
-            gate_up=_stack(layers, "mlp.gate_up"), down_t=_stack(layers, "mlp.down", transpose=True),
+            ln1=stack.input_norm, ln2=stack.post_norm, qkv=stack.qkv, q_norm=stack.q_norm, k_norm=stack.k_norm,
+            o=stack.o, gate_up=stack.gate_up, down_t=stack.down.transpose(1, 2).contiguous(),
             num_heads=t.layout.num_heads, num_kv_heads=t.layout.num_kv_heads, head_dim=t.layout.head_dim)
         self.flags = None  # the last launch's [barrier arrivals, timeouts so far]
         self.timeouts = torch.zeros(1, dtype=torch.int32, device=t.comm.device)  # sticky across steps and graph replays
@@ -53,11 +40,11 @@ class FusedDecode:
     def applies(self, tokens: torch.Tensor, meta) -> bool:
         return tokens.numel() == 1 and meta.dense and not self.target.aux_layer_ids
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, meta, store) -> torch.Tensor:
-        """Residual stream after the last layer, float32 [1, hidden]."""
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, view, store) -> torch.Tensor:
+        """Residual stream after the last layer, float32 [1, hidden] (view: the target group's AttentionView)."""
         t = self.target
         out, self.flags = decode_layers(
-            F.embedding(tokens, t.embed)[0], positions, meta.write_slots, meta.keys.slots[0], meta.mask[0, 0],
+            F.embedding(tokens, t.embed)[0], positions, view.write_slots, view.keys.slots[0], view.mask[0, 0],
             self.weights, store.k_all, store.v_all, t.rope.inv_freq, t.cfg.rms_norm_eps, t.scale, self.programs,
             self.tiling, sync=self.sync, timeouts=self.timeouts)
         return out[None]

@@ -1,0 +1,72 @@
+"""Checkpoint directories: config.json and safetensors tensors, with errors that name the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from qual.errors import QualError
+
+
+def read_config(path: str | Path) -> dict:
+    """config.json of a checkpoint directory."""
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not path.is_dir():
+        raise QualError(f"checkpoint directory not found: {path}")
+    if not cfg_path.is_file():
+        raise QualError(f"checkpoint {path} has no config.json")
+    try:
+        data = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise QualError(f"{cfg_path}: malformed JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise QualError(f"{cfg_path}: expected a JSON object")
+    return data
+
+
+def field(cfg: dict, key: str, where: Path, default=...):
+    """cfg[key], or default, or a QualError naming the missing field."""
+    if key in cfg:
+        return cfg[key]
+    if default is ...:
+        raise QualError(f"{Path(where) / 'config.json'}: missing field {key!r}")
+    return default
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (single file or sharded)."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise QualError(f"checkpoint {path} has no *.safetensors files")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as exc:  # safetensors raises its own error types
+            raise QualError(f"{f}: unreadable safetensors file ({exc})") from None
+    return weights
+
+
+def require(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], where: Path | str) -> torch.Tensor:
+    """A named tensor with the expected shape, or a clear error."""
+    if name not in weights:
+        raise QualError(f"checkpoint {where}: missing tensor {name!r}")
+    t = weights[name]
+    if tuple(t.shape) != tuple(shape):
+        raise QualError(f"checkpoint {where}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return t
+
+
+def save_checkpoint(path: str | Path, config: dict, weights: dict[str, torch.Tensor]) -> Path:
+    """Write config.json + model.safetensors."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    return path

@@ -1,0 +1,133 @@
+"""The Hugging Face Qwen3 checkpoint format: config fields, weight names, and random checkpoints for tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from qual.checkpoints.io import field, read_config, save_checkpoint
+from qual.errors import QualError
+
+MODEL_TYPE = "qwen3"
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen3Config:
+    """What the runtime needs of a Qwen3 config.json (the target's, or a DFlash drafter's layers)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    eos_token_id: int | None = None
+
+    @classmethod
+    def from_json(cls, cfg: dict, where: Path, rope_default: float = 10000.0) -> "Qwen3Config":
+        heads = int(field(cfg, "num_attention_heads", where))
+        hidden = int(field(cfg, "hidden_size", where))
+        rope = cfg.get("rope_parameters") or {}
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return cls(
+            vocab_size=int(field(cfg, "vocab_size", where)),
+            hidden_size=hidden,
+            num_hidden_layers=int(field(cfg, "num_hidden_layers", where)),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(field(cfg, "intermediate_size", where)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", rope_default))),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            eos_token_id=eos,
+        )
+
+    def to_json(self) -> dict:
+        """config.json fields in the Hugging Face format (transformers and vLLM read these)."""
+        return {
+            "architectures": ["Qwen3ForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
+            "attention_bias": False, "torch_dtype": "float32",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "intermediate_size": self.intermediate_size, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.eos_token_id, "eos_token_id": self.eos_token_id,
+        }
+
+
+def read_qwen3(path: str | Path) -> Qwen3Config:
+    """A Qwen3 target's config (model_type must say qwen3)."""
+    path = Path(path)
+    cfg = read_config(path)
+    if cfg.get("model_type") != MODEL_TYPE:
+        raise QualError(f"{path / 'config.json'}: model_type must be {MODEL_TYPE!r} (got {cfg.get('model_type')!r})")
+    return Qwen3Config.from_json(cfg, path)
+
+
+def layer_weight_shapes(cfg: Qwen3Config, prefix: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor of one decoder layer, by its checkpoint name."""
+    H, D, hid, kv, inter = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, cfg.num_key_value_heads, cfg.intermediate_size
+    return {
+        f"{prefix}self_attn.q_proj.weight": (H * D, hid),
+        f"{prefix}self_attn.k_proj.weight": (kv * D, hid),
+        f"{prefix}self_attn.v_proj.weight": (kv * D, hid),
+        f"{prefix}self_attn.o_proj.weight": (hid, H * D),
+        f"{prefix}self_attn.q_norm.weight": (D,),
+        f"{prefix}self_attn.k_norm.weight": (D,),
+        f"{prefix}mlp.gate_proj.weight": (inter, hid),
+        f"{prefix}mlp.up_proj.weight": (inter, hid),
+        f"{prefix}mlp.down_proj.weight": (hid, inter),
+        f"{prefix}input_layernorm.weight": (hid,),
+        f"{prefix}post_attention_layernorm.weight": (hid,),
+    }
+
+
+def random_layer(cfg: Qwen3Config, prefix: str, g: torch.Generator, scale: float) -> dict[str, torch.Tensor]:
+    """One decoder layer of random weights: matrices N(0, scale^2), norm weights near 1."""
+    out = {}
+    for name, shape in layer_weight_shapes(cfg, prefix).items():
+        out[name] = (1.0 + 0.1 * torch.randn(shape, generator=g)) if len(shape) == 1 else torch.randn(shape, generator=g) * scale
+    return out
+
+
+def random_target_weights(cfg: Qwen3Config, seed: int = 0, scale: float = 0.15) -> dict[str, torch.Tensor]:
+    """A whole random target (untied LM head unless the config ties it)."""
+    g = torch.Generator().manual_seed(seed)
+    w = {"model.embed_tokens.weight": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g),
+         "model.norm.weight": torch.ones(cfg.hidden_size)}
+    if not cfg.tie_word_embeddings:
+        w["lm_head.weight"] = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    for i in range(cfg.num_hidden_layers):
+        w.update(random_layer(cfg, f"model.layers.{i}.", g, scale))
+    return w
+
+
+def write_qwen3(path: str | Path, cfg: Qwen3Config, weights: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                **config_overrides) -> Path:
+    """A Qwen3 checkpoint directory (weights cast to dtype when given)."""
+    if dtype is not None:
+        weights = {k: v.to(dtype) for k, v in weights.items()}
+        config_overrides.setdefault("torch_dtype", str(dtype).removeprefix("torch."))
+    return save_checkpoint(path, {**cfg.to_json(), **config_overrides}, weights)
+
+
+def write_random_qwen3(path: str | Path, cfg: Qwen3Config, seed: int = 0, scale: float = 0.15,
+                       dtype: torch.dtype | None = None) -> Path:
+    """A random Qwen3 target in the real on-disk format."""
+    return write_qwen3(path, cfg, random_target_weights(cfg, seed, scale), dtype)
+
+
+__all__ = ["MODEL_TYPE", "Qwen3Config", "read_qwen3", "layer_weight_shapes", "random_layer", "random_target_weights",
+           "write_qwen3", "write_random_qwen3", "replace"]

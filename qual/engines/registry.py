@@ -1,0 +1,27 @@
+"""Engines by name: the one place that knows which engines exist (adding one is a module plus a line here)."""
+
+from __future__ import annotations
+
+import importlib
+
+from qual.engines.base import Engine
+from qual.errors import QualError
+
+# name -> "module:Class"; imported on first use (the vLLM adapter and the runtime are not loaded for nothing).
+ENGINES = {
+    "reference": "qual.engines.reference:ReferenceEngine",
+    "vllm": "qual.engines.vllm.engine:VllmEngine",
+}
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The Engine subclass registered under name (QualError naming the known ones)."""
+    if name not in ENGINES:
+        raise QualError(f"--engine must be one of {', '.join(ENGINES)} (got {name!r})")
+    module, cls = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def get_engine(name: str) -> Engine:
+    """A fresh engine instance."""
+    return engine_class(name)()

@@ -1,1 +1,0 @@
-"""Hand-written GPU kernels (Triton), each optional: the runtime falls back to PyTorch without them."""

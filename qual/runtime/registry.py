@@ -1,0 +1,62 @@
+"""Models by checkpoint: targets by config.json `model_type`, drafters by `architectures`.
+
+Adding an architecture is one module implementing qual/runtime/models/base.py plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from qual.checkpoints.io import read_config
+from qual.errors import QualError
+
+TARGETS = {
+    "qwen3": "qual.runtime.models.qwen3:Qwen3Target",
+}
+DRAFTERS = {
+    "DFlashDraftModel": "qual.runtime.models.dflash:DFlashDrafter",
+}
+
+
+def _load(ref: str):
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A checkpoint's validated config and the class that runs it: read once on the driver, passed to every rank."""
+
+    path: str
+    config: Any
+    ref: str  # "module:Class" from the registry
+
+    @cached_property
+    def model_class(self):
+        return _load(self.ref)
+
+
+def target_spec(path: str | Path) -> ModelSpec:
+    """The target checkpoint at path (its model_type picks the class)."""
+    raw = read_config(path)
+    model_type = raw.get("model_type")
+    if model_type not in TARGETS:
+        raise QualError(f"{Path(path) / 'config.json'}: model_type {model_type!r} is not a supported target "
+                        f"(supported: {', '.join(TARGETS)})")
+    ref = TARGETS[model_type]
+    return ModelSpec(str(path), _load(ref).parse_config(raw, Path(path)), ref)
+
+
+def draft_spec(path: str | Path) -> ModelSpec:
+    """The drafter checkpoint at path (its architectures pick the class)."""
+    raw = read_config(path)
+    archs = [a for a in raw.get("architectures") or [] if a in DRAFTERS]
+    if not archs:
+        raise QualError(f"{Path(path) / 'config.json'}: architectures {raw.get('architectures')!r} name no supported "
+                        f"drafter (supported: {', '.join(DRAFTERS)})")
+    ref = DRAFTERS[archs[0]]
+    return ModelSpec(str(path), _load(ref).parse_config(raw, Path(path)), ref)

@@ -1,0 +1,69 @@
+"""Strict parsing of user-written config sections (pydantic) into one-line errors that name the file and key."""
+
+from __future__ import annotations
+
+import reprlib
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from qual.errors import QualError
+
+M = TypeVar("M", bound=BaseModel)
+
+# No coercion ("4" is not 4), no unknown keys, no NaN or infinity, immutable once parsed.
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+_SHOWN = 80  # characters of a bad value echoed back (a YAML alias bomb must not be printed whole)
+MAX_CONFIG_BYTES = 1 << 20  # profiles and gate files are small; anything larger is refused before parsing
+
+
+class Section(BaseModel):
+    """Base of every config section: strict as above."""
+
+    model_config = STRICT
+
+
+_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 3, 4, 4, 4
+_REPR.maxstring = _REPR.maxother = _SHOWN
+
+
+def shown(value) -> str:
+    """A bounded repr of a user's value for an error message (never expands a YAML alias bomb)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def describe_error(exc: ValidationError, prefix: str = "") -> str:
+    """The first problem of a pydantic error as 'key: what is wrong (got value)'."""
+    err = exc.errors(include_url=False)[0]
+    key = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(err["loc"]))
+    if err["type"] == "extra_forbidden":
+        return f"{key}: unknown key"
+    if err["type"] == "missing":
+        return f"{key}: missing"
+    return f"{key}: {err['msg'][0].lower() + err['msg'][1:]} (got {shown(err.get('input'))})"
+
+
+def read_config_text(path: Path) -> str:
+    """A config file's text, refused (QualError) if larger than MAX_CONFIG_BYTES; OSError passes through."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise QualError(f"{path}: {size} bytes is larger than a config file may be ({MAX_CONFIG_BYTES})")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise QualError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def parse_section(model: type[M], data, where: str, prefix: str = "") -> M:
+    """data validated as `model`; a QualError '<where>: <key>: <problem>' otherwise."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise QualError(f"{where}: {prefix or 'the file'} must be a mapping (got {shown(data)})")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise QualError(f"{where}: {describe_error(exc, prefix)}") from None
