@@ -114,3 +114,14 @@ class ArmRunInfo:
 
 
 OnResult = Callable[[RequestResult], None]
+
+
+@dataclass
+class DoctorCheck:
+    """One line of `qual doctor`: a verdict (yes/no/unknown) with what it rests on."""
+
+    name: str
+    verdict: str
+    detail: str
+    evidence: list[str] = field(default_factory=list)
+    install: str | None = None  # which install the check is about (the label of its engine's first line)

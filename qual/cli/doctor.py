@@ -5,117 +5,43 @@ from __future__ import annotations
 import json
 import platform
 import sys
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 
 import typer
 
 from qual.cli.main import app
-from qual.engines.vllm.install import (DEFAULT_VENV, PATCH_DIR, REPO_ROOT, UNPATCHED_VENV, Evidence, QualPatch,
-                                       VllmInstall, current_interpreter, from_python, qual_patches)
-from qual.engines.vllm.argv import PER_REQUEST_FLAG
+from qual.engines.registry import ENGINES, engine_class
+from qual.records import DoctorCheck
 
 MARK = {"yes": "✓", "no": "✗", "unknown": "?"}
 
 
-@dataclass
-class Check:
-    """One line of the doctor's report: a verdict (yes/no/unknown) with what it rests on."""
-
-    name: str
-    verdict: str
-    detail: str
-    evidence: list[str] = field(default_factory=list)
-    install: str | None = None  # which vLLM install the check is about (the label of its "vLLM (...)" line)
-
-
-def _python() -> Check:
+def _python() -> DoctorCheck:
     ok = sys.version_info >= (3, 11)
-    return Check("Python", "yes" if ok else "no", f"{platform.python_version()} ({sys.executable})"
+    return DoctorCheck("Python", "yes" if ok else "no", f"{platform.python_version()} ({sys.executable})"
                  + ("" if ok else "; qual needs >= 3.11"))
 
 
-def _torch() -> list[Check]:
+def _torch() -> list[DoctorCheck]:
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - any import failure means "no usable torch"
-        return [Check("torch", "no", f"not importable: {exc}")]
-    checks = [Check("torch", "yes", torch.__version__)]
+        return [DoctorCheck("torch", "no", f"not importable: {exc}")]
+    checks = [DoctorCheck("torch", "yes", torch.__version__)]
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        checks.append(Check("GPUs", "yes", f"{len(names)} CUDA device(s), CUDA {torch.version.cuda}", names))
+        checks.append(DoctorCheck("GPUs", "yes", f"{len(names)} CUDA device(s), CUDA {torch.version.cuda}", names))
     else:
-        checks.append(Check("GPUs", "no", "no CUDA device: vLLM DCP>1 and CUDA graphs need GPUs; "
+        checks.append(DoctorCheck("GPUs", "no", "no CUDA device: vLLM DCP>1 and CUDA graphs need GPUs; "
                                            "the embedded runtime and vLLM DCP1 run on CPU"))
     return checks
 
 
-def _install_checks(label: str, install: VllmInstall, patches: list[QualPatch]) -> list[Check]:
-    checks = [Check(f"vLLM ({label})", "yes", f"{install.dist_name or 'vllm'} {install.version or '?'} at {install.package_dir}")]
-    launcher = install.launcher()
-    note = ("`vllm serve`" if install.model_is_positional else
-            f"`python {' '.join(launcher[1:])}` (the `vllm` script of {install.dist_name} looks up the distribution "
-            "'vllm' and fails)")
-    checks.append(Check(f"  server launcher", "yes", note))
-    flag = install.has_flag(PER_REQUEST_FLAG)
-    checks.append(Check(f"  per-request spec-decode metrics", "yes" if flag else "no",
-                        f"{PER_REQUEST_FLAG} {'present' if flag else 'absent: acceptance per request comes from /metrics diffs'}",
-                        install.grep("engine/arg_utils.py", f'"{PER_REQUEST_FLAG}"')))
-    dflash = install.dflash()
-    checks.append(Check("  DFlash method", dflash.verdict, {"yes": "speculative method 'dflash' and DFlash draft models present",
-                                                           "no": "no DFlash support in this build",
-                                                           "unknown": "could not tell"}[dflash.verdict], dflash.evidence))
-    kv = install.replicated_draft_kv()
-    detail = {
-        "yes": "draft KV stays unsharded (DCP1 geometry) while target KV is DCP-sharded",
-        "no": "draft KV would follow the target's DCP sharding (the sharded draft-KV acceptance bug, docs/dflash.md)",
-        "unknown": "mechanism only partly present",
-    }[kv.verdict]
-    if kv.verdict == "yes" and any("Model Runner V1" in line for line in kv.evidence):
-        detail += " — in Model Runner V2 only; the V1 runner has no such override"
-    checks.append(Check("  replicated draft KV under DCP", kv.verdict, detail, kv.evidence))
-    if dflash.verdict == "yes":
-        norm = install.dflash_context_k_norm(patches)
-        checks.append(Check("  DFlash context-key norm per layer", norm.verdict, _context_k_norm_detail(label, norm),
-                            norm.evidence))
-    return checks
-
-
-def _context_k_norm_detail(label: str, norm: Evidence) -> str:
-    if norm.verdict == "yes":
-        if norm.applied:
-            return f"yes (qual patch {', '.join(p.label for p in norm.applied)} applied): each draft layer's " \
-                   "context keys get their own k_norm"
-        return "yes: each draft layer's context keys get their own k_norm (no qual patch needed)"
-    if norm.verdict == "no":
-        remedy = ("kept as released by `make vllm-venv`, to measure against" if label == UNPATCHED_VENV else
-                  f"`make vllm-venv` patches {DEFAULT_VENV}")
-        return ("no: the k_norm CPU bug (every draft layer's context keys get layer 0's k_norm): DFlash acceptance is "
-                f"lower than the drafter's own (toy pair: 31.25% vs 37.33%); {remedy}")
-    return "could not tell"
-
-
-def collect_checks(repo_root: Path = REPO_ROOT) -> list[Check]:
-    """Every check, in report order, for each vLLM install found (.venv-vllm, .venv-vllm-unpatched, this
-    interpreter's). vLLM is inspected on disk (no import here); the DFlash context-key norm is run in each
-    install's own interpreter, since a file cannot tell how a kernel computes (seconds per install)."""
+def collect_checks() -> list[DoctorCheck]:
+    """Every check, in report order: this Python and torch, then what each engine says about itself."""
     checks = [_python(), *_torch()]
-    found = []
-    here = current_interpreter()
-    if here is not None:
-        found.append(("this interpreter", here))
-    for name in (DEFAULT_VENV, UNPATCHED_VENV):
-        venv_python = repo_root / name / "bin" / "python"
-        venv = from_python(venv_python) if venv_python.exists() else None
-        if venv is not None and (here is None or venv.package_dir != here.package_dir):
-            found.append((name, venv))
-    if not found:
-        checks.append(Check("vLLM", "no", f"not installed here nor in {DEFAULT_VENV}: run `make vllm-venv`"))
-    patches = qual_patches(repo_root / PATCH_DIR.name)
-    for label, install in found:
-        for check in _install_checks(label, install, patches):
-            check.install = label
-            checks.append(check)
+    for name in ENGINES:
+        checks += engine_class(name).doctor()
     return checks
 
 

@@ -109,6 +109,12 @@ class VllmEngine(Engine):
     def describe(self, arm: ArmConfig) -> str:
         return dry_run_command(arm, self.run_dir or ".")
 
+    @classmethod
+    def doctor(cls) -> list:
+        from qual.engines.vllm.doctor import vllm_checks
+
+        return vllm_checks()
+
     # -- what the orchestration asks before running -------------------------------------------
 
     def install(self, options: VllmOptions | None = None) -> VllmInstall | None:
