@@ -159,10 +159,15 @@ def selection_mask(token_ids: torch.Tensor, key_pos: torch.Tensor, length: int) 
 
 
 def select_tokens(w: IndexerWeights, q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
-                  q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Single-rank selection over all of a request's pools [P, Di] for queries at q_pos [N]:
-    (token positions [N, W], selected pool ids [N, select_pools])."""
+    (token positions [N, W], selected pool ids [N, select_pools], margin [N]). The margin is the score gap
+    between the last selected and the best dropped pool (inf when none is dropped): at 0 the tie-break decides."""
     ids = torch.arange(pooled.shape[0], device=pooled.device)
     scores = pool_scores(q, head_weights, pooled)
-    _, top = local_topk(scores, ids, selectable_pools(q_pos, ids, w.kpool), w.select_pools)
-    return expand_pools(top, q_pos, w.kpool, w.select_tail), top
+    k = w.select_pools
+    top_s, top = local_topk(scores, ids, selectable_pools(q_pos, ids, w.kpool), k + 1)
+    dropped = top_s[:, k]
+    margin = torch.where(dropped > float("-inf"), (top_s[:, k - 1] if k else dropped) - dropped,
+                         torch.full_like(dropped, float("inf")))
+    return expand_pools(top[:, :k], q_pos, w.kpool, w.select_tail), top[:, :k], margin

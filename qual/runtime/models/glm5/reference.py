@@ -46,6 +46,7 @@ class StepOutput:
     hidden: torch.Tensor  # [R, Q, hidden]: final norm of the stream mean
     aux: torch.Tensor | None  # [R, Q, len(aux_layer_ids) * hidden]: stream means after those layers
     attended: dict[int, list[torch.Tensor]]  # full indexer layer -> per request [Q, S] keys attended
+    select_margin: float  # smallest score gap at a selection boundary (inf: nothing dropped); 0 = a tie decided
 
 
 @dataclass
@@ -114,14 +115,17 @@ class Glm5Reference:
         R, Q = tokens.shape
         x = F.embedding(tokens.reshape(-1), w0.embed)  # [N = R*Q, hidden]
         streams = hc_expand(x, cfg.hc_mult)  # [N, n, hidden]
-        aux, attended, pending, selection = [], {}, {}, None
+        aux, attended, pending, selection, margin = [], {}, {}, None, float("inf")
         for i, lw in enumerate(w0.layers):
             post, comb, h = hc_pre(lw.attn_hc, streams)
             h = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
             if lw.kda is not None:
                 out = self._kda(i, h.view(R, Q, -1), reqs, prefill, pending)
             else:
-                out, selection = self._mla(i, h, reqs, Q, selection, attended)
+                if lw.indexer is not None:  # a full layer selects; the shared ones after it reuse the selection
+                    selection, m = self._select(i, h, reqs, Q)
+                    attended[i], margin = selection, min(margin, m)
+                out = self._mla(i, h, reqs, Q, selection)
             streams = hc_post(out, streams, post, comb)
             post, comb, h = hc_pre(lw.ffn_hc, streams)
             h = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
@@ -135,39 +139,34 @@ class Glm5Reference:
         hidden = rms_norm(hc_head(streams), w0.norm, cfg.rms_norm_eps)
         logits = None if w0.lm_head is None else F.linear(hidden, w0.lm_head).view(R, Q, -1)
         feats = torch.cat([aux[self.aux_layer_ids.index(i)] for i in self.aux_layer_ids], -1).view(R, Q, -1) if aux else None
-        return StepOutput(logits, hidden.view(R, Q, -1), feats, attended), Pending(pending, Q)
+        return StepOutput(logits, hidden.view(R, Q, -1), feats, attended, margin), Pending(pending, Q)
 
     def _kda(self, i: int, h: torch.Tensor, reqs, prefill: bool, pending: dict) -> torch.Tensor:
         """KDA layer i over h [R, Q, hidden]: the sum of the shards' partial outputs, flat [N, hidden]."""
         out, per_shard = 0, []
         for s, shard in enumerate(self.shards):
             w = shard.layers[i].kda
-            states = [req.kda.get(i, [kda_zero_state(w, 1, h.dtype)] * len(self.shards))[s] for req in reqs]
+            states = [req.kda[i][s] if i in req.kda else kda_zero_state(w, 1, h.dtype) for req in reqs]
             state = KdaState(torch.cat([st.conv for st in states]), torch.cat([st.recurrent for st in states]))
-            if prefill:
-                o, new = kda_prefill(w, h, state, self.kda_chunk)
-                for r, req in enumerate(reqs):
-                    req.kda.setdefault(i, [None] * len(self.shards))[s] = KdaState(new.conv[r:r + 1], new.recurrent[r:r + 1])
-            else:
-                o, new = kda_verify(w, h, state)
-                per_shard.append(new)
+            o, new = (kda_prefill(w, h, state, self.kda_chunk) if prefill else kda_verify(w, h, state))
+            per_shard.append(new)
             out = out + o.reshape(-1, o.shape[-1])
         if not prefill:
             pending[i] = per_shard
+            return out
+        for r, req in enumerate(reqs):
+            req.kda[i] = [KdaState(st.conv[r:r + 1], st.recurrent[r:r + 1]) for st in per_shard]
         return out
 
-    def _mla(self, i: int, h: torch.Tensor, reqs, Q: int, selection, attended: dict):
-        """MLA layer i over flat h [N, hidden]; returns the summed partials and the (possibly new) selection."""
-        lw = self.shards[0].layers[i]
-        q_resid = mla_q_resid(lw.mla, h)  # replicated
-        new_latent = mla_latent(lw.mla, h).view(len(reqs), Q, -1)
-        starts = [req.length for req in reqs]
+    def _mla(self, i: int, h: torch.Tensor, reqs, Q: int, selection: list[torch.Tensor]) -> torch.Tensor:
+        """MLA layer i over flat h [N, hidden] attending the selected keys [Q, S] of each request; the summed
+        partials [N, hidden]."""
+        m0 = self.shards[0].layers[i].mla
+        q_resid = mla_q_resid(m0, h)  # replicated
+        new_latent = mla_latent(m0, h).view(len(reqs), Q, -1)
         for r, req in enumerate(reqs):
             old = req.latent.get(i, new_latent.new_zeros(0, new_latent.shape[-1]))
-            req.latent[i] = torch.cat([old[: starts[r]], new_latent[r]])
-        if lw.indexer is not None:  # a full layer selects; the shared ones after it reuse the selection
-            selection = self._select(i, h, q_resid, reqs, starts, Q)
-            attended[i] = selection
+            req.latent[i] = torch.cat([old[: req.length], new_latent[r]])
         S = max(req.latent[i].shape[0] for req in reqs)
         latents = torch.stack([F.pad(req.latent[i], (0, 0, 0, S - req.latent[i].shape[0])) for req in reqs])
         mask = torch.stack([F.pad(m, (0, S - m.shape[1])) for m in selection])  # [R, Q, S]
@@ -177,20 +176,22 @@ class Glm5Reference:
             q_lat = mla_absorbed_query(w, q_resid).view(len(reqs), Q, w.num_heads, -1)
             o_lat, _ = latent_attention(q_lat, latents, mask, w.scale)
             out = out + mla_output(w, o_lat.reshape(-1, w.num_heads, o_lat.shape[-1]), h.dtype)
-        return out, selection
+        return out
 
-    def _select(self, i: int, h, q_resid, reqs, starts, Q: int) -> list[torch.Tensor]:
-        """Full indexer of layer i: append the new index keys, then each query's attended keys [Q, S]."""
-        w = self.shards[0].layers[i].indexer
-        q, head_w = index_query(w, h, q_resid)
+    def _select(self, i: int, h, reqs, Q: int) -> tuple[list[torch.Tensor], float]:
+        """Full indexer of layer i: append the new index keys; each request's attended keys [Q, S] and the
+        smallest selection margin."""
+        lw = self.shards[0].layers[i]
+        w = lw.indexer
+        q, head_w = index_query(w, h, mla_q_resid(lw.mla, h))
         k, gate = index_key(w, h)
-        masks = []
+        masks, margin = [], float("inf")
         for r, req in enumerate(reqs):
-            rows = slice(r * Q, (r + 1) * Q)
+            rows, start = slice(r * Q, (r + 1) * Q), req.length
             cache = req.index[i] if i in req.index else new_index_cache(w, self.ring, k.dtype)
-            cache = req.index[i] = append_index_keys(cache, starts[r], k[rows], gate[rows], w.compress_ape)
-            S = starts[r] + Q
-            q_pos = torch.arange(starts[r], S)
-            tokens, _ = select_tokens(w, q[rows], head_w[rows], cache.pooled[: S // w.kpool], q_pos)
+            cache = req.index[i] = append_index_keys(cache, start, k[rows], gate[rows], w.compress_ape)
+            S = start + Q
+            tokens, _, m = select_tokens(w, q[rows], head_w[rows], cache.pooled[: S // w.kpool], torch.arange(start, S))
             masks.append(selection_mask(tokens, torch.arange(S), S))
-        return masks
+            margin = min(margin, m.min().item())
+        return masks, margin
