@@ -4,7 +4,6 @@ import json
 import re
 
 import pytest
-import torch  # noqa: F401  (transformers' configs import it)
 
 from glm5_checkpoints import TINY_VISION, tiny_text
 

@@ -123,5 +123,8 @@ def test_selection_is_causal_and_sized_by_topk():
         assert (p + 1) % kpool == 0 or (t == p).any()  # a query always sees itself through its tail
         assert margin[p] == float("inf") or complete > 3
     assert (margin[q_pos >= 15] < float("inf")).all() and (margin[q_pos >= 15] > 0).all()
+    # before the first complete pool only the tail is attended
+    early, none, _ = select_tokens(w, q[:3], head_w[:3], torch.zeros(0, Di, dtype=F64), q_pos[:3])
+    assert none.eq(-1).all() and [sorted(t[t >= 0].tolist()) for t in early] == [[0], [0, 1], [0, 1, 2]]
     ring = new_index_cache(w, tail_ring_size(kpool, 2), F64)
     assert ring.ring_k.shape == (8, Di) and ring.pooled.shape == (0, Di)

@@ -158,7 +158,8 @@ def parse_glm5_config(raw: dict, where: str) -> Glm5Config:
         if not isinstance(text, dict):
             raise QualError(f"{where}: text_config must be an object")
         if text.get("model_type", "glm5_next_text") != "glm5_next_text":
-            raise QualError(f"{where}: text_config.model_type must be 'glm5_next_text' (got {text.get('model_type')!r})")
+            raise QualError(f"{where}: text_config.model_type must be 'glm5_next_text' "
+                            f"(got {text.get('model_type')!r})")
         return _parse_text(text, where + " text_config", vision, tie)
     # Flat text-only form: the text fields sit at the top level next to the multimodal ones.
     flat = {k: v for k, v in raw.items() if k not in _TOP_LEVEL or k in ("model_type", "tie_word_embeddings")}
@@ -189,7 +190,8 @@ def _schedule(text: dict, n: int) -> tuple[list, list, list]:
     if idx is None:
         pattern = text.get("index_topk_pattern")
         if pattern is not None:
-            idx = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) else list(pattern)
+            letters = {"F": "full", "S": "shared"}
+            idx = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else list(pattern)
         else:
             freq = max(int(text.get("index_topk_freq", 1)), 1)
             offset = int(text.get("index_skip_topk_offset", 2))
@@ -241,7 +243,8 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
     kv_heads = text.get("num_key_value_heads")
     kv_heads = heads if kv_heads is None else int(kv_heads)
     if kv_heads != heads:
-        raise QualError(f"{where}: constraint num_attention_heads == num_key_value_heads violated ({heads} != {kv_heads})")
+        raise QualError(f"{where}: constraint num_attention_heads == num_key_value_heads violated "
+                        f"({heads} != {kv_heads})")
     kpool, topk = int(get("index_kpool")), int(get("index_topk"))
     if kpool < 1:
         raise QualError(f"{where}: index_kpool must be >= 1 (got {kpool})")
@@ -253,7 +256,8 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
         raise QualError(f"{where}: index_kpool_always_select_tail=false is not implemented (with index_kpool > 1)")
 
     layers, mlp, idx = _schedule(text, n)
-    for key, values, allowed in (("layer_types", layers, (LINEAR, INDEXED)), ("mlp_layer_types", mlp, ("dense", "sparse")),
+    for key, values, allowed in (("layer_types", layers, (LINEAR, INDEXED)),
+                                 ("mlp_layer_types", mlp, ("dense", "sparse")),
                                  ("indexer_types", idx, ("full", "shared"))):
         if len(values) != n:
             raise QualError(f"{where}: {key} has {len(values)} entries for num_hidden_layers={n}")

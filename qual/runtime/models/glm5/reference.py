@@ -44,7 +44,7 @@ class RequestState:
 class StepOutput:
     logits: torch.Tensor | None  # [R, Q, vocab]; None without an lm_head
     hidden: torch.Tensor  # [R, Q, hidden]: final norm of the stream mean
-    aux: torch.Tensor | None  # [R, Q, len(aux_layer_ids) * hidden]: stream means after those layers
+    aux: torch.Tensor | None  # [R, Q, len(aux_layer_ids) * hidden]: stream means after those layers, in that order
     attended: dict[int, list[torch.Tensor]]  # full indexer layer -> per request [Q, S] keys attended
     select_margin: float  # smallest score gap at a selection boundary (inf: nothing dropped); 0 = a tie decided
 
@@ -115,7 +115,7 @@ class Glm5Reference:
         R, Q = tokens.shape
         x = F.embedding(tokens.reshape(-1), w0.embed)  # [N = R*Q, hidden]
         streams = hc_expand(x, cfg.hc_mult)  # [N, n, hidden]
-        aux, attended, pending, selection, margin = [], {}, {}, None, float("inf")
+        aux, attended, pending, selection, margin = {}, {}, {}, None, float("inf")
         for i, lw in enumerate(w0.layers):
             post, comb, h = hc_pre(lw.attn_hc, streams)
             h = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
@@ -135,10 +135,10 @@ class Glm5Reference:
                 out = sum(mlp(s.layers[i].mlp, h, cfg.swiglu_limit) for s in self.shards)
             streams = hc_post(out, streams, post, comb)
             if i in self.aux_layer_ids:
-                aux.append(hc_head(streams))
+                aux[i] = hc_head(streams)
         hidden = rms_norm(hc_head(streams), w0.norm, cfg.rms_norm_eps)
         logits = None if w0.lm_head is None else F.linear(hidden, w0.lm_head).view(R, Q, -1)
-        feats = torch.cat([aux[self.aux_layer_ids.index(i)] for i in self.aux_layer_ids], -1).view(R, Q, -1) if aux else None
+        feats = torch.cat([aux[i] for i in self.aux_layer_ids], -1).view(R, Q, -1) if aux else None
         return StepOutput(logits, hidden.view(R, Q, -1), feats, attended, margin), Pending(pending, Q)
 
     def _kda(self, i: int, h: torch.Tensor, reqs, prefill: bool, pending: dict) -> torch.Tensor:

@@ -129,8 +129,8 @@ def _layer(ctx, p: str, i: int) -> LayerWeights:
 
     def hc(which: str) -> HcWeights:
         mix = (2 + n) * n
-        return HcWeights(cast(rd.get(f"{p}hc_{which}_fn", (mix, n * hid)), acc),
-                         cast(rd.get(f"{p}hc_{which}_base", (mix,)), acc), cast(rd.get(f"{p}hc_{which}_scale", (3,)), acc),
+        get = lambda part, shape: cast(rd.get(f"{p}hc_{which}_{part}", shape), acc)  # noqa: E731
+        return HcWeights(get("fn", (mix, n * hid)), get("base", (mix,)), get("scale", (3,)),
                          cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
 
     lw = LayerWeights(cfg.layer_types[i], hc("attn"), hc("ffn"), cast(rd.get(p + "input_layernorm.weight", (hid,))),
@@ -216,7 +216,8 @@ def _moe(ctx, p: str) -> MoeWeights:
         shared = _mlp(ctx, p + "shared_experts.", cfg.moe_intermediate_size * cfg.n_shared_experts,
                       "moe_intermediate_size * n_shared_experts")
     return MoeWeights(
-        router=cast(rd.get(p + "gate.weight", (E, hid)), acc), bias=cast(rd.get(p + "gate.e_score_correction_bias", (E,)), acc),
+        router=cast(rd.get(p + "gate.weight", (E, hid)), acc),
+        bias=cast(rd.get(p + "gate.e_score_correction_bias", (E,)), acc),
         gate=torch.stack([e.gate for e in experts]), up=torch.stack([e.up for e in experts]),
         down=torch.stack([e.down for e in experts]), shared=shared, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
         topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob, routed_scaling_factor=cfg.routed_scaling_factor,
