@@ -59,6 +59,6 @@ def hc_expand(x: torch.Tensor, n: int) -> torch.Tensor:
     return x[:, None, :].expand(-1, n, -1).contiguous()
 
 
-def hc_head(streams: torch.Tensor) -> torch.Tensor:
+def hc_contract(streams: torch.Tensor) -> torch.Tensor:
     """Final collapse (and the drafter's aux hidden state): the unweighted mean of the streams, [T, hidden]."""
     return streams.mean(1)

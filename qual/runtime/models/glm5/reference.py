@@ -23,7 +23,7 @@ from qual.errors import QualError
 from qual.runtime.models.glm5.dsa import (append_index_keys, index_key, index_query, new_index_cache, select_tokens,
                                           selection_mask, tail_ring_size)
 from qual.runtime.models.glm5.kda import KdaState, kda_prefill, kda_state_at, kda_verify, kda_zero_state
-from qual.runtime.models.glm5.mhc import hc_expand, hc_head, hc_post, hc_pre
+from qual.runtime.models.glm5.mhc import hc_contract, hc_expand, hc_post, hc_pre
 from qual.runtime.models.glm5.mla import latent_attention, mla_absorbed_query, mla_latent, mla_output, mla_q_resid
 from qual.runtime.models.glm5.moe import mlp, moe
 from qual.runtime.models.glm5.weights import Glm5Weights, load_glm5_weights
@@ -73,9 +73,11 @@ class Glm5Reference:
 
     @classmethod
     def load(cls, path: str | Path, tp_size: int = 1, dtype: torch.dtype = torch.float32, **kw) -> "Glm5Reference":
+        """All tp_size shards of a checkpoint (the TP simulation when tp_size > 1)."""
         return cls([load_glm5_weights(path, r, tp_size, dtype) for r in range(tp_size)], **kw)
 
     def new_request(self) -> RequestState:
+        """Empty caches for a new request."""
         return RequestState()
 
     def prefill(self, req: RequestState, tokens: torch.Tensor) -> StepOutput:
@@ -135,8 +137,8 @@ class Glm5Reference:
                 out = sum(mlp(s.layers[i].mlp, h, cfg.swiglu_limit) for s in self.shards)
             streams = hc_post(out, streams, post, comb)
             if i in self.aux_layer_ids:
-                aux[i] = hc_head(streams)
-        hidden = rms_norm(hc_head(streams), w0.norm, cfg.rms_norm_eps)
+                aux[i] = hc_contract(streams)
+        hidden = rms_norm(hc_contract(streams), w0.norm, cfg.rms_norm_eps)
         logits = None if w0.lm_head is None else F.linear(hidden, w0.lm_head).view(R, Q, -1)
         feats = torch.cat([aux[i] for i in self.aux_layer_ids], -1).view(R, Q, -1) if aux else None
         return StepOutput(logits, hidden.view(R, Q, -1), feats, attended, margin), Pending(pending, Q)
