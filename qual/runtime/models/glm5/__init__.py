@@ -1,0 +1,5 @@
+"""GLM-5.3-Flash (transformers glm5_next): the exact math of its text stack as pure functions over explicit state.
+
+config (Glm5Config), weights (safetensors -> one TP rank's shard), kda, mla, dsa + topk (indexer, pooled keys,
+DCP-exact selection), moe, mhc, and reference (an unpaged whole-stack forward the paged runtime is tested against).
+"""

@@ -1,0 +1,309 @@
+"""GLM-5.3-Flash text-stack configuration parsed from a checkpoint's config.json (transformers' defaults)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from qual.errors import QualError
+
+LINEAR, INDEXED = "linear_attention", "indexed_attention"
+
+# transformers' Glm5NextTextConfig defaults, applied to keys the file leaves out.
+_DEFAULTS = {
+    "vocab_size": 154880, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 45, "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+    "n_routed_experts": 288, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 0, "v_head_dim": 256, "qk_nope_head_dim": 256, "n_group": 1, "topk_group": 1,
+    "num_experts_per_tok": 8, "norm_topk_prob": True, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "pad_token_id": 154820, "bos_token_id": None, "eos_token_id": None, "tie_word_embeddings": False,
+    "mlp_layer_types": None, "attention_bias": False, "index_topk": 2048, "index_head_dim": 128,
+    "index_n_heads": 32, "layer_types": None, "indexer_types": None, "swiglu_limit": 10.0,
+    "linear_head_dim": 128, "linear_num_heads": 64, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0,
+    "hc_mult": 4, "hc_eps": 1e-6, "hc_sinkhorn_iters": 20, "index_kpool": 16, "index_kpool_always_select_tail": True,
+    "max_position_embeddings": 1048576,
+}
+
+# Keys read by the parser (their values are validated below).
+_IMPLEMENTED = set(_DEFAULTS) | {
+    "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",  # indexer_types schedule forms
+    "linear_attn_config",  # Kimi-style dict form of the linear_* keys
+}
+
+# Keys accepted without effect on inference, each with the reason.
+_INERT = {
+    "model_type", "architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path",  # metadata
+    "initializer_range", "router_aux_loss_coef", "output_router_logits",  # training only
+    "attention_dropout",  # dropout is off at inference
+    "use_cache",  # a generate() switch
+    "head_dim",  # transformers overwrites it with qk_rope_head_dim (0 here); nothing reads it
+    "qk_head_dim",  # derived (nope + rope), recomputed here
+    "rope_theta",  # NoPE: with qk_rope_head_dim 0 nothing is rotated (rope_parameters is checked below)
+    "rope_parameters", "rope_scaling",  # accepted only in the inert "default" form, see _check_rope
+    "num_nextn_predict_layers",  # MTP layers sit past num_hidden_layers; they are not part of the text stack
+    "mla_use_nope",  # vLLM's NoPE flag; qk_rope_head_dim must be 0 anyway
+    "scoring_func", "topk_method",  # DeepSeek-style router names; only the implemented values pass
+}
+
+# Top level of a glm5_next (multimodal) config.json, besides text_config / vision_config.
+_TOP_LEVEL = {
+    "model_type", "architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path",
+    "text_config", "vision_config", "tie_word_embeddings",
+    # placeholder ids of image/video inputs: only the (skipped) vision tower reads them
+    "image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
+    "video_start_token_id", "video_end_token_id",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Glm5Config:
+    """The GLM-5.3-Flash text stack (KDA + MLA/DSA layers, MoE, MHC), every derived schedule resolved."""
+
+    source: str  # the config.json it came from (named in error messages)
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]  # "linear_attention" (KDA) | "indexed_attention" (MLA + DSA)
+    mlp_layer_types: tuple[str, ...]  # "dense" | "sparse"
+    indexer_types: tuple[str, ...]  # "full" | "shared", read for indexed layers only
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    # MLA
+    num_attention_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    # DSA indexer
+    index_topk: int
+    index_head_dim: int
+    index_n_heads: int
+    index_kpool: int
+    index_kpool_always_select_tail: bool
+    # KDA
+    linear_num_heads: int
+    linear_head_dim: int
+    linear_conv_kernel_dim: int
+    linear_lower_bound: float | None  # None: the softplus decay form
+    # MLPs
+    intermediate_size: int
+    moe_intermediate_size: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    swiglu_limit: float
+    # MHC
+    hc_mult: int
+    hc_eps: float
+    hc_sinkhorn_iters: int
+    eos_token_id: tuple[int, ...]
+    pad_token_id: int | None
+    vision_skipped: bool  # a vision tower is configured; it is not run (text only)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        return self.qk_head_dim**-0.5
+
+    @property
+    def index_select_pools(self) -> int:
+        """Pools the indexer selects per query (index_topk tokens' worth)."""
+        return self.index_topk // self.index_kpool
+
+    def full_indexer_of(self, layer: int) -> int:
+        """The indexed layer whose selection layer `layer` attends with (itself when full)."""
+        for i in range(layer, -1, -1):
+            if self.layer_types[i] == INDEXED and self.indexer_types[i] == "full":
+                return i
+        raise QualError(f"{self.source}: indexed layer {layer} is 'shared' with no full indexer layer before it")
+
+
+def load_glm5_config(path: str | Path) -> Glm5Config:
+    """Parse <checkpoint>/config.json (glm5_next_text, or glm5_next nested or flat)."""
+    path = Path(path)
+    cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.is_file():
+        raise QualError(f"checkpoint {path} has no config.json")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise QualError(f"{cfg_path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    return parse_glm5_config(raw, str(cfg_path))
+
+
+def parse_glm5_config(raw: dict, where: str) -> Glm5Config:
+    """The text stack of a config.json dict; `where` names the file in errors."""
+    kind = raw.get("model_type")
+    if kind == "glm5_next_text":
+        return _parse_text(raw, where, vision=False, tie=raw.get("tie_word_embeddings", False))
+    if kind != "glm5_next":
+        raise QualError(f"{where}: model_type must be 'glm5_next_text' or 'glm5_next' (got {kind!r})")
+    vision = raw.get("vision_config") is not None
+    # The composite model ties lm_head by its own top-level flag (transformers reads config.tie_word_embeddings).
+    tie = raw.get("tie_word_embeddings", False)
+    text = raw.get("text_config")
+    if text is not None:
+        unknown = sorted(set(raw) - _TOP_LEVEL)
+        if unknown:
+            raise QualError(f"{where}: unsupported top-level key {unknown[0]!r} (not implemented)")
+        if not isinstance(text, dict):
+            raise QualError(f"{where}: text_config must be an object")
+        if text.get("model_type", "glm5_next_text") != "glm5_next_text":
+            raise QualError(f"{where}: text_config.model_type must be 'glm5_next_text' "
+                            f"(got {text.get('model_type')!r})")
+        return _parse_text(text, where + " text_config", vision, tie)
+    # Flat text-only form: the text fields sit at the top level next to the multimodal ones.
+    flat = {k: v for k, v in raw.items() if k not in _TOP_LEVEL or k in ("model_type", "tie_word_embeddings")}
+    return _parse_text(flat, where, vision, tie)
+
+
+def _check_rope(text: dict, where: str) -> None:
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = text.get(key)
+        if rope is None:
+            continue
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
+        # Scaled RoPE (yarn) would change the softmax scale in DeepSeek-style MLA (mscale); not implemented.
+        if kind not in (None, "default"):
+            raise QualError(f"{where}: {key} of type {kind!r} is not implemented (GLM-5.3-Flash MLA is NoPE)")
+
+
+def _schedule(text: dict, n: int) -> tuple[list, list, list]:
+    """layer_types, mlp_layer_types and indexer_types with transformers' defaults and aliases."""
+    mlp = text.get("mlp_layer_types")
+    if mlp is None:
+        mlp = ["dense"] * min(3, n) + ["sparse"] * (n - 3)
+    layers = text.get("layer_types")
+    if layers is None:
+        layers = [LINEAR if i % 4 != 3 else INDEXED for i in range(n)]
+    layers = [INDEXED if t == "full_attention" else t for t in layers]
+    idx = text.get("indexer_types")
+    if idx is None:
+        pattern = text.get("index_topk_pattern")
+        if pattern is not None:
+            letters = {"F": "full", "S": "shared"}
+            idx = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else list(pattern)
+        else:
+            freq = max(int(text.get("index_topk_freq", 1)), 1)
+            offset = int(text.get("index_skip_topk_offset", 2))
+            idx = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    return list(layers), list(mlp), list(idx)
+
+
+def _linear_attn(text: dict, where: str) -> dict:
+    """The linear_* keys, with the linear_attn_config dict form applied over them."""
+    out = {k: text.get(k, _DEFAULTS[k]) for k in ("linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
+                                                  "linear_lower_bound")}
+    extra = text.get("linear_attn_config")
+    if extra is None:
+        return out
+    names = {"head_dim": "linear_head_dim", "num_heads": "linear_num_heads",
+             "short_conv_kernel_size": "linear_conv_kernel_dim", "gate_lower_bound": "linear_lower_bound"}
+    for key in extra:
+        if key not in names and key != "safe_gate":
+            raise QualError(f"{where}: unsupported key linear_attn_config.{key} (not implemented)")
+    for key, name in names.items():
+        if key in extra:
+            out[name] = extra[key]
+    if extra.get("safe_gate", True) and out["linear_lower_bound"] is None:
+        out["linear_lower_bound"] = -5.0  # transformers: a safe gate without a bound gets -5
+    return out
+
+
+def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
+    for key in text:
+        if key not in _IMPLEMENTED and key not in _INERT:
+            raise QualError(f"{where}: unsupported key {key!r} (not implemented)")
+    get = lambda k: text.get(k, _DEFAULTS[k])  # noqa: E731
+
+    def refuse_unless(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise QualError(f"{where}: {key}={text.get(key, _DEFAULTS.get(key))!r} is not implemented ({why})")
+
+    refuse_unless(get("hidden_act") == "silu", "hidden_act", "only silu")
+    refuse_unless(get("attention_bias") is False, "attention_bias", "MLA projections without bias only")
+    refuse_unless(get("qk_rope_head_dim") == 0, "qk_rope_head_dim", "the MLA/DSA layers are NoPE")
+    refuse_unless(get("q_lora_rank") is not None, "q_lora_rank", "the DSA indexer reads the q_lora residual")
+    refuse_unless(text.get("scoring_func", "sigmoid") == "sigmoid", "scoring_func", "sigmoid router only")
+    refuse_unless(text.get("topk_method", "noaux_tc") == "noaux_tc", "topk_method", "biased grouped top-k only")
+    refuse_unless(get("swiglu_limit") is not None, "swiglu_limit", "the clamped SwiGLU needs a limit")
+    _check_rope(text, where)
+
+    n = int(get("num_hidden_layers"))
+    heads = int(get("num_attention_heads"))
+    kv_heads = text.get("num_key_value_heads")
+    kv_heads = heads if kv_heads is None else int(kv_heads)
+    if kv_heads != heads:
+        raise QualError(f"{where}: constraint num_attention_heads == num_key_value_heads violated "
+                        f"({heads} != {kv_heads})")
+    kpool, topk = int(get("index_kpool")), int(get("index_topk"))
+    if kpool < 1:
+        raise QualError(f"{where}: index_kpool must be >= 1 (got {kpool})")
+    if topk % kpool:
+        raise QualError(f"{where}: constraint index_topk % index_kpool == 0 violated ({topk} % {kpool})")
+    # Without the tail, a query before its first complete pool selects nothing; transformers then attends
+    # uniformly over every key (future ones included) and vLLM refuses the setting.
+    if kpool > 1 and not get("index_kpool_always_select_tail"):
+        raise QualError(f"{where}: index_kpool_always_select_tail=false is not implemented (with index_kpool > 1)")
+
+    layers, mlp, idx = _schedule(text, n)
+    for key, values, allowed in (("layer_types", layers, (LINEAR, INDEXED)),
+                                 ("mlp_layer_types", mlp, ("dense", "sparse")),
+                                 ("indexer_types", idx, ("full", "shared"))):
+        if len(values) != n:
+            raise QualError(f"{where}: {key} has {len(values)} entries for num_hidden_layers={n}")
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise QualError(f"{where}: {key} value {bad[0]!r} is not one of {', '.join(allowed)}")
+    lin = _linear_attn(text, where)
+    if int(lin["linear_conv_kernel_dim"]) < 1:
+        raise QualError(f"{where}: linear_conv_kernel_dim must be >= 1")
+
+    experts, group, topk_group = int(get("n_routed_experts")), int(get("n_group")), int(get("topk_group"))
+    if "sparse" in mlp:
+        # transformers scores a group by its two best experts, so a group needs two of them.
+        if group < 1 or experts % group or experts // group < 2:
+            raise QualError(f"{where}: constraint n_routed_experts % n_group == 0 with >= 2 experts per group violated "
+                            f"({experts} experts, n_group={group})")
+        if not 1 <= topk_group <= group:
+            raise QualError(f"{where}: constraint 1 <= topk_group <= n_group violated ({topk_group}, {group})")
+        if not 1 <= int(get("num_experts_per_tok")) <= topk_group * (experts // group):
+            raise QualError(f"{where}: num_experts_per_tok={get('num_experts_per_tok')} exceeds the experts of "
+                            f"topk_group={topk_group} groups")
+    if int(get("hc_mult")) < 1:
+        raise QualError(f"{where}: hc_mult must be >= 1 (got {get('hc_mult')})")
+
+    eos = get("eos_token_id")
+    eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    lb = lin["linear_lower_bound"]
+    cfg = Glm5Config(
+        source=where, vocab_size=int(get("vocab_size")), hidden_size=int(get("hidden_size")), num_hidden_layers=n,
+        layer_types=tuple(layers), mlp_layer_types=tuple(mlp), indexer_types=tuple(idx),
+        rms_norm_eps=float(get("rms_norm_eps")), tie_word_embeddings=bool(tie),
+        num_attention_heads=heads, q_lora_rank=int(get("q_lora_rank")), kv_lora_rank=int(get("kv_lora_rank")),
+        qk_nope_head_dim=int(get("qk_nope_head_dim")), qk_rope_head_dim=0, v_head_dim=int(get("v_head_dim")),
+        index_topk=topk, index_head_dim=int(get("index_head_dim")), index_n_heads=int(get("index_n_heads")),
+        index_kpool=kpool, index_kpool_always_select_tail=bool(get("index_kpool_always_select_tail")),
+        linear_num_heads=int(lin["linear_num_heads"]), linear_head_dim=int(lin["linear_head_dim"]),
+        linear_conv_kernel_dim=int(lin["linear_conv_kernel_dim"]), linear_lower_bound=None if lb is None else float(lb),
+        intermediate_size=int(get("intermediate_size")), moe_intermediate_size=int(get("moe_intermediate_size")),
+        n_routed_experts=experts, n_shared_experts=int(get("n_shared_experts")),
+        num_experts_per_tok=int(get("num_experts_per_tok")), n_group=group, topk_group=topk_group,
+        norm_topk_prob=bool(get("norm_topk_prob")), routed_scaling_factor=float(get("routed_scaling_factor")),
+        swiglu_limit=float(get("swiglu_limit")), hc_mult=int(get("hc_mult")), hc_eps=float(get("hc_eps")),
+        hc_sinkhorn_iters=int(get("hc_sinkhorn_iters")), eos_token_id=eos, pad_token_id=get("pad_token_id"),
+        vision_skipped=vision,
+    )
+    for i in range(n):
+        if layers[i] == INDEXED:
+            cfg.full_indexer_of(i)  # a shared layer needs a full one before it
+    return cfg

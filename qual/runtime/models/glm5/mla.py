@@ -1,0 +1,77 @@
+"""MLA in the absorbed form: the cache holds one normalised latent per token, attention runs in latent space.
+
+The key of head h for token s is W_uk[h] c_s and its value W_uv[h] c_s, so q . k = (W_uk[h]^T q) . c_s and the
+attention output is W_uv[h] (sum_s p_s c_s). Scoring and the weighted sum both happen over the latents c (one
+shared "KV head"), which is why the latent cache is replicated on every TP rank and a DCP merge is a merge of
+latent-space partial outputs. NoPE only (qk_rope_head_dim == 0, as transformers requires).
+
+Token-wise functions take flat tokens [T, ...]; the attention takes a padded batch [R, Q, ...] of queries over
+[R, S] cached latents selected by a boolean mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from qual.runtime.attention import attention_with_lse
+from qual.runtime.models.glm5.common import acc_dtype
+from qual.runtime.models.layers import rms_norm
+
+
+@dataclass
+class MlaWeights:
+    """One MLA layer; H = num_attention_heads / tp heads on this rank, the latent path replicated."""
+
+    q_a: torch.Tensor  # [q_lora, hidden] (replicated: the indexer reads the same residual)
+    q_a_norm: torch.Tensor  # [q_lora]
+    q_b: torch.Tensor  # [H*(Dn+Dr), q_lora] column-parallel by head
+    kv_a: torch.Tensor  # [L, hidden] (replicated: one latent per token)
+    kv_a_norm: torch.Tensor  # [L]
+    w_uk: torch.Tensor  # [H, Dn, L] key up-projection (kv_b_proj rows of each head's keys)
+    w_uv: torch.Tensor  # [H, Dv, L] value up-projection
+    o_proj: torch.Tensor  # [hidden, H*Dv] row-parallel
+    eps: float
+    scale: float  # (Dn + Dr)^-0.5
+
+    @property
+    def num_heads(self) -> int:
+        return self.w_uk.shape[0]
+
+
+def mla_q_resid(w: MlaWeights, x: torch.Tensor) -> torch.Tensor:
+    """The normalised low-rank query [T, q_lora] (input of q_b and of the DSA indexer)."""
+    return rms_norm(F.linear(x, w.q_a), w.q_a_norm, w.eps)
+
+
+def mla_latent(w: MlaWeights, x: torch.Tensor) -> torch.Tensor:
+    """The per-token cache entry [T, L]: kv_a_proj_with_mqa then its RMSNorm."""
+    return rms_norm(F.linear(x, w.kv_a), w.kv_a_norm, w.eps)
+
+
+def mla_absorbed_query(w: MlaWeights, q_resid: torch.Tensor) -> torch.Tensor:
+    """Queries moved into latent space, [T, H, L]: q_lat[h] = W_uk[h]^T q_nope[h]."""
+    T, H, Dn = q_resid.shape[0], w.num_heads, w.w_uk.shape[1]
+    q = F.linear(q_resid, w.q_b).view(T, H, -1)[..., :Dn]  # [T, H, Dn] (no rope part)
+    return torch.einsum("thn,hnl->thl", q, w.w_uk)
+
+
+def latent_attention(q_lat: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor, scale: float):
+    """Attend over a subset of cached latents.
+
+    q_lat [R, Q, H, L], latents [R, S, L], mask [R, Q, S] (True = attend) ->
+    (out [R, Q, H, L] in latent space, lse [R, Q, H]); a query seeing nothing gets out 0 and lse -inf, so
+    partial results over disjoint latent subsets merge exactly with qual.runtime.attention.combine_lse.
+    Computed in at least float32.
+    """
+    acc = acc_dtype(q_lat.dtype)
+    kv = latents.to(acc).unsqueeze(2)  # [R, S, 1, L]: one latent head serves every query head
+    return attention_with_lse(q_lat.to(acc), kv, kv, mask, scale)
+
+
+def mla_output(w: MlaWeights, out_lat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Latent-space attention output [T, H, L] -> W_uv per head -> o_proj: this rank's partial [T, hidden]."""
+    v = torch.einsum("thl,hvl->thv", out_lat.to(w.w_uv.dtype), w.w_uv).to(dtype)  # [T, H, Dv]
+    return F.linear(v.reshape(v.shape[0], -1), w.o_proj)

@@ -1,0 +1,76 @@
+"""Feed-forward blocks: the clamped SwiGLU MLP and the MoE (sigmoid router, grouped top-k, shared experts).
+
+Flat tokens [T, hidden]. Under TP every intermediate dimension (dense MLP, shared experts, and each routed
+expert's) is split column/row-wise, so each block returns this rank's row-parallel partial [T, hidden]; the
+router is replicated and gives every rank the same routing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class MlpWeights:
+    gate: torch.Tensor  # [I/tp, hidden]
+    up: torch.Tensor  # [I/tp, hidden]
+    down: torch.Tensor  # [hidden, I/tp]
+
+
+@dataclass
+class MoeWeights:
+    router: torch.Tensor  # [E, hidden] (accumulation dtype)
+    bias: torch.Tensor  # [E] e_score_correction_bias: steers the choice, not the weights
+    gate: torch.Tensor  # [E, Im/tp, hidden]
+    up: torch.Tensor  # [E, Im/tp, hidden]
+    down: torch.Tensor  # [E, hidden, Im/tp]
+    shared: MlpWeights | None  # None when n_shared_experts == 0
+    top_k: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(min(gate, limit)) * clamp(up, -limit, limit): the gate is clamped from above only."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
+def mlp(w: MlpWeights, x: torch.Tensor, limit: float) -> torch.Tensor:
+    """Dense clamped-SwiGLU MLP: [T, hidden] -> this rank's partial [T, hidden]."""
+    return F.linear(swiglu(F.linear(x, w.gate), F.linear(x, w.up), limit), w.down)
+
+
+def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing of x [T, hidden]: (weights [T, top_k] accumulation dtype, expert ids [T, top_k])."""
+    scores = torch.sigmoid(F.linear(x.to(w.router.dtype), w.router))  # [T, E]
+    choice = scores + w.bias
+    T, E = choice.shape
+    grouped = choice.view(T, w.n_group, E // w.n_group)
+    group_score = grouped.topk(2, dim=-1).values.sum(-1)  # a group is as good as its two best experts
+    groups = group_score.topk(w.topk_group, dim=-1).indices
+    allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, groups, True)
+    choice = choice.masked_fill(~allowed.repeat_interleave(E // w.n_group, dim=1), float("-inf"))
+    ids = choice.topk(w.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)  # the unbiased scores weight the experts
+    if w.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * w.routed_scaling_factor, ids
+
+
+def moe(w: MoeWeights, x: torch.Tensor, limit: float) -> torch.Tensor:
+    """Routed experts plus shared experts: [T, hidden] -> this rank's partial [T, hidden]."""
+    weights, ids = route(w, x)
+    out = torch.zeros_like(x)
+    for e in ids.unique().tolist():
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        h = swiglu(F.linear(x[tok], w.gate[e]), F.linear(x[tok], w.up[e]), limit)
+        y = F.linear(h, w.down[e]) * weights[tok, slot, None]
+        out.index_add_(0, tok, y.to(out.dtype))
+    if w.shared is not None:
+        out = out + mlp(w.shared, x, limit)
+    return out

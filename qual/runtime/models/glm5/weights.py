@@ -1,0 +1,224 @@
+"""GLM-5.3-Flash weights from safetensors (transformers' on-disk names), sliced for one TP rank.
+
+The text stack sits under "model.language_model." (Glm5NextForConditionalGeneration) or at the top level
+(Glm5NextTextModel; "model." is accepted too); vision tensors ("model.visual.") and MTP layers (index >=
+num_hidden_layers) are skipped. TP: KDA and MLA heads, the dense MLP, the shared experts and each routed
+expert's intermediate dim are split; the MLA latent path (q_a, kv_a), the DSA indexer, the router, the MHC
+weights, the norms, the embedding and lm_head are replicated. Every block returns a row-parallel partial.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from qual.errors import QualError
+from qual.runtime.models.glm5.common import acc_dtype
+from qual.runtime.models.glm5.config import INDEXED, Glm5Config, load_glm5_config
+from qual.runtime.models.glm5.dsa import IndexerWeights
+from qual.runtime.models.glm5.kda import KdaWeights
+from qual.runtime.models.glm5.mhc import HcWeights
+from qual.runtime.models.glm5.mla import MlaWeights
+from qual.runtime.models.glm5.moe import MlpWeights, MoeWeights
+
+_PREFIXES = ("model.language_model.", "model.", "")
+_VISION = ("model.visual.", "visual.")
+
+
+@dataclass
+class LayerWeights:
+    kind: str  # config.layer_types entry
+    attn_hc: HcWeights
+    ffn_hc: HcWeights
+    input_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden]
+    kda: KdaWeights | None = None
+    mla: MlaWeights | None = None
+    indexer: IndexerWeights | None = None  # indexed layers of indexer type "full"
+    mlp: MlpWeights | None = None
+    moe: MoeWeights | None = None
+
+
+@dataclass
+class Glm5Weights:
+    cfg: Glm5Config
+    tp_rank: int
+    tp_size: int
+    embed: torch.Tensor  # [vocab, hidden]
+    lm_head: torch.Tensor | None  # [vocab, hidden]; None for a bare Glm5NextTextModel checkpoint
+    norm: torch.Tensor  # [hidden]
+    layers: list[LayerWeights]
+    prefix: str  # where the text stack sits in the checkpoint
+    vision_tensors_skipped: int
+
+
+class _Reader:
+    """Tensors of a checkpoint directory, read on demand with their shapes checked first."""
+
+    def __init__(self, path: Path):
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise QualError(f"checkpoint {path} has no *.safetensors files")
+        self.path, self.handles, self.used = path, {}, set()
+        for f in files:
+            try:
+                h = safe_open(str(f), framework="pt")
+            except Exception as exc:  # safetensors raises its own error types
+                raise QualError(f"{f}: unreadable safetensors file ({exc})") from None
+            for name in h.keys():
+                self.handles[name] = h
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in self.handles:
+            raise QualError(f"checkpoint {self.path}: missing tensor {name!r}")
+        got = tuple(self.handles[name].get_slice(name).get_shape())
+        if got != tuple(shape):
+            raise QualError(f"checkpoint {self.path}: tensor {name!r} has shape {got}, expected {tuple(shape)}")
+        self.used.add(name)
+        return self.handles[name].get_tensor(name)
+
+
+def _split(total: int, tp: int, key: str, cfg: Glm5Config) -> int:
+    if total % tp:
+        raise QualError(f"{cfg.source}: {key}={total} is not divisible by tp={tp}")
+    return total // tp
+
+
+def load_glm5_weights(path: str | Path, tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu") -> Glm5Weights:
+    """This TP rank's shard of a GLM-5.3-Flash checkpoint, in `dtype` (precision-critical small tensors in at
+    least float32, as transformers keeps them)."""
+    path = Path(path)
+    cfg = load_glm5_config(path)
+    if not 0 <= tp_rank < tp_size:
+        raise QualError(f"tp_rank={tp_rank} is outside tp_size={tp_size}")
+    rd = _Reader(path)
+    prefix = next((p for p in _PREFIXES if p + "embed_tokens.weight" in rd.handles), None)
+    if prefix is None:
+        raise QualError(f"checkpoint {path}: missing tensor 'model.language_model.embed_tokens.weight'")
+    acc = acc_dtype(dtype)
+    cast = lambda t, d=dtype: t.to(device=device, dtype=d)  # noqa: E731
+    V, hid = cfg.vocab_size, cfg.hidden_size
+    embed = cast(rd.get(prefix + "embed_tokens.weight", (V, hid)))
+    if cfg.tie_word_embeddings:
+        lm_head = embed
+    elif "lm_head.weight" in rd.handles or prefix:
+        lm_head = cast(rd.get("lm_head.weight", (V, hid)))
+    else:
+        lm_head = None  # a bare text model has no head
+    ctx = (rd, cfg, tp_rank, tp_size, cast, acc)
+    layers = [_layer(ctx, f"{prefix}layers.{i}.", i) for i in range(cfg.num_hidden_layers)]
+    norm = cast(rd.get(prefix + "norm.weight", (hid,)))
+    vision = [n for n in rd.handles if n.startswith(_VISION)]
+    mtp = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
+    for name in rd.handles:
+        m = mtp.match(name)
+        if name in rd.used or name in vision or (m and int(m.group(1)) >= cfg.num_hidden_layers):
+            continue
+        raise QualError(f"checkpoint {path}: unexpected tensor {name!r} (not used by this config)")
+    return Glm5Weights(cfg, tp_rank, tp_size, embed, lm_head, norm, layers, prefix, len(vision))
+
+
+def _layer(ctx, p: str, i: int) -> LayerWeights:
+    rd, cfg, rank, tp, cast, acc = ctx
+    hid, n = cfg.hidden_size, cfg.hc_mult
+
+    def hc(which: str) -> HcWeights:
+        mix = (2 + n) * n
+        get = lambda part, shape: cast(rd.get(f"{p}hc_{which}_{part}", shape), acc)  # noqa: E731
+        return HcWeights(get("fn", (mix, n * hid)), get("base", (mix,)), get("scale", (3,)),
+                         cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+
+    lw = LayerWeights(cfg.layer_types[i], hc("attn"), hc("ffn"), cast(rd.get(p + "input_layernorm.weight", (hid,))),
+                      cast(rd.get(p + "post_attention_layernorm.weight", (hid,))))
+    if lw.kind == INDEXED:
+        lw.mla = _mla(ctx, p + "self_attn.")
+        if cfg.indexer_types[i] == "full":
+            lw.indexer = _indexer(ctx, p + "self_attn.indexer.")
+    else:
+        lw.kda = _kda(ctx, p + "self_attn.")
+    if cfg.mlp_layer_types[i] == "sparse":
+        lw.moe = _moe(ctx, p + "mlp.")
+    else:
+        lw.mlp = _mlp(ctx, p + "mlp.", cfg.intermediate_size, "intermediate_size")
+    return lw
+
+
+def _kda(ctx, p: str) -> KdaWeights:
+    rd, cfg, rank, tp, cast, acc = ctx
+    H, D, K, hid = cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_conv_kernel_dim, cfg.hidden_size
+    Hl = _split(H, tp, "linear_num_heads", cfg)
+    heads, rows = slice(rank * Hl, (rank + 1) * Hl), slice(rank * Hl * D, (rank + 1) * Hl * D)
+    proj = [rd.get(f"{p}{x}_proj.weight", (H * D, hid))[rows] for x in "qkv"]
+    conv = [rd.get(f"{p}{x}_conv1d.weight", (H * D, 1, K))[rows, 0] for x in "qkv"]
+    return KdaWeights(
+        qkv=cast(torch.cat(proj)), conv=cast(torch.cat(conv), acc),
+        f_a=cast(rd.get(p + "f_a_proj.weight", (D, hid))), f_b=cast(rd.get(p + "f_b_proj.weight", (H * D, D))[rows]),
+        dt_bias=cast(rd.get(p + "dt_bias", (H * D,))[rows], acc), a_log=cast(rd.get(p + "A_log", (H,))[heads], acc),
+        b=cast(rd.get(p + "b_proj.weight", (H, hid))[heads]),
+        g_a=cast(rd.get(p + "g_a_proj.weight", (D, hid))), g_b=cast(rd.get(p + "g_b_proj.weight", (H * D, D))[rows]),
+        o_norm=cast(rd.get(p + "o_norm.weight", (D,))), o_proj=cast(rd.get(p + "o_proj.weight", (hid, H * D))[:, rows]),
+        num_heads=Hl, head_dim=D, lower_bound=cfg.linear_lower_bound, eps=cfg.rms_norm_eps,
+    )
+
+
+def _mla(ctx, p: str) -> MlaWeights:
+    rd, cfg, rank, tp, cast, acc = ctx
+    H, hid, qlr, L = cfg.num_attention_heads, cfg.hidden_size, cfg.q_lora_rank, cfg.kv_lora_rank
+    Dn, Dv, Dqk = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_head_dim
+    Hl = _split(H, tp, "num_attention_heads", cfg)
+    h0 = rank * Hl
+    kv_b = rd.get(p + "kv_b_proj.weight", (H * (Dn + Dv), L))[h0 * (Dn + Dv):(h0 + Hl) * (Dn + Dv)].view(Hl, Dn + Dv, L)
+    return MlaWeights(
+        q_a=cast(rd.get(p + "q_a_proj.weight", (qlr, hid))), q_a_norm=cast(rd.get(p + "q_a_layernorm.weight", (qlr,))),
+        q_b=cast(rd.get(p + "q_b_proj.weight", (H * Dqk, qlr))[h0 * Dqk:(h0 + Hl) * Dqk]),
+        kv_a=cast(rd.get(p + "kv_a_proj_with_mqa.weight", (L + cfg.qk_rope_head_dim, hid))),
+        kv_a_norm=cast(rd.get(p + "kv_a_layernorm.weight", (L,))),
+        w_uk=cast(kv_b[:, :Dn].contiguous()), w_uv=cast(kv_b[:, Dn:].contiguous()),
+        o_proj=cast(rd.get(p + "o_proj.weight", (hid, H * Dv))[:, h0 * Dv:(h0 + Hl) * Dv]),
+        eps=cfg.rms_norm_eps, scale=cfg.attention_scale,
+    )
+
+
+def _indexer(ctx, p: str) -> IndexerWeights:
+    rd, cfg, rank, tp, cast, acc = ctx
+    Hi, Di, hid = cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size
+    return IndexerWeights(
+        wq_b=cast(rd.get(p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))), wk=cast(rd.get(p + "wk.weight", (Di, hid))),
+        k_norm_weight=cast(rd.get(p + "k_norm.weight", (Di,))), k_norm_bias=cast(rd.get(p + "k_norm.bias", (Di,))),
+        weights_proj=cast(rd.get(p + "weights_proj.weight", (Hi, hid))),
+        compress_gate=cast(rd.get(p + "index_kpool_compress_gate", (Di, hid))),
+        compress_ape=cast(rd.get(p + "index_kpool_compress_ape", (cfg.index_kpool, Di)), acc),
+        select_pools=cfg.index_select_pools, select_tail=cfg.index_kpool_always_select_tail,
+    )
+
+
+def _mlp(ctx, p: str, inter: int, key: str) -> MlpWeights:
+    rd, cfg, rank, tp, cast, acc = ctx
+    hid = cfg.hidden_size
+    part = _split(inter, tp, key, cfg)
+    cols = slice(rank * part, (rank + 1) * part)
+    return MlpWeights(cast(rd.get(p + "gate_proj.weight", (inter, hid))[cols]),
+                      cast(rd.get(p + "up_proj.weight", (inter, hid))[cols]),
+                      cast(rd.get(p + "down_proj.weight", (hid, inter))[:, cols]))
+
+
+def _moe(ctx, p: str) -> MoeWeights:
+    rd, cfg, rank, tp, cast, acc = ctx
+    E, hid = cfg.n_routed_experts, cfg.hidden_size
+    experts = [_mlp(ctx, f"{p}experts.{e}.", cfg.moe_intermediate_size, "moe_intermediate_size") for e in range(E)]
+    shared = None
+    if cfg.n_shared_experts > 0:
+        shared = _mlp(ctx, p + "shared_experts.", cfg.moe_intermediate_size * cfg.n_shared_experts,
+                      "moe_intermediate_size * n_shared_experts")
+    return MoeWeights(
+        router=cast(rd.get(p + "gate.weight", (E, hid)), acc),
+        bias=cast(rd.get(p + "gate.e_score_correction_bias", (E,)), acc),
+        gate=torch.stack([e.gate for e in experts]), up=torch.stack([e.up for e in experts]),
+        down=torch.stack([e.down for e in experts]), shared=shared, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
+        topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob, routed_scaling_factor=cfg.routed_scaling_factor,
+    )
