@@ -36,6 +36,7 @@ class ArmConfig:
     dtype: str = "float32"
     device: str = "cpu"
     extra: dict = field(default_factory=dict)  # engine-specific knobs from the model profile
+    dsa_topk: str | None = None  # sparse-attention top-k under DCP ("exact" | "union"); None: the target has none
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -20,7 +20,7 @@ EXIT_ENGINE = 3
 
 
 # Subcommand modules; importing one registers its commands on `app`.
-SUBCOMMAND_MODULES: list[str] = ["run", "compare", "corpus", "toy", "history", "doctor"]
+SUBCOMMAND_MODULES: list[str] = ["run", "compare", "generate", "corpus", "toy", "history", "doctor"]
 
 
 def _register() -> None:

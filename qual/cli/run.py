@@ -33,6 +33,8 @@ def run_command(
     history: Optional[str] = typer.Option(None, "--history", help="History database (default ./reports/history.sqlite)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu (default) | cuda."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
+    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help="Sparse-attention targets under DCP: exact "
+                                           "(default; the global top-k) | union (each rank's local top-k)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
 ) -> None:
@@ -49,7 +51,7 @@ def run_command(
     else:
         options = RunOptions(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit, max_tokens=max_tokens,
                              draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate, out=out, history=history,
-                             device=device, dtype=dtype)
+                             device=device, dtype=dtype, dsa_topk=dsa_topk)
         plan = make_plan(options, dry_run=dry_run)
     if dry_run:
         _print_dry_run(plan)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from qual.records import ArmConfig, ArmRunInfo, EngineRequest, OnResult
 
 # Knobs an arm can ask for; each engine declares the ones it applies (Engine.honours).
-KNOBS = ("dcp", "tp", "interleave", "draft_kv", "dtype", "device", "temperature", "seed")
+KNOBS = ("dcp", "tp", "interleave", "draft_kv", "dtype", "device", "temperature", "seed", "dsa_topk")
 
 
 class Engine(ABC):

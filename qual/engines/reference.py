@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -61,6 +62,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         cuda_graph_sizes=tuple(sizes) if arm.device.startswith("cuda") else None,
         max_prefill_tokens=o.max_prefill_tokens,
         backend=o.backend,
+        dsa_topk=arm.dsa_topk or "exact",
     )
 
 
@@ -77,13 +79,29 @@ class ReferenceEngine(Engine):
         return parse_section(ReferenceOptions, section, where, "reference").model_dump()
 
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
-        validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
-        return arm
+        target, _ = validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
+        sparse = "dsa_topk" in getattr(target.model_class, "options", ())
+        if "dsa_topk" in requested and not sparse:
+            raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
+        return replace(arm, dsa_topk=(arm.dsa_topk or "exact") if sparse else None)
 
     def describe(self, arm: ArmConfig) -> str:
         c = arm.to_json()
         c.pop("extra")
         return json.dumps(c)
+
+    @staticmethod
+    def generate(target: str, draft: str | None, requests: list[tuple[str, list[int]]], *, tp: int, dcp: int,
+                 max_tokens: int, dtype: str, temperature: float, seed: int, device: str, dsa_topk: str) -> list[dict]:
+        """`qual generate`: the requests through the runtime as they are, one dict per request, in input order."""
+        cfg = EngineConfig(target, draft, ParallelConfig(tp, dcp), dtype=dtype, device=device, dsa_topk=dsa_topk,
+                           max_model_len=max(len(ids) for _, ids in requests) + max_tokens + 64)
+        if "dsa_topk" not in getattr(validate(cfg)[0].model_class, "options", ()) and dsa_topk != "exact":
+            raise QualError(f"--dsa-topk {dsa_topk}: the target has no sparse attention")
+        gen = [GenerationRequest(rid, tuple(ids), max_tokens) for rid, ids in requests]
+        with LLMEngine(cfg) as engine:
+            results = engine.generate(gen, SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens))
+        return [{"id": r.id, "prompt_token_ids": r.prompt_token_ids, "output_token_ids": r.output_token_ids} for r in results]
 
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:
@@ -97,6 +115,7 @@ class ReferenceEngine(Engine):
             generating = time.perf_counter() - ready
             memory = engine.memory()
             graphs = engine.graph_capture()
+            model = engine.model_facts()
         wall = time.perf_counter() - start
         return ArmRunInfo(
             engine_version=self.version,
@@ -104,5 +123,6 @@ class ReferenceEngine(Engine):
             wall_seconds=wall,
             generate_seconds=generating,
             output_tokens=sum(len(r.output_token_ids) for r in results),
-            extra={"kv_memory": memory, "graph_replays": graphs.get("replays"), "graph_eager_steps": graphs.get("eager_steps")},
+            extra={"kv_memory": memory, "graph_replays": graphs.get("replays"), "graph_eager_steps": graphs.get("eager_steps"),
+                   "model": model},
         )

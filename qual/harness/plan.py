@@ -18,6 +18,7 @@ from qual.tokenize import PromptTokenizer
 
 PLAN_FILE = "run.json"
 DRAFT_KV_MODES = ("replicated", "sharded")
+DSA_TOPK_MODES = ("exact", "union")
 DEFAULT_DCP = 4  # the candidate's DCP size when neither --dcp nor the profile says
 
 
@@ -40,13 +41,14 @@ class RunOptions:
     history: str | None = None
     device: str | None = None  # default: cpu
     dtype: str | None = None
+    dsa_topk: str | None = None  # sparse-attention targets: exact (default) | union
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
         parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
         for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
-                            ("--device", self.device), ("--dtype", self.dtype)]:
+                            ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk)]:
             if value is not None:
                 parts.append(f"{flag} {value}")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
@@ -54,7 +56,8 @@ class RunOptions:
 
     def requested(self) -> frozenset[str]:
         """The knobs the user set explicitly (an engine that cannot apply one of them refuses the run)."""
-        asked = {"dcp": self.dcp, "tp": self.tp, "draft_kv": self.draft_kv, "device": self.device, "dtype": self.dtype}
+        asked = {"dcp": self.dcp, "tp": self.tp, "draft_kv": self.draft_kv, "device": self.device, "dtype": self.dtype,
+                 "dsa_topk": self.dsa_topk}
         return frozenset(k for k, v in asked.items() if v is not None) | {"temperature", "seed"}
 
 
@@ -76,6 +79,8 @@ class RunPlan:
 
 def _validate_options(o: RunOptions) -> None:
     engine_class(o.engine)  # an unknown engine name is a usage error
+    if o.dsa_topk is not None and o.dsa_topk not in DSA_TOPK_MODES:
+        raise QualError(f"--dsa-topk must be one of {', '.join(DSA_TOPK_MODES)} (got {o.dsa_topk!r})")
     if o.draft_kv is not None and o.draft_kv not in DRAFT_KV_MODES:
         raise QualError(f"--draft-kv must be one of {', '.join(DRAFT_KV_MODES)} (got {o.draft_kv!r})")
     for flag, value in (("--dcp", o.dcp), ("--tp", o.tp), ("--limit", o.limit), ("--max-tokens", o.max_tokens)):
@@ -140,6 +145,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
         num_speculative_tokens=profile.num_speculative_tokens,
         sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
         interleave=profile.interleave, dtype=o.dtype or profile.dtype, device=o.device or "cpu", extra=extra,
+        dsa_topk=o.dsa_topk,
     )
     arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
     if not dry_run:  # checkpoints, head layout vs tp/dcp, installs: refused before anything is written

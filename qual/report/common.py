@@ -46,7 +46,8 @@ def title(result: Result) -> str:
     c, k = result.control.config, result.candidate.config
     return (
         f"{k.get('model', '?')}: DCP {c.get('dcp', '?')} \u2192 DCP {k.get('dcp', '?')} "
-        f"({k.get('engine', '?')}, TP {k.get('tp', '?')}, draft KV {k.get('draft_kv', '?')})"
+        f"({k.get('engine', '?')}, TP {k.get('tp', '?')}, draft KV {k.get('draft_kv', '?')}"
+        + (f", DSA top-k {k['dsa_topk']}" if k.get("dsa_topk") else "") + ")"
     )
 
 

@@ -90,6 +90,9 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes to capture (CUDA only)
     static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
     backend: str = "reference"  # kernel backend by name (qual/runtime/backends): reference = PyTorch only
+    # Sparse-attention (DSA) top-k under DCP, for targets that have it: "exact" = the global top-k (equals DCP 1);
+    # "union" = each rank's local top-k, unioned (cheaper in the field; another attended set)
+    dsa_topk: str = "exact"
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -104,6 +107,8 @@ class EngineConfig:
             raise QualError("max_num_seqs must be >= 1 and max_model_len >= 2")
         self.parallel.check_block_size(self.cache.block_size)
         parse_backend(self.backend).check(self.device, self.dtype, self.parallel.tp)
+        if self.dsa_topk not in ("exact", "union"):
+            raise QualError(f"dsa_topk must be exact or union (got {self.dsa_topk!r})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
 

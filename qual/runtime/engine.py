@@ -130,7 +130,8 @@ class LLMEngine:
         self.K = self.runner.K
         self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, self.K + 1)
         self._finished_ids: list[str] = []
-        self.eos = self.target_cfg.eos_token_id
+        eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
+        self.eos = frozenset(eos if isinstance(eos, (tuple, list)) else ([] if eos is None else [eos]))
 
     # -- lifecycle -------------------------------------------------------
     def close(self) -> None:
@@ -169,6 +170,13 @@ class LLMEngine:
                     "backend": backend}
         return {**self.runner.graphs.record(), "backend": backend}
 
+    def model_facts(self) -> dict:
+        """What the run should record about the checkpoints beyond their paths (e.g. a vision tower not loaded)."""
+        facts = {"target": type(self.target_cfg).__name__}
+        if getattr(self.target_cfg, "vision_skipped", False):
+            facts["vision_tower"] = "skipped: the target's vision tower is not loaded (text-only replay)"
+        return facts
+
     def memory(self) -> dict:
         """Per-rank KV bytes by cache group (block pool and live use)."""
         return self.cache.memory()
@@ -185,7 +193,7 @@ class LLMEngine:
         for rid in ids:
             self.cache.free(rid)
         self._finished_ids.extend(ids)
-        return out.logits.float().cpu()
+        return out.logits.cpu()  # in the engine's dtype: float64 comparisons stay float64
 
     def _step(self, step):
         step.finished, self._finished_ids = self._finished_ids, []
@@ -301,7 +309,7 @@ class LLMEngine:
         for tok, m in zip(tokens, margins):
             s.output.append(tok)
             s.margins.append(m)
-            if not sampling.ignore_eos and self.eos is not None and tok == self.eos:
+            if not sampling.ignore_eos and tok in self.eos:
                 s.finish_reason = "stop"
                 return
             if len(s.output) >= s.max_tokens:

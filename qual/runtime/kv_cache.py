@@ -14,7 +14,8 @@ from qual.errors import QualError
 from qual.runtime.geometry import blocks_needed
 
 
-KINDS = ("gqa", "latent", "state")
+KINDS = ("gqa", "latent", "pooled", "ring", "state")
+PER_REQUEST = ("ring", "state")  # kinds that hold a fixed amount per request: one block each, never sharded
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,35 +23,47 @@ class KVCacheSpec:
     """What one layer caches on one rank.
 
     kind: "gqa" = K and V per KV head per token; "latent" = one MLA latent vector per token (head_dim wide);
-    "state" = a fixed-size state per request (linear attention), no per-token cache.
+    "pooled" = one vector per `pool` consecutive tokens (DSA's pooled index keys; the pool is the unit of the DCP
+    sharding); "ring" = the last `ring` tokens' vectors of a request (slot = position % ring); "state" = a
+    fixed-size state per request (linear attention), no per-token cache.
     """
 
     kind: str
     sharded: bool  # True: DCP geometry (virtual block B*N); False: replicated, DCP1 geometry on every rank
     dtype_bytes: int
     num_kv_heads: int = 0  # gqa: KV heads on one rank
-    head_dim: int = 0  # gqa: per head; latent: the latent width
+    head_dim: int = 0  # gqa: per head; latent, pooled, ring: the vector width
     window: int | None = None  # context positions visible (None: all)
     attention: str = "full"  # "full" | "sliding"
     state_bytes: int = 0  # state: bytes per request per layer
+    pool: int = 1  # pooled: tokens per entry
+    ring: int = 0  # ring: slots per request
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise QualError(f"KV cache spec kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
-        if self.kind == "state" and self.sharded:
-            raise QualError("a state cache (linear attention) has no sequence to shard: it must be replicated")
+        if self.kind in PER_REQUEST and self.sharded:
+            raise QualError(f"a {self.kind} cache holds a fixed amount per request, not a sequence: it must be replicated")
+        if self.kind == "ring" and self.ring < 1:
+            raise QualError(f"a ring cache needs >= 1 slot per request (got {self.ring})")
+        if self.pool < 1:
+            raise QualError(f"pool must be >= 1 (got {self.pool})")
 
     @property
     def replication(self) -> str:
         return "sharded" if self.sharded else "replicated"
 
-    def token_bytes(self) -> int:
-        """Bytes one token costs per layer (0 for a state)."""
+    def entry_bytes(self) -> int:
+        """Bytes one cache entry (a token, or a pool for "pooled") costs per layer (0 for a state)."""
         if self.kind == "gqa":
             return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
-        if self.kind == "latent":
+        if self.kind in ("latent", "pooled", "ring"):
             return self.head_dim * self.dtype_bytes
         return 0
+
+    def entries(self, num_tokens: int) -> int:
+        """Cache positions a sequence of num_tokens occupies (pooled: its complete pools)."""
+        return num_tokens // self.pool if self.kind == "pooled" else num_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +90,9 @@ class KVCacheGroup:
         s = self.spec
         if s.kind == "state":
             return len(self.layers) * s.state_bytes
-        return len(self.layers) * block_size * s.token_bytes()
+        if s.kind == "ring":
+            return len(self.layers) * s.ring * s.entry_bytes()
+        return len(self.layers) * block_size * s.entry_bytes()
 
 
 class BlockPool:
@@ -122,10 +137,11 @@ class CacheManager:
 
     def lifetime_blocks(self, name: str, total_len: int) -> int:
         """Most blocks a request of total_len tokens ever holds at once in this group."""
-        if self.groups[name].spec.kind == "state":
+        spec = self.groups[name].spec
+        if spec.kind in PER_REQUEST:
             return 1
         n = self.group_dcp(name)
-        full = blocks_needed(total_len, self.block_size, n)
+        full = blocks_needed(spec.entries(total_len), self.block_size, n)
         window = self.groups[name].spec.window
         if window is None:
             return full
@@ -152,7 +168,8 @@ class CacheManager:
         """Allocate blocks so positions < num_tokens have slots in every group."""
         for name, pool in self.pools.items():
             table = self.tables[name][req_id]
-            need = 1 if self.groups[name].spec.kind == "state" else blocks_needed(num_tokens, self.block_size, self.group_dcp(name))
+            spec = self.groups[name].spec
+            need = 1 if spec.kind in PER_REQUEST else blocks_needed(spec.entries(num_tokens), self.block_size, self.group_dcp(name))
             if need > len(table):
                 table.extend(pool.allocate(need - len(table)))
                 self.peak_blocks[name] = max(self.peak_blocks[name], pool.num_blocks - pool.num_free)

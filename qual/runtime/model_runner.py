@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import torch
 
@@ -11,8 +11,9 @@ from qual.runtime.backends import parse_backend
 from qual.runtime.config import EngineConfig
 from qual.runtime.geometry import blocks_needed
 from qual.runtime.kv_cache import KVCacheGroup
-from qual.runtime.models.base import AttentionView, DraftMeta, TargetMeta
-from qual.runtime.paged import Geometry, KeyView, KVStore, causal_mask, key_view, write_slots
+from qual.runtime.models.base import DraftMeta, TargetMeta
+from qual.runtime.cache_views import StepShape, build_view
+from qual.runtime.paged import Geometry, KeyView, KVStore, StateStore, VectorStore, key_view, write_slots
 from qual.runtime.parallel import Comm
 from qual.runtime.registry import ModelSpec
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
@@ -46,13 +47,15 @@ class ModelRunner:
         self.draft_cfg = draft_spec.config if draft_spec else None
         aux = self.draft_cfg.target_layer_ids if self.draft_cfg else ()
         target_cls = target_spec.model_class
-        self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend)
+        options = {k: getattr(cfg, k) for k in getattr(target_cls, "options", ())}  # e.g. dsa_topk
+        self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend, **options)
         if self.backend.fused_decode:
             from qual.runtime.backends.fused_decode import FusedDecode
 
             self.target.fused = FusedDecode(self.target)
         nbytes = torch.tensor([], dtype=dtype).element_size()
-        target_groups = target_cls.cache_groups(target_spec.config, comm, nbytes)
+        K = self.K = (cfg.num_speculative_tokens or (draft_spec.config.block_size - 1)) if draft_spec else 0
+        target_groups = target_cls.cache_groups(target_spec.config, comm, nbytes, K)
         self.target_groups = [g.name for g in target_groups]
         self.drafter, draft_groups = None, []
         if draft_spec:
@@ -60,13 +63,11 @@ class ModelRunner:
             self.drafter = draft_cls(draft_spec.path, draft_spec.config, comm, dtype, self.target)
             draft_groups = draft_cls.cache_groups(draft_spec.config, comm, nbytes, cfg.draft_kv, cfg.cache.draft_window)
         self.groups = target_groups + draft_groups
+        self.groups_by_name = {g.name: g for g in self.groups}
         self.draft_groups = [g.name for g in draft_groups]
         self.num_blocks = num_cache_blocks(cfg, self.groups)
         B = cfg.cache.block_size
-        self.stores = {
-            g.name: KVStore(len(g.layers), self.num_blocks * B, g.spec.num_kv_heads, g.spec.head_dim, dtype, comm.device)
-            for g in self.groups
-        }
+        self.stores = {g.name: self._make_store(g, dtype) for g in self.groups}
         self.geometry = {
             g.name: Geometry(B, comm.dcp_size if g.spec.sharded else 1, comm.dcp_rank if g.spec.sharded else 0, cfg.parallel.interleave)
             for g in self.groups
@@ -78,11 +79,11 @@ class ModelRunner:
                 self.layer_slots.append((int(layer.split(".")[1]), g.name, j))
         self.layer_slots = [(name, j) for _, name, j in sorted(self.layer_slots)]
         self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
-        self.K = (cfg.num_speculative_tokens or (self.draft_cfg.block_size - 1)) if self.draft_cfg else 0
         if self.draft_cfg:
             self.mask_tokens = torch.full((1,), self.draft_cfg.mask_token_id, dtype=torch.long, device=comm.device)
         # Static key widths / table widths for graph-shaped steps: bounded by max_model_len.
-        self.max_blocks = {g.name: blocks_needed(cfg.max_model_len, B, self.geometry[g.name].dcp_size) for g in self.groups}
+        self.max_blocks = {g.name: blocks_needed(g.spec.entries(cfg.max_model_len), B, self.geometry[g.name].dcp_size)
+                           for g in self.groups}
         self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
         mode = self.backend.compile_mode
         self.decode_fn = _compiled(self.decode_compute, mode) if mode else self.decode_compute
@@ -104,9 +105,20 @@ class ModelRunner:
         """Bytes each group's KV tensors take on this rank."""
         return {name: s.nbytes for name, s in self.stores.items()}
 
-    def _route(self, slots: torch.Tensor) -> torch.Tensor:
-        """Host-side: -1 write slots to the trash slot (every store has the same one)."""
-        return next(iter(self.stores.values())).route(slots)
+    def _make_store(self, g: KVCacheGroup, dtype: torch.dtype):
+        """The tensors of one cache group on this rank, by its kind."""
+        s, blocks, B, dev = g.spec, self.num_blocks, self.cfg.cache.block_size, self.comm.device
+        if s.kind == "gqa":
+            return KVStore(len(g.layers), blocks * B, s.num_kv_heads, s.head_dim, dtype, dev)
+        if s.kind in ("latent", "pooled"):
+            return VectorStore(len(g.layers), blocks * B, s.head_dim, dtype, dev)
+        if s.kind == "ring":
+            return VectorStore(len(g.layers), blocks * s.ring, s.head_dim, dtype, dev)
+        return StateStore(len(g.layers), blocks, 1 + self.K, self.target.state_parts(g.name), dev)
+
+    def _route(self, name: str, slots: torch.Tensor) -> torch.Tensor:
+        """Host-side: -1 write slots to the group store's trash slot."""
+        return self.stores[name].route(slots)
 
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.comm.device)
@@ -115,16 +127,22 @@ class ModelRunner:
         """What attention reads on the device (global positions stay host-side: masks are built there)."""
         return KeyView(self._dev(view.slots), view.positions, self._dev(view.valid), self._dev(view.lengths))
 
-    def _target_meta(self, positions, rows, q_index, seq_lens, tables, width=None, dense=False) -> TargetMeta:
-        """Causal target attention metadata per target cache group; positions/rows [T] flat, q_index [R, Q]."""
+    def _target_meta(self, shape: StepShape, tables, width=None, dense=False) -> TargetMeta:
+        """Target metadata: one view per target cache group, by its kind (qual/runtime/cache_views.py)."""
         views = {}
         for name in self.target_groups:
-            geo = self.geometry[name]
-            keys = key_view(geo, tables[name], seq_lens, width=width[name] if width else None)
-            mask = causal_mask(positions[q_index.clamp(min=0)], q_index, keys)
-            slots = self._dev(self._route(write_slots(geo, positions, rows, tables[name])))
-            views[name] = AttentionView(slots, self._dev_view(keys), self._dev(mask))
-        return TargetMeta(self._dev(q_index), views, dense=dense)
+            view = build_view(self.groups_by_name[name].spec, self.geometry[name], shape, tables[name],
+                              lambda slots, n=name: self._route(n, slots), width[name] if width else None)
+            views[name] = self._dev_tree(view)
+        return TargetMeta(self._dev(shape.q_index), views, dense=dense)
+
+    def _dev_tree(self, view):
+        """A view's tensors on the device (a KeyView's global positions stay host-side: masks are built there)."""
+        if isinstance(view, KeyView):
+            return self._dev_view(view)
+        if is_dataclass(view):
+            return replace(view, **{f.name: self._dev_tree(getattr(view, f.name)) for f in fields(view)})
+        return self._dev(view) if isinstance(view, torch.Tensor) else view
 
     @torch.inference_mode()
     def execute(self, step) -> StepOutput | None:
@@ -159,11 +177,12 @@ class ModelRunner:
         starts = torch.tensor([0] + lens[:-1]).cumsum(0)
         q = torch.arange(max(lens))
         q_index = torch.where(q[None, :] < torch.tensor(lens)[:, None], starts[:, None] + q[None, :], torch.tensor(-1))
-        meta = self._target_meta(positions, rows, q_index, torch.tensor(lens), tables)
+        shape = StepShape(positions, rows, q_index, torch.tensor(lens), torch.zeros(len(lens), dtype=torch.long))
+        meta = self._target_meta(shape, tables)
         hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores)
         last = self._dev(starts + torch.tensor(lens) - 1)
         if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
-            slots = {name: self._dev(self._route(write_slots(self.geometry[name], positions, rows, tables[name])))
+            slots = {name: self._dev(self._route(name, write_slots(self.geometry[name], positions, rows, tables[name])))
                      for name in self.draft_groups}
             self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
         # Only rank 0 samples: the other ranks skip the LM head.
@@ -207,7 +226,9 @@ class ModelRunner:
         rows = torch.arange(P).repeat_interleave(Q)
         q_index = torch.arange(P * Q).view(P, Q)
         seq = torch.cat([n[:R] - 1 + Q, torch.zeros(pad, dtype=torch.long)])
-        target = self._target_meta(positions, rows, q_index, seq, tables, width=self.key_width if static else None, dense=True)
+        commit = (torch.tensor(step.commit_counts + [0] * pad) - 1).clamp(min=0)  # state after the last accepted token
+        shape = StepShape(positions, rows, q_index, seq, commit)
+        target = self._target_meta(shape, tables, width=self.key_width if static else None, dense=True)
         inp = DecodeInputs(self._dev(last), self._dev(positions), target)
         if self.drafter is None:
             return inp
@@ -229,7 +250,7 @@ class ModelRunner:
             g = self.geometry[name]
             table = tables[name]
             w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
-            slots[name] = self._dev(self._route(torch.where(ctx_rows >= 0, w, torch.full_like(w, -1))))
+            slots[name] = self._dev(self._route(name, torch.where(ctx_rows >= 0, w, torch.full_like(w, -1))))
             window = self.windows[name]
             view = key_view(g, table, new_len, None if window is None else new_len - window,
                             width=self.key_width[name] if static else None)

@@ -94,6 +94,60 @@ class KVStore:
         return sum(t.numel() * t.element_size() for t in (self.k_all, self.v_all))
 
 
+class VectorStore:
+    """One vector per slot per layer: [num_slots + 1, width] each (an MLA latent, a pooled index key, a ring entry);
+    the last slot is the trash slot, as in KVStore."""
+
+    def __init__(self, num_layers: int, num_slots: int, width: int, dtype, device):
+        self.trash = num_slots
+        self.all = torch.zeros((num_layers, num_slots + 1, width), dtype=dtype, device=device)
+        self.layers = list(self.all.unbind(0))
+
+    def route(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
+
+    def write(self, layer: int, routed: torch.Tensor, x: torch.Tensor) -> None:
+        """x [T, width] into slots `routed`."""
+        self.layers[layer].index_copy_(0, routed, x.to(self.all.dtype))
+
+    def gather(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """[..., width] at slots [...] (clamped >= 0)."""
+        return self.layers[layer][slots]
+
+    @property
+    def nbytes(self) -> int:
+        return self.all.numel() * self.all.element_size()
+
+
+class StateStore:
+    """A fixed-size state per request slot and layer, kept for each of the last step's Q positions so that a
+    speculative verify commits the state after its last accepted token (no recomputation). Named parts of
+    their own shapes and dtypes, each [num_layers, num_slots + 1, Q, *shape]; the last slot is the trash slot."""
+
+    def __init__(self, num_layers: int, num_slots: int, positions: int, parts: dict[str, tuple[tuple, torch.dtype]],
+                 device):
+        self.trash = num_slots
+        self.parts = {name: torch.zeros((num_layers, num_slots + 1, positions, *shape), dtype=dtype, device=device)
+                      for name, (shape, dtype) in parts.items()}
+
+    def route(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
+
+    def read(self, layer: int, slots: torch.Tensor, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The state after position index[r] of the last step, for request slots [R] -> {part: [R, *shape]}."""
+        return {name: t[layer][slots, index] for name, t in self.parts.items()}
+
+    def write(self, layer: int, slots: torch.Tensor, states: dict[str, torch.Tensor]) -> None:
+        """{part: [R, Q', *shape]}: the states after each of this step's Q' <= Q positions."""
+        for name, t in self.parts.items():
+            q = states[name].shape[1]
+            t[layer][slots, :q] = states[name].to(t.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.parts.values())
+
+
 def pad_queries(x: torch.Tensor, index: torch.Tensor, dense: bool = False) -> torch.Tensor:
     """Flat tokens x [T, ...] -> padded [R, Q, ...] using index [R, Q] (-1 = padding, filled with 0).
 

@@ -16,6 +16,8 @@ from qual.errors import QualError
 
 TARGETS = {
     "qwen3": "qual.runtime.models.qwen3:Qwen3Target",
+    "glm5_next_text": "qual.runtime.models.glm5.target:Glm5Target",
+    "glm5_next": "qual.runtime.models.glm5.target:Glm5Target",  # the multimodal form: its text stack only
 }
 DRAFTERS = {
     "DFlashDraftModel": "qual.runtime.models.dflash:DFlashDrafter",

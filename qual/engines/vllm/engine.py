@@ -75,7 +75,7 @@ class VllmEngine(Engine):
     """Runs arms on a vLLM server started per arm; logs go to <run_dir>/<name>.vllm.log."""
 
     name = "vllm"
-    honours = frozenset(KNOBS) - {"draft_kv"}
+    honours = frozenset(KNOBS) - {"draft_kv", "dsa_topk"}  # the build decides both
 
     def __init__(self, run_dir: str | Path | None = None, *, python: str | Path | None = None,
                  repo_root: Path = REPO_ROOT, cuda_available: bool | None = None):
@@ -100,6 +100,9 @@ class VllmEngine(Engine):
         install = self.install(options)
         if install is None or install.package_dir is None:
             raise QualError(NOT_FOUND)
+        if "dsa_topk" in requested:
+            raise QualError(f"--dsa-topk {arm.dsa_topk}: vLLM has no switch for it (its sparse indexer merges the "
+                            f"DCP ranks' candidates as the build does)")
         build = DRAFT_KV_BY_VERDICT[install.replicated_draft_kv().verdict]
         if "draft_kv" in requested and arm.draft_kv != build:
             raise QualError(f"--draft-kv {arm.draft_kv}: vLLM has no switch for draft-KV replication, and this build "

@@ -24,6 +24,7 @@ class AttentionView:
     write_slots: torch.Tensor  # [T] slot of each new token here; not stored here = the store's trash slot
     keys: KeyView  # local keys per request (new tokens included)
     mask: torch.Tensor  # [R, Q, S] causal by global position
+    key_positions: torch.Tensor | None = None  # [R, S] the keys' global positions on the device, where a model needs them
 
 
 @dataclass
@@ -60,11 +61,15 @@ class TargetModel(Protocol):
     @staticmethod
     def check_parallel(cfg: Any, parallel) -> None: ...  # QualError if the head layout cannot take tp / dcp
 
+    options: tuple[str, ...]  # EngineConfig fields the constructor takes as keywords (optional; e.g. dsa_topk)
+
     @staticmethod
-    def cache_groups(cfg: Any, comm, dtype_bytes: int) -> list[KVCacheGroup]: ...
+    def cache_groups(cfg: Any, comm, dtype_bytes: int, num_speculative_tokens: int) -> list[KVCacheGroup]: ...
 
     def __init__(self, path: str | Path, cfg: Any, comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...],
-                 backend) -> None: ...
+                 backend, **options) -> None: ...
+
+    def state_parts(self, group: str) -> dict: ...  # a "state" group's {part: (shape, dtype)} (targets with one)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta,
                 stores: dict[str, KVStore]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -36,7 +36,7 @@ class Qwen3Target:
         parallel.check_model(cfg.num_attention_heads, cfg.num_key_value_heads, "target")
 
     @staticmethod
-    def cache_groups(cfg: Qwen3Config, comm: Comm, dtype_bytes: int) -> list[KVCacheGroup]:
+    def cache_groups(cfg: Qwen3Config, comm: Comm, dtype_bytes: int, num_speculative_tokens: int = 0) -> list[KVCacheGroup]:
         lay = HeadLayout.for_rank(cfg, comm)
         spec = KVCacheSpec("gqa", sharded=True, dtype_bytes=dtype_bytes, num_kv_heads=lay.num_kv_heads, head_dim=lay.head_dim)
         return [KVCacheGroup(GROUP, spec, tuple(f"target.{i}" for i in range(cfg.num_hidden_layers)))]

@@ -1,0 +1,85 @@
+"""Per-step views of every cache group on this rank, built from rank-independent step metadata by the group's kind.
+
+gqa / latent: where each new token is written here, which local keys each request reads, and the causal mask.
+pooled: where each pool completed in this step is written (its owner rank only), and the local pools each request
+holds (positions are pool ids). ring: each request's ring base slot (position p lives at base + p % ring).
+state: each request's state slot and which of the last step's per-position states is its committed one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qual.runtime.kv_cache import KVCacheSpec
+from qual.runtime.models.base import AttentionView
+from qual.runtime.paged import Geometry, causal_mask, key_view, write_slots
+
+
+@dataclass
+class RingView:
+    write_slots: torch.Tensor  # [T] slot of each new token's entry (base + position % ring)
+    base: torch.Tensor  # [R] first slot of each request's ring
+    ring: int
+
+
+@dataclass
+class PooledView:
+    write_slots: torch.Tensor  # [T] slot of the pool each new token completes (not completing, not held: trash)
+    keys: object  # KeyView over the pools this rank holds (positions: global pool ids)
+    mask: torch.Tensor  # [R, Q, S_p] the pool is held here, complete, and its last token visible to the query
+    ids: torch.Tensor  # [S_p] global pool id of each local pool (the same for every request)
+
+
+@dataclass
+class StateView:
+    slots: torch.Tensor  # [R] each request's state slot (pad rows: the trash slot)
+    commit: torch.Tensor  # [R] which of the last step's per-position states is the request's state now
+
+
+def pool_geometry(geo: Geometry, pool: int) -> Geometry:
+    """DCP geometry in pool units: a pool is the sharding unit of pooled caches (interleave in whole pools)."""
+    return Geometry(geo.block_size, geo.dcp_size, geo.dcp_rank, max(1, geo.interleave // pool))
+
+
+@dataclass
+class StepShape:
+    """Rank-independent metadata of one forward, as every view needs it (host tensors)."""
+
+    positions: torch.Tensor  # [T] global positions of the new tokens
+    rows: torch.Tensor  # [T] request row of each new token
+    q_index: torch.Tensor  # [R, Q] flat token index, -1 = padding
+    seq_lens: torch.Tensor  # [R] tokens in the sequence once this step's tokens are in
+    commit: torch.Tensor  # [R] per-position state to commit (state groups)
+
+
+def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.Tensor, route, width: int | None):
+    """The view of one group on this rank (host tensors; the runner moves them to the device).
+
+    route maps -1 write slots to the group store's trash slot; width fixes the key dimension (graph shapes).
+    """
+    q_pos = step.positions[step.q_index.clamp(min=0)]  # [R, Q]
+    if spec.kind in ("gqa", "latent"):
+        keys = key_view(geo, table, step.seq_lens, width=width)
+        mask = causal_mask(q_pos, step.q_index, keys)
+        positions = keys.positions.clone() if spec.kind == "latent" else None
+        return AttentionView(route(write_slots(geo, step.positions, step.rows, table)), keys, mask, positions)
+    if spec.kind == "pooled":
+        pgeo = pool_geometry(geo, spec.pool)
+        completes = (step.positions + 1) % spec.pool == 0
+        pools = torch.where(completes, step.positions // spec.pool, 0)  # others are never written (nor mapped)
+        slots = write_slots(pgeo, pools, step.rows, table)
+        slots = torch.where(completes, slots, torch.full_like(slots, -1))
+        keys = key_view(pgeo, table, step.seq_lens // spec.pool, width=width)
+        visible = (keys.positions[:, None, :] + 1) * spec.pool - 1 <= q_pos[:, :, None]
+        mask = keys.valid[:, None, :] & visible & (step.q_index >= 0)[:, :, None]
+        return PooledView(route(slots), keys, mask, keys.positions[0].clone())
+    if spec.kind == "ring":
+        base = table[:, 0].clamp(min=0) * spec.ring
+        slots = torch.where(table[step.rows, 0] >= 0, base[step.rows] + step.positions % spec.ring,
+                            torch.full_like(step.positions, -1))
+        return RingView(route(slots), base, spec.ring)
+    if spec.kind == "state":
+        return StateView(route(table[:, 0]), step.commit)
+    raise ValueError(f"no view for cache kind {spec.kind!r}")

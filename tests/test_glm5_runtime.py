@@ -1,0 +1,156 @@
+"""GLM-5.3-Flash through the paged runtime: transformers as the oracle at DCP 1, DCP N == DCP 1 in exact mode,
+union mode, per-rank memory by cache group, and the configurations it refuses.
+
+float64 on the CPU; the checkpoints are random tiny ones written by transformers' save_pretrained.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from checkpoints import make_draft
+from glm5_checkpoints import make_glm5, oracle, oracle_forward, single_thread, tiny_text  # noqa: F401
+from qual.errors import QualError
+from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+from qual.runtime.engine import GenerationRequest, LLMEngine, validate
+
+KDA, MLA = "linear_attention", "indexed_attention"
+# Prompts of 5-41 tokens: the longest hold 10 pools of 4 where 2 are selected (index_topk 8), so sparse selection
+# drops keys; the shortest fits the top-k entirely.
+LENGTHS = (5, 41, 13)
+
+
+def prompts(lengths=LENGTHS, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 96, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glm5rt")
+    target = make_glm5(root / "default", tiny_text())  # KDA, KDA, KDA, MLA+DSA; dense x3 then MoE; 4 streams
+    shared = make_glm5(root / "shared", tiny_text(  # a shared indexer layer, all-MoE, one stream
+        layer_types=[KDA, MLA, MLA, KDA], indexer_types=["full", "full", "shared", "full"],
+        mlp_layer_types=["sparse"] * 4, hc_mult=1), seed=1)
+    draft = make_draft(root / "draft", vocab_size=97, hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
+                       head_dim=8, intermediate_size=48, target_layer_ids=(0, 2), block_size=4)
+    return {"default": target, "shared": shared, "draft": draft}
+
+
+def engine_run(target, draft=None, tp=1, dcp=1, interleave=1, dsa_topk="exact", lengths=LENGTHS, max_tokens=12,
+               dtype="float64", logits=True):
+    cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(tp, dcp, interleave),
+                       CacheConfig(block_size=4, memory_bytes=2**26), dtype=dtype, dsa_topk=dsa_topk,
+                       max_model_len=max(lengths) + max_tokens + 8)
+    reqs = [GenerationRequest(f"r{i}", tuple(p), max_tokens) for i, p in enumerate(prompts(lengths))]
+    with LLMEngine(cfg) as engine:
+        out = engine.generate(reqs, SamplingParams(max_tokens=max_tokens))
+        lg = engine.prompt_logits(prompts(lengths)) if logits else None
+        memory = engine.memory()
+    assert [p.exitcode for p in engine.workers] == [0] * (tp - 1)
+    return out, lg, memory
+
+
+@pytest.fixture(scope="module")
+def control(ckpts):
+    """DCP 1, speculative decoding with a random drafter (verify steps of 4 tokens: the KDA commit is exercised)."""
+    return engine_run(ckpts["default"], ckpts["draft"])
+
+
+@pytest.mark.parametrize("name", ["default", "shared"])
+def test_prompt_logits_and_greedy_tokens_match_transformers(ckpts, name):
+    out, lg, _ = engine_run(ckpts[name], max_tokens=4)
+    model = oracle(ckpts[name])
+    for p, row, r in zip(prompts(), lg, out):
+        seq = list(p)
+        for _ in range(4):  # greedy by full recomputation: the oracle has no cache to share our mistakes
+            seq.append(int(oracle_forward(model, torch.tensor(seq))[-1].argmax()))
+        assert r.output_token_ids == seq[len(p):]
+        torch.testing.assert_close(row, oracle_forward(model, torch.tensor(p))[-1], rtol=0, atol=1e-9)
+
+
+def test_speculative_decoding_is_lossless(ckpts, control):
+    plain, _, _ = engine_run(ckpts["default"], logits=False)
+    assert [r.output_token_ids for r in control[0]] == [r.output_token_ids for r in plain]
+    assert sum(r.drafts for r in control[0]) > 0
+
+
+LAYOUTS = [(2, 2, 1), (2, 2, 2), (2, 4, 1), (2, 4, 2), (4, 4, 1), (4, 4, 2)]  # (dcp, tp, interleave); 4 heads: tp <= 4
+
+
+@pytest.mark.parametrize("dcp,tp,interleave", LAYOUTS, ids=[f"dcp{d}-tp{t}-i{i}" for d, t, i in LAYOUTS])
+def test_exact_dsa_under_dcp_equals_dcp1(ckpts, control, dcp, tp, interleave):
+    """Tokens, proposals and prompt logits of DCP N (exact top-k) equal DCP 1, on contexts longer than the top-k."""
+    out, lg, _ = engine_run(ckpts["default"], ckpts["draft"], tp=tp, dcp=dcp, interleave=interleave)
+    base, base_lg, _ = control
+    assert [r.output_token_ids for r in out] == [r.output_token_ids for r in base]
+    assert [r.draft_steps for r in out] == [r.draft_steps for r in base]
+    torch.testing.assert_close(lg, base_lg, rtol=0, atol=1e-10)
+
+
+def test_union_attends_another_set_beyond_the_top_k_and_the_same_within_it(ckpts, control):
+    union, lg, _ = engine_run(ckpts["default"], ckpts["draft"], tp=4, dcp=4, dsa_topk="union")
+    _, base_lg, _ = control
+    diff = (lg - base_lg).abs().max(-1).values  # per prompt
+    assert diff[0] < 1e-10  # 5 tokens: one pool and a tail, within the top-k: the same set
+    assert diff[1] > 1e-6  # 41 tokens: each rank's local top-k, unioned, is more than the global top-k
+    # Contexts of at most 9 tokens (prompts + 4 generated) hold at most the 2 pools the top-k selects.
+    short, short_lg, _ = engine_run(ckpts["default"], tp=4, dcp=4, dsa_topk="union", lengths=(3, 5, 4), max_tokens=4)
+    exact, exact_lg, _ = engine_run(ckpts["default"], tp=4, dcp=4, lengths=(3, 5, 4), max_tokens=4)
+    assert [r.output_token_ids for r in short] == [r.output_token_ids for r in exact]
+    torch.testing.assert_close(short_lg, exact_lg, rtol=0, atol=1e-10)
+
+
+def test_memory_per_rank_by_cache_group(ckpts):
+    """A 2,048-token prompt: at DCP 4 the latent and index-key groups hold <= 0.26x their DCP 1 bytes; the KDA
+    state is the same at every DCP size and every prompt length."""
+    def peaks(dcp, n):
+        _, _, memory = engine_run(ckpts["default"], tp=4, dcp=dcp, lengths=(n,), max_tokens=2, dtype="float32",
+                                  logits=False)
+        return {name: g["peak_bytes"] for name, g in memory.items()}
+
+    one, four, short = peaks(1, 2048), peaks(4, 2048), peaks(4, 256)
+    for group in ("latent", "index"):
+        assert 0 < four[group] <= 0.26 * one[group], (group, four[group], one[group])
+    assert one["kda"] == four["kda"] == short["kda"] > 0
+    assert one["index_tail"] == four["index_tail"] == short["index_tail"] > 0  # replicated, one ring a request
+
+
+def test_configurations_it_refuses(ckpts, tmp_path):
+    target = str(ckpts["default"])
+    with pytest.raises(QualError, match="tp % dcp == 0 violated"):
+        ParallelConfig(4, 3)
+    with pytest.raises(QualError, match="tp % dcp == 0 violated"):  # dcp larger than tp
+        ParallelConfig(2, 4)
+    with pytest.raises(QualError, match="num_attention_heads=4 is not divisible by tp=8"):
+        validate(EngineConfig(target, parallel=ParallelConfig(8, 8)))
+    with pytest.raises(QualError, match="the GLM-5 target runs the reference backend only"):
+        LLMEngine(EngineConfig(target, backend="compiled"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((ckpts["default"] / "config.json").read_text())
+    cfg["text_config"]["glide_path"] = 3
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QualError, match="unsupported key 'glide_path'"):
+        validate(EngineConfig(str(bad)))
+
+
+def test_qual_generate_and_image_inputs(ckpts, control, tmp_path):
+    """`qual generate` prints what the engine computes (DCP 2 here), and refuses image inputs by name."""
+    lines = [json.dumps({"id": f"r{i}", "prompt_token_ids": p}) for i, p in enumerate(prompts())]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    cmd = [sys.executable, "-m", "qual", "generate", "--target", ckpts["default"], "--draft", ckpts["draft"],
+           "--prompts", tmp_path / "p.jsonl", "--tp", "2", "--dcp", "2", "--max-tokens", "12", "--dtype", "float64"]
+    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert [g["output_token_ids"] for g in got] == [r.output_token_ids for r in control[0]]
+    (tmp_path / "img.jsonl").write_text(json.dumps({"id": "a", "prompt": "x", "images": ["cat.png"]}) + "\n")
+    cmd[cmd.index("--prompts") + 1] = tmp_path / "img.jsonl"
+    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "image inputs are not supported" in proc.stderr
