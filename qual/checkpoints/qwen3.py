@@ -13,6 +13,38 @@ from qual.errors import QualError
 MODEL_TYPE = "qwen3"
 
 
+# What transformers' Qwen3Config (5.x) fills in for an absent key. vLLM builds that config for every qwen3 checkpoint,
+# a target's or a DFlash drafter's, so an absent key means these values there, and so here.
+TRANSFORMERS_DEFAULTS = {"head_dim": 128, "num_key_value_heads": 32, "rms_norm_eps": 1e-6,
+                         "max_position_embeddings": 32768, "rope_theta": 10000.0}
+
+
+def rope_parameters(cfg: dict, where: Path) -> dict:
+    """The RoPE parameters a qwen3 config.json resolves to, by transformers' precedence: a legacy rope_scaling
+    replaces rope_parameters; rope_parameters' rope_theta wins over the top-level rope_theta; 10000 when neither."""
+    scaling = cfg.get("rope_scaling")
+    base = dict(scaling) if scaling else dict(cfg.get("rope_parameters") or {})
+    if not isinstance(base, dict):
+        raise QualError(f"{Path(where) / 'config.json'}: rope_parameters must be an object")
+    base.setdefault("rope_type", base.pop("type", "default"))
+    base.setdefault("rope_theta", cfg.get("rope_theta", TRANSFORMERS_DEFAULTS["rope_theta"]))
+    return base
+
+
+def default_rope_theta(cfg: dict, where: Path) -> float:
+    """rope_theta of a config whose RoPE must be the "default" type; any other type (or a partial rotary factor) is
+    refused by name: the runtime implements plain RoPE only."""
+    rope = rope_parameters(cfg, where)
+    key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    if rope["rope_type"] != "default":
+        raise QualError(f"{Path(where) / 'config.json'}: {key}.rope_type {rope['rope_type']!r} is not supported "
+                        f"(the runtime implements the default RoPE only)")
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise QualError(f"{Path(where) / 'config.json'}: {key}.partial_rotary_factor "
+                        f"{rope['partial_rotary_factor']!r} is not supported (the runtime rotates whole heads)")
+    return float(rope["rope_theta"])
+
+
 @dataclass(frozen=True, slots=True)
 class Qwen3Config:
     """What the runtime needs of a Qwen3 config.json (the target's, or a DFlash drafter's layers)."""
@@ -29,35 +61,39 @@ class Qwen3Config:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     eos_token_id: int | None = None
+    attention_bias: bool = False  # q/k/v/o projections carry biases
 
     @classmethod
-    def from_json(cls, cfg: dict, where: Path, rope_default: float = 10000.0) -> "Qwen3Config":
+    def from_json(cls, cfg: dict, where: Path) -> "Qwen3Config":
+        """Absent keys take transformers' Qwen3Config defaults (what vLLM reads), not values guessed from others."""
         heads = int(field(cfg, "num_attention_heads", where))
         hidden = int(field(cfg, "hidden_size", where))
-        rope = cfg.get("rope_parameters") or {}
         eos = cfg.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
+        d = TRANSFORMERS_DEFAULTS
+        kv = cfg.get("num_key_value_heads", d["num_key_value_heads"])  # an explicit null means "as many as heads"
         return cls(
             vocab_size=int(field(cfg, "vocab_size", where)),
             hidden_size=hidden,
             num_hidden_layers=int(field(cfg, "num_hidden_layers", where)),
             num_attention_heads=heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            num_key_value_heads=int(heads if kv is None else kv),
+            head_dim=int(cfg.get("head_dim", d["head_dim"])),
             intermediate_size=int(field(cfg, "intermediate_size", where)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", rope_default))),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", d["rms_norm_eps"])),
+            rope_theta=default_rope_theta(cfg, where),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", d["max_position_embeddings"])),
             eos_token_id=eos,
+            attention_bias=bool(cfg.get("attention_bias", False)),
         )
 
     def to_json(self) -> dict:
         """config.json fields in the Hugging Face format (transformers and vLLM read these)."""
         return {
             "architectures": ["Qwen3ForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
-            "attention_bias": False, "torch_dtype": "float32",
+            "attention_bias": self.attention_bias, "torch_dtype": "float32",
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim, "intermediate_size": self.intermediate_size, "rms_norm_eps": self.rms_norm_eps,
@@ -129,5 +165,5 @@ def write_random_qwen3(path: str | Path, cfg: Qwen3Config, seed: int = 0, scale:
     return write_qwen3(path, cfg, random_target_weights(cfg, seed, scale), dtype)
 
 
-__all__ = ["MODEL_TYPE", "Qwen3Config", "read_qwen3", "layer_weight_shapes", "random_layer", "random_target_weights",
+__all__ = ["MODEL_TYPE", "TRANSFORMERS_DEFAULTS", "Qwen3Config", "default_rope_theta", "rope_parameters", "read_qwen3", "layer_weight_shapes", "random_layer", "random_target_weights",
            "write_qwen3", "write_random_qwen3", "replace"]

@@ -83,3 +83,25 @@ def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.T
     if spec.kind == "state":
         return StateView(route(table[:, 0]), step.commit)
     raise ValueError(f"no view for cache kind {spec.kind!r}")
+
+
+def draft_mask(keys, block_positions: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor:
+    """[R, Q, S + Q]: which [context ; block] keys each draft-block query sees (host tensors).
+
+    A query at position p sees a stored context key at c if the view holds it and, in a windowed layer, p - c <
+    window; a block key at q always in a non-causal layer, q <= p in a causal one, and in a windowed layer only
+    |p - q| < window. That is vLLM's per-query-token window: FlashAttention's (window - 1, 0) when causal, made
+    symmetric (window - 1, window - 1) when not.
+    """
+    R, Q = block_positions.shape
+    p = block_positions[:, :, None]
+    ctx = keys.valid[:, None, :].expand(R, Q, -1)
+    if window is not None:
+        ctx = ctx & (p - keys.positions[:, None, :] < window)
+    d = p - block_positions[:, None, :]  # [R, Q, Q] query position minus key position
+    own = torch.ones(R, Q, Q, dtype=torch.bool)
+    if causal:
+        own &= d >= 0
+    if window is not None:
+        own &= d.abs() < window
+    return torch.cat([ctx, own], dim=2)

@@ -300,8 +300,8 @@ class LLMEngine:
             a = s.spec.record(n, drafts[i], targets)
             s.ctx_len += s.pending_commit
             s.pending_commit = a + 1
-            for name in self.cache.groups:
-                self.cache.release_outside_window(name, s.req.id, s.ctx_len)
+            for name in self.cache.groups:  # the next draft step's context: ctx_len + pending_commit
+                self.cache.release_outside_window(name, s.req.id, s.ctx_len + s.pending_commit)
             self._append(s, targets[: a + 1], margins[: a + 1], sampling)
 
     def _append(self, s: _Seq, tokens: list[int], margins: list[float], sampling: SamplingParams) -> None:

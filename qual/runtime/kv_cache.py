@@ -34,7 +34,8 @@ class KVCacheSpec:
     num_kv_heads: int = 0  # gqa: KV heads on one rank
     head_dim: int = 0  # gqa: per head; latent, pooled, ring: the vector width
     window: int | None = None  # context positions visible (None: all)
-    attention: str = "full"  # "full" | "sliding"
+    attention: str = "full"  # "full": window (if any) from the first query's position | "sliding": per query token
+    causal: bool = True  # queries of one step see each other causally (DFlash full layers: not)
     state_bytes: int = 0  # state: bytes per request per layer
     pool: int = 1  # pooled: tokens per entry
     ring: int = 0  # ring: slots per request
@@ -164,18 +165,31 @@ class CacheManager:
             self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
             self.tables[name][req_id] = []
 
+    def first_needed(self, name: str, num_tokens: int) -> int:
+        """Lowest position a windowed group can still read once positions < num_tokens have slots: the step that
+        writes up to num_tokens - 1 queries from num_tokens - lookahead on, and sees window positions behind that."""
+        window = self.groups[name].spec.window
+        return 0 if window is None else max(0, num_tokens - self.lookahead - window)
+
     def ensure(self, req_id: str, num_tokens: int) -> None:
-        """Allocate blocks so positions < num_tokens have slots in every group."""
+        """Allocate blocks so positions < num_tokens have slots in every group; a windowed group skips the blocks
+        already behind its window (a long prompt's early positions are never read there, nor stored)."""
         for name, pool in self.pools.items():
             table = self.tables[name][req_id]
             spec = self.groups[name].spec
             need = 1 if spec.kind in PER_REQUEST else blocks_needed(spec.entries(num_tokens), self.block_size, self.group_dcp(name))
             if need > len(table):
-                table.extend(pool.allocate(need - len(table)))
+                span = self.block_size * self.group_dcp(name)
+                skip = 0 if spec.kind in PER_REQUEST else self.first_needed(name, num_tokens) // span
+                fresh = range(max(len(table), skip), need)
+                table.extend([-1] * (need - len(table) - len(fresh)))
+                table.extend(pool.allocate(len(fresh)))
                 self.peak_blocks[name] = max(self.peak_blocks[name], pool.num_blocks - pool.num_free)
 
     def release_outside_window(self, name: str, req_id: str, context_len: int) -> None:
-        """Free blocks whose positions have all left the group's window (they are never read again)."""
+        """Free blocks whose positions have all left the group's window (they are never read again).
+
+        context_len: the context the next step sees (its first query sits at context_len)."""
         window = self.groups[name].spec.window
         if window is None:
             return

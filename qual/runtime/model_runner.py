@@ -12,7 +12,7 @@ from qual.runtime.config import EngineConfig
 from qual.runtime.geometry import blocks_needed
 from qual.runtime.kv_cache import KVCacheGroup
 from qual.runtime.models.base import DraftMeta, TargetMeta
-from qual.runtime.cache_views import StepShape, build_view
+from qual.runtime.cache_views import StepShape, build_view, draft_mask
 from qual.runtime.paged import Geometry, KeyView, KVStore, StateStore, VectorStore, key_view, write_slots
 from qual.runtime.parallel import Comm
 from qual.runtime.registry import ModelSpec
@@ -72,7 +72,6 @@ class ModelRunner:
             g.name: Geometry(B, comm.dcp_size if g.spec.sharded else 1, comm.dcp_rank if g.spec.sharded else 0, cfg.parallel.interleave)
             for g in self.groups
         }
-        self.windows = {g.name: g.spec.window for g in self.groups}
         self.layer_slots = []  # draft layer -> (cache group, index inside the group)
         for g in draft_groups:
             for j, layer in enumerate(g.layers):
@@ -245,18 +244,20 @@ class ModelRunner:
             ctx_rows = torch.cat([ctx_rows, torch.full((extra,), -1, dtype=torch.long)])
         new_len = torch.tensor(step.ctx_len) + torch.tensor(counts)
         new_len = torch.cat([new_len, torch.zeros(pad, dtype=torch.long)])
-        slots, views = {}, {}
+        block_pos = new_len[:, None] + torch.arange(Q)[None, :]
+        slots, views, masks = {}, {}, {}
         for name in self.draft_groups:
-            g = self.geometry[name]
+            g, spec = self.geometry[name], self.groups_by_name[name].spec
             table = tables[name]
             w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
             slots[name] = self._dev(self._route(name, torch.where(ctx_rows >= 0, w, torch.full_like(w, -1))))
-            window = self.windows[name]
-            view = key_view(g, table, new_len, None if window is None else new_len - window,
-                            width=self.key_width[name] if static else None)
+            # sliding layers window each query token (vLLM); a draft_window on full layers starts at the block
+            per_query = spec.attention == "sliding"
+            start = None if spec.window is None or per_query else new_len - spec.window
+            view = key_view(g, table, new_len, start, width=self.key_width[name] if static else None)
+            masks[name] = self._dev(draft_mask(view, block_pos, spec.window if per_query else None, spec.causal))
             views[name] = self._dev_view(view)
-        block_pos = new_len[:, None] + torch.arange(Q)[None, :]
-        inp.draft = DraftMeta(self._dev(ctx_pos), slots, views, self._dev(block_pos))
+        inp.draft = DraftMeta(self._dev(ctx_pos), slots, views, self._dev(block_pos), masks)
         inp.ctx_features = feats
         return inp
 

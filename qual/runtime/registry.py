@@ -21,6 +21,7 @@ TARGETS = {
 }
 DRAFTERS = {
     "DFlashDraftModel": "qual.runtime.models.dflash:DFlashDrafter",
+    "DFlash2DraftModel": "qual.runtime.models.dflash:DFlash2Drafter",
 }
 
 

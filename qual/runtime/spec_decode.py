@@ -1,7 +1,7 @@
 """Speculative decoding in one place: propose (the drafter's block), verify (the target's tokens), accept.
 
-Device side: `propose` runs the drafter over [last token, MASK * K] and picks K tokens on rank 0 (every
-rank then verifies rank 0's proposals); `verify_tokens` is the target's input [last, d1..dK]. Host side:
+Device side: `propose` runs the drafter over [last token, MASK * K] and picks K tokens on rank 0 (the argmax, or
+`candidate_walk` over a candidate head's edges; every rank then verifies rank 0's proposals); `verify_tokens` is the target's input [last, d1..dK]. Host side:
 `accept` is the greedy prefix rule and `SpecStats` the per-request counts (docs/dflash.md).
 """
 
@@ -14,16 +14,36 @@ import torch
 
 def propose(drafter, target, comm, k: int, ctx_features, last_tokens: torch.Tensor, mask_token: torch.Tensor, meta,
             stores, layer_slots) -> torch.Tensor:
-    """k draft tokens per request, [P, k]: one drafter forward, argmax at the mask positions (greedy drafting)."""
+    """k draft tokens per request, [P, k]: one drafter forward, then at the mask positions either the argmax of the
+    drafter's logits (DFlash) or the walk over its candidate head's edges (DFlash2); greedy at every temperature."""
     P, K = last_tokens.shape[0], k
     block = torch.cat([last_tokens[:, None], mask_token[:1].expand(P, K)], dim=1)
     h = drafter.forward(ctx_features, block, meta, stores, layer_slots)
     # Rank 0 alone runs the LM head and picks; every rank verifies rank 0's proposals.
     if comm.rank == 0:
-        proposals = target.logits(h).argmax(dim=-1)
+        logits = drafter.logits(h)
+        edges = drafter.candidate_edges(h, logits, last_tokens)
+        proposals = logits.argmax(dim=-1) if edges is None else candidate_walk(*edges)
     else:
         proposals = torch.empty(h.shape[:2], dtype=torch.long, device=h.device)
     return comm.broadcast_tensor(proposals.contiguous())
+
+
+def candidate_walk(candidates: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """The greedy path through a candidate head's edges, [P, K] (vLLM's DFlash2 selector walk at temperature 0).
+
+    candidates [P, K, k] are each position's top-k tokens; scores[:, l, p, c] scores candidate c at position l after
+    candidate p of position l - 1 (at l = 0 every p is the anchor token). Position l picks the best candidate after
+    the one picked at l - 1 (first of equals), starting from row 0. A fixed loop of gathers: no host sync, static shapes.
+    """
+    P, K, k = candidates.shape
+    prev = torch.zeros(P, 1, dtype=torch.long, device=candidates.device)
+    picks = []
+    for step in range(K):
+        row = scores[:, step].gather(1, prev[:, :, None].expand(P, 1, k)).squeeze(1)  # [P, k] after the last pick
+        prev = row.argmax(dim=-1, keepdim=True)
+        picks.append(candidates[:, step].gather(1, prev))
+    return torch.cat(picks, dim=1)
 
 
 def verify_tokens(last_tokens: torch.Tensor, drafts: torch.Tensor | None) -> torch.Tensor:

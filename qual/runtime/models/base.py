@@ -44,6 +44,7 @@ class DraftMeta:
     write_slots: dict[str, torch.Tensor]  # group -> [Tc]; not stored on this rank = the trash slot
     keys: dict[str, KeyView]  # group -> context keys per request (new ones included)
     block_positions: torch.Tensor  # [R, K+1]
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)  # group -> [R, K+1, S + K+1]: [context ; block] keys
 
 
 class TargetModel(Protocol):
@@ -98,3 +99,9 @@ class DraftModel(Protocol):
 
     def forward(self, ctx_features, block_tokens, meta, stores: dict, layer_slots) -> torch.Tensor:
         """Final-normed hidden states at the K mask positions, [R, K, hidden]."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...  # its LM head (the target's unless it ships one)
+
+    def candidate_edges(self, hidden, logits, anchor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A candidate head's (candidate ids [R, K, k], edge scores [R, K, k, k]) for spec_decode's walk; None: the
+        proposals are the argmax of the logits."""

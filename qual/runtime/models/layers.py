@@ -30,25 +30,30 @@ def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
     return 1.0 / (theta**exponent)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [..., head_dim] for integer positions [...] (rotate-half layout), in dtype."""
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                 neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [..., head_dim] for integer positions [...], in dtype: each frequency twice, as halves (rotate-half,
+    neox) or as adjacent pairs (interleaved)."""
     freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)
+    emb = torch.cat([freqs, freqs], dim=-1) if neox else freqs.repeat_interleave(2, dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE: x [..., D] with cos/sin broadcastable to it."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool = True) -> torch.Tensor:
+    """RoPE on x [..., D] with cos/sin broadcastable to it: rotate-half (neox) or interleaved pairs (GPT-J)."""
+    if neox:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    return x * cos + torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2) * sin
 
 
 class Rope:
-    """Rotary embedding (rotate-half form), cos/sin computed as transformers does, once per forward."""
+    """Rotary embedding, cos/sin computed as transformers does, once per forward (neox: rotate-half layout)."""
 
-    def __init__(self, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype):
+    def __init__(self, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype, neox: bool = True):
         self.inv_freq = rope_inv_freq(head_dim, theta, device)
         self.dtype = dtype
+        self.neox = neox
         self._cached = None
 
     def reset(self) -> None:
@@ -59,14 +64,14 @@ class Rope:
         # Every layer rotates by the same positions: compute once per forward.
         if self._cached is not None and self._cached[0] is positions:
             return self._cached[1], self._cached[2]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype, self.neox)
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D]: every head
         self._cached = (positions, cos, sin)
         return cos, sin
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, D], positions: [T]."""
-        return rotate(x, *self.cos_sin(positions))
+        return rotate(x, *self.cos_sin(positions), self.neox)
 
 
 @dataclass
@@ -192,19 +197,24 @@ def mlp(x: torch.Tensor, m: MlpWeights, comm: Comm, linear=F.linear) -> torch.Te
     return comm.all_reduce_tp(linear(F.silu(gate) * up, m.down))
 
 
-def project_qkv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions, linear=F.linear):
-    """q, k, v for tokens x [T, hidden] at positions [T]: per-head RMSNorm, then RoPE.
+def project_qkv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions, linear=F.linear,
+                bias: torch.Tensor | None = None):
+    """q, k, v for tokens x [T, hidden] at positions [T]: per-head RMSNorm, then RoPE (bias: [q; k; v] biases).
 
     One GEMM, one norm and one rotation cover the query and key heads together.
     """
     T, D, H = x.shape[0], layout.head_dim, layout.num_heads
-    qkv = linear(x, a.qkv).view(T, H + 2 * layout.num_kv_heads, D)
+    qkv = linear(x, a.qkv)
+    if bias is not None:
+        qkv = qkv + bias
+    qkv = qkv.view(T, H + 2 * layout.num_kv_heads, D)
     qk = rope(rms_norm(qkv[:, : H + layout.num_kv_heads], a.qk_norm, eps), positions)
     return qk[:, :H], qk[:, H:], qkv[:, H + layout.num_kv_heads :]
 
 
-def project_kv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions):
-    """k, v only (DFlash context tokens never query)."""
+def project_kv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions,
+               bias: torch.Tensor | None = None):
+    """k, v only (DFlash context tokens never query; bias: the [k; v] biases)."""
     T, D, Hk = x.shape[0], layout.head_dim, layout.num_kv_heads
-    kv = F.linear(x, a.kv).view(T, 2 * Hk, D)
+    kv = F.linear(x, a.kv, bias).view(T, 2 * Hk, D)
     return rope(rms_norm(kv[:, :Hk], a.k_norm, eps), positions), kv[:, Hk:]
