@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from qual.checkpoints.dflash import DFlashConfig, random_draft_weights, write_dflash
@@ -17,18 +18,27 @@ def tiny_config(**over) -> Qwen3Config:
     return Qwen3Config(**d, max_position_embeddings=1024, eos_token_id=d["vocab_size"] - 2)
 
 
-def make_target(path: Path, seed: int = 0, scale: float = 0.15, **over) -> Path:
-    """A random Qwen3 target with peaked logits (so greedy choices are not near ties)."""
+def make_target(path: Path, seed: int = 0, scale: float = 0.15, live_tokens: int | None = None, **over) -> Path:
+    """A random Qwen3 target with peaked logits (so greedy choices are not near ties).
+
+    live_tokens: the LM head's first rows grow 6x and the others shrink 5x, so the target keeps choosing among those
+    few tokens and a drafter (which reads the same LM head) often guesses right: steps accept, and commit several
+    tokens, without making the drafter's own computation irrelevant."""
     cfg = tiny_config(**over)
-    return write_qwen3(path, cfg, random_target_weights(cfg, seed, scale))
+    w = random_target_weights(cfg, seed, scale)
+    if live_tokens:
+        w["lm_head.weight"][:live_tokens] *= 6.0
+        w["lm_head.weight"][live_tokens:] *= 0.2
+    return write_qwen3(path, cfg, w)
 
 
 def make_draft(path: Path, seed: int = 1, scale: float = 0.15, block_size: int = 4, target_layer_ids=(0, 2),
-               layer_types=("full_attention", "full_attention"), sliding_window=None, **over) -> Path:
-    """A random drafter in the public DFlash format."""
-    layers = tiny_config(**{**over, "num_hidden_layers": len(layer_types)})
-    cfg = DFlashConfig(layers, block_size, TINY["num_hidden_layers"], layers.vocab_size - 1, tuple(target_layer_ids),
-                       tuple(layer_types), sliding_window)
+               layer_types=("full_attention", "full_attention"), sliding_window=None, options: dict | None = None,
+               attention_bias: bool = False, num_target_layers: int = TINY["num_hidden_layers"], **over) -> Path:
+    """A random drafter in the public DFlash format (options: further DFlashConfig fields, e.g. dflash2=...)."""
+    layers = replace(tiny_config(**{**over, "num_hidden_layers": len(layer_types)}), attention_bias=attention_bias)
+    cfg = DFlashConfig(layers, block_size, num_target_layers, layers.vocab_size - 1, tuple(target_layer_ids),
+                       tuple(layer_types), sliding_window, **(options or {}))
     return write_dflash(path, cfg, random_draft_weights(cfg, seed, scale))
 
 

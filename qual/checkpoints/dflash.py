@@ -69,7 +69,7 @@ ACCEPTED = {
     "problem_type": "bookkeeping",
 }
 
-# Keys a drafter may carry only at the value that changes nothing; REFUSED says why any other value is refused.
+# Keys refused by name when set (null, false or empty pass: nothing to honour); the value says why.
 REFUSED = {
     "eagle_config": "vLLM merges it under dflash_config; write those keys in dflash_config",
     "quantization_config": "quantized drafters are not supported",
@@ -273,6 +273,8 @@ class DFlashConfig:
 
 def _check_keys(cfg: dict, accepted: dict, refused: dict, prefix: str, where: Path) -> None:
     for key in cfg:
+        if key in refused and cfg[key] in (None, False, {}, []):  # present but empty: nothing to honour
+            continue
         if key in refused:
             raise QualError(f"{where}: {prefix}{key} is not supported: {refused[key]}")
         if key not in accepted:

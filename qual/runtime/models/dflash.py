@@ -186,7 +186,8 @@ class DFlash2Drafter(DFlashDrafter):
     def _load_extra(self, weights, shapes, get) -> None:
         p = self.cfg.dflash2
         hid = self.cfg.layers.hidden_size
-        self.taps, self.group_size, self.groups, self.top_k = p.conv_kernel_size, p.conv_group_size, hid // p.conv_group_size, p.selector_top_k
+        self.taps, self.group_size, self.top_k = p.conv_kernel_size, p.conv_group_size, p.selector_top_k
+        self.groups = hid // p.conv_group_size
         # convs[i][kind] = (base_kernel [2, taps, hidden], kernel_projection [2*taps*groups, hidden]); replicated
         self.convs = [{kind: (get(f"layers.{i}.{kind}.base_kernel"), get(f"layers.{i}.{kind}.kernel_projection.weight"))
                        for kind in ("attention_conv", "mlp_conv")} for i in range(self.num_layers)]
@@ -199,27 +200,12 @@ class DFlash2Drafter(DFlashDrafter):
         scale = self.cfg.dflash2.input_embedding_scale
         return x if scale == 1.0 else x * scale
 
-    def _conv(self, x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block: int) -> torch.Tensor:
-        """out[r] = sum_t (base[t] + delta[r, t, group]) * x[r - t] over taps t <= r's position in its block (row % block).
-
-        x [N, hidden], delta [N, taps, groups], base [taps, hidden]; rows are requests' blocks laid end to end.
-        """
-        N = x.shape[0]
-        xs = x.view(N, self.groups, self.group_size)
-        coef = base.view(1, self.taps, self.groups, self.group_size) + delta.unsqueeze(-1)  # [N, taps, G, g]
-        pos = torch.arange(N, device=x.device) % block
-        out = coef[:, 0] * xs
-        for t in range(1, self.taps):  # taps reach back inside the row's own block only
-            shifted = F.pad(xs[:-t], (0, 0, 0, 0, t, 0)) if t < N else torch.zeros_like(xs)
-            out = out + coef[:, t] * shifted * (pos >= t).view(N, 1, 1).to(x.dtype)
-        return out.reshape(N, -1)
-
     def _conv_pair(self, i: int, kind: str, h: torch.Tensor, inner, block: int) -> torch.Tensor:
         """finish(inner(prepare(h))): coefficients from h, one convolution before inner and one after it."""
         base, proj = self.convs[i][kind]
         coef = F.linear(h, proj).view(h.shape[0], 2, self.taps, self.groups)
-        y = inner(self._conv(h, coef[:, 0], base[0], block))
-        return self._conv(y, coef[:, 1], base[1], block)
+        y = inner(grouped_conv(h, coef[:, 0], base[0], block, self.group_size))
+        return grouped_conv(y, coef[:, 1], base[1], block, self.group_size)
 
     def _layer(self, i: int, x, meta, store, group, j, R, B1):
         layer = self.layers[i]
@@ -237,10 +223,35 @@ class DFlash2Drafter(DFlashDrafter):
         values = values.to(torch.promote_types(values.dtype, torch.float32)) * p.output_multiplier
         if p.final_logit_softcapping:
             values = torch.tanh(values / p.final_logit_softcapping) * p.final_logit_softcapping
-        h = F.linear(hidden, self.hidden_projection)  # [R, K, rank]
-        prev = torch.cat([anchor[:, None, None].expand(-1, 1, self.top_k), ids[:, :-1]], dim=1)
-        edges = torch.einsum("blpr,blcr->blpc", self.predecessor[prev] * h[:, :, None], self.successor[ids])
-        return ids, values[:, :, None, :] + edges
+        return ids, values[:, :, None, :] + selector_edges(self.predecessor, self.successor, self.hidden_projection,
+                                                          ids, hidden, anchor)
+
+
+def grouped_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block: int, group_size: int) -> torch.Tensor:
+    """DFlash2's grouped causal convolution over blocks laid end to end (row r sits at position r % block of its block):
+    out[r] = sum_t (base[t] + delta[r, t, group]) * x[r - t] over the taps t <= that position.
+
+    x [N, hidden], delta [N, taps, groups] (per row, per group), base [taps, hidden] (per channel).
+    """
+    N, hid = x.shape
+    taps, groups = base.shape[0], hid // group_size
+    xs = x.view(N, groups, group_size)
+    coef = base.view(1, taps, groups, group_size) + delta.unsqueeze(-1)  # [N, taps, G, g]
+    pos = torch.arange(N, device=x.device) % block
+    out = coef[:, 0] * xs
+    for t in range(1, taps):  # taps reach back inside the row's own block only
+        shifted = F.pad(xs[:-t], (0, 0, 0, 0, t, 0)) if t < N else torch.zeros_like(xs)
+        out = out + coef[:, t] * shifted * (pos >= t).view(N, 1, 1).to(x.dtype)
+    return out.reshape(N, hid)
+
+
+def selector_edges(predecessor, successor, hidden_projection, candidates, hidden, anchor) -> torch.Tensor:
+    """[R, K, k, k]: <predecessor[prev] * hidden_projection(h), successor[cand]> for every (previous candidate p,
+    candidate c) pair of consecutive positions; position 0's previous token is the anchor (the block's first token)."""
+    k = candidates.shape[-1]
+    h = F.linear(hidden, hidden_projection)  # [R, K, rank]
+    prev = torch.cat([anchor[:, None, None].expand(-1, 1, k), candidates[:, :-1]], dim=1)
+    return torch.einsum("blpr,blcr->blpc", predecessor[prev] * h[:, :, None], successor[candidates])
 
 
 def _mask_embedding(path: Path, cfg: DFlashConfig, hidden: int) -> torch.Tensor | None:
