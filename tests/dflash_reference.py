@@ -60,7 +60,10 @@ class ReferenceDrafter:
         self.embed = self.w.get("embed_tokens.weight", tw["model.embed_tokens.weight"].to(torch.float64))
         self.lm_head = self.w.get("lm_head.weight", tw["lm_head.weight"].to(torch.float64))
         mask_file = Path(draft_dir) / "mask_embedding.pt"
-        self.mask_embedding = torch.load(mask_file).to(torch.float64).reshape(-1) if mask_file.exists() else None
+        self.mask_embedding = None
+        if mask_file.exists():  # DFlashQwen3ForCausalLM._read_mask_embedding: a tensor or {"embedding": ...}
+            state = torch.load(mask_file)
+            self.mask_embedding = (state["embedding"] if isinstance(state, dict) else state).to(torch.float64).reshape(-1)
         self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float64, attn_implementation="eager").eval()
         c, d = self.cfg, self.cfg["dflash_config"]
         self.dflash2 = "DFlash2DraftModel" in c["architectures"]
@@ -167,12 +170,17 @@ class ReferenceDrafter:
 
 def check_draft_steps(target_dir, draft_dir, results, K: int) -> int:
     """Assert every recorded draft step's proposals equal the reference's; returns how many steps were checked."""
-    ref = ReferenceDrafter(target_dir, draft_dir)
-    checked = 0
-    for r in results:
-        tokens = list(r.prompt_token_ids) + list(r.output_token_ids)
-        aux = ref.aux(tokens)  # causal target: the prefix's states are the full sequence's
-        for n, proposals in r.draft_steps:
-            assert ref.step(aux, tokens, n, K) == proposals, (r.id, n)
-            checked += 1
-    return checked
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only add synchronisation
+    try:
+        ref = ReferenceDrafter(target_dir, draft_dir)
+        checked = 0
+        for r in results:
+            tokens = list(r.prompt_token_ids) + list(r.output_token_ids)
+            aux = ref.aux(tokens)  # causal target: the prefix's states are the full sequence's
+            for n, proposals in r.draft_steps:
+                assert ref.step(aux, tokens, n, K) == proposals, (r.id, n)
+                checked += 1
+        return checked
+    finally:
+        torch.set_num_threads(threads)
