@@ -80,6 +80,28 @@ def test_speculative_decoding_is_lossless(ckpts, control):
     assert sum(r.drafts for r in control[0]) > 0
 
 
+@pytest.fixture(scope="module")
+def dflash2_draft(tmp_path_factory):
+    """A DFlash2 drafter with a sliding layer (window 3 < its block of 4) and a full one, on the GLM target's width."""
+    from qual.checkpoints.dflash import DFlash2Params
+
+    return make_draft(tmp_path_factory.mktemp("glm5d2") / "draft", vocab_size=97, hidden_size=32, num_attention_heads=4,
+                      num_key_value_heads=1, head_dim=8, intermediate_size=48, target_layer_ids=(0, 2), block_size=4,
+                      layer_types=("sliding_attention", "full_attention"), sliding_window=3,
+                      options={"dflash2": DFlash2Params(conv_kernel_size=3, conv_group_size=8, selector_rank=4,
+                                                        selector_top_k=4)})
+
+
+def test_dflash2_with_sliding_layers_on_hyper_connection_aux_states(ckpts, dflash2_draft):
+    """Aux features of the GLM target (its streams contracted after each target layer) drive a DFlash2 drafter:
+    speculative decoding stays lossless, and DCP 2 gives DCP 1's tokens and proposals."""
+    plain, _, _ = engine_run(ckpts["default"], logits=False)
+    one, _, _ = engine_run(ckpts["default"], dflash2_draft, logits=False)
+    two, _, _ = engine_run(ckpts["default"], dflash2_draft, tp=2, dcp=2, logits=False)
+    assert [r.output_token_ids for r in one] == [r.output_token_ids for r in plain] == [r.output_token_ids for r in two]
+    assert [r.draft_steps for r in two] == [r.draft_steps for r in one] and sum(r.drafts for r in one) > 0
+
+
 LAYOUTS = [(2, 2, 1), (2, 2, 2), (2, 4, 1), (2, 4, 2), (4, 4, 1), (4, 4, 2)]  # (dcp, tp, interleave); 4 heads: tp <= 4
 
 
