@@ -29,7 +29,10 @@ class Qwen3Target:
     def parse_config(raw: dict, path: Path) -> Qwen3Config:
         if raw.get("model_type") != MODEL_TYPE:
             raise QualError(f"{path / 'config.json'}: model_type must be {MODEL_TYPE!r} (got {raw.get('model_type')!r})")
-        return Qwen3Config.from_json(raw, path)
+        cfg = Qwen3Config.from_json(raw, path)
+        if cfg.attention_bias:  # the target's projections have no bias terms here
+            raise QualError(f"{path / 'config.json'}: attention_bias true is not supported for a Qwen3 target")
+        return cfg
 
     @staticmethod
     def check_parallel(cfg: Qwen3Config, parallel: ParallelConfig) -> None:
