@@ -92,12 +92,13 @@ def dflash2_draft(tmp_path_factory):
                                                         selector_top_k=4)})
 
 
-def test_dflash2_with_sliding_layers_on_hyper_connection_aux_states(ckpts, dflash2_draft):
+def test_dflash2_with_sliding_layers_on_hyper_connection_aux_states(ckpts, control, dflash2_draft):
     """Aux features of the GLM target (its streams contracted after each target layer) drive a DFlash2 drafter:
-    speculative decoding stays lossless, and DCP 2 gives DCP 1's tokens and proposals."""
-    plain, _, _ = engine_run(ckpts["default"], logits=False)
+    speculative decoding stays lossless (the control's tokens are plain decoding's, test above), and DCP 2 gives
+    DCP 1's tokens and proposals."""
     one, _, _ = engine_run(ckpts["default"], dflash2_draft, logits=False)
     two, _, _ = engine_run(ckpts["default"], dflash2_draft, tp=2, dcp=2, logits=False)
+    plain = control[0]
     assert [r.output_token_ids for r in one] == [r.output_token_ids for r in plain] == [r.output_token_ids for r in two]
     assert [r.draft_steps for r in two] == [r.draft_steps for r in one] and sum(r.drafts for r in one) > 0
 
