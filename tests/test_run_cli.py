@@ -84,7 +84,7 @@ def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, kind):
     (["--model", "no-such-model"], "unknown model"),
     (["--dcp", 4, "--tp", 2], "tp % dcp"),
     (["--dcp", 3], "not divisible by tp=3"),
-    (["--tp", 0], "--tp must be >= 1"),  # 0 once fell through to the default and ran
+    (["--tp", 0], "--tp: input should be greater than or equal to 1"),  # 0 once fell through to the default and ran
     (["--draft-kv", "halved"], "--draft-kv"),
     (["--engine", "magic"], "--engine"),
     (["--limit", "abc"], "Invalid value for '--limit'"),  # typer >= 0.29 raises its own copy of click's errors

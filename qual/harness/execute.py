@@ -10,6 +10,7 @@ from typing import Callable
 from qual.engines.registry import get_engine
 from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
+from qual.files import WriteError, write_text
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
 from qual.history import record_run
@@ -26,7 +27,7 @@ def info_path(out_dir: Path, arm: str) -> Path:
 
 
 def _save_info(out_dir: Path, arm: str, info: ArmRunInfo) -> None:
-    info_path(out_dir, arm).write_text(json.dumps(asdict(info), indent=2))
+    write_text(info_path(out_dir, arm), json.dumps(asdict(info), indent=2))
 
 
 def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
@@ -55,7 +56,7 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
     """Run one arm over the requests it has not finished yet; each result is journaled as it arrives."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
-    done = read_journal(path)
+    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None)
     todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
     total = len(plan.requests)
     prior = _load_info(plan.out_dir, arm)
@@ -86,7 +87,18 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
 
 
 def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, dict[str, Path]]:
-    """Both arms, then the Result, its four reports, and a history row."""
+    """Both arms, then the Result, its four reports, and a history row (one per run: a resumed run keeps its id).
+
+    A file that cannot be written (disk full) is exit 2 naming it; the journals keep every finished request,
+    so `--resume` after freeing space repeats nothing."""
+    try:
+        return _execute(plan, progress)
+    except WriteError as exc:
+        raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: free space, then "
+                        f"`qual run --resume {plan.out_dir}`") from None
+
+
+def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str, Path]]:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.save()
     arms = {}
@@ -102,5 +114,5 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, di
         arms["control"], arms["candidate"], plan.gate_path, plan.options.seed, reproduce=plan.options.command(),
     )
     paths = write_reports(result, plan.out_dir)
-    record_run(plan.history_path, result, paths["json"])
+    record_run(plan.history_path, result, paths["json"], plan.run_id)
     return result, paths
