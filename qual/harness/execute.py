@@ -34,9 +34,15 @@ def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
     p = info_path(out_dir, arm)
     if not p.exists():
         return None
-    data = json.loads(p.read_text())
-    data["graph_capture"] = GraphCapture(**data["graph_capture"])
-    return ArmRunInfo(**data)
+    try:
+        data = json.loads(p.read_text())
+        data["graph_capture"] = GraphCapture(**data["graph_capture"])
+        info = ArmRunInfo(**data)
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise QualError(f"{p}: unreadable arm record ({type(exc).__name__}: {exc})") from None
+    if not all(isinstance(x, (int, float)) and x >= 0 for x in (info.wall_seconds, info.output_tokens)):
+        raise QualError(f"{p}: wall_seconds and output_tokens must be numbers >= 0")
+    return info
 
 
 def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) -> None:
@@ -52,11 +58,18 @@ def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) ->
         raise QualError(f"arm {arm}: results for requests not in the plan: {', '.join(sorted(extra)[:5])}")
 
 
-def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
+def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
+    """The arm's finished requests, each record checked against the arm (its K)."""
+    config: ArmConfig = plan.arms[arm]
+    return read_journal(journal_path(plan.out_dir, arm), config.num_speculative_tokens if config.draft_path else None)
+
+
+def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
+            done: dict[str, RequestResult] | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
     """Run one arm over the requests it has not finished yet; each result is journaled as it arrives."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
-    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None)
+    done = read_arm_journal(plan, arm) if done is None else done
     todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
     total = len(plan.requests)
     prior = _load_info(plan.out_dir, arm)
@@ -99,11 +112,12 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, di
 
 
 def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str, Path]]:
+    journals = {arm: read_arm_journal(plan, arm) for arm in ARM_ORDER}  # a bad record: refused before any arm runs
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.save()
     arms = {}
     for arm in ARM_ORDER:
-        info, results = run_arm(plan, arm, progress)
+        info, results = run_arm(plan, arm, progress, journals[arm])
         if info.runnable:
             check_matched(plan, arm, results)
         ordered = [results[r.id] for r in plan.requests if r.id in results]
