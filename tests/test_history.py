@@ -131,3 +131,56 @@ def test_cli_list_show_trend(db, tmp_path):
     assert isinstance(out.exception, QualError)
     out = runner.invoke(app, ["history", "show", "42", "--history", str(db)])
     assert isinstance(out.exception, QualError)
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from qual import history
+from synthetic import synthetic_result
+root, rows, trials = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+result = synthetic_result(4, n_resamples=10)
+for t in range(trials):
+    (root / f"ready-{t}-{sys.argv[4]}").touch()
+    while not (root / f"go-{t}").exists():  # every writer starts at once, on a database that does not exist yet
+        time.sleep(0)
+    for _ in range(rows):
+        history.record_run(root / f"fresh-{t}.sqlite", result, None)
+"""
+
+
+def test_concurrent_first_writers_lose_no_row(tmp_path):
+    """4 processes x 20 rows into each of 5 fresh databases: every database holds all 80."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    writers, rows, trials = 4, 20, 5
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(rows), str(trials), str(w)], env=env,
+                              stderr=subprocess.PIPE, text=True) for w in range(writers)]
+    for t in range(trials):
+        deadline = time.time() + 120
+        while time.time() < deadline and not all((tmp_path / f"ready-{t}-{w}").exists() for w in range(writers)):
+            if any(p.poll() is not None for p in procs):
+                break  # a writer died: its error is reported below
+            time.sleep(0.01)
+        (tmp_path / f"go-{t}").touch()
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * writers, errors
+    assert [len(history.list_runs(tmp_path / f"fresh-{t}.sqlite", limit=None)) for t in range(trials)] == [80] * trials
+
+
+def test_rich_markup_in_user_text_is_printed_literally(tmp_path):
+    path = tmp_path / "h.sqlite"
+    night = _night(1)
+    for arm in (night.control, night.candidate):
+        arm.config["model"] = "evil[/]model[bold]"
+    history.record_run(path, night, "reports/[red]x[/red]/result.json")
+    runner, app = CliRunner(), _cli()
+    for argv in (["list"], ["show", "1"], ["trend"]):
+        out = runner.invoke(app, ["history", *argv, "--history", str(path)])
+        assert out.exit_code == 0, (argv, out.output, out.exception)
+        assert "evil[/]model[bold]" in out.output, (argv, out.output)
