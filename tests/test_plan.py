@@ -61,6 +61,7 @@ def refused(argv: list, tmp_path: Path, capsys, words: str, dry_run: bool = True
     (["--temperature", "inf"], "--temperature: input should be a finite number (got inf)"),
     (["--corpus", ""], "--corpus: string should have at least 1 character"),
     (["--out", ""], "--out: string should have at least 1 character"),
+    (["--device", "tpu"], "--device: string should match pattern"),
     (["--max-tokens", 10**9], "max_tokens 1000000000 needs 1000000"),
     (["--max-tokens", 10**12], "--max-tokens: input should be less than or equal to 2147483647"),
 ])

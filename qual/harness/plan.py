@@ -60,7 +60,7 @@ class RunOptions:
     gate: str | None = _text()
     out: str | None = _text()
     history: str | None = _text()
-    device: str | None = _text()  # default: cpu
+    device: str | None = Field(None, pattern=r"^(cpu|cuda(:[0-9]+)?)$")  # default: cpu
     dtype: Literal[DTYPES] | None = None
     dsa_topk: Literal[DSA_TOPK_MODES] | None = None  # sparse-attention targets: exact (default) | union
 
