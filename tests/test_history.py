@@ -184,3 +184,17 @@ def test_rich_markup_in_user_text_is_printed_literally(tmp_path):
         out = runner.invoke(app, ["history", *argv, "--history", str(path)])
         assert out.exit_code == 0, (argv, out.output, out.exception)
         assert "evil[/]model[bold]" in out.output, (argv, out.output)
+
+
+def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path, monkeypatch):
+    path = tmp_path / "v1.sqlite"
+    with monkeypatch.context() as m:  # a database as a qual of schema v1 left it, with one run
+        m.setattr(history, "SCHEMA_VERSION", 1)
+        history.record_run(path, _night(1), None)
+    with sqlite3.connect(path) as conn:
+        assert "run_id" not in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+    conn.close()
+    first = history.record_run(path, _night(2), "a/result.json", run_id="run-a")
+    assert history.record_run(path, _night(2), "a/result.json", run_id="run-a") == first  # a resumed run
+    history.record_run(path, _night(3), "b/result.json", run_id="run-b")
+    assert [(r.id, r.run_id) for r in history.list_runs(path)] == [(3, "run-b"), (2, "run-a"), (1, None)]

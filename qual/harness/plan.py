@@ -253,8 +253,3 @@ def load_plan(run_dir: Path) -> SavedPlan:
     except ValidationError as exc:
         raise QualError(f"{path}: {describe_error(exc, 'options')}") from None
     return SavedPlan(options, fingerprint, run_id)
-
-
-def load_plan_options(run_dir: Path) -> RunOptions:
-    """The options a previous run was started with (for --resume)."""
-    return load_plan(run_dir).options
