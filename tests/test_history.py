@@ -186,13 +186,15 @@ def test_rich_markup_in_user_text_is_printed_literally(tmp_path):
         assert "evil[/]model[bold]" in out.output, (argv, out.output)
 
 
-def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path, monkeypatch):
+def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path):
     path = tmp_path / "v1.sqlite"
-    with monkeypatch.context() as m:  # a database as a qual of schema v1 left it, with one run
-        m.setattr(history, "SCHEMA_VERSION", 1)
-        history.record_run(path, _night(1), None)
-    with sqlite3.connect(path) as conn:
-        assert "run_id" not in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+    with sqlite3.connect(path) as conn:  # a database as a qual of schema v1 left it, with one run
+        conn.executescript(history._SCHEMA_V1)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("INSERT INTO runs (created_at, model, engine, dcp, tp, draft_kv, config_key, corpus_name, "
+                     "corpus_fingerprint, n_requests, verdict, failed_checks, config_json) "
+                     "VALUES ('2026-11-30', 'toy', 'reference', 4, 4, 'replicated', 'k', 'c', 'sha256:0', 1, 'pass', "
+                     "'[]', '{}')")
     conn.close()
     first = history.record_run(path, _night(2), "a/result.json", run_id="run-a")
     assert history.record_run(path, _night(2), "a/result.json", run_id="run-a") == first  # a resumed run
