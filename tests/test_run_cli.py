@@ -147,6 +147,7 @@ def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_
     assert history_rows(db) == 1
     again = qual("run", "--resume", out)  # a finished run, resumed: the same run, recorded once
     assert again.returncode == 0, again.stderr
+    assert history_rows(db) == 1
     with sqlite3.connect(db) as c:
         assert c.execute("select run_id from runs").fetchall() == [(json.loads((out / "run.json").read_text())["run_id"],)]
 
