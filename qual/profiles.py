@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, PositiveInt
 
 from qual import paths
+from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
 from qual.validation import Section, parse_section, read_config_text
@@ -34,6 +35,9 @@ class ModelProfile(Section):
     dcp: PositiveInt | None = None  # the candidate's DCP size (None: 4)
     interleave: PositiveInt = 1
     dtype: Literal[DTYPES] = "float32"
+    # The dtype the checkpoints store, when a cast to `dtype` that qual would refuse is meant (float16 or
+    # int8 weights run in float32): the arm records it. Unset: only lossless or intended casts run.
+    weights_dtype: Literal[WEIGHT_DTYPES] | None = None
     corpus: str = Field("humaneval", min_length=1)
     max_tokens: PositiveInt = 64
     max_model_len: PositiveInt = 2048

@@ -15,7 +15,8 @@ from typing import Any
 
 from qual import __version__
 from qual.errors import QualError
-from qual.records import RequestResult
+from qual.files import write_text
+from qual.records import RecordError, RequestResult
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance
 
 SCHEMA = "qual.result/1"
@@ -81,11 +82,19 @@ class ArmResult:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "ArmResult":
+    def from_json(cls, d: dict, where: str = "arm") -> "ArmResult":
+        cfg = d["config"]
+        k = cfg.get("num_speculative_tokens") if isinstance(cfg, dict) and cfg.get("draft_path") else None
+        records = []
+        for i, r in enumerate(d["per_request"]):
+            try:  # each record's internal consistency: a hand-edited result is refused, naming the record
+                records.append(RequestResult.from_json(r, k if isinstance(k, int) else None))
+            except RecordError as exc:
+                raise QualError(f"{where}.per_request[{i}]: {exc}") from None
         return cls(
-            config=d["config"],
+            config=cfg,
             acceptance=Acceptance.from_json(d["acceptance"]),
-            per_request=[RequestResult.from_json(r) for r in d["per_request"]],
+            per_request=records,
             graph_capture=d["graph_capture"],
             throughput=Throughput(**d["throughput"]),
             engine_version=d["engine_version"],
@@ -206,8 +215,8 @@ class Result:
         try:
             return cls(
                 corpus=CorpusInfo(**d["corpus"]),
-                control=ArmResult.from_json(d["arms"]["control"]),
-                candidate=ArmResult.from_json(d["arms"]["candidate"]),
+                control=ArmResult.from_json(d["arms"]["control"], f"{source}: arms.control"),
+                candidate=ArmResult.from_json(d["arms"]["candidate"], f"{source}: arms.candidate"),
                 comparison=Comparison.from_json(d["comparison"]),
                 gate=GateOutcome.from_json(d["gate"]),
                 created_at=d["created_at"],
@@ -239,10 +248,7 @@ def save_result(result: Result, path: str | Path) -> Path:
     """Write result.json (atomically: a half-written file never carries the final name)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(result), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text(path, dumps(result))
 
 
 def load_result(path: str | Path) -> Result:

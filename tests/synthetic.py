@@ -89,8 +89,13 @@ def synthetic_pair(
     if p_control == p_candidate:
         return control, candidate
     # Different acceptance means different draft steps; only the outputs are kept equal (the target decides them).
-    candidate = [replace(k_, output_token_ids=list(c.output_token_ids)) for c, k_ in zip(control, candidate)]
-    return control, candidate
+    # Both arms stop at the shorter one's length (max_tokens cutting the last step short), which keeps every
+    # record one an engine can produce: n output tokens from d steps accepting a drafts, d + 1 <= n <= 1 + d + a.
+    same = []
+    for c, k_ in zip(control, candidate):
+        out = list(c.output_token_ids[: min(len(c.output_token_ids), len(k_.output_token_ids))])
+        same.append((replace(c, output_token_ids=out), replace(k_, output_token_ids=out)))
+    return [c for c, _ in same], [k_ for _, k_ in same]
 
 
 def synthetic_arm_config(dcp: int, draft_kv: str = "replicated", temperature: float = 0.0, **kw) -> ArmConfig:

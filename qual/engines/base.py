@@ -32,6 +32,14 @@ class Engine(ABC):
         QualError (exit 2), never a run that claims a configuration it did not run.
         """
 
+    def max_model_len(self, arm: ArmConfig) -> int:
+        """The most positions one request may use in this arm (default: the profile's max_model_len)."""
+        return int(arm.extra["max_model_len"])
+
+    def context_needed(self, arm: ArmConfig, prompt_tokens: int, max_tokens: int) -> int:
+        """Positions a request of this size needs in this arm (the plan refuses one beyond max_model_len)."""
+        return prompt_tokens + max_tokens
+
     @abstractmethod
     def describe(self, arm: ArmConfig) -> str:
         """One line for `--dry-run` (the server command, the runtime config); starts nothing."""

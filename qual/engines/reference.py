@@ -85,6 +85,11 @@ class ReferenceEngine(Engine):
             raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
         return replace(arm, dsa_topk=(arm.dsa_topk or "exact") if sparse else None)
 
+    def context_needed(self, arm: ArmConfig, prompt_tokens: int, max_tokens: int) -> int:
+        # The runtime reserves one verify step (the last token plus K drafts) beyond max_tokens.
+        k = arm.num_speculative_tokens if arm.draft_path else 0
+        return prompt_tokens + max_tokens + k + 1
+
     def describe(self, arm: ArmConfig) -> str:
         c = arm.to_json()
         c.pop("extra")

@@ -10,6 +10,7 @@ from typing import Callable
 from qual.engines.registry import get_engine
 from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
+from qual.files import WriteError, write_text
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
 from qual.history import record_run
@@ -26,16 +27,22 @@ def info_path(out_dir: Path, arm: str) -> Path:
 
 
 def _save_info(out_dir: Path, arm: str, info: ArmRunInfo) -> None:
-    info_path(out_dir, arm).write_text(json.dumps(asdict(info), indent=2))
+    write_text(info_path(out_dir, arm), json.dumps(asdict(info), indent=2))
 
 
 def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
     p = info_path(out_dir, arm)
     if not p.exists():
         return None
-    data = json.loads(p.read_text())
-    data["graph_capture"] = GraphCapture(**data["graph_capture"])
-    return ArmRunInfo(**data)
+    try:
+        data = json.loads(p.read_text())
+        data["graph_capture"] = GraphCapture(**data["graph_capture"])
+        info = ArmRunInfo(**data)
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise QualError(f"{p}: unreadable arm record ({type(exc).__name__}: {exc})") from None
+    if not all(isinstance(x, (int, float)) and x >= 0 for x in (info.wall_seconds, info.output_tokens)):
+        raise QualError(f"{p}: wall_seconds and output_tokens must be numbers >= 0")
+    return info
 
 
 def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) -> None:
@@ -51,11 +58,18 @@ def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) ->
         raise QualError(f"arm {arm}: results for requests not in the plan: {', '.join(sorted(extra)[:5])}")
 
 
-def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
+def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
+    """The arm's finished requests, each record checked against the arm (its K)."""
+    config: ArmConfig = plan.arms[arm]
+    return read_journal(journal_path(plan.out_dir, arm), config.num_speculative_tokens if config.draft_path else None)
+
+
+def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
+            done: dict[str, RequestResult] | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
     """Run one arm over the requests it has not finished yet; each result is journaled as it arrives."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
-    done = read_journal(path)
+    done = read_arm_journal(plan, arm) if done is None else done
     todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
     total = len(plan.requests)
     prior = _load_info(plan.out_dir, arm)
@@ -86,12 +100,24 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
 
 
 def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, dict[str, Path]]:
-    """Both arms, then the Result, its four reports, and a history row."""
+    """Both arms, then the Result, its four reports, and a history row (one per run: a resumed run keeps its id).
+
+    A file that cannot be written (disk full) is exit 2 naming it; the journals keep every finished request,
+    so `--resume` after freeing space repeats nothing."""
+    try:
+        return _execute(plan, progress)
+    except WriteError as exc:
+        raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: free space, then "
+                        f"`qual run --resume {plan.out_dir}`") from None
+
+
+def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str, Path]]:
+    journals = {arm: read_arm_journal(plan, arm) for arm in ARM_ORDER}  # a bad record: refused before any arm runs
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.save()
     arms = {}
     for arm in ARM_ORDER:
-        info, results = run_arm(plan, arm, progress)
+        info, results = run_arm(plan, arm, progress, journals[arm])
         if info.runnable:
             check_matched(plan, arm, results)
         ordered = [results[r.id] for r in plan.requests if r.id in results]
@@ -102,5 +128,5 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, di
         arms["control"], arms["candidate"], plan.gate_path, plan.options.seed, reproduce=plan.options.command(),
     )
     paths = write_reports(result, plan.out_dir)
-    record_run(plan.history_path, result, paths["json"])
+    record_run(plan.history_path, result, paths["json"], plan.run_id)
     return result, paths

@@ -8,6 +8,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from qual.report import common, plots
+from qual.files import write_text
 from qual.result import Result
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -74,6 +75,4 @@ def render(result: Result) -> str:
 
 
 def write(result: Result, path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text(render(result), encoding="utf-8")
-    return path
+    return write_text(path, render(result))

@@ -6,6 +6,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from qual.files import write_text
 from qual.result import Result
 
 # Characters XML 1.0 cannot carry even escaped; drop them rather than emit an unparsable file.
@@ -49,6 +50,4 @@ def render(result: Result) -> str:
 
 
 def write(result: Result, path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text(render(result), encoding="utf-8")
-    return path
+    return write_text(path, render(result))

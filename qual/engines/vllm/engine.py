@@ -18,6 +18,7 @@ from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
 from qual.engines.vllm.metrics import SpecCounters
 from qual.engines.vllm.server import VllmServer, free_port
 from qual.errors import EngineError, QualError
+from qual.files import WriteError, write_text
 from qual.validation import parse_section
 
 DCP_NEEDS_GPU = "vLLM DCP>1 needs GPUs: the CPU attention backend returns no softmax LSE"
@@ -108,6 +109,9 @@ class VllmEngine(Engine):
             raise QualError(f"--draft-kv {arm.draft_kv}: vLLM has no switch for draft-KV replication, and this build "
                             f"({self.engine_version(install)}) keeps draft KV {build} under DCP (see `qual doctor`)")
         return replace(arm, draft_kv=build)  # what the build runs, not what was assumed
+
+    def max_model_len(self, arm: ArmConfig) -> int:
+        return VllmOptions.from_extra(arm.extra).max_model_len or super().max_model_len(arm)
 
     def describe(self, arm: ArmConfig) -> str:
         return dry_run_command(arm, self.run_dir or ".")
@@ -220,11 +224,13 @@ class VllmEngine(Engine):
 
     def _fresh_log(self, name: str, cmd: ServeCommand) -> Path:
         log_path = self.run_dir / f"{name}.vllm.log"
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if log_path.exists():  # keep the previous attempt's log (a resumed run's evidence)
-            log_path.replace(log_path.with_name(log_path.name + ".prev"))
-        log_path.write_text(f"# qual: {cmd.shell()}\n")
-        return log_path
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if log_path.exists():  # keep the previous attempt's log (a resumed run's evidence)
+                log_path.replace(log_path.with_name(log_path.name + ".prev"))
+        except OSError as exc:
+            raise WriteError(log_path, exc) from None
+        return write_text(log_path, f"# qual: {cmd.shell()}\n")  # shell(): secret env values redacted
 
     def _replay(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult,
                 server: VllmServer, client: VllmClient) -> int:
