@@ -74,15 +74,16 @@ def test_older_schema_is_migrated(tmp_path, db, monkeypatch):
     def add_notes(conn):
         conn.execute("ALTER TABLE runs ADD COLUMN notes TEXT")
 
-    monkeypatch.setattr(history, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(history.MIGRATIONS, 1, add_notes)
+    current = history.SCHEMA_VERSION
+    monkeypatch.setattr(history, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setitem(history.MIGRATIONS, current, add_notes)
     assert len(history.list_runs(db)) == 5
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT value FROM meta").fetchone()[0] == "2"
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(current + 1)
         assert "notes" in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     conn.close()
-    monkeypatch.setattr(history, "SCHEMA_VERSION", 3)
-    with pytest.raises(QualError, match="no migration from history schema v2"):
+    monkeypatch.setattr(history, "SCHEMA_VERSION", current + 2)
+    with pytest.raises(QualError, match=f"no migration from history schema v{current + 1}"):
         history.list_runs(db)
 
 

@@ -8,10 +8,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from qual import paths
+from qual.baseline import Configuration
 from qual.corpus import load_corpus
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
-from qual.gate import load_gate
+from qual.gate import load_gate, needs_baseline
+from qual.harness.baseline import ResolvedBaseline, check_match, resolve
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
@@ -40,13 +42,14 @@ class RunOptions:
     history: str | None = None
     device: str | None = None  # default: cpu
     dtype: str | None = None
+    baseline: str | None = None  # a result dir / result.json, a history id, or history:last-pass
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
         parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
         for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
-                            ("--device", self.device), ("--dtype", self.dtype)]:
+                            ("--device", self.device), ("--dtype", self.dtype), ("--baseline", self.baseline)]:
             if value is not None:
                 parts.append(f"{flag} {value}")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
@@ -68,9 +71,18 @@ class RunPlan:
     gate_path: str
     out_dir: Path
     history_path: Path
+    baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
+
+    @property
+    def configuration(self) -> Configuration:
+        """The configuration this run belongs to (history:last-pass and pins select on it)."""
+        return Configuration.of(self.arms["candidate"].to_json(), self.corpus_info["fingerprint"], self.corpus_info["count"])
 
     def save(self) -> None:
         data = {"options": asdict(self.options), "corpus": self.corpus_info, "arms": {k: a.to_json() for k, a in self.arms.items()}}
+        if self.baseline is not None:
+            data["baseline"] = {"ref": self.baseline.ref, "chosen_by": self.baseline.chosen_by,
+                                "history_id": self.baseline.history_id, "path": str(self.baseline.path)}
         (self.out_dir / PLAN_FILE).write_text(json.dumps(data, indent=2))
 
 
@@ -124,7 +136,11 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
     if tp % dcp:  # every engine's DCP groups split the TP group (docs/dcp.md)
         raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
     gate_path = str(Path(o.gate) if o.gate else paths.DEFAULT_GATE)
-    load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
+    gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
+    if o.baseline is None and needs_baseline(gate):
+        r = needs_baseline(gate)[0]
+        raise QualError(f"{gate_path}: rule {r.index} ({r.check}) compares with a baseline: give --baseline REF "
+                        "(a run directory, a history id or history:last-pass), or mark the rule without_baseline: skip")
     engine = get_engine(o.engine)
     if engine.local_checkpoints and not dry_run:
         _check_local(profile)
@@ -149,7 +165,11 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
     history = Path(o.history) if o.history else paths.DEFAULT_HISTORY
-    return RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history)
+    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history)
+    if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
+        plan.baseline = resolve(o.baseline, history, plan.configuration)
+        check_match(plan.baseline, arms, corpus.fingerprint, [r.id for r in selected])
+    return plan
 
 
 def load_plan_options(run_dir: Path) -> RunOptions:
