@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import yaml
 
+from qual import paths
 from qual.errors import QualError
 from qual.validation import read_config_text, shown
 from qual.result import ARMS, ArmResult, CheckResult, GateOutcome, Result
@@ -440,13 +441,27 @@ def parse_rules(data: Any, source: str = "<inline>") -> Gate:
     return Gate(tuple(rules), source)
 
 
+def shipped_gates() -> list[str]:
+    return sorted(p.stem for p in paths.GATE_DIR.glob("*.yaml"))
+
+
+def gate_file(name_or_path: str | Path) -> Path:
+    """A gate file: a path as given, or the name of a shipped one (`nightly`, `nightly-baseline`)."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix or len(path.parts) != 1:
+        return path
+    shipped = paths.GATE_DIR / f"{path.name}.yaml"
+    return shipped if shipped.is_file() else path
+
+
 def load_gate(path: str | Path) -> Gate:
-    """Read and validate a gate YAML file."""
-    path = Path(path)
+    """Read and validate a gate YAML file (a path, or a shipped gate's name)."""
+    path = gate_file(path)
     try:
         text = read_config_text(path)
     except OSError as exc:
-        raise QualError(f"cannot read gate file {path}: {exc.strerror or exc}") from None
+        raise QualError(f"cannot read gate file {path}: {exc.strerror or exc} "
+                        f"(shipped gates: {', '.join(shipped_gates())})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

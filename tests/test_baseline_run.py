@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from qual.cli.main import main
 from qual.paths import GATE_DIR
 
 SMALL = ["--dcp", "1", "--tp", "1", "--limit", "6", "--max-tokens", "24"]
@@ -66,17 +67,28 @@ def test_the_reports_carry_the_baseline(nights):
     assert "baseline" not in json.loads((root / "night1" / "result.json").read_text())
 
 
-def test_a_pin_is_taken_before_the_last_pass(nights):
+def in_process(argv, capsys) -> tuple[int, str, str]:
+    """The CLI in this process (no interpreter start-up): (exit code, stdout, stderr)."""
+    old = sys.argv
+    sys.argv = ["qual", *map(str, argv)]
+    try:
+        with pytest.raises(SystemExit) as done:
+            main()
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+def test_a_pin_is_taken_before_the_last_pass(nights, capsys):
     root, db, _, _ = nights
-    pinned = qual("history", "baseline", "pin", "1", "--history", db)
-    assert pinned.returncode == 0 and "run 1 is now the baseline of its configuration" in pinned.stdout, pinned.stderr
-    dry = qual("run", *SMALL, "--baseline", "history:last-pass", "--dry-run", "--history", db)
-    assert dry.returncode == 0, dry.stderr
-    assert "# baseline: run 1 (pinned" in dry.stdout
-    listed = qual("history", "baseline", "list", "--history", db)
-    assert listed.stdout.startswith("run 1 pinned ")
-    assert qual("history", "baseline", "unpin", "1", "--history", db).returncode == 0
-    dry = qual("run", *SMALL, "--baseline", "history:last-pass", "--dry-run", "--history", db)
-    assert "# baseline: run 2 (last pass" in dry.stdout, dry.stdout  # night 2 passed: it is the newest pass now
-    again = qual("history", "baseline", "unpin", "1", "--history", db)
-    assert again.returncode == 2 and "run 1 is not pinned" in again.stderr
+    code, out, err = in_process(["history", "baseline", "pin", "1", "--history", db], capsys)
+    assert code == 0 and "run 1 is now the baseline of its configuration" in out, err
+    code, out, err = in_process(["run", *SMALL, "--baseline", "history:last-pass", "--dry-run", "--history", db], capsys)
+    assert code == 0 and "# baseline: run 1 (pinned" in out, err
+    assert in_process(["history", "baseline", "list", "--history", db], capsys)[1].startswith("run 1 pinned ")
+    assert in_process(["history", "baseline", "unpin", "1", "--history", db], capsys)[0] == 0
+    code, out, err = in_process(["run", *SMALL, "--baseline", "history:last-pass", "--dry-run", "--history", db], capsys)
+    assert "# baseline: run 2 (last pass" in out, out + err  # night 2 passed: it is the newest pass now
+    code, _, err = in_process(["history", "baseline", "unpin", "1", "--history", db], capsys)
+    assert code == 2 and "run 1 is not pinned" in err

@@ -17,8 +17,7 @@ import yaml
 
 from qual.engines.vllm.install import REPO_ROOT, UNPATCHED_VENV
 from qual.gate import evaluate, load_gate
-from qual.paths import DEFAULT_GATE, GATE_DIR
-from qual.profiles import PROFILE_DIR
+from qual.paths import DEFAULT_GATE, GATE_DIR, PROFILE_DIR
 from qual.result import load_result
 
 UNPATCHED_PYTHON = REPO_ROOT / UNPATCHED_VENV / "bin" / "python"

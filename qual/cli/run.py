@@ -28,7 +28,7 @@ def run_command(
     draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="replicated (the fix; default) | sharded (legacy)."),
     temperature: float = typer.Option(0.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
-    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
+    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules: a YAML path or a shipped gate's name (nightly, the default; nightly-baseline)."),
     out: Optional[str] = typer.Option(None, "--out", help="Output directory (default ./reports/<time>-<model>-dcp<N>/)."),
     history: Optional[str] = typer.Option(None, "--history", help="History database (default ./reports/history.sqlite)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu (default) | cuda."),

@@ -12,7 +12,7 @@ from qual.baseline import Configuration
 from qual.corpus import load_corpus
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
-from qual.gate import load_gate, needs_baseline
+from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
@@ -135,7 +135,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
     tp = o.tp or profile.tp or dcp
     if tp % dcp:  # every engine's DCP groups split the TP group (docs/dcp.md)
         raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
-    gate_path = str(Path(o.gate) if o.gate else paths.DEFAULT_GATE)
+    gate_path = str(gate_file(o.gate) if o.gate else paths.DEFAULT_GATE)
     gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
     if o.baseline is None and needs_baseline(gate):
         r = needs_baseline(gate)[0]
