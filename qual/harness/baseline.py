@@ -134,11 +134,12 @@ def check_match(b: ResolvedBaseline, arms: dict[str, ArmConfig], fingerprint: st
         raise QualError(f"--baseline {b.ref}: {b.describe()} does not match this run: {'; '.join(found)}")
 
 
-def _flatten(d, prefix: str = "") -> dict:
-    if isinstance(d, dict) and d:
+def _flatten(d, prefix: str = "", depth: int = 2) -> dict:
+    """Keys two levels deep (extra.tokenizer, sampling.seed): an engine's profile section (extra.vllm) is one value."""
+    if isinstance(d, dict) and d and depth > 0:
         out: dict = {}
         for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k), depth - 1))
         return out
     return {prefix: d}
 
@@ -149,7 +150,11 @@ def differences(baseline: Result, tonight: dict[str, dict], engine_versions: dic
     for arm in ARMS:
         b = {**_flatten(baseline.arms[arm].config), "engine_version": baseline.arms[arm].engine_version}
         t = {**_flatten(tonight[arm]), "engine_version": engine_versions.get(arm)}
-        for key in sorted(set(b) | set(t)):
-            if b.get(key) != t.get(key):
-                rows.append({"arm": arm, "key": key, "baseline": b.get(key), "tonight": t.get(key)})
+        # the engine's own profile section (extra.<engine>.*) last: it differs whenever the engine does
+        for key in sorted(set(b) | set(t), key=lambda k: (k.startswith("extra."), k)):
+            if b.get(key, _ABSENT) != t.get(key, _ABSENT):
+                rows.append({"arm": arm, "key": key, "baseline": b.get(key, _ABSENT), "tonight": t.get(key, _ABSENT)})
     return rows
+
+
+_ABSENT = "(absent)"

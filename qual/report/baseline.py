@@ -62,10 +62,19 @@ def position_rows(b: BaselineComparison) -> tuple[list[str], list[PositionRow]]:
 
 
 def moved(b: BaselineComparison, n: int = 10) -> list[dict]:
-    """The requests that moved most against the baseline, over the compared arms, largest move first."""
-    rows = [{**m, "arm": name} for name, a in b.arms.items() if a.compared for m in a.moved]
-    rows.sort(key=lambda m: (-abs(m["delta"]), m["id"], m["arm"]))
-    return rows[:n]
+    """The requests that moved most against the baseline, over the compared arms, largest move first; a request
+    that moved alike in both arms is one row ("both arms")."""
+    rows: dict[tuple, dict] = {}
+    for name, a in b.arms.items():
+        if not a.compared:
+            continue
+        for m in a.moved:
+            key = (m["id"], m["baseline_rate"], m["tonight_rate"])
+            if key in rows:
+                rows[key]["arm"] = "both arms"
+            else:
+                rows[key] = {**m, "arm": name}
+    return sorted(rows.values(), key=lambda m: (-abs(m["delta"]), m["id"], m["arm"]))[:n]
 
 
 def trend_points(result: Result) -> list[tuple[str, float | None, float | None, bool, bool]]:
