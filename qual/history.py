@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from qual.baseline import Configuration
 from qual.errors import QualError
 from qual.result import Result
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_STEP_PP = 2.0
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 
@@ -55,15 +56,40 @@ def _add_run_id(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE UNIQUE INDEX runs_run_id ON runs (run_id)")
 
 
+def _configuration_of_row(config_json: str, corpus_fingerprint: str, n_requests: int) -> str | None:
+    """None for a row whose stored config names no candidate arm: it stays listed but never serves as a baseline
+    (a migration that stopped on one odd row would lock the whole history)."""
+    try:
+        candidate = json.loads(config_json)["candidate"]
+        return Configuration.of(candidate, corpus_fingerprint, n_requests).key()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _add_baselines(conn: sqlite3.Connection) -> None:
+    """Baselines: each run's configuration (what history:last-pass selects on), the baseline it was judged against,
+    and one pinned run per configuration. Runs recorded before get their configuration from their stored config
+    (n_requests stands for the replayed selection: they are equal whenever the control arm ran)."""
+    conn.execute("ALTER TABLE runs ADD COLUMN configuration TEXT")
+    conn.execute("ALTER TABLE runs ADD COLUMN baseline TEXT")
+    conn.execute("CREATE TABLE pins (configuration TEXT PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs (id), "
+                 "pinned_at TEXT NOT NULL)")
+    conn.execute("CREATE INDEX runs_configuration ON runs (configuration, created_at)")
+    rows = conn.execute("SELECT id, config_json, corpus_fingerprint, n_requests FROM runs").fetchall()
+    for run_id, config_json, fingerprint, n in rows:
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (_configuration_of_row(config_json, fingerprint, n), run_id))
+
+
 # version v -> function migrating a v database to v+1 (inside the open transaction). A new database is
 # created at v1 and migrated, in the same transaction: one spelling of the schema.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_run_id}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_run_id, 2: _add_baselines}
 
 _COLUMNS = (
     "id", "created_at", "model", "engine", "engine_version", "dcp", "tp", "draft_kv", "config_key",
     "corpus_name", "corpus_fingerprint", "n_requests", "control_rate", "candidate_rate", "control_mal",
     "candidate_mal", "delta_rate", "ci_lo", "ci_hi", "verdict", "failed_checks", "result_path", "config_json",
     "run_id",
+    "configuration", "baseline",
 )
 FILTERS = ("engine", "dcp", "tp", "draft_kv", "config_key", "corpus_name")
 
@@ -96,6 +122,8 @@ class HistoryRun:
     result_path: str | None
     config: dict
     run_id: str | None = None  # the run directory's run.json run_id (None: recorded without one)
+    configuration: str | None = None  # Configuration.key() (schema v3); None: recorded without one
+    baseline: str | None = None  # the baseline this run was judged against, where it had one
 
     @property
     def series(self) -> str:
@@ -278,6 +306,8 @@ def record_run(db_path: str | Path, result: Result, result_path: str | Path | No
         "result_path": str(result_path) if result_path is not None else None,
         "config_json": json.dumps({"control": result.control.config, "candidate": k}, sort_keys=True),
         "run_id": run_id,
+        "configuration": configuration_of(result).key(),
+        "baseline": result.baseline.label if result.baseline is not None else None,
     }
     cols = ", ".join(values)
     marks = ", ".join(f":{c}" for c in values)
@@ -385,3 +415,75 @@ def detect_step_changes(runs: Sequence[HistoryRun], threshold_pp: float = DEFAUL
                 if abs(after - before) * 100 > threshold_pp:
                     steps.append(StepChange(series, arm, prev.id, cur.id, cur.created_at, before, after, list(notes)))
     return steps
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def configuration_of(result: Result) -> Configuration:
+    """The configuration a result belongs to (qual.baseline.Configuration)."""
+    return Configuration.of(result.candidate.config, result.corpus.fingerprint, result.corpus.count)
+
+
+def configuration_runs(db_path: str | Path, configuration: Configuration, limit: int | None = None) -> list[HistoryRun]:
+    """Runs of one configuration, newest first."""
+    sql = "SELECT * FROM runs WHERE configuration = ? ORDER BY created_at DESC, id DESC"
+    args: list = [configuration.key()]
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(int(limit))
+    with _open(db_path, create=False) as conn:
+        return [HistoryRun.from_row(r) for r in conn.execute(sql, args)]
+
+
+def last_pass(db_path: str | Path, configuration: Configuration) -> HistoryRun | None:
+    """The newest run of this configuration whose gate passed."""
+    with _open(db_path, create=False) as conn:
+        row = conn.execute(
+            "SELECT * FROM runs WHERE configuration = ? AND verdict = 'pass' ORDER BY created_at DESC, id DESC LIMIT 1",
+            (configuration.key(),),
+        ).fetchone()
+    return HistoryRun.from_row(row) if row is not None else None
+
+
+def pinned_run(db_path: str | Path, configuration: Configuration) -> HistoryRun | None:
+    """The run pinned as this configuration's baseline, if one is."""
+    with _open(db_path, create=False) as conn:
+        row = conn.execute(
+            "SELECT runs.* FROM pins JOIN runs ON runs.id = pins.run_id WHERE pins.configuration = ?",
+            (configuration.key(),),
+        ).fetchone()
+    return HistoryRun.from_row(row) if row is not None else None
+
+
+def pin(db_path: str | Path, run_id: int, pinned_at: str) -> tuple[HistoryRun, int | None]:
+    """Make run_id the baseline of its configuration; returns the run and the run it replaces (if any)."""
+    run = get_run(db_path, run_id)
+    if run.configuration is None:
+        raise QualError(f"run {run_id}: its recorded config names no candidate arm, so it has no configuration to pin")
+    with _open(db_path, create=False) as conn, conn:
+        old = conn.execute("SELECT run_id FROM pins WHERE configuration = ?", (run.configuration,)).fetchone()
+        conn.execute("INSERT OR REPLACE INTO pins (configuration, run_id, pinned_at) VALUES (?, ?, ?)",
+                     (run.configuration, run.id, pinned_at))
+    previous = int(old[0]) if old is not None else None
+    return run, previous if previous != run.id else None
+
+
+def unpin(db_path: str | Path, run_id: int) -> HistoryRun:
+    """Remove run_id's pin (QualError if it is not pinned): its configuration falls back to its last pass."""
+    run = get_run(db_path, run_id)
+    with _open(db_path, create=False) as conn, conn:
+        gone = conn.execute("DELETE FROM pins WHERE run_id = ?", (run.id,)).rowcount
+    if not gone:
+        raise QualError(f"run {run_id} is not pinned (`qual history baseline list` shows the pins)")
+    return run
+
+
+def list_pins(db_path: str | Path) -> list[tuple[HistoryRun, str]]:
+    """Every pinned run and when it was pinned, newest pin first."""
+    with _open(db_path, create=False) as conn:
+        rows = conn.execute(
+            "SELECT runs.*, pins.pinned_at AS pinned_at FROM pins JOIN runs ON runs.id = pins.run_id "
+            "ORDER BY pins.pinned_at DESC, runs.id DESC"
+        ).fetchall()
+    return [(HistoryRun.from_row(r), r["pinned_at"]) for r in rows]

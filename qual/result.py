@@ -14,17 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from qual import __version__
+from qual.baseline import BaselineComparison
 from qual.errors import QualError
 from qual.files import write_text
 from qual.records import RecordError, RequestResult
-from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance
+from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, ci_key
 
 SCHEMA = "qual.result/1"
 ARMS = ("control", "candidate")
-
-
-def ci_key(confidence: float) -> str:
-    return f"{confidence:g}"
 
 
 @dataclass
@@ -183,6 +180,7 @@ class Result:
     reproduce: str = ""
     seed: int = 0
     schema: str = SCHEMA
+    baseline: BaselineComparison | None = None  # tonight's arms against an earlier run (`qual run --baseline`)
 
     @property
     def arms(self) -> dict[str, ArmResult]:
@@ -193,19 +191,20 @@ class Result:
         return "pass" if self.gate.passed else "fail"
 
     def to_json(self) -> dict:
-        return _finite(
-            {
-                "schema": self.schema,
-                "created_at": self.created_at,
-                "qual_version": self.qual_version,
-                "reproduce": self.reproduce,
-                "seed": self.seed,
-                "corpus": asdict(self.corpus),
-                "gate": self.gate.to_json(),
-                "comparison": self.comparison.to_json(),
-                "arms": {name: arm.to_json() for name, arm in self.arms.items()},
-            }
-        )
+        data = {
+            "schema": self.schema,
+            "created_at": self.created_at,
+            "qual_version": self.qual_version,
+            "reproduce": self.reproduce,
+            "seed": self.seed,
+            "corpus": asdict(self.corpus),
+            "gate": self.gate.to_json(),
+            "comparison": self.comparison.to_json(),
+            "arms": {name: arm.to_json() for name, arm in self.arms.items()},
+        }
+        if self.baseline is not None:  # only with --baseline: a run without one writes what it always wrote
+            data["baseline"] = self.baseline.to_json()
+        return _finite(data)
 
     @classmethod
     def from_json(cls, d: dict, source: str = "<result>") -> "Result":
@@ -223,6 +222,7 @@ class Result:
                 qual_version=d.get("qual_version", "unknown"),
                 reproduce=d.get("reproduce", ""),
                 seed=d.get("seed", 0),
+                baseline=BaselineComparison.from_json(d["baseline"]) if d.get("baseline") else None,
             )
         except (KeyError, TypeError) as exc:
             raise QualError(f"{source}: malformed result ({type(exc).__name__}: {exc})") from None

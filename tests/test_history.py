@@ -200,3 +200,46 @@ def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path):
     assert history.record_run(path, _night(2), "a/result.json", run_id="run-a") == first  # a resumed run
     history.record_run(path, _night(3), "b/result.json", run_id="run-b")
     assert [(r.id, r.run_id) for r in history.list_runs(path)] == [(3, "run-b"), (2, "run-a"), (1, None)]
+
+
+# ---------------------------------------------------------------- baselines (schema v3)
+
+_V1_COLUMNS = ", ".join(c for c in history._COLUMNS if c not in ("run_id", "configuration", "baseline"))
+
+
+def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
+    """A database written before baselines existed: each run gets its configuration from its stored config."""
+    old = tmp_path / "v1.sqlite"
+    with sqlite3.connect(old) as conn:
+        conn.executescript(history._SCHEMA_V1)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("ATTACH DATABASE ? AS cur", (str(db),))
+        conn.execute(f"INSERT INTO runs ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM cur.runs")
+    conn.close()
+    runs = history.list_runs(old)
+    assert [r.id for r in runs] == [5, 4, 3, 2, 1]
+    assert [r.configuration for r in runs] == [r.configuration for r in history.list_runs(db)]
+    night = _night(4)
+    assert history.last_pass(old, history.configuration_of(night)).id == 4  # nights 3 and 5 (sharded draft KV) failed
+    assert history.pin(old, 2, "2026-12-06T00:00:00+00:00")[0].id == 2
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "3"
+    conn.close()
+
+
+def test_a_new_history_is_created_at_the_current_schema(db):
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION)
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    assert columns[-2:] == ["configuration", "baseline"] and "pins" in tables
+    assert history.get_run(db, 1).configuration == history.configuration_of(_night(1)).key()
+
+
+def test_cli_pin_needs_the_result_file(db):
+    runner, app = CliRunner(), _cli()
+    out = runner.invoke(app, ["history", "baseline", "pin", "2", "--history", str(db)])
+    assert isinstance(out.exception, QualError) and "its result file reports/night2/result.json is missing" in str(out.exception)
+    out = runner.invoke(app, ["history", "baseline", "list", "--history", str(db)])
+    assert out.exit_code == 0 and "no pinned runs" in out.output

@@ -140,3 +140,50 @@ def trend_cmd(
         marks = [(s.series, _when(s.created_at), s.arm, s.after) for s in steps]
         path = plots.save_figure(plots.trend_figure(points, marks), out)
         console.print(f"plot written to {_t(path)}")
+
+
+baseline_app = typer.Typer(
+    no_args_is_help=True,
+    help="Pinned baselines: `qual run --baseline history:last-pass` takes the run pinned for its configuration, "
+    "else the newest passing run of it.",
+)
+history_app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("pin")
+def pin_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history list`."), history: Path = HistoryOpt) -> None:
+    """Make run ID the baseline of its configuration (it wins over the newest passing run)."""
+    from datetime import timezone
+
+    from qual.errors import QualError
+
+    run = hist.get_run(history, run_id)
+    if not run.result_path or not Path(run.result_path).is_file():
+        raise QualError(f"run {run_id}: its result file {run.result_path or '(none recorded)'} is missing; "
+                        "a baseline is read from it")
+    run, previous = hist.pin(history, run_id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    # Plain print: run fields are recorded text, never console markup.
+    replaced = f" (replaces run {previous})" if previous is not None else ""
+    print(f"run {run.id} is now the baseline of its configuration{replaced}: {run.model} {run.config_key}, "
+          f"{run.n_requests} requests, {run.corpus_fingerprint[:19]}")
+    if run.verdict != "pass":
+        print(f"note: run {run.id} failed its gate ({', '.join(run.failed_checks)}); it is pinned as asked")
+
+
+@baseline_app.command("unpin")
+def unpin_cmd(run_id: int = typer.Argument(..., help="A pinned run's id."), history: Path = HistoryOpt) -> None:
+    """Remove run ID's pin: its configuration's baseline is its newest passing run again."""
+    run = hist.unpin(history, run_id)
+    print(f"run {run.id} is no longer pinned; history:last-pass takes the newest passing run of its configuration")
+
+
+@baseline_app.command("list")
+def pins_cmd(history: Path = HistoryOpt) -> None:
+    """Pinned runs, one per configuration."""
+    pins = hist.list_pins(history)
+    if not pins:
+        print(f"no pinned runs in {history}")
+    for run, pinned_at in pins:
+        print(f"run {run.id} pinned {pinned_at}: {run.model} {run.config_key}, {run.n_requests} requests, "
+              f"{run.corpus_fingerprint[:19]} ({run.verdict}, control {_pct(run.control_rate)}, "
+              f"candidate {_pct(run.candidate_rate)})")

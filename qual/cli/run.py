@@ -27,13 +27,16 @@ def run_command(
     draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="replicated (the fix; default) | sharded (legacy)."),
     temperature: float = typer.Option(0.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
-    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
+    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules: a YAML path or a shipped gate's name (nightly, the default; nightly-baseline)."),
     out: Optional[str] = typer.Option(None, "--out", help="Output directory (default ./reports/<time>-<model>-dcp<N>/)."),
     history: Optional[str] = typer.Option(None, "--history", help="History database (default ./reports/history.sqlite)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu (default) | cuda."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
     dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help="Sparse-attention targets under DCP: exact "
                                            "(default; the global top-k) | union (each rank's local top-k)."),
+    baseline: Optional[str] = typer.Option(
+        None, "--baseline", help="Also compare each arm with an earlier run: a run directory or result.json, a history "
+        "id, or history:last-pass (the run pinned for this configuration, else its newest passing run)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
 ) -> None:
@@ -50,7 +53,7 @@ def run_command(
         options = run_options(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
-                              dsa_topk=dsa_topk)
+                              dsa_topk=dsa_topk, baseline=baseline)
         plan = make_plan(options, dry_run=dry_run)
     if dry_run:
         _print_dry_run(plan)
@@ -71,6 +74,8 @@ def _print_dry_run(plan) -> None:
     engine = get_engine(plan.options.engine)
     for arm, config in plan.arms.items():
         print(f"{arm}: {engine.describe(config)}")
+    if plan.baseline is not None:
+        print(f"# baseline: {plan.baseline.describe()}; matches this run's model, corpus, sampling and K")
 
 
 def _run_with_progress(plan):

@@ -11,5 +11,9 @@ def print_verdict(result, control_label: str, candidate_label: str, report_dir: 
     verdict = "PASS" if result.gate.passed else "FAIL"
     print(f"{verdict}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
           f"{pct(result.candidate.acceptance.rate)} acceptance; report {report_dir / 'report.html'}")
+    if result.baseline is not None:
+        rates = ", ".join(f"{arm} {pct(b.tonight_rate)} vs {pct(b.baseline_rate)}" for arm, b in result.baseline.arms.items()
+                          if b.compared)
+        print(f"  baseline {result.baseline.label}: {rates or 'no arm compared'}")
     for check in result.gate.checks:
         print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")

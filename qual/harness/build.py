@@ -7,7 +7,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from qual.gate import Gate, confidences, evaluate, load_gate, near_tie_margin
+from qual.baseline import ARMS, BaselineArm, BaselineComparison
+from qual.gate import Gate, baseline_confidences, confidences, evaluate, load_gate, near_tie_margin
+from qual.harness.baseline import ResolvedBaseline, differences
+from qual.history import HistoryRun, configuration_of
 from qual.records import ArmConfig, ArmRunInfo, RequestResult
 from qual.result import ArmResult, Comparison, CorpusInfo, GateOutcome, Result, Throughput, ci_key
 from qual.stats import (
@@ -15,12 +18,16 @@ from qual.stats import (
     DEFAULT_RESAMPLES,
     acceptance_summary,
     compare_outputs,
+    pair_by_id,
     pair_requests,
     paired_bootstrap,
     per_category,
+    per_position_deltas,
     per_request_deltas,
     proposal_divergence,
 )
+
+MOVED_REQUESTS = 10  # requests listed per arm as having moved most against the baseline
 
 
 def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[RequestResult]) -> ArmResult:
@@ -78,6 +85,82 @@ def compare_arms(
     )
 
 
+def compare_with_baseline(
+    baseline: Sequence[RequestResult],
+    tonight: Sequence[RequestResult],
+    *,
+    seed: int = 0,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence_levels: Sequence[float] = (0.95,),
+) -> BaselineArm:
+    """One arm of tonight against the same arm of a baseline run, paired by request id (tonight minus baseline)."""
+    base, now, retokenized = pair_by_id(baseline, tonight)
+    levels = sorted({0.95, *confidence_levels})
+    boot = paired_bootstrap(base, now, n_resamples=n_resamples, seed=seed, confidences=levels)
+    a, b = acceptance_summary(base), acceptance_summary(now)
+    positions = per_position_deltas(base, now, n_resamples=n_resamples, seed=seed)
+    moved = [d for d in per_request_deltas(base, now) if d["delta"]]
+    moved.sort(key=lambda d: (-abs(d["delta"]), d["id"]))
+    mal_ci = boot.delta_mean_acceptance_length_ci.get(0.95)
+    return BaselineArm(
+        compared=True,
+        n_requests=len(now),
+        retokenized=retokenized,
+        baseline_rate=a.rate,
+        tonight_rate=b.rate,
+        baseline_mean_acceptance_length=a.mean_acceptance_length,
+        tonight_mean_acceptance_length=b.mean_acceptance_length,
+        delta_rate=boot.delta_rate,
+        delta_rate_ci={ci_key(c): (list(v) if v is not None else None) for c, v in boot.delta_rate_ci.items()},
+        delta_mean_acceptance_length=boot.delta_mean_acceptance_length,
+        delta_mean_acceptance_length_ci95=list(mal_ci) if mal_ci is not None else None,
+        per_position=[{"position": p["position"], "baseline": p["control"], "tonight": p["candidate"],
+                       "delta": p["delta"], "ci": p["ci"]} for p in positions],
+        per_category=[{"category": c["category"], "n": c["n"], "baseline_rate": c["control_rate"],
+                       "tonight_rate": c["candidate_rate"], "delta": c["delta"]} for c in per_category(base, now)],
+        moved=[{"id": d["id"], "category": d["category"], "baseline_rate": d["control_rate"],
+                "tonight_rate": d["candidate_rate"], "delta": d["delta"]} for d in moved[:MOVED_REQUESTS]],
+    )
+
+
+def baseline_comparison(
+    resolved: ResolvedBaseline,
+    arms: dict[str, ArmResult],
+    *,
+    seed: int = 0,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence_levels: Sequence[float] = (0.95,),
+    trend: Sequence[HistoryRun] = (),
+) -> BaselineComparison:
+    """Each of tonight's arms against the baseline's same arm, what differs between the runs, and the trend."""
+    base = resolved.result
+    compared = {}
+    for name in ARMS:
+        now, then = arms[name], base.arms[name]
+        if not now.runnable or not then.runnable:
+            which = "tonight's arm" if not now.runnable else "the baseline's arm"
+            reason = now.not_runnable_reason if not now.runnable else then.not_runnable_reason
+            compared[name] = BaselineArm(compared=False, reason=f"{which} did not run: {reason or 'no reason given'}")
+        else:
+            compared[name] = compare_with_baseline(then.per_request, now.per_request, seed=seed, n_resamples=n_resamples,
+                                                   confidence_levels=confidence_levels)
+    return BaselineComparison(
+        ref=resolved.ref,
+        chosen_by=resolved.chosen_by,
+        history_id=resolved.history_id,
+        result_path=str(resolved.path),
+        created_at=base.created_at,
+        configuration=configuration_of(base).describe(),
+        differs=differences(base, {n: a.config for n, a in arms.items()}, {n: a.engine_version for n, a in arms.items()}),
+        arms=compared,
+        trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.verdict, "control_rate": r.control_rate,
+                "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id}
+               for r in sorted(trend, key=lambda r: (r.created_at, r.id))],
+        bootstrap={"unit": "request", "method": "paired percentile, matched by request id", "resamples": n_resamples,
+                   "seed": seed},
+    )
+
+
 def build_result(
     corpus_info: CorpusInfo | Any,
     control: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]],
@@ -88,8 +171,12 @@ def build_result(
     reproduce: str = "",
     n_resamples: int = DEFAULT_RESAMPLES,
     created_at: str | None = None,
+    baseline: ResolvedBaseline | None = None,
+    trend: Sequence[HistoryRun] = (),
 ) -> Result:
-    """Summarise both arms, compare them (paired, bootstrapped), evaluate the gate: the full Result."""
+    """Summarise both arms, compare them (paired, bootstrapped) and with the baseline if given, evaluate the gate.
+
+    trend: earlier runs of this configuration (history), shown beside the baseline."""
     gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
     corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
     ctrl, cand = arm_result(*control), arm_result(*candidate)
@@ -117,5 +204,8 @@ def build_result(
         reproduce=reproduce,
         seed=seed,
     )
+    if baseline is not None:
+        result.baseline = baseline_comparison(baseline, result.arms, seed=seed, n_resamples=n_resamples,
+                                              confidence_levels=baseline_confidences(gate), trend=trend)
     result.gate = evaluate(gate, result)
     return result

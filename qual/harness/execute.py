@@ -13,12 +13,13 @@ from qual.errors import QualError
 from qual.files import WriteError, write_text
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
-from qual.history import record_run
+from qual.history import configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
 from qual.result import CorpusInfo, Result
 
 ARM_ORDER = ("control", "candidate")
+TREND_RUNS = 20  # earlier runs of the configuration the baseline section's trend strip shows
 Progress = Callable[[str, int, int], None]  # (arm, finished, total)
 
 
@@ -123,9 +124,13 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str
         ordered = [results[r.id] for r in plan.requests if r.id in results]
         info.output_tokens = sum(len(r.output_token_ids) for r in ordered)  # all pieces of a resumed arm
         arms[arm] = (plan.arms[arm], info, ordered)
+    trend = []
+    if plan.baseline is not None and plan.history_path.exists():
+        trend = configuration_runs(plan.history_path, plan.configuration, limit=TREND_RUNS)
     result = build_result(
         CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"], plan.corpus_info["count"]),
         arms["control"], arms["candidate"], plan.gate_path, plan.options.seed, reproduce=plan.options.command(),
+        baseline=plan.baseline, trend=trend,
     )
     paths = write_reports(result, plan.out_dir)
     record_run(plan.history_path, result, paths["json"], plan.run_id)

@@ -13,13 +13,15 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from qual import paths
+from qual.baseline import Configuration
 from qual.checkpoints.weights import inspect_weights
 from qual.corpus import load_corpus
 from qual.corpus.records import MAX_TOKENS
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
 from qual.files import write_text
-from qual.gate import load_gate
+from qual.gate import gate_file, load_gate, needs_baseline
+from qual.harness.baseline import ResolvedBaseline, check_match, resolve
 from qual.history import check_history
 from qual.profiles import DTYPES, load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
@@ -63,13 +65,15 @@ class RunOptions:
     device: str | None = Field(None, pattern=r"^(cpu|cuda(:[0-9]+)?)$")  # default: cpu
     dtype: Literal[DTYPES] | None = None
     dsa_topk: Literal[DSA_TOPK_MODES] | None = None  # sparse-attention targets: exact (default) | union
+    baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
         parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
         for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
-                            ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk)]:
+                            ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk),
+                            ("--baseline", self.baseline)]:
             if value is not None:
                 parts.append(f"{flag} {value}")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
@@ -103,10 +107,19 @@ class RunPlan:
     out_dir: Path
     history_path: Path
     run_id: str = ""  # kept in run.json: a resumed run is the same run (recorded in the history once)
+    baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
+
+    @property
+    def configuration(self) -> Configuration:
+        """The configuration this run belongs to (history:last-pass and pins select on it)."""
+        return Configuration.of(self.arms["candidate"].to_json(), self.corpus_info["fingerprint"], self.corpus_info["count"])
 
     def save(self) -> None:
         data = {"run_id": self.run_id, "options": asdict(self.options), "corpus": self.corpus_info,
                 "arms": {k: a.to_json() for k, a in self.arms.items()}}
+        if self.baseline is not None:
+            data["baseline"] = {"ref": self.baseline.ref, "chosen_by": self.baseline.chosen_by,
+                                "history_id": self.baseline.history_id, "path": str(self.baseline.path)}
         write_text(self.out_dir / PLAN_FILE, json.dumps(data, indent=2))
 
 
@@ -182,8 +195,12 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     tp = o.tp or profile.tp or dcp
     if tp % dcp:  # every engine's DCP groups split the TP group (docs/dcp.md)
         raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
-    gate_path = str(Path(o.gate) if o.gate else paths.DEFAULT_GATE)
-    load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
+    gate_path = str(gate_file(o.gate) if o.gate else paths.DEFAULT_GATE)
+    gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
+    if o.baseline is None and needs_baseline(gate):
+        r = needs_baseline(gate)[0]
+        raise QualError(f"{gate_path}: rule {r.index} ({r.check}) compares with a baseline: give --baseline REF "
+                        "(a run directory, a history id or history:last-pass), or mark the rule without_baseline: skip")
     history = Path(o.history) if o.history else paths.DEFAULT_HISTORY
     check_history(history, "--history")  # not a database, or read-only: refused now, not after both arms
     engine = get_engine(o.engine)
@@ -214,7 +231,11 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-dcp{dcp}"
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
-    return RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex)
+    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex)
+    if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
+        plan.baseline = resolve(o.baseline, history, plan.configuration)
+        check_match(plan.baseline, arms, corpus.fingerprint, [r.id for r in selected])
+    return plan
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,14 @@ def render(result: Result) -> str:
     """The JUnit XML document as text."""
     checks = result.gate.checks
     failures = sum(not c.passed for c in checks)
+    # A check that passed because it did not apply ("skipped: ...") is a skipped test case, not a passed one.
+    skipped = sum(c.passed and c.detail.startswith("skipped:") for c in checks)
     cfg = result.candidate.config
     suite_name = f"qual.gate.{cfg.get('model', 'model')}.dcp{cfg.get('dcp', '?')}"
     root = ET.Element("testsuites", name="qual", tests=str(len(checks)), failures=str(failures), errors="0")
     suite = ET.SubElement(
         root, "testsuite", name=_x(suite_name), tests=str(len(checks)), failures=str(failures),
-        errors="0", skipped="0", timestamp=_x(result.created_at), time="0",
+        errors="0", skipped=str(skipped), timestamp=_x(result.created_at), time="0",
     )
     props = ET.SubElement(suite, "properties")
     for name, value in (
@@ -36,17 +38,31 @@ def render(result: Result) -> str:
         ("candidate_rate", result.candidate.acceptance.rate),
         ("delta_rate", result.comparison.delta_rate),
         ("reproduce", result.reproduce),
+        *_baseline_properties(result),
     ):
         ET.SubElement(props, "property", name=name, value=_x("" if value is None else value))
     for c in checks:
         case = ET.SubElement(suite, "testcase", classname=_x(suite_name), name=_x(c.name), time="0")
-        if c.passed:
+        if c.passed and c.detail.startswith("skipped:"):
+            ET.SubElement(case, "skipped", message=_x(c.detail))
+        elif c.passed:
             ET.SubElement(case, "system-out").text = _x(c.detail)
         else:
             failure = ET.SubElement(case, "failure", message=_x(c.detail), type="GateCheckFailed")
             failure.text = _x(c.detail)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _baseline_properties(result: Result) -> list[tuple[str, object]]:
+    b = result.baseline
+    if b is None:
+        return []
+    props: list[tuple[str, object]] = [("baseline", b.label), ("baseline_result", b.result_path)]
+    for arm, a in b.arms.items():
+        if a.compared:
+            props += [(f"baseline_{arm}_rate", a.baseline_rate), (f"baseline_delta_{arm}_rate", a.delta_rate)]
+    return props
 
 
 def write(result: Result, path: str | Path) -> Path:
