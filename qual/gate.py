@@ -11,6 +11,7 @@ import yaml
 
 from qual.errors import QualError
 from qual.validation import read_config_text, shown
+from qual.records import GRAPH_NOT_OBSERVED
 from qual.result import ArmResult, CheckResult, GateOutcome, Result
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN
 
@@ -135,6 +136,10 @@ def _graph_sizes_captured(result: Result) -> CheckResult:
     name = "graph_sizes_captured"
     gc, gk = result.control.graph_capture, result.candidate.graph_capture
     sc, sk = gc.get("status"), gk.get("status")
+    unseen = [arm for arm, status in (("control", sc), ("candidate", sk)) if status == GRAPH_NOT_OBSERVED]
+    if unseen:  # an attached server captured (or not) before qual saw it: neither a pass nor a failure
+        return CheckResult(name, False, f"skipped: graph capture not observed in {' and '.join(unseen)} "
+                           f"(control {sc}, candidate {sk}); qual did not start that server", skipped=True)
     if sc == "unsupported" and sk == "unsupported":
         return CheckResult(name, True, "graph capture unsupported in both arms: nothing to compare")
     want, have = _captured_sizes(result.control), _captured_sizes(result.candidate)
@@ -275,4 +280,6 @@ def confidences(gate: Gate) -> list[float]:
 def evaluate(gate: Gate, result: Result) -> GateOutcome:
     """Run every rule against a result (its gate field is ignored) in file order."""
     checks = [CHECKS[r.check].fn(result, **r.params) for r in gate.rules]
-    return GateOutcome(passed=all(c.passed for c in checks), checks=checks, source=gate.source)
+    evaluated = [c for c in checks if not c.skipped]
+    # Skipped checks decide nothing; a gate whose every check was skipped decided nothing either, and fails.
+    return GateOutcome(passed=bool(evaluated) and all(c.passed for c in evaluated), checks=checks, source=gate.source)

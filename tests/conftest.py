@@ -13,3 +13,36 @@ def tiny_pair(tmp_path_factory):
     """A tiny random Qwen3 target and DFlash drafter in the real on-disk formats."""
     root = tmp_path_factory.mktemp("tiny")
     return make_target(root / "target"), make_draft(root / "draft")
+
+
+# Every result.json a test writes (directly or through a `qual` subprocess) must validate against the committed
+# schema, docs/result.schema.json: checked after each test, for the files that are new or changed since the last.
+_VALIDATED: dict[Path, int] = {}
+
+
+@pytest.fixture(scope="session")
+def result_schema_validator():
+    import json
+
+    import jsonschema  # the dev extra (pyproject.toml); `make install` installs it
+
+    schema = json.loads((Path(__file__).parents[1] / "docs" / "result.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.fixture(autouse=True)
+def _result_json_matches_the_committed_schema(request, tmp_path_factory, result_schema_validator):
+    yield
+    import json
+
+    for path in tmp_path_factory.getbasetemp().rglob("result.json"):
+        stamp = path.stat().st_mtime_ns
+        if _VALIDATED.get(path) == stamp:
+            continue
+        _VALIDATED[path] = stamp
+        errors = sorted(result_schema_validator.iter_errors(json.loads(path.read_text())), key=lambda e: e.path)
+        if errors:
+            where = "/".join(map(str, errors[0].path))
+            pytest.fail(f"{path} does not match docs/result.schema.json at {where or '(top)'}: {errors[0].message} "
+                        f"({len(errors)} error(s))", pytrace=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,17 +41,35 @@ class RunOptions:
     history: str | None = None
     device: str | None = None  # default: cpu
     dtype: str | None = None
+    # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
+    control_url: str | None = None
+    candidate_url: str | None = None
+    api_key_env: str | None = None  # NAME (both servers) or CONTROL_NAME,CANDIDATE_NAME; the keys are never saved
+    exclusive: bool = False  # the user asserts the servers serve this run alone
+    max_concurrency: int | None = None  # requests in flight per arm (default 1)
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
         parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
         for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
-                            ("--device", self.device), ("--dtype", self.dtype)]:
+                            ("--device", self.device), ("--dtype", self.dtype), ("--control-url", self.control_url),
+                            ("--candidate-url", self.candidate_url), ("--api-key-env", self.api_key_env),
+                            ("--max-concurrency", self.max_concurrency)]:
             if value is not None:
                 parts.append(f"{flag} {value}")
+        if self.exclusive:
+            parts.append("--exclusive")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
         return " ".join(parts)
+
+    def servers(self) -> dict[str, dict]:
+        """Per arm, the running server an attaching engine uses (ArmConfig.extra["server"])."""
+        names = self.api_key_env.split(",") if self.api_key_env else [None]
+        keys = dict(zip(("control", "candidate"), names * 2 if len(names) == 1 else names))
+        return {arm: {"url": url, "arm": arm, "api_key_env": keys[arm], "exclusive": self.exclusive,
+                      "max_concurrency": self.max_concurrency or 1}
+                for arm, url in (("control", self.control_url), ("candidate", self.candidate_url))}
 
     def requested(self) -> frozenset[str]:
         """The knobs the user set explicitly (an engine that cannot apply one of them refuses the run)."""
@@ -74,8 +93,35 @@ class RunPlan:
         (self.out_dir / PLAN_FILE).write_text(json.dumps(data, indent=2))
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _validate_attach(o: RunOptions, attaches: bool) -> None:
+    """The attach-mode options: all of them need an engine that attaches, and it needs both URLs."""
+    urls = {"--control-url": o.control_url, "--candidate-url": o.candidate_url}
+    if not attaches:
+        given = [flag for flag, v in [*urls.items(), ("--api-key-env", o.api_key_env), ("--exclusive", o.exclusive or None),
+                                      ("--max-concurrency", o.max_concurrency)] if v is not None]
+        if given:
+            raise QualError(f"{given[0]} applies to attached servers (--control-url, --candidate-url); "
+                            f"--engine {o.engine} starts its own")
+        return
+    missing = [flag for flag, url in urls.items() if not url]
+    if missing:
+        raise QualError(f"--engine {o.engine} attaches to running servers: give {' and '.join(missing)}")
+    for flag, url in urls.items():
+        if not re.match(r"^https?://[^\s/]+", url):
+            raise QualError(f"{flag} must be an http:// or https:// URL (got {url!r})")
+    names = o.api_key_env.split(",") if o.api_key_env is not None else []
+    if o.api_key_env is not None and (len(names) > 2 or not all(_ENV_NAME.match(n) for n in names)):
+        raise QualError(f"--api-key-env must be NAME or CONTROL_NAME,CANDIDATE_NAME of environment variables "
+                        f"(got {o.api_key_env!r})")
+    if o.max_concurrency is not None and o.max_concurrency < 1:
+        raise QualError(f"--max-concurrency must be >= 1 (got {o.max_concurrency})")
+
+
 def _validate_options(o: RunOptions) -> None:
-    engine_class(o.engine)  # an unknown engine name is a usage error
+    _validate_attach(o, engine_class(o.engine).attaches)  # an unknown engine name is a usage error
     if o.draft_kv is not None and o.draft_kv not in DRAFT_KV_MODES:
         raise QualError(f"--draft-kv must be one of {', '.join(DRAFT_KV_MODES)} (got {o.draft_kv!r})")
     for flag, value in (("--dcp", o.dcp), ("--tp", o.tp), ("--limit", o.limit), ("--max-tokens", o.max_tokens)):
@@ -85,21 +131,44 @@ def _validate_options(o: RunOptions) -> None:
         raise QualError(f"--temperature must be >= 0 (got {o.temperature})")
 
 
-def _tokenize(profile, corpus, selected, o: RunOptions, dry_run: bool) -> list[EngineRequest]:
-    """Prompts are tokenized once, here, so both arms receive identical token ids (a dry run tokenizes nothing)."""
-    if dry_run:
-        return []
-    if not Path(profile.tokenizer_path).is_dir():
-        key = "tokenizer" if profile.tokenizer else "target"
-        raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
-                        "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
-    tokenizer = PromptTokenizer(profile.tokenizer_path)
+def _local_tokenizer(profile, engine) -> PromptTokenizer | None:
+    """The profile's tokenizer where it is a local directory; an engine with its own tokenizer may do without."""
+    if Path(profile.tokenizer_path).is_dir():
+        return PromptTokenizer(profile.tokenizer_path)
+    if engine.attaches:
+        return None  # the control server's /tokenize decides (qual.engines.base.Engine.tokenize)
+    key = "tokenizer" if profile.tokenizer else "target"
+    raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
+                    "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
+
+
+def _first_difference(a: list[int], b: list[int]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"token {i}: {a[i] if i < len(a) else 'end'} vs {b[i] if i < len(b) else 'end'} ({len(a)} vs {len(b)} tokens)"
+
+
+def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, ArmConfig],
+              tokenizer: PromptTokenizer | None) -> list[EngineRequest]:
+    """Prompts are tokenized once, here, so both arms receive identical token ids. Where an arm's engine tokenizes
+    too (an attached server), it must agree on every prompt: matched replay needs identical token ids."""
+    texts = [r.prompt for r in selected]
+    theirs = {name: engine.tokenize(arm, texts) for name, arm in arms.items()}
+    if tokenizer is not None:
+        ids, by = [tokenizer.encode(t) for t in texts], f"the profile's tokenizer ({tokenizer.path})"
+    else:
+        ids, by = theirs["control"], "the control server"
+    for name, got in theirs.items():
+        if got is None or got is ids:
+            continue
+        for r, want, have in zip(selected, ids, got, strict=True):
+            if want != have:
+                raise QualError(f"mismatched tokenizers: the {name} server tokenizes request {r.id} differently from "
+                                f"{by} ({_first_difference(want, have)}); matched replay needs identical prompt token ids")
     requests = []
-    for r in selected:
-        ids = tokenizer.encode(r.prompt)
-        if not ids:
+    for r, prompt_ids in zip(selected, ids, strict=True):
+        if not prompt_ids:
             raise QualError(f"corpus {corpus.name}: request {r.id} tokenizes to nothing")
-        requests.append(EngineRequest(r.id, r.category, tuple(ids), o.max_tokens or r.max_tokens or profile.max_tokens))
+        requests.append(EngineRequest(r.id, r.category, tuple(prompt_ids), o.max_tokens or r.max_tokens or profile.max_tokens))
     return requests
 
 
@@ -130,7 +199,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
         _check_local(profile)
     corpus = load_corpus(o.corpus if o.corpus is not None else profile.corpus)
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
-    requests = _tokenize(profile, corpus, selected, o, dry_run)
+    tokenizer = None if dry_run else _local_tokenizer(profile, engine)  # a dry run tokenizes nothing
     default_max = o.max_tokens or profile.max_tokens
     extra = {"max_model_len": profile.max_model_len, "tokenizer": profile.tokenizer_path,
              o.engine: profile.section(o.engine)}
@@ -142,8 +211,13 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
         interleave=profile.interleave, dtype=o.dtype or profile.dtype, device=o.device or "cpu", extra=extra,
     )
     arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
-    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs: refused before anything is written
+    if engine.attaches:
+        servers = o.servers()
+        arms = {name: replace(arm, extra={**arm.extra, "server": servers[name]}) for name, arm in arms.items()}
+    requests = []
+    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs, servers: refused before anything is written
         arms = {name: engine.preflight(arm, o.requested()) for name, arm in arms.items()}
+        requests = _tokenize(profile, corpus, selected, o, engine, arms, tokenizer)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-dcp{dcp}"
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),

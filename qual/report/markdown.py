@@ -38,7 +38,7 @@ def render(result: Result) -> str:
     lines += [f"| {cell(h.label)} | {cell(h.control)} | {cell(h.candidate)} | {cell(h.delta)} |" for h in common.headline(result)]
     lines += ["", "### Gate checks", "", "| | check | detail |", "|---|---|---|"]
     for c in result.gate.checks:
-        lines.append(f"| {'✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |")
+        lines.append(f"| {'⏭️' if c.skipped else '✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |")
     cats = [r for r in result.comparison.per_category if r.get("delta") is not None]
     if len(cats) > 1:
         cats.sort(key=lambda r: (r["delta"], r["category"]))
