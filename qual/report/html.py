@@ -7,7 +7,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from qual.report import common, plots
+from qual.report import common, plots, provenance
 from qual.result import Result
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -38,8 +38,8 @@ def _figures(result: Result) -> dict[str, Markup]:
     }
 
 
-def render(result: Result) -> str:
-    """The report page as a string."""
+def render(result: Result, report_dir: Path | None = None) -> str:
+    """The report page as a string; links to the arms' logs are relative to report_dir (the page's folder)."""
     a, b = result.control.acceptance, result.candidate.acceptance
     k = max(len(a.per_position), len(b.per_position))
     pad = lambda xs: list(xs) + [None] * (k - len(xs))  # noqa: E731
@@ -70,10 +70,12 @@ def render(result: Result) -> str:
         config=common.config_diff(result),
         n_differ=sum(row.differs for row in common.config_diff(result)),
         figures=_figures(result),
+        facts=provenance.engine_facts(result),
+        logs={arm: provenance.log_href(a, report_dir) for arm, a in result.arms.items()},
     )
 
 
 def write(result: Result, path: str | Path) -> Path:
     path = Path(path)
-    path.write_text(render(result), encoding="utf-8")
+    path.write_text(render(result, path.parent), encoding="utf-8")
     return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from qual.report import common
+from qual.report import common, provenance
 from qual.result import Result
 
 
@@ -48,6 +48,10 @@ def render(result: Result) -> str:
             f"{common.pct(r['candidate_rate'])} | {common.pp(r['delta'])} |"
             for r in cats[:10]
         ]
+    if result.warnings:
+        lines += ["", "### ⚠️ The arms' provenance differs", ""] + [f"- {cell(w)}" for w in result.warnings]
+    lines += ["", "### Engines and provenance", "", "| | control | candidate |", "|---|---|---|"]
+    lines += [f"| {cell(f.label)} | {cell(f.control)} | {cell(f.candidate)} |" for f in provenance.engine_facts(result)]
     lines += ["", f"Corpus fingerprint: `{cell(result.corpus.fingerprint)}`", ""]
     if result.reproduce:
         fence = _fence(result.reproduce)

@@ -98,7 +98,8 @@ class AttachEngine(Engine):
             raise QualError(REFUSED[knob])
         spec = ServerSpec.of(arm)
         facts = self._attach(arm, spec, _options(arm))
-        return replace(arm, draft_kv=NOT_OBSERVABLE,
+        device = facts.config("device_config").get("device") or NOT_OBSERVABLE  # where the deployment put it
+        return replace(arm, draft_kv=NOT_OBSERVABLE, device=str(device),
                        extra={**arm.extra, "attach": {**(arm.extra.get("attach") or {}),
                                                       "served_model_name": self._model(arm, spec, facts)}})
 
@@ -119,7 +120,7 @@ class AttachEngine(Engine):
     # -- attaching: who is there, and is it what the run expects ---------------------------------
 
     def _client(self, arm: ArmConfig, spec: ServerSpec, options: AttachOptions, timeout_s: float) -> VllmClient:
-        model = (arm.extra.get("attach") or {}).get("served_model_name") or options.served_model_name or arm.model
+        model = options.served_model_name or arm.model
         return VllmClient(spec.url, model, timeout_s=timeout_s, api_key=spec.api_key())
 
     def _attach(self, arm: ArmConfig, spec: ServerSpec, options: AttachOptions) -> ServerFacts:
