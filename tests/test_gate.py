@@ -180,3 +180,21 @@ def test_evaluate_is_reusable_on_a_result():
     res = synthetic_result(30)
     again = evaluate(parse_rules([{"check": "mean_acceptance_length_ratio", "min": 1.5}]), res)
     assert not again.passed and "1.0000 < 1.5000" in again.checks[0].detail
+
+
+def test_graph_capture_not_observed_is_skipped_never_guessed():
+    """An attached server's capture was not observed: the check neither passes nor fails, and the gate decides on
+    the checks it could evaluate."""
+    unseen = GraphCapture("not_observed", detail="attached server")
+    full = GraphCapture("captured", "FULL", [1, 2, 4, 8])
+    for control, candidate, which in [(unseen, unseen, "control and candidate"), (full, unseen, "candidate"),
+                                      (unseen, full, "control")]:
+        res = synthetic_result(10, control_graph=control, candidate_graph=candidate)
+        c = _check(res, "graph_sizes_captured")
+        assert c.skipped and not c.passed and f"not observed in {which}" in c.detail
+        assert res.gate.passed and c not in res.gate.failed  # the other checks pass: so does the gate
+    failing = synthetic_result(30, 0.75, 0.6, control_graph=unseen, candidate_graph=unseen)
+    assert not failing.gate.passed and [c.name for c in failing.gate.failed] == [
+        "acceptance_delta_lower_bound", "mean_acceptance_length_ratio"]
+    only = synthetic_result(5, control_graph=unseen, candidate_graph=unseen, rules=[{"check": "graph_sizes_captured"}])
+    assert not only.gate.passed  # a gate that evaluated nothing decided nothing: it does not pass

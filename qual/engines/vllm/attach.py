@@ -32,9 +32,7 @@ from qual.validation import Section, parse_section
 PER_REQUEST, METRICS_DIFF = "per_request_metrics", "metrics_diff"  # RequestResult.acceptance_source
 COUNTER_SETTLE_S = 5.0  # /metrics is updated just after the reply is sent
 NOT_OBSERVABLE = "unknown"  # a fact of the server's build that its API does not expose
-# What the knob means for an attached arm: the user's expectation, checked against the server where it reports it.
-EXPECTED = {"dcp": "dcp", "tp": "tp", "dtype": "dtype", "interleave": "interleave",
-            "num_speculative_tokens": "num_speculative_tokens"}
+# Knobs an attached arm cannot apply and cannot check. Its dcp, tp, dtype are expectations, checked where reported.
 REFUSED = {"draft_kv": "--draft-kv: an attached server's build decides draft-KV replication, and its API does not say",
            "device": "--device: an attached server runs where its deployment put it"}
 
