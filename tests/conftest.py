@@ -24,7 +24,10 @@ _VALIDATED: dict[Path, int] = {}
 def result_schema_validator():
     import json
 
-    import jsonschema  # the dev extra (pyproject.toml); `make install` installs it
+    try:
+        import jsonschema
+    except ImportError:
+        pytest.fail("jsonschema is missing: `make install` installs the dev extra (pyproject.toml)", pytrace=False)
 
     schema = json.loads((Path(__file__).parents[1] / "docs" / "result.schema.json").read_text())
     jsonschema.Draft202012Validator.check_schema(schema)

@@ -237,9 +237,10 @@ def test_a_declared_configuration_the_server_contradicts_is_exit_2(deployment, t
 
 
 @pytest.fixture(scope="module")
-def killed(deployment):
+def killed(deployment, attached):
     """An --exclusive run whose candidate server is SIGKILLed after its first finished request; then the candidate
-    server is started again on its port, this time without per-request metrics."""
+    server is started again on its port, this time without per-request metrics (so after `attached`, which needs
+    them)."""
     out = deployment["root"] / "killed"
     proc = subprocess.Popen([*QUAL, "run", "--control-url", deployment["servers"]["control"].url, "--candidate-url",
                              deployment["servers"]["candidate"].url, *KEYS, "--exclusive", "--dcp", "1", "--tp", "1",
