@@ -16,7 +16,8 @@ def tiny_pair(tmp_path_factory):
 
 
 # Every result.json a test writes (directly or through a `qual` subprocess) must validate against the committed
-# schema, docs/result.schema.json: checked after each test, for the files that are new or changed since the last.
+# schema, docs/result.schema.json: checked after each test module (its tmp folder names the test), for the files
+# that are new or changed since the last check.
 _VALIDATED: dict[Path, int] = {}
 
 
@@ -34,8 +35,8 @@ def result_schema_validator():
     return jsonschema.Draft202012Validator(schema)
 
 
-@pytest.fixture(autouse=True)
-def _result_json_matches_the_committed_schema(request, tmp_path_factory, result_schema_validator):
+@pytest.fixture(scope="module", autouse=True)
+def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_validator):
     yield
     import json
 

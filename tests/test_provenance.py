@@ -68,6 +68,8 @@ def test_an_engine_without_build_facts_still_gets_provenance():
     (EngineBuild("vllm", "0.32.0", host=H200), EngineBuild("vllm", "0.32.0", host=H200), "bfloat16",
      ["dtype differs: control float32, candidate bfloat16"]),
     (EngineBuild("vllm", "0.32.0", host=H200), EngineBuild("vllm", "0.32.0", host=None), "float32", []),  # unknown
+    (EngineBuild("reference", "0.1.0", host=H200), EngineBuild("vllm", "0.32.0", host=H200), "float32",
+     ["engine differs: control reference 0.1.0, candidate vllm 0.32.0"]),
 ])
 def test_differences_that_matter_are_warnings(tmp_path, control, candidate, dtype, expected):
     assert _result(tmp_path, control, candidate, dtype).warnings == expected

@@ -54,8 +54,10 @@ def provenance_differences(control: ArmResult, candidate: ArmResult) -> list[str
         missing = [name for name, p in (("control", a), ("candidate", b)) if p is None]
         return [f"provenance not recorded for the {' and '.join(missing)} arm (a result written before qual recorded it)"]
     out = []
-    va, vb = a.engine.version, b.engine.version
-    if va and vb and va != vb:
+    (na, va), (nb, vb) = (a.engine.name, a.engine.version), (b.engine.name, b.engine.version)
+    if na != nb:
+        out.append(f"engine differs: control {na} {va or '(version unknown)'}, candidate {nb} {vb or '(version unknown)'}")
+    elif va and vb and va != vb:
         out.append(f"engine version differs: control {va}, candidate {vb}")
     da, db = control.config.get("dtype"), candidate.config.get("dtype")
     if da != db:
