@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import qual
 from checkpoints import make_profile
 
@@ -51,12 +49,23 @@ def test_h_is_help_everywhere():
         assert short.output == long.output and "Usage:" in short.output, command
 
 
-def test_run_and_history_share_the_default_history(tmp_path):
+def test_run_and_history_share_the_default_history(tmp_path, monkeypatch):
+    """Where `qual run` records a run by default is where `qual history` reads by default (one path, paths.py)."""
+    from typer.testing import CliRunner
+
+    from qual.cli.main import _register, app
+    from qual.harness.plan import RunOptions, make_plan
+    from qual.history import record_run
+    from qual.paths import DEFAULT_HISTORY
+    from synthetic import synthetic_result
+
     profile = make_profile(tmp_path / "prof")
-    work = tmp_path / "work"
-    work.mkdir()
-    done = run("run", "--model", profile, "--dcp", 1, "--tp", 1, "--limit", 1, "--max-tokens", 2, cwd=work)
-    assert done.returncode == 0, done.stderr
-    listed = run("history", "list", cwd=work)
-    assert listed.returncode == 0 and "tiny" in listed.stdout and "no runs recorded" not in listed.stdout, listed.stdout
-    assert (work / "reports" / "history.sqlite").is_file()
+    monkeypatch.chdir(tmp_path)
+    plan = make_plan(RunOptions(model=str(profile), dcp=1, tp=1, limit=1), dry_run=True)
+    assert plan.history_path == DEFAULT_HISTORY and not plan.history_path.is_absolute()
+    plan.history_path.parent.mkdir(parents=True)
+    record_run(plan.history_path, synthetic_result(4), "reports/x/result.json")  # what execute() does at the end
+    _register()
+    listed = CliRunner().invoke(app, ["history", "list"])
+    assert listed.exit_code == 0, listed.output
+    assert "no runs recorded" not in listed.output and " toy " in listed.output, listed.output
