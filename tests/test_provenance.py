@@ -80,6 +80,9 @@ def test_compare_keeps_each_runs_provenance_and_warns_on_stderr(tmp_path, capsys
 
     a = _result(tmp_path, EngineBuild("vllm", "0.32.0", host=H200), EngineBuild("vllm", "0.32.0", host=H200))
     b = _result(tmp_path, EngineBuild("vllm", "0.33.0", host=B200), EngineBuild("vllm", "0.33.0", host=B200))
+    for res, node in ((a, "node-a"), (b, "node-b")):  # produced elsewhere: this machine must not claim them
+        res.control.provenance.host = replace(res.control.provenance.host, hostname=node)
+        res.control.provenance.qual_commit = "0" * 40
     save_result(a, tmp_path / "a" / "result.json")
     save_result(b, tmp_path / "b" / "result.json")
     argv, handler = sys.argv, signal.getsignal(signal.SIGTERM)
