@@ -100,7 +100,7 @@ def _tokenizer_with_one_more_word(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """Two servers, started together; meanwhile the launching engine (`--engine vllm`) runs the same arm."""
+    """Two servers, started together; then the launching engine (`--engine vllm`) runs the same arm."""
     root = tmp_path_factory.mktemp("deployment")
     keys = {"QUAL_TEST_CONTROL_KEY": "control-" + secrets.token_hex(8),
             "QUAL_TEST_CANDIDATE_KEY": "candidate-" + secrets.token_hex(8)}
@@ -111,12 +111,13 @@ def deployment(tmp_path_factory):
                             key_by_env=True, dev_mode=False),
     }
     try:
+        for s in servers.values():
+            s.wait_healthy()
+        # After the two are up: a third vLLM starting beside them on two cores makes all three slower (CPU threads).
         plan = make_plan(RunOptions(model="toy", dcp=1, tp=1, engine="vllm", limit=LIMIT, max_tokens=MAX_TOKENS,
                                     out=str(root / "launched")))
         plan.out_dir.mkdir()
         _, launched = run_arm(plan, "control")
-        for s in servers.values():
-            s.wait_healthy()
         print(f"\ntwo servers up and the launching engine's arm done in {time.monotonic() - t0:.0f} s")
         yield {"root": root, "servers": servers, "keys": keys, "launched": [launched[r.id] for r in plan.requests]}
     finally:
