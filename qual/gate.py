@@ -12,6 +12,7 @@ import yaml
 from qual import paths
 from qual.errors import QualError
 from qual.validation import read_config_text, shown
+from qual.records import GRAPH_NOT_OBSERVED
 from qual.result import ARMS, ArmResult, CheckResult, GateOutcome, Result
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN
 
@@ -94,7 +95,8 @@ def _target_outputs_identical(
     temps = {a.config.get("sampling", {}).get("temperature") for a in (result.control, result.candidate)}
     if when_temperature is not None and temps != {when_temperature}:
         shown = ", ".join(str(t) for t in sorted(temps, key=str))
-        return CheckResult(name, True, f"skipped: temperature {shown}, rule applies at temperature {when_temperature}")
+        return CheckResult(name, False, f"skipped: temperature {shown}, rule applies at temperature {when_temperature}",
+                           skipped=True)
     cmp = result.comparison
     n = len(result.control.per_request)
     if not (result.control.runnable and result.candidate.runnable):
@@ -136,6 +138,10 @@ def _graph_sizes_captured(result: Result) -> CheckResult:
     name = "graph_sizes_captured"
     gc, gk = result.control.graph_capture, result.candidate.graph_capture
     sc, sk = gc.get("status"), gk.get("status")
+    unseen = [arm for arm, status in (("control", sc), ("candidate", sk)) if status == GRAPH_NOT_OBSERVED]
+    if unseen:  # an attached server captured (or not) before qual saw it: neither a pass nor a failure
+        return CheckResult(name, False, f"skipped: graph capture not observed in {' and '.join(unseen)} "
+                           f"(control {sc}, candidate {sk}); qual did not start that server", skipped=True)
     if sc == "unsupported" and sk == "unsupported":
         return CheckResult(name, True, "graph capture unsupported in both arms: nothing to compare")
     want, have = _captured_sizes(result.control), _captured_sizes(result.candidate)
@@ -168,7 +174,7 @@ BASELINE_CHECKS = ("baseline_delta_lower_bound", "per_position_delta", "category
 def _no_baseline(name: str, without_baseline: str) -> CheckResult:
     # Never a silent pass: either the rule says it may be skipped (and the detail says it was), or it fails.
     if without_baseline == "skip":
-        return CheckResult(name, True, "skipped: no baseline given (the rule says without_baseline: skip)")
+        return CheckResult(name, False, "skipped: no baseline given (the rule says without_baseline: skip)", skipped=True)
     return CheckResult(name, False, "no baseline given: this rule compares each arm with one (qual run --baseline REF, "
                                     "e.g. history:last-pass; or without_baseline: skip)")
 
@@ -274,7 +280,8 @@ def _acceptance_floor(result: Result, min_rate: float | None, min_mean_acceptanc
     name = "acceptance_floor"
     model = result.candidate.config.get("model")
     if models is not None and model not in models:
-        return CheckResult(name, True, f"skipped: floors set for model(s) {', '.join(models)}; this run is {model}")
+        return CheckResult(name, False, f"skipped: floors set for model(s) {', '.join(models)}; this run is {model}",
+                           skipped=True)
     passed, parts = True, []
     for arm in arms:
         a = result.arms[arm]
@@ -495,4 +502,6 @@ def needs_baseline(gate: Gate) -> list[GateRule]:
 def evaluate(gate: Gate, result: Result) -> GateOutcome:
     """Run every rule against a result (its gate field is ignored) in file order."""
     checks = [CHECKS[r.check].fn(result, **r.params) for r in gate.rules]
-    return GateOutcome(passed=all(c.passed for c in checks), checks=checks, source=gate.source)
+    evaluated = [c for c in checks if not c.skipped]
+    # Skipped checks decide nothing; a gate whose every check was skipped decided nothing either, and fails.
+    return GateOutcome(passed=bool(evaluated) and all(c.passed for c in evaluated), checks=checks, source=gate.source)

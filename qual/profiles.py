@@ -43,6 +43,7 @@ class ModelProfile(Section):
     max_model_len: PositiveInt = 2048
     vllm: dict = Field(default_factory=dict)  # validated by the vLLM engine
     reference: dict = Field(default_factory=dict)  # validated by the reference engine
+    attach: dict = Field(default_factory=dict)  # validated by the attach engine (servers qual did not start)
     path: str = ""  # the file it came from (not a key of the file)
 
     def local_path(self, value: str | None) -> str | None:

@@ -75,6 +75,9 @@ class RequestResult:
     draft_steps: list[list] = field(default_factory=list)
     # Target top-1 minus top-2 logit per output token, where the engine can say (near-tie analysis).
     top2_margins: list[float] | None = None
+    # Where drafts/accepted counts came from, where the engine had a choice: "per_request_metrics" (the server's reply)
+    # or "metrics_diff" (/metrics counters before and after, one request at a time); None: the engine counted itself.
+    acceptance_source: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -167,7 +170,7 @@ def check_record(r: RequestResult, num_speculative_tokens: int | None = None) ->
 class GraphCapture:
     """CUDA-graph capture record of one arm."""
 
-    status: str = "unsupported"  # captured | failed | unsupported
+    status: str = "unsupported"  # captured | failed | unsupported | not_observed (GRAPH_NOT_OBSERVED)
     mode: str | None = None
     sizes: list[int] = field(default_factory=list)
     seconds: float | None = None
@@ -175,6 +178,46 @@ class GraphCapture:
     eager_fallback_sizes: list[int] = field(default_factory=list)
     detail: str | None = None
     backend: dict | None = None  # the engine's kernel backend and the steps each part serves, where it says
+
+
+# An attached server's start-up (where vLLM captures its graphs) happened before qual saw it: its capture is not
+# observed, neither captured nor unsupported. The gate's graph check skips such an arm rather than guess.
+GRAPH_NOT_OBSERVED = "not_observed"
+
+
+@dataclass
+class HostFacts:
+    """The machine a process ran on, as far as it can tell (None where it cannot)."""
+
+    hostname: str | None = None
+    platform: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    cuda: str | None = None  # the CUDA runtime torch was built with (None on a CPU build)
+    gpus: list[str] = field(default_factory=list)  # device names, one per visible GPU
+    gpu_driver: str | None = None
+    cpu_model: str | None = None
+    source: str = "this process"  # how these facts were learned (e.g. "this process", "/server_info")
+
+
+@dataclass
+class EngineBuild:
+    """Which engine build ran an arm, where, and with what command or configuration."""
+
+    name: str  # the engine: reference | vllm | attach
+    version: str | None = None
+    commit: str | None = None  # None where the build does not record one
+    host: HostFacts | None = None  # where the engine ran; None where nothing says (an attached server without /server_info)
+    server_command: str | None = None  # the exact server command (a server qual launched)
+    runtime_config: dict | None = None  # the configuration the engine ran with, as the engine states it
+    reported: dict = field(default_factory=dict)  # what a server said about itself (parallel, speculative, ...)
+    source: str = ""  # where these facts came from
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EngineBuild":
+        data = dict(data)
+        host = data.pop("host", None)
+        return cls(**data, host=HostFacts(**host) if isinstance(host, dict) else None)
 
 
 @dataclass
@@ -192,6 +235,7 @@ class ArmRunInfo:
     # Seconds spent generating, without the engine's start-up (loading, graph capture), where the engine can tell.
     # The first arm of a process pays one-time CUDA costs at start-up: wall_seconds alone would favour the second.
     generate_seconds: float | None = None
+    build: EngineBuild | None = None  # the engine build that ran the arm (provenance), where the engine says
 
     @property
     def tokens_per_second(self) -> float:

@@ -147,11 +147,12 @@ def test_target_outputs_check_skipped_when_sampling():
         CorpusInfo("s", "s.jsonl", "sha256:0", 6),
         (synthetic_arm_config(1, temperature=0.8), synthetic_run_info(control), control),
         (synthetic_arm_config(4, temperature=0.8), synthetic_run_info(candidate), candidate),
-        synthetic_gate([{"check": "target_outputs_identical", "when_temperature": 0}]),
+        synthetic_gate([{"check": "candidate_runnable"}, {"check": "target_outputs_identical", "when_temperature": 0}]),
         seed=0,
         n_resamples=50,
     )
-    assert res.gate.passed and res.gate.checks[0].detail.startswith("skipped: temperature 0.8")
+    skipped = res.gate.checks[1]
+    assert res.gate.passed and skipped.skipped and skipped.detail.startswith("skipped: temperature 0.8")
 
 
 def test_candidate_not_runnable_fails_cleanly():
@@ -265,7 +266,7 @@ def test_a_baseline_check_without_a_baseline_fails_unless_marked_skip(rule):
     res = synthetic_result(10, rules=[rule, {**rule, "without_baseline": "skip"}])
     failed, skipped = res.gate.checks
     assert not failed.passed and failed.detail.startswith("no baseline given") and "--baseline" in failed.detail
-    assert skipped.passed and skipped.detail.startswith("skipped: no baseline given")
+    assert skipped.skipped and not skipped.passed and skipped.detail.startswith("skipped: no baseline given")
 
 
 def test_an_arm_the_baseline_did_not_run_is_not_compared_and_fails(tmp_path):
@@ -295,7 +296,7 @@ def test_an_arm_the_baseline_did_not_run_is_not_compared_and_fails(tmp_path):
         ({"min_rate": 0.4}, False, "control: rate 35.89% < 40.00%"),
         ({"min_mean_acceptance_length": 3.6}, False, "mean acceptance length 3.513 < 3.600"),
         ({"min_rate": 0.3, "min_mean_acceptance_length": 3.5, "arms": ["candidate"]}, True, "candidate: rate"),
-        ({"min_rate": 0.9, "models": ["glm-5.3-flash"]}, True, "skipped: floors set for model(s) glm-5.3-flash; this run is toy"),
+        ({"min_rate": 0.9, "models": ["glm-5.3-flash"]}, False, "skipped: floors set for model(s) glm-5.3-flash; this run is toy"),
         ({"min_rate": 0.3, "models": ["toy"]}, True, "control: rate"),
     ],
 )
@@ -303,6 +304,7 @@ def test_acceptance_floor(params, passed, words):
     res = synthetic_result(40, 0.75, 0.75, rules=[{"check": "acceptance_floor", **params}])
     c = res.gate.checks[0]
     assert c.passed is passed and words in c.detail, c.detail
+    assert c.skipped is words.startswith("skipped:")  # a rule that does not apply decides nothing
     if params.get("arms") == ["candidate"]:
         assert "control" not in c.detail
 
@@ -333,3 +335,21 @@ def test_acceptance_floor(params, passed, words):
 def test_bad_parameters_of_the_new_checks_name_the_check_and_the_parameter(rule, message):
     with pytest.raises(QualError, match=message):
         parse_rules([{"check": "candidate_runnable"}, rule], "g.yaml")
+
+
+def test_graph_capture_not_observed_is_skipped_never_guessed():
+    """An attached server's capture was not observed: the check neither passes nor fails, and the gate decides on
+    the checks it could evaluate."""
+    unseen = GraphCapture("not_observed", detail="attached server")
+    full = GraphCapture("captured", "FULL", [1, 2, 4, 8])
+    for control, candidate, which in [(unseen, unseen, "control and candidate"), (full, unseen, "candidate"),
+                                      (unseen, full, "control")]:
+        res = synthetic_result(10, control_graph=control, candidate_graph=candidate)
+        c = _check(res, "graph_sizes_captured")
+        assert c.skipped and not c.passed and f"not observed in {which}" in c.detail
+        assert res.gate.passed and c not in res.gate.failed  # the other checks pass: so does the gate
+    failing = synthetic_result(30, 0.75, 0.6, control_graph=unseen, candidate_graph=unseen)
+    assert not failing.gate.passed and [c.name for c in failing.gate.failed] == [
+        "acceptance_delta_lower_bound", "mean_acceptance_length_ratio"]
+    only = synthetic_result(5, control_graph=unseen, candidate_graph=unseen, rules=[{"check": "graph_sizes_captured"}])
+    assert not only.gate.passed  # a gate that evaluated nothing decided nothing: it does not pass

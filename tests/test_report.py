@@ -229,3 +229,36 @@ def test_a_result_with_a_baseline_round_trips(against_baseline, tmp_path):
 
     back = load_result(save_result(against_baseline, tmp_path / "result.json"))
     assert back.to_json() == against_baseline.to_json() and back.baseline.label == "run 2 (pinned)"
+
+
+def _vllm_result(tmp_path):
+    """A result whose arms ran on vLLM builds that differ in what the report must surface."""
+    from qual.records import EngineBuild, HostFacts
+
+    res = synthetic_result(6)
+    logs = tmp_path / "run"
+    logs.mkdir()
+    for arm, knorm, kv in ((res.control, "yes", "yes"), (res.candidate, "no", "unknown")):
+        arm.log_path = str(logs / f"{arm.config['dcp']}.vllm.log")
+        arm.extra = {"acceptance_source": "per-request metrics (detailed)", "server_command": "vllm serve /m --x <b>",
+                     "dflash_context_knorm_per_layer_in_build": knorm, "draft_kv_replicated_in_build": kv}
+        arm.provenance.engine = EngineBuild("vllm", "0.32.0", None, HostFacts(cpu_model="AMD EPYC", source="t"))
+    for r in res.candidate.per_request:
+        r.acceptance_source = "per_request_metrics"
+    res.candidate.throughput.generate_seconds = res.control.throughput.generate_seconds = 1.0
+    res.control.throughput.output_tokens, res.candidate.throughput.output_tokens = 1000, 800
+    return res, logs
+
+
+def test_report_carries_the_engines_facts(tmp_path):
+    res, logs = _vllm_result(tmp_path)
+    page = html.render(res, logs)
+    md = markdown.render(res)
+    for text in (md, page):
+        assert "k_norm CPU bug present" in text  # the candidate's build
+        assert "replicated (the build keeps draft KV unsharded under DCP)" in text
+        assert "per-request metrics (detailed) (per-request metrics: 6 requests)" in text
+        assert "vllm 0.32.0 (no commit recorded)" in text and "CPU AMD EPYC" in text
+    assert '<a href="1.vllm.log">' in page and '<a href="4.vllm.log">' in page  # relative to the page's folder
+    assert "vllm serve /m --x &lt;b&gt;" in page  # a server command is untrusted text too
+    assert "| throughput |" in md and "-20.0% (×0.80, generating)" in md

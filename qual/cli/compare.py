@@ -9,7 +9,7 @@ import typer
 
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
-from qual.cli.verdict import print_verdict
+from qual.cli.verdict import print_verdict, print_warnings
 
 
 @app.command("compare")
@@ -34,6 +34,7 @@ def compare_command(
     paths = write_reports(result, out)
     if history:
         record_run(history, result, paths["json"])
+    print_warnings(result)
     print_verdict(result, a, b, out)
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)

@@ -18,6 +18,7 @@ class Engine(ABC):
     name: ClassVar[str]
     honours: ClassVar[frozenset[str]]  # the KNOBS this engine applies as asked
     local_checkpoints: ClassVar[bool] = False  # True: target/draft must be local directories (no hub ids)
+    attaches: ClassVar[bool] = False  # True: each arm is a running server (--control-url/--candidate-url), not started
 
     @classmethod
     @abstractmethod
@@ -48,6 +49,11 @@ class Engine(ABC):
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:
         """Replay every request, calling on_result as each finishes."""
+
+    def tokenize(self, arm: ArmConfig, prompts: list[str]) -> list[list[int]] | None:
+        """The prompts' token ids as this arm's engine tokenizes them, where it has a tokenizer of its own (an attached
+        server's /tokenize); None: qual's tokenization of the profile's tokenizer is what the engine gets."""
+        return None
 
     @classmethod
     def doctor(cls) -> list[Any]:

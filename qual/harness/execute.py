@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from qual.engines.registry import get_engine
-from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, RequestResult
+from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
 from qual.files import WriteError, write_text
 from qual.harness.journal import Journal, journal_path, read_journal
@@ -38,8 +38,10 @@ def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
     try:
         data = json.loads(p.read_text())
         data["graph_capture"] = GraphCapture(**data["graph_capture"])
+        if data.get("build") is not None:
+            data["build"] = EngineBuild.from_json(data["build"])
         info = ArmRunInfo(**data)
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise QualError(f"{p}: unreadable arm record ({type(exc).__name__}: {exc})") from None
     if not all(isinstance(x, (int, float)) and x >= 0 for x in (info.wall_seconds, info.output_tokens)):
         raise QualError(f"{p}: wall_seconds and output_tokens must be numbers >= 0")
@@ -92,6 +94,9 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
         journal.close()
     info.extra.update(requests_run=len(todo), resumed_with=total - len(todo))
     if prior is not None:  # resumed: time and tokens add up over the pieces
+        # Each earlier piece's facts are kept: a server restarted in between may have changed (acceptance source, build).
+        earlier = prior.extra.get("earlier_pieces", [])
+        info.extra["earlier_pieces"] = [*earlier, {k: v for k, v in prior.extra.items() if k != "earlier_pieces"}]
         info.wall_seconds += prior.wall_seconds
         info.output_tokens += prior.output_tokens
         both = info.generate_seconds is not None and prior.generate_seconds is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -66,6 +67,12 @@ class RunOptions:
     dtype: Literal[DTYPES] | None = None
     dsa_topk: Literal[DSA_TOPK_MODES] | None = None  # sparse-attention targets: exact (default) | union
     baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
+    # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
+    control_url: str | None = _text()
+    candidate_url: str | None = _text()
+    api_key_env: str | None = _text()  # NAME (both servers) or CONTROL_NAME,CANDIDATE_NAME; the keys are never saved
+    exclusive: bool = False  # the user asserts the servers serve this run alone
+    max_concurrency: int | None = Field(None, ge=1)  # requests in flight per arm (default 1)
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
@@ -73,11 +80,23 @@ class RunOptions:
         for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
                             ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk),
-                            ("--baseline", self.baseline)]:
+                            ("--baseline", self.baseline), ("--control-url", self.control_url),
+                            ("--candidate-url", self.candidate_url), ("--api-key-env", self.api_key_env),
+                            ("--max-concurrency", self.max_concurrency)]:
             if value is not None:
                 parts.append(f"{flag} {value}")
+        if self.exclusive:
+            parts.append("--exclusive")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
         return " ".join(parts)
+
+    def servers(self) -> dict[str, dict]:
+        """Per arm, the running server an attaching engine uses (ArmConfig.extra["server"])."""
+        names = self.api_key_env.split(",") if self.api_key_env else [None]
+        keys = dict(zip(("control", "candidate"), names * 2 if len(names) == 1 else names))
+        return {arm: {"url": url, "arm": arm, "api_key_env": keys[arm], "exclusive": self.exclusive,
+                      "max_concurrency": self.max_concurrency or 1}
+                for arm, url in (("control", self.control_url), ("candidate", self.candidate_url))}
 
     def requested(self) -> frozenset[str]:
         """The knobs the user set explicitly (an engine that cannot apply one of them refuses the run)."""
@@ -123,27 +142,77 @@ class RunPlan:
         write_text(self.out_dir / PLAN_FILE, json.dumps(data, indent=2))
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _validate_attach(o: RunOptions, attaches: bool) -> None:
+    """The attach-mode options: all of them need an engine that attaches, and it needs both URLs."""
+    urls = {"--control-url": o.control_url, "--candidate-url": o.candidate_url}
+    if not attaches:
+        given = [flag for flag, v in [*urls.items(), ("--api-key-env", o.api_key_env), ("--exclusive", o.exclusive or None),
+                                      ("--max-concurrency", o.max_concurrency)] if v is not None]
+        if given:
+            raise QualError(f"{given[0]} applies to attached servers (--control-url, --candidate-url); "
+                            f"--engine {o.engine} starts its own")
+        return
+    missing = [flag for flag, url in urls.items() if not url]
+    if missing:
+        raise QualError(f"--engine {o.engine} attaches to running servers: give {' and '.join(missing)}")
+    for flag, url in urls.items():
+        if not re.match(r"^https?://[^\s/]+", url):
+            raise QualError(f"{flag} must be an http:// or https:// URL (got {url!r})")
+    names = o.api_key_env.split(",") if o.api_key_env is not None else []
+    if o.api_key_env is not None and (len(names) > 2 or not all(_ENV_NAME.match(n) for n in names)):
+        raise QualError(f"--api-key-env must be NAME or CONTROL_NAME,CANDIDATE_NAME of environment variables "
+                        f"(got {o.api_key_env!r})")
+
+
 def _validate_options(o: RunOptions) -> None:
-    engine_class(o.engine)  # an unknown engine name is a usage error (types and ranges: RunOptions itself)
+    # an unknown engine name is a usage error (types and ranges: RunOptions itself)
+    _validate_attach(o, engine_class(o.engine).attaches)
 
 
-def _tokenize(profile, corpus, selected, o: RunOptions, dry_run: bool) -> list[EngineRequest]:
-    """Prompts are tokenized once, here, so both arms receive identical token ids.
+def _local_tokenizer(profile, engine, dry_run: bool) -> PromptTokenizer | None:
+    """The profile's tokenizer where it is a local directory. An engine with its own tokenizer may do without, and
+    so may a dry run (real deployments may name hub ids)."""
+    if Path(profile.tokenizer_path).is_dir():
+        return PromptTokenizer(profile.tokenizer_path)
+    if engine.attaches or dry_run:
+        return None  # the control server's /tokenize decides (qual.engines.base.Engine.tokenize)
+    key = "tokenizer" if profile.tokenizer else "target"
+    raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
+                    "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
 
-    A dry run tokenizes only where the tokenizer is local (real deployments may name hub ids)."""
-    if not Path(profile.tokenizer_path).is_dir():
-        if dry_run:
-            return []
-        key = "tokenizer" if profile.tokenizer else "target"
-        raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
-                        "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
-    tokenizer = PromptTokenizer(profile.tokenizer_path)
+
+def _first_difference(a: list[int], b: list[int]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"token {i}: {a[i] if i < len(a) else 'end'} vs {b[i] if i < len(b) else 'end'} ({len(a)} vs {len(b)} tokens)"
+
+
+def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, ArmConfig],
+              tokenizer: PromptTokenizer | None) -> list[EngineRequest]:
+    """Prompts are tokenized once, here, so both arms receive identical token ids. Where an arm's engine tokenizes
+    too (an attached server), it must agree on every prompt: matched replay needs identical token ids.
+
+    engine None (a dry run): the local tokenizer alone, no server is asked."""
+    texts = [r.prompt for r in selected]
+    theirs = {name: engine.tokenize(arm, texts) for name, arm in arms.items()} if engine is not None else {}
+    if tokenizer is not None:
+        ids, by = [tokenizer.encode(t) for t in texts], f"the profile's tokenizer ({tokenizer.path})"
+    else:
+        ids, by = theirs["control"], "the control server"
+    for name, got in theirs.items():
+        if got is None or got is ids:
+            continue
+        for r, want, have in zip(selected, ids, got, strict=True):
+            if want != have:
+                raise QualError(f"mismatched tokenizers: the {name} server tokenizes request {r.id} differently from "
+                                f"{by} ({_first_difference(want, have)}); matched replay needs identical prompt token ids")
     requests = []
-    for r in selected:
-        ids = tokenizer.encode(r.prompt)
-        if not ids:
+    for r, prompt_ids in zip(selected, ids, strict=True):
+        if not prompt_ids:
             raise QualError(f"corpus {corpus.name}: request {r.id} tokenizes to nothing")
-        requests.append(EngineRequest(r.id, r.category, tuple(ids), o.max_tokens or r.max_tokens or profile.max_tokens))
+        requests.append(EngineRequest(r.id, r.category, tuple(prompt_ids), o.max_tokens or r.max_tokens or profile.max_tokens))
     return requests
 
 
@@ -210,7 +279,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     _check_weights(profile, dtype)
     corpus = load_corpus(o.corpus if o.corpus is not None else profile.corpus)
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
-    requests = _tokenize(profile, corpus, selected, o, dry_run)
+    tokenizer = _local_tokenizer(profile, engine, dry_run)
     default_max = o.max_tokens or profile.max_tokens
     extra = {"max_model_len": profile.max_model_len, "tokenizer": profile.tokenizer_path,
              o.engine: profile.section(o.engine)}
@@ -224,8 +293,15 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
         interleave=profile.interleave, dtype=dtype, device=o.device or "cpu", extra=extra, dsa_topk=o.dsa_topk,
     )
     arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
-    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs: refused before anything is written
+    if engine.attaches:
+        servers = o.servers()
+        arms = {name: replace(arm, extra={**arm.extra, "server": servers[name]}) for name, arm in arms.items()}
+    requests = []
+    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs, servers: refused before anything is written
         arms = {name: engine.preflight(arm, o.requested()) for name, arm in arms.items()}
+        requests = _tokenize(profile, corpus, selected, o, engine, arms, tokenizer)
+    elif tokenizer is not None:  # a dry run checks lengths with the local tokenizer and asks no server
+        requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer)
     _check_lengths(engine, arms, corpus, selected, requests, default_max)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-dcp{dcp}"

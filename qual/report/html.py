@@ -8,7 +8,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from qual.report import baseline as bview
-from qual.report import common, plots
+from qual.report import common, plots, provenance
 from qual.files import write_text
 from qual.result import Result
 
@@ -44,8 +44,8 @@ def _figures(result: Result) -> dict[str, Markup]:
     }
 
 
-def render(result: Result) -> str:
-    """The report page as a string."""
+def render(result: Result, report_dir: Path | None = None) -> str:
+    """The report page as a string; links to the arms' logs are relative to report_dir (the page's folder)."""
     a, b = result.control.acceptance, result.candidate.acceptance
     k = max(len(a.per_position), len(b.per_position))
     pad = lambda xs: list(xs) + [None] * (k - len(xs))  # noqa: E731
@@ -84,8 +84,10 @@ def render(result: Result) -> str:
         bl_position_arms=position_arms,
         bl_positions=position_table,
         bl_moved=bview.moved(bl) if bl is not None else [],
+        facts=provenance.engine_facts(result),
+        logs={arm: provenance.log_href(a, report_dir) for arm, a in result.arms.items()},
     )
 
 
 def write(result: Result, path: str | Path) -> Path:
-    return write_text(path, render(result))
+    return write_text(path, render(result, Path(path).parent))

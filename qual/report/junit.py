@@ -20,9 +20,8 @@ def _x(text: object) -> str:
 def render(result: Result) -> str:
     """The JUnit XML document as text."""
     checks = result.gate.checks
-    failures = sum(not c.passed for c in checks)
-    # A check that passed because it did not apply ("skipped: ...") is a skipped test case, not a passed one.
-    skipped = sum(c.passed and c.detail.startswith("skipped:") for c in checks)
+    failures = sum(not c.passed and not c.skipped for c in checks)
+    skipped = sum(c.skipped for c in checks)
     cfg = result.candidate.config
     suite_name = f"qual.gate.{cfg.get('model', 'model')}.dcp{cfg.get('dcp', '?')}"
     root = ET.Element("testsuites", name="qual", tests=str(len(checks)), failures=str(failures), errors="0")
@@ -43,7 +42,7 @@ def render(result: Result) -> str:
         ET.SubElement(props, "property", name=name, value=_x("" if value is None else value))
     for c in checks:
         case = ET.SubElement(suite, "testcase", classname=_x(suite_name), name=_x(c.name), time="0")
-        if c.passed and c.detail.startswith("skipped:"):
+        if c.skipped:
             ET.SubElement(case, "skipped", message=_x(c.detail))
         elif c.passed:
             ET.SubElement(case, "system-out").text = _x(c.detail)

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from qual.report import baseline as bview
-from qual.report import common
+from qual.report import common, provenance
 from qual.files import write_text
 from qual.result import Result
 
@@ -40,7 +40,7 @@ def render(result: Result) -> str:
     lines += [f"| {cell(h.label)} | {cell(h.control)} | {cell(h.candidate)} | {cell(h.delta)} |" for h in common.headline(result)]
     lines += ["", "### Gate checks", "", "| | check | detail |", "|---|---|---|"]
     for c in result.gate.checks:
-        lines.append(f"| {'✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |")
+        lines.append(f"| {'⏭️' if c.skipped else '✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |")
     if result.baseline is not None:
         lines += _baseline(result)
     cats = [r for r in result.comparison.per_category if r.get("delta") is not None]
@@ -52,6 +52,10 @@ def render(result: Result) -> str:
             f"{common.pct(r['candidate_rate'])} | {common.pp(r['delta'])} |"
             for r in cats[:10]
         ]
+    if result.warnings:
+        lines += ["", "### ⚠️ The arms' provenance differs", ""] + [f"- {cell(w)}" for w in result.warnings]
+    lines += ["", "### Engines and provenance", "", "| | control | candidate |", "|---|---|---|"]
+    lines += [f"| {cell(f.label)} | {cell(f.control)} | {cell(f.candidate)} |" for f in provenance.engine_facts(result)]
     lines += ["", f"Corpus fingerprint: `{cell(result.corpus.fingerprint)}`", ""]
     if result.reproduce:
         fence = _fence(result.reproduce)
