@@ -14,7 +14,7 @@ import yaml
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT, UNPATCHED_VENV
 from qual.harness.execute import run_arm
 from qual.harness.plan import RunOptions, make_plan
-from qual.profiles import PROFILE_DIR
+from qual.paths import PROFILE_DIR
 
 PATCHED_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
 UNPATCHED_PYTHON = REPO_ROOT / UNPATCHED_VENV / "bin" / "python"
