@@ -79,3 +79,12 @@ toy: install
 	$(TOY_ROUND) --stages generate,draft --set seed=2 --set draft_steps=6307
 	$(TOY_ROUND) --stages generate- --set seed=3 --set draft_steps=6005 \
 		--set shape.draft_intermediate_size=2048 --set shape.target_layer_ids=1,2,3,4
+
+# Reproduce the GLM-shaped toy pair in qual/data/models/glm-toy (needs a GPU and transformers >= 5.24): the whole
+# pipeline, then the DFlash2 drafter once more from its own weights on fresh generations.
+GLM_TOY = $(BIN)/qual toy train --preset glm-toy --out qual/data/models/glm-toy --work .cache/glm-toy
+.PHONY: glm-toy
+glm-toy: install
+	$(GLM_TOY)
+	$(GLM_TOY) --stages generate,draft,eval,manifest --set seed=1 --set num_prompts=65536 --set draft_lr=1e-3 \
+		--set draft_seconds=330 --set draft_init=qual/data/models/glm-toy/draft

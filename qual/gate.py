@@ -9,9 +9,11 @@ from typing import Any, Callable
 
 import yaml
 
+from qual import paths
 from qual.errors import QualError
 from qual.validation import read_config_text, shown
-from qual.result import ArmResult, CheckResult, GateOutcome, Result
+from qual.records import GRAPH_NOT_OBSERVED
+from qual.result import ARMS, ArmResult, CheckResult, GateOutcome, Result
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN
 
 
@@ -93,7 +95,8 @@ def _target_outputs_identical(
     temps = {a.config.get("sampling", {}).get("temperature") for a in (result.control, result.candidate)}
     if when_temperature is not None and temps != {when_temperature}:
         shown = ", ".join(str(t) for t in sorted(temps, key=str))
-        return CheckResult(name, True, f"skipped: temperature {shown}, rule applies at temperature {when_temperature}")
+        return CheckResult(name, False, f"skipped: temperature {shown}, rule applies at temperature {when_temperature}",
+                           skipped=True)
     cmp = result.comparison
     n = len(result.control.per_request)
     if not (result.control.runnable and result.candidate.runnable):
@@ -135,6 +138,10 @@ def _graph_sizes_captured(result: Result) -> CheckResult:
     name = "graph_sizes_captured"
     gc, gk = result.control.graph_capture, result.candidate.graph_capture
     sc, sk = gc.get("status"), gk.get("status")
+    unseen = [arm for arm, status in (("control", sc), ("candidate", sk)) if status == GRAPH_NOT_OBSERVED]
+    if unseen:  # an attached server captured (or not) before qual saw it: neither a pass nor a failure
+        return CheckResult(name, False, f"skipped: graph capture not observed in {' and '.join(unseen)} "
+                           f"(control {sc}, candidate {sk}); qual did not start that server", skipped=True)
     if sc == "unsupported" and sk == "unsupported":
         return CheckResult(name, True, "graph capture unsupported in both arms: nothing to compare")
     want, have = _captured_sizes(result.control), _captured_sizes(result.candidate)
@@ -159,6 +166,144 @@ def _candidate_runnable(result: Result) -> CheckResult:
     return CheckResult("candidate_runnable", False, f"candidate not runnable: {k.not_runnable_reason or 'no reason given'}")
 
 
+# ---------------------------------------------------------------- checks against a baseline and absolute floors
+
+BASELINE_CHECKS = ("baseline_delta_lower_bound", "per_position_delta", "category_delta")
+
+
+def _no_baseline(name: str, without_baseline: str) -> CheckResult:
+    # Never a silent pass: either the rule says it may be skipped (and the detail says it was), or it fails.
+    if without_baseline == "skip":
+        return CheckResult(name, False, "skipped: no baseline given (the rule says without_baseline: skip)", skipped=True)
+    return CheckResult(name, False, "no baseline given: this rule compares each arm with one (qual run --baseline REF, "
+                                    "e.g. history:last-pass; or without_baseline: skip)")
+
+
+def _baseline_arms(result: Result, name: str, arms: list[str], without_baseline: str):
+    """(compared arms, failures for arms that could not be compared), or a CheckResult when there is no baseline."""
+    if result.baseline is None:
+        return _no_baseline(name, without_baseline)
+    compared, problems = [], []
+    for arm in arms:
+        b = result.baseline.arms.get(arm)
+        if b is None or not b.compared:
+            problems.append(f"{arm}: not compared ({b.reason if b is not None else 'no such arm in the baseline'})")
+        else:
+            compared.append((arm, b))
+    return compared, problems
+
+
+def _retokenized(b) -> str:
+    return f" ({len(b.retokenized)} requests tokenized differently from the baseline)" if b.retokenized else ""
+
+
+def _baseline_delta_lower_bound(result: Result, min_pp: float, confidence: float, arms: list[str],
+                                without_baseline: str) -> CheckResult:
+    name = "baseline_delta_lower_bound"
+    got = _baseline_arms(result, name, arms, without_baseline)
+    if isinstance(got, CheckResult):
+        return got
+    compared, parts = got
+    passed = not parts
+    for arm, b in compared:
+        ci = b.ci_at(confidence)
+        if b.delta_rate is None or ci is None:
+            passed = False
+            parts.append(f"{arm}: no {confidence:.0%} interval (no draft tokens on one side)")
+            continue
+        lo, hi = ci
+        ok = lo * 100.0 >= min_pp
+        passed &= ok
+        parts.append(
+            f"{arm} {_pct(b.tonight_rate)} vs baseline {_pct(b.baseline_rate)} on {b.n_requests} requests: delta "
+            f"{_pp(b.delta_rate)}, {confidence:.0%} CI [{lo * 100:+.2f}, {hi * 100:+.2f}] pp; lower bound "
+            f"{lo * 100:+.2f} pp {'>=' if ok else '<'} {min_pp:+.2f} pp{_retokenized(b)}"
+        )
+    return CheckResult(name, passed, "; ".join(parts))
+
+
+def _per_position_delta(result: Result, max_pp: float, arms: list[str], positions: list[int] | None,
+                        without_baseline: str) -> CheckResult:
+    name = "per_position_delta"
+    got = _baseline_arms(result, name, arms, without_baseline)
+    if isinstance(got, CheckResult):
+        return got
+    compared, parts = got
+    passed = not parts
+    for arm, b in compared:
+        rows = {p["position"]: p for p in b.per_position}
+        wanted = sorted(rows) if positions is None else positions
+        absent = [i for i in wanted if i not in rows]
+        dropped = [rows[i] for i in wanted if i in rows and rows[i]["delta"] is not None and rows[i]["delta"] * 100 < -max_pp]
+        if absent:
+            passed = False
+            parts.append(f"{arm}: position(s) {absent} not drafted (K = {len(rows)})")
+        if dropped:
+            passed = False
+            shown = ", ".join(
+                f"{p['position']}: {_pct(p['baseline'])} -> {_pct(p['tonight'])} ({_pp(p['delta'])}"
+                + (f", 95% CI [{p['ci'][0] * 100:+.2f}, {p['ci'][1] * 100:+.2f}]" if p.get("ci") else "") + ")"
+                for p in dropped
+            )
+            parts.append(f"{arm}: position(s) {', '.join(str(p['position']) for p in dropped)} dropped more than "
+                         f"{max_pp:.2f} pp against the baseline: {shown}")
+        elif not absent:
+            worst = min((rows[i] for i in wanted if rows[i]["delta"] is not None), key=lambda p: p["delta"], default=None)
+            tail = f"; largest drop at position {worst['position']} ({_pp(worst['delta'])})" if worst and worst["delta"] < 0 else ""
+            parts.append(f"{arm}: no position of {len(wanted)} dropped more than {max_pp:.2f} pp{tail}")
+    return CheckResult(name, passed, "; ".join(parts))
+
+
+def _category_delta(result: Result, max_pp: float, arms: list[str], without_baseline: str) -> CheckResult:
+    name = "category_delta"
+    got = _baseline_arms(result, name, arms, without_baseline)
+    if isinstance(got, CheckResult):
+        return got
+    compared, parts = got
+    passed = not parts
+    for arm, b in compared:
+        rows = [c for c in b.per_category if c.get("delta") is not None]
+        dropped = sorted((c for c in rows if c["delta"] * 100 < -max_pp), key=lambda c: (c["delta"], c["category"]))
+        if dropped:
+            passed = False
+            shown = ", ".join(f"{c['category']} ({c['n']} requests) {_pct(c['baseline_rate'])} -> {_pct(c['tonight_rate'])} "
+                              f"({_pp(c['delta'])})" for c in dropped[:5])
+            more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+            parts.append(f"{arm}: {len(dropped)} of {len(rows)} categories dropped more than {max_pp:.2f} pp: {shown}{more}")
+        else:
+            parts.append(f"{arm}: no category of {len(rows)} dropped more than {max_pp:.2f} pp")
+    return CheckResult(name, passed, "; ".join(parts))
+
+
+def _acceptance_floor(result: Result, min_rate: float | None, min_mean_acceptance_length: float | None,
+                      arms: list[str], models: list[str] | None) -> CheckResult:
+    name = "acceptance_floor"
+    model = result.candidate.config.get("model")
+    if models is not None and model not in models:
+        return CheckResult(name, False, f"skipped: floors set for model(s) {', '.join(models)}; this run is {model}",
+                           skipped=True)
+    passed, parts = True, []
+    for arm in arms:
+        a = result.arms[arm]
+        if not a.runnable:
+            passed = False
+            parts.append(f"{arm}: did not run")
+            continue
+        rate, mal = a.acceptance.rate, a.acceptance.mean_acceptance_length
+        bits = []
+        if min_rate is not None:
+            ok = rate is not None and rate >= min_rate
+            passed &= ok
+            bits.append(f"rate {_pct(rate)} {'>=' if ok else '<'} {_pct(min_rate)}")
+        if min_mean_acceptance_length is not None:
+            ok = mal is not None and mal >= min_mean_acceptance_length
+            passed &= ok
+            shown = "n/a" if mal is None else f"{mal:.3f}"
+            bits.append(f"mean acceptance length {shown} {'>=' if ok else '<'} {min_mean_acceptance_length:.3f}")
+        parts.append(f"{arm}: {', '.join(bits)}")
+    return CheckResult(name, passed, "; ".join(parts))
+
+
 # ---------------------------------------------------------------- registry and parsing
 
 _NUMBER = (int, float)
@@ -181,6 +326,31 @@ class _Param:
 class _Check:
     fn: Callable[..., CheckResult]
     params: dict[str, _Param]
+    validate: Callable[[dict], str | None] | None = None  # rules across parameters: a problem, or None
+
+
+def _is_arms(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(a in ARMS for a in v) and len(set(v)) == len(v)
+
+
+def _is_positions(v: Any) -> bool:
+    return v is None or (isinstance(v, list) and bool(v) and len(set(v)) == len(v)
+                         and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v))
+
+
+def _is_names(v: Any) -> bool:
+    return v is None or (isinstance(v, list) and bool(v) and all(isinstance(n, str) and n for n in v))
+
+
+_ARMS = _Param(_is_arms, "a non-empty list of distinct arms (control, candidate)", list(ARMS))
+_WITHOUT_BASELINE = _Param(lambda v: v in ("fail", "skip"), "'fail' or 'skip'", "fail")
+_MAX_PP = _Param(lambda v: _is_number(v) and v >= 0, "a number of percentage points >= 0", required=True)
+
+
+def _some_floor(params: dict) -> str | None:
+    if params["min_rate"] is None and params["min_mean_acceptance_length"] is None:
+        return "give min_rate, min_mean_acceptance_length or both (a floor of neither checks nothing)"
+    return None
 
 
 CHECKS: dict[str, _Check] = {
@@ -205,6 +375,36 @@ CHECKS: dict[str, _Check] = {
     ),
     "graph_sizes_captured": _Check(_graph_sizes_captured, {}),
     "candidate_runnable": _Check(_candidate_runnable, {}),
+    "baseline_delta_lower_bound": _Check(
+        _baseline_delta_lower_bound,
+        {
+            "min_pp": _Param(_is_number, "a number of percentage points", required=True),
+            "confidence": _Param(lambda v: _is_number(v) and 0 < v < 1, "a number in (0, 1)", 0.95),
+            "arms": _ARMS,
+            "without_baseline": _WITHOUT_BASELINE,
+        },
+    ),
+    "per_position_delta": _Check(
+        _per_position_delta,
+        {
+            "max_pp": _MAX_PP,
+            "arms": _ARMS,
+            "positions": _Param(_is_positions, "null or a non-empty list of distinct draft positions (integers >= 0)"),
+            "without_baseline": _WITHOUT_BASELINE,
+        },
+    ),
+    "category_delta": _Check(_category_delta, {"max_pp": _MAX_PP, "arms": _ARMS, "without_baseline": _WITHOUT_BASELINE}),
+    "acceptance_floor": _Check(
+        _acceptance_floor,
+        {
+            "min_rate": _Param(lambda v: v is None or (_is_number(v) and 0 <= v <= 1), "null or a rate in [0, 1]"),
+            "min_mean_acceptance_length": _Param(lambda v: v is None or (_is_number(v) and v >= 1),
+                                                 "null or a mean acceptance length >= 1"),
+            "arms": _ARMS,
+            "models": _Param(_is_names, "null or a non-empty list of model profile names"),
+        },
+        _some_floor,
+    ),
 }
 
 
@@ -241,17 +441,34 @@ def parse_rules(data: Any, source: str = "<inline>") -> Gate:
             if not p.check(given[pname]):
                 raise QualError(f"{where} ({name}): {pname} must be {p.what}, got {shown(given[pname])}")
             params[pname] = given[pname]
+        problem = spec.validate(params) if spec.validate is not None else None
+        if problem:
+            raise QualError(f"{where} ({name}): {problem}")
         rules.append(GateRule(name, params, i, source))
     return Gate(tuple(rules), source)
 
 
+def shipped_gates() -> list[str]:
+    return sorted(p.stem for p in paths.GATE_DIR.glob("*.yaml"))
+
+
+def gate_file(name_or_path: str | Path) -> Path:
+    """A gate file: a path as given, or the name of a shipped one (`nightly`, `nightly-baseline`)."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix or len(path.parts) != 1:
+        return path
+    shipped = paths.GATE_DIR / f"{path.name}.yaml"
+    return shipped if shipped.is_file() else path
+
+
 def load_gate(path: str | Path) -> Gate:
-    """Read and validate a gate YAML file."""
-    path = Path(path)
+    """Read and validate a gate YAML file (a path, or a shipped gate's name)."""
+    path = gate_file(path)
     try:
         text = read_config_text(path)
     except OSError as exc:
-        raise QualError(f"cannot read gate file {path}: {exc.strerror or exc}") from None
+        raise QualError(f"cannot read gate file {path}: {exc.strerror or exc} "
+                        f"(shipped gates: {', '.join(shipped_gates())})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -272,7 +489,19 @@ def confidences(gate: Gate) -> list[float]:
     return sorted({0.95, *(float(p["confidence"]) for p in gate.params_of("acceptance_delta_lower_bound"))})
 
 
+def baseline_confidences(gate: Gate) -> list[float]:
+    """Confidence levels the baseline comparison needs, always including 0.95 (shown in the reports)."""
+    return sorted({0.95, *(float(p["confidence"]) for p in gate.params_of("baseline_delta_lower_bound"))})
+
+
+def needs_baseline(gate: Gate) -> list[GateRule]:
+    """Rules that fail without a baseline (those not marked without_baseline: skip)."""
+    return [r for r in gate.rules if r.check in BASELINE_CHECKS and r.params["without_baseline"] == "fail"]
+
+
 def evaluate(gate: Gate, result: Result) -> GateOutcome:
     """Run every rule against a result (its gate field is ignored) in file order."""
     checks = [CHECKS[r.check].fn(result, **r.params) for r in gate.rules]
-    return GateOutcome(passed=all(c.passed for c in checks), checks=checks, source=gate.source)
+    evaluated = [c for c in checks if not c.skipped]
+    # Skipped checks decide nothing; a gate whose every check was skipped decided nothing either, and fails.
+    return GateOutcome(passed=bool(evaluated) and all(c.passed for c in evaluated), checks=checks, source=gate.source)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from qual.baseline import Configuration
 from qual.errors import QualError
 from qual.result import Result
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 DEFAULT_STEP_PP = 2.0
+LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 
 _SCHEMA_V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,13 +49,47 @@ CREATE TABLE runs (
 CREATE INDEX runs_series ON runs (model, config_key, created_at);
 """
 
-# version v -> function migrating a v database to v+1 (inside the open transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+def _add_run_id(conn: sqlite3.Connection) -> None:
+    # A run (its run.json's run_id) is recorded once: resuming a finished run does not add a second row.
+    conn.execute("ALTER TABLE runs ADD COLUMN run_id TEXT")
+    conn.execute("CREATE UNIQUE INDEX runs_run_id ON runs (run_id)")
+
+
+def _configuration_of_row(config_json: str, corpus_fingerprint: str, n_requests: int) -> str | None:
+    """None for a row whose stored config names no candidate arm: it stays listed but never serves as a baseline
+    (a migration that stopped on one odd row would lock the whole history)."""
+    try:
+        candidate = json.loads(config_json)["candidate"]
+        return Configuration.of(candidate, corpus_fingerprint, n_requests).key()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _add_baselines(conn: sqlite3.Connection) -> None:
+    """Baselines: each run's configuration (what history:last-pass selects on), the baseline it was judged against,
+    and one pinned run per configuration. Runs recorded before get their configuration from their stored config
+    (n_requests stands for the replayed selection: they are equal whenever the control arm ran)."""
+    conn.execute("ALTER TABLE runs ADD COLUMN configuration TEXT")
+    conn.execute("ALTER TABLE runs ADD COLUMN baseline TEXT")
+    conn.execute("CREATE TABLE pins (configuration TEXT PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs (id), "
+                 "pinned_at TEXT NOT NULL)")
+    conn.execute("CREATE INDEX runs_configuration ON runs (configuration, created_at)")
+    rows = conn.execute("SELECT id, config_json, corpus_fingerprint, n_requests FROM runs").fetchall()
+    for run_id, config_json, fingerprint, n in rows:
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (_configuration_of_row(config_json, fingerprint, n), run_id))
+
+
+# version v -> function migrating a v database to v+1 (inside the open transaction). A new database is
+# created at v1 and migrated, in the same transaction: one spelling of the schema.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_run_id, 2: _add_baselines}
 
 _COLUMNS = (
     "id", "created_at", "model", "engine", "engine_version", "dcp", "tp", "draft_kv", "config_key",
     "corpus_name", "corpus_fingerprint", "n_requests", "control_rate", "candidate_rate", "control_mal",
     "candidate_mal", "delta_rate", "ci_lo", "ci_hi", "verdict", "failed_checks", "result_path", "config_json",
+    "run_id",
+    "configuration", "baseline",
 )
 FILTERS = ("engine", "dcp", "tp", "draft_kv", "config_key", "corpus_name")
 
@@ -83,6 +121,9 @@ class HistoryRun:
     failed_checks: list[str]
     result_path: str | None
     config: dict
+    run_id: str | None = None  # the run directory's run.json run_id (None: recorded without one)
+    configuration: str | None = None  # Configuration.key() (schema v3); None: recorded without one
+    baseline: str | None = None  # the baseline this run was judged against, where it had one
 
     @property
     def series(self) -> str:
@@ -91,7 +132,7 @@ class HistoryRun:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "HistoryRun":
-        d = {k: row[k] for k in _COLUMNS}
+        d = {k: row[k] for k in _COLUMNS if k in row.keys()}
         d["failed_checks"] = json.loads(d["failed_checks"])
         d["config"] = json.loads(d.pop("config_json"))
         return cls(**d)
@@ -111,13 +152,11 @@ def config_key(result: Result) -> str:
 # ---------------------------------------------------------------- connection and schema
 
 
-def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+def _schema_state(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The database's schema version, None when it is empty; QualError when it is not a qual history."""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not tables:
-        with conn:
-            conn.executescript(_SCHEMA_V1)
-            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        return
+        return None
     if "meta" not in tables or "runs" not in tables:
         raise QualError(f"{path} is not a qual history database (no meta/runs tables)")
     row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -129,14 +168,66 @@ def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
         raise QualError(
             f"{path}: history schema v{version} is newer than this qual understands (v{SCHEMA_VERSION}); upgrade qual"
         )
+    return version
+
+
+def _upgrade(conn: sqlite3.Connection, path: Path, version: int | None) -> None:
+    """Create (at v1) and migrate to SCHEMA_VERSION; the caller holds the write transaction."""
+    if version is None:
+        for statement in filter(str.strip, _SCHEMA_V1.split(";")):
+            conn.execute(statement)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        version = 1
     while version < SCHEMA_VERSION:
         step = MIGRATIONS.get(version)
         if step is None:
             raise QualError(f"{path}: no migration from history schema v{version} to v{version + 1}")
-        with conn:
-            step(conn)
-            version += 1
-            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+        step(conn)
+        version += 1
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+
+
+def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """A current schema, created or migrated in one IMMEDIATE transaction.
+
+    Concurrent first writers to a new database must never see it half-built: the schema is created under
+    the write lock, and whoever waited for the lock looks again before creating anything."""
+    if _schema_state(conn, path) == SCHEMA_VERSION:
+        return
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
+            conn.execute("BEGIN IMMEDIATE")
+            break
+        except sqlite3.OperationalError as exc:  # "database is locked" past the busy timeout
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    try:
+        _upgrade(conn, path, _schema_state(conn, path))
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:  # a failed COMMIT (disk full) may already have rolled back
+        conn.execute("ROLLBACK")
+
+
+def _read_only(path: Path) -> bool:
+    return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def _connect(path: Path, read_only: bool) -> sqlite3.Connection:
+    if read_only:
+        # A WAL database on a read-only filesystem opens only as immutable (nothing can write it there).
+        return sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True, timeout=LOCK_TIMEOUT_S,
+                               isolation_level=None)
+    # Autocommit: transactions are explicit (BEGIN IMMEDIATE), never begun behind qual's back.
+    return sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
 
 
 @contextmanager
@@ -146,20 +237,48 @@ def _open(db_path: str | Path, create: bool) -> Iterator[sqlite3.Connection]:
         if not create:
             raise QualError(f"no run history at {path} (runs are recorded by `qual run --history {path}`)")
         path.parent.mkdir(parents=True, exist_ok=True)
+    read_only = not create and _read_only(path)
     try:
-        with closing(sqlite3.connect(path, timeout=30)) as conn:
+        with closing(_connect(path, read_only)) as conn:
             conn.row_factory = sqlite3.Row
-            _ensure_schema(conn, path)
+            if read_only:
+                version = _schema_state(conn, path)
+                if version != SCHEMA_VERSION:
+                    raise QualError(f"{path}: history schema v{version} needs migrating, and the database is read-only")
+            else:
+                _ensure_schema(conn, path)
             yield conn
     except sqlite3.DatabaseError as exc:
         raise QualError(f"{path}: cannot use history database ({exc})") from None
 
 
+def check_history(db_path: str | Path, option: str = "--history") -> None:
+    """Before any work: the history can take a row (an existing file is a qual history database we may write;
+    a new one can be created). Reads only; a dry run may call it."""
+    path = Path(db_path)
+    if path.is_dir():
+        raise QualError(f"{option} {path}: is a directory; give the database file's path")
+    if not path.exists():
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise QualError(f"{option} {path}: cannot create the database there ({parent} is not a writable folder)")
+        return
+    if _read_only(path):
+        raise QualError(f"{option} {path}: the history database is read-only (a run could not be recorded)")
+    try:  # immutable: reads the file as it is, taking no lock and leaving no -wal/-shm file behind
+        with closing(_connect(path, read_only=True)) as conn:
+            _schema_state(conn, path)
+    except sqlite3.DatabaseError as exc:
+        raise QualError(f"{option} {path}: not a usable history database ({exc})") from None
+
+
 # ---------------------------------------------------------------- writing and reading
 
 
-def record_run(db_path: str | Path, result: Result, result_path: str | Path | None) -> int:
-    """Append a completed run; returns its run id."""
+def record_run(db_path: str | Path, result: Result, result_path: str | Path | None, run_id: str | None = None) -> int:
+    """Append a completed run; returns its row id. A run_id already recorded adds nothing (the row it has)."""
     k = result.candidate.config
     cmp = result.comparison
     ci = cmp.delta_rate_ci95 or [None, None]
@@ -186,12 +305,22 @@ def record_run(db_path: str | Path, result: Result, result_path: str | Path | No
         "failed_checks": json.dumps([c.name for c in result.gate.failed]),
         "result_path": str(result_path) if result_path is not None else None,
         "config_json": json.dumps({"control": result.control.config, "candidate": k}, sort_keys=True),
+        "run_id": run_id,
+        "configuration": configuration_of(result).key(),
+        "baseline": result.baseline.label if result.baseline is not None else None,
     }
     cols = ", ".join(values)
     marks = ", ".join(f":{c}" for c in values)
-    with _open(db_path, create=True) as conn, conn:
-        cur = conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", values)
-        return int(cur.lastrowid)
+    with _open(db_path, create=True) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone() if run_id else None
+            row_id = row[0] if row else conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", values).lastrowid
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return int(row_id)
 
 
 def _where(model: str | None, filters: dict[str, Any]) -> tuple[str, list]:
@@ -286,3 +415,75 @@ def detect_step_changes(runs: Sequence[HistoryRun], threshold_pp: float = DEFAUL
                 if abs(after - before) * 100 > threshold_pp:
                     steps.append(StepChange(series, arm, prev.id, cur.id, cur.created_at, before, after, list(notes)))
     return steps
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def configuration_of(result: Result) -> Configuration:
+    """The configuration a result belongs to (qual.baseline.Configuration)."""
+    return Configuration.of(result.candidate.config, result.corpus.fingerprint, result.corpus.count)
+
+
+def configuration_runs(db_path: str | Path, configuration: Configuration, limit: int | None = None) -> list[HistoryRun]:
+    """Runs of one configuration, newest first."""
+    sql = "SELECT * FROM runs WHERE configuration = ? ORDER BY created_at DESC, id DESC"
+    args: list = [configuration.key()]
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(int(limit))
+    with _open(db_path, create=False) as conn:
+        return [HistoryRun.from_row(r) for r in conn.execute(sql, args)]
+
+
+def last_pass(db_path: str | Path, configuration: Configuration) -> HistoryRun | None:
+    """The newest run of this configuration whose gate passed."""
+    with _open(db_path, create=False) as conn:
+        row = conn.execute(
+            "SELECT * FROM runs WHERE configuration = ? AND verdict = 'pass' ORDER BY created_at DESC, id DESC LIMIT 1",
+            (configuration.key(),),
+        ).fetchone()
+    return HistoryRun.from_row(row) if row is not None else None
+
+
+def pinned_run(db_path: str | Path, configuration: Configuration) -> HistoryRun | None:
+    """The run pinned as this configuration's baseline, if one is."""
+    with _open(db_path, create=False) as conn:
+        row = conn.execute(
+            "SELECT runs.* FROM pins JOIN runs ON runs.id = pins.run_id WHERE pins.configuration = ?",
+            (configuration.key(),),
+        ).fetchone()
+    return HistoryRun.from_row(row) if row is not None else None
+
+
+def pin(db_path: str | Path, run_id: int, pinned_at: str) -> tuple[HistoryRun, int | None]:
+    """Make run_id the baseline of its configuration; returns the run and the run it replaces (if any)."""
+    run = get_run(db_path, run_id)
+    if run.configuration is None:
+        raise QualError(f"run {run_id}: its recorded config names no candidate arm, so it has no configuration to pin")
+    with _open(db_path, create=False) as conn, conn:
+        old = conn.execute("SELECT run_id FROM pins WHERE configuration = ?", (run.configuration,)).fetchone()
+        conn.execute("INSERT OR REPLACE INTO pins (configuration, run_id, pinned_at) VALUES (?, ?, ?)",
+                     (run.configuration, run.id, pinned_at))
+    previous = int(old[0]) if old is not None else None
+    return run, previous if previous != run.id else None
+
+
+def unpin(db_path: str | Path, run_id: int) -> HistoryRun:
+    """Remove run_id's pin (QualError if it is not pinned): its configuration falls back to its last pass."""
+    run = get_run(db_path, run_id)
+    with _open(db_path, create=False) as conn, conn:
+        gone = conn.execute("DELETE FROM pins WHERE run_id = ?", (run.id,)).rowcount
+    if not gone:
+        raise QualError(f"run {run_id} is not pinned (`qual history baseline list` shows the pins)")
+    return run
+
+
+def list_pins(db_path: str | Path) -> list[tuple[HistoryRun, str]]:
+    """Every pinned run and when it was pinned, newest pin first."""
+    with _open(db_path, create=False) as conn:
+        rows = conn.execute(
+            "SELECT runs.*, pins.pinned_at AS pinned_at FROM pins JOIN runs ON runs.id = pins.run_id "
+            "ORDER BY pins.pinned_at DESC, runs.id DESC"
+        ).fetchall()
+    return [(HistoryRun.from_row(r), r["pinned_at"]) for r in rows]

@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, PositiveInt
 
 from qual import paths
+from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
 from qual.validation import Section, parse_section, read_config_text
@@ -34,11 +35,15 @@ class ModelProfile(Section):
     dcp: PositiveInt | None = None  # the candidate's DCP size (None: 4)
     interleave: PositiveInt = 1
     dtype: Literal[DTYPES] = "float32"
+    # The dtype the checkpoints store, when a cast to `dtype` that qual would refuse is meant (float16 or
+    # int8 weights run in float32): the arm records it. Unset: only lossless or intended casts run.
+    weights_dtype: Literal[WEIGHT_DTYPES] | None = None
     corpus: str = Field("humaneval", min_length=1)
     max_tokens: PositiveInt = 64
     max_model_len: PositiveInt = 2048
     vllm: dict = Field(default_factory=dict)  # validated by the vLLM engine
     reference: dict = Field(default_factory=dict)  # validated by the reference engine
+    attach: dict = Field(default_factory=dict)  # validated by the attach engine (servers qual did not start)
     path: str = ""  # the file it came from (not a key of the file)
 
     def local_path(self, value: str | None) -> str | None:

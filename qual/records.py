@@ -1,13 +1,17 @@
 """Records shared by the layers: one arm's config in, per-request results and run facts out.
 
 Neutral ground: engines, the harness, stats, results and reports all import these; this module imports nothing
-of qual but the error type.
+of qual but the error type and the redaction of secret env values. Records read back from files are checked
+(check_record): a record no engine can produce is refused, naming it and the field.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
+
+from qual.errors import QualError
+from qual.redact import redact_sections
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,8 @@ class ArmConfig:
     dsa_topk: str | None = None  # sparse-attention top-k under DCP ("exact" | "union"); None: the target has none
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The arm as it is written anywhere (result.json, run.json, the history): secret env values redacted."""
+        return redact_sections(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -70,20 +75,102 @@ class RequestResult:
     draft_steps: list[list] = field(default_factory=list)
     # Target top-1 minus top-2 logit per output token, where the engine can say (near-tie analysis).
     top2_margins: list[float] | None = None
+    # Where drafts/accepted counts came from, where the engine had a choice: "per_request_metrics" (the server's reply)
+    # or "metrics_diff" (/metrics counters before and after, one request at a time); None: the engine counted itself.
+    acceptance_source: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "RequestResult":
-        return cls(**data)
+    def from_json(cls, data: dict, num_speculative_tokens: int | None = None) -> "RequestResult":
+        """A record read back (journal, result.json), checked by check_record: RecordError if impossible."""
+        if not isinstance(data, dict):
+            raise RecordError(f"a request record must be an object (got {type(data).__name__})")
+        rid = data.get("id")
+        who = f"request {rid}" if isinstance(rid, str) else "a request record"
+        names = {f.name for f in fields(cls)}
+        unknown, missing = sorted(set(data) - names), sorted(n for n in _REQUIRED if n not in data)
+        if unknown or missing:
+            raise RecordError(f"{who}: " + (f"unknown field {unknown[0]!r}" if unknown else f"missing field {missing[0]!r}"))
+        rec = cls(**data)
+        check_record(rec, num_speculative_tokens)
+        return rec
+
+
+class RecordError(QualError):
+    """A per-request record that no engine can have produced (edited by hand, or corrupt): exit 2."""
+
+
+_REQUIRED = ("id", "category", "prompt_token_ids", "output_token_ids", "drafts", "draft_tokens", "accepted_tokens",
+             "accepted_per_position")
+FINISH_REASONS = ("length", "stop")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _ints(xs) -> bool:
+    return isinstance(xs, list) and all(_is_int(x) and x >= 0 for x in xs)
+
+
+def check_record(r: RequestResult, num_speculative_tokens: int | None = None) -> None:
+    """The invariants every engine's records obey (vLLM's definitions, docs/vllm.md); RecordError naming the field.
+
+    K drafts per step (K = len(accepted_per_position), the arm's num_speculative_tokens where known); greedy
+    acceptance is a prefix, so position i is accepted in at most as many steps as position i - 1; a request's
+    tokens are its prefill's one plus, per verify step, 1 to accepted + 1 (the last step may be cut short).
+    """
+    who = f"request {r.id}"
+    for name in ("id", "category", "finish_reason"):
+        if not isinstance(getattr(r, name), str) or not getattr(r, name):
+            raise RecordError(f"{who}: {name} must be a non-empty string")
+    if r.finish_reason not in FINISH_REASONS:
+        raise RecordError(f"{who}: finish_reason {r.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
+    for name in ("prompt_token_ids", "output_token_ids", "accepted_per_position"):
+        if not _ints(getattr(r, name)):
+            raise RecordError(f"{who}: {name} must be a list of token counts/ids >= 0")
+    for name in ("drafts", "draft_tokens", "accepted_tokens"):
+        if not _is_int(getattr(r, name)) or getattr(r, name) < 0:
+            raise RecordError(f"{who}: {name} must be an integer >= 0 (got {getattr(r, name)!r})")
+    if not r.prompt_token_ids:
+        raise RecordError(f"{who}: prompt_token_ids is empty")
+    k, per_pos, n = len(r.accepted_per_position), r.accepted_per_position, len(r.output_token_ids)
+    if num_speculative_tokens is not None and k not in (0, num_speculative_tokens):
+        raise RecordError(f"{who}: accepted_per_position has {k} positions, the arm drafts {num_speculative_tokens}")
+    if r.draft_tokens != r.drafts * k:
+        raise RecordError(f"{who}: draft_tokens {r.draft_tokens} != drafts {r.drafts} x {k} positions")
+    if r.accepted_tokens > r.draft_tokens:
+        raise RecordError(f"{who}: accepted_tokens {r.accepted_tokens} > draft_tokens {r.draft_tokens}")
+    if sum(per_pos) != r.accepted_tokens:
+        raise RecordError(f"{who}: accepted_per_position sums to {sum(per_pos)}, accepted_tokens is {r.accepted_tokens}")
+    if per_pos and per_pos[0] > r.drafts:
+        raise RecordError(f"{who}: accepted_per_position[0] {per_pos[0]} > drafts {r.drafts}")
+    for i in range(1, k):
+        if per_pos[i] > per_pos[i - 1]:
+            raise RecordError(f"{who}: accepted_per_position[{i}] {per_pos[i]} > [{i - 1}] {per_pos[i - 1]} "
+                              "(acceptance is a prefix: it cannot grow along the block)")
+    if n < 1:
+        raise RecordError(f"{who}: output_token_ids is empty")
+    if k and not r.drafts + 1 <= n <= 1 + r.drafts + r.accepted_tokens:
+        raise RecordError(f"{who}: {n} output tokens cannot come from {r.drafts} verify steps accepting "
+                          f"{r.accepted_tokens} drafts (between {r.drafts + 1} and {1 + r.drafts + r.accepted_tokens})")
+    if r.draft_steps:
+        if len(r.draft_steps) != r.drafts:
+            raise RecordError(f"{who}: draft_steps has {len(r.draft_steps)} steps, drafts is {r.drafts}")
+        for j, step in enumerate(r.draft_steps):
+            if not (isinstance(step, list) and len(step) == 2 and _is_int(step[0]) and _ints(step[1]) and len(step[1]) == k):
+                raise RecordError(f"{who}: draft_steps[{j}] must be [committed tokens, {k} proposed ids]")
+    if r.top2_margins is not None and (not isinstance(r.top2_margins, list) or len(r.top2_margins) != n):
+        raise RecordError(f"{who}: top2_margins must hold one margin per output token ({n})")
 
 
 @dataclass
 class GraphCapture:
     """CUDA-graph capture record of one arm."""
 
-    status: str = "unsupported"  # captured | failed | unsupported
+    status: str = "unsupported"  # captured | failed | unsupported | not_observed (GRAPH_NOT_OBSERVED)
     mode: str | None = None
     sizes: list[int] = field(default_factory=list)
     seconds: float | None = None
@@ -91,6 +178,46 @@ class GraphCapture:
     eager_fallback_sizes: list[int] = field(default_factory=list)
     detail: str | None = None
     backend: dict | None = None  # the engine's kernel backend and the steps each part serves, where it says
+
+
+# An attached server's start-up (where vLLM captures its graphs) happened before qual saw it: its capture is not
+# observed, neither captured nor unsupported. The gate's graph check skips such an arm rather than guess.
+GRAPH_NOT_OBSERVED = "not_observed"
+
+
+@dataclass
+class HostFacts:
+    """The machine a process ran on, as far as it can tell (None where it cannot)."""
+
+    hostname: str | None = None
+    platform: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    cuda: str | None = None  # the CUDA runtime torch was built with (None on a CPU build)
+    gpus: list[str] = field(default_factory=list)  # device names, one per visible GPU
+    gpu_driver: str | None = None
+    cpu_model: str | None = None
+    source: str = "this process"  # how these facts were learned (e.g. "this process", "/server_info")
+
+
+@dataclass
+class EngineBuild:
+    """Which engine build ran an arm, where, and with what command or configuration."""
+
+    name: str  # the engine: reference | vllm | attach
+    version: str | None = None
+    commit: str | None = None  # None where the build does not record one
+    host: HostFacts | None = None  # where the engine ran; None where nothing says (an attached server without /server_info)
+    server_command: str | None = None  # the exact server command (a server qual launched)
+    runtime_config: dict | None = None  # the configuration the engine ran with, as the engine states it
+    reported: dict = field(default_factory=dict)  # what a server said about itself (parallel, speculative, ...)
+    source: str = ""  # where these facts came from
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EngineBuild":
+        data = dict(data)
+        host = data.pop("host", None)
+        return cls(**data, host=HostFacts(**host) if isinstance(host, dict) else None)
 
 
 @dataclass
@@ -108,6 +235,7 @@ class ArmRunInfo:
     # Seconds spent generating, without the engine's start-up (loading, graph capture), where the engine can tell.
     # The first arm of a process pays one-time CUDA costs at start-up: wall_seconds alone would favour the second.
     generate_seconds: float | None = None
+    build: EngineBuild | None = None  # the engine build that ran the arm (provenance), where the engine says
 
     @property
     def tokens_per_second(self) -> float:

@@ -11,19 +11,17 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from qual import __version__
+from qual.baseline import BaselineComparison
 from qual.errors import QualError
-from qual.records import RequestResult
-from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance
+from qual.files import write_text
+from qual.records import EngineBuild, HostFacts, RecordError, RequestResult
+from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, ci_key
 
 SCHEMA = "qual.result/1"
 ARMS = ("control", "candidate")
-
-
-def ci_key(confidence: float) -> str:
-    return f"{confidence:g}"
 
 
 @dataclass
@@ -54,6 +52,23 @@ class Throughput:
 
 
 @dataclass
+class Provenance:
+    """Which qual, machine, engine build and inputs produced one arm (the harness collects it; qual.provenance)."""
+
+    qual_version: str
+    qual_commit: str | None  # HEAD of the checkout qual ran from; None for an installed wheel
+    qual_checkout_dirty: bool | None  # tracked files differed from that commit
+    host: HostFacts  # where qual ran (an attached server's own host is engine.host)
+    engine: EngineBuild
+    corpus_fingerprint: str
+    gate_sha256: str | None  # the gate file's bytes
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Provenance":
+        return cls(**{**d, "host": HostFacts(**d["host"]), "engine": EngineBuild.from_json(d["engine"])})
+
+
+@dataclass
 class ArmResult:
     """One arm: its config, acceptance, per-request results, graph capture and throughput."""
 
@@ -66,6 +81,8 @@ class ArmResult:
     runnable: bool = True
     not_runnable_reason: str | None = None
     log_path: str | None = None
+    provenance: Provenance | None = None  # None in results written before qual recorded it
+    extra: dict = field(default_factory=dict)  # the engine's facts about the arm (records.ArmRunInfo.extra)
 
     def to_json(self) -> dict:
         return {
@@ -78,21 +95,88 @@ class ArmResult:
             "runnable": self.runnable,
             "not_runnable_reason": self.not_runnable_reason,
             "log_path": self.log_path,
+            "provenance": asdict(self.provenance) if self.provenance is not None else None,
+            "extra": self.extra,
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "ArmResult":
+    def from_json(cls, d: dict, where: str = "arm") -> "ArmResult":
+        cfg = d["config"]
+        k = cfg.get("num_speculative_tokens") if isinstance(cfg, dict) and cfg.get("draft_path") else None
+        records = []
+        for i, r in enumerate(d["per_request"]):
+            try:  # each record's internal consistency: a hand-edited result is refused, naming the record
+                records.append(RequestResult.from_json(r, k if isinstance(k, int) else None))
+            except RecordError as exc:
+                raise QualError(f"{where}.per_request[{i}]: {exc}") from None
         return cls(
-            config=d["config"],
+            config=cfg,
             acceptance=Acceptance.from_json(d["acceptance"]),
-            per_request=[RequestResult.from_json(r) for r in d["per_request"]],
+            per_request=records,
             graph_capture=d["graph_capture"],
             throughput=Throughput(**d["throughput"]),
             engine_version=d["engine_version"],
             runnable=d.get("runnable", True),
             not_runnable_reason=d.get("not_runnable_reason"),
             log_path=d.get("log_path"),
+            provenance=Provenance.from_json(d["provenance"]) if d.get("provenance") else None,
+            extra=d.get("extra") or {},
         )
+
+
+class OutputDivergence(TypedDict):
+    """A request whose target outputs differ between the arms (qual.stats.compare_outputs)."""
+
+    id: str
+    category: str
+    first_divergence: int
+    control_token: int | None
+    candidate_token: int | None
+    top2_margin: float | None
+    classification: str  # benign_near_tie | disagreement
+
+
+class ProposalDivergence(TypedDict, total=False):
+    """Draft steps taken at identical context whose proposals differ (qual.stats.proposal_divergence)."""
+
+    overall: float | None
+    per_position: list[float | None]
+    matched_steps: int
+    differing_steps: int
+    control_steps: int
+    candidate_steps: int
+
+
+class CategoryDelta(TypedDict):
+    """One category's rates in both arms (qual.stats.per_category)."""
+
+    category: str
+    n: int
+    control_rate: float | None
+    candidate_rate: float | None
+    delta: float | None
+    control_draft_tokens: int
+    candidate_draft_tokens: int
+
+
+class RequestDelta(TypedDict):
+    """One request's rates in both arms (qual.stats.per_request_deltas)."""
+
+    id: str
+    category: str
+    control_rate: float | None
+    candidate_rate: float | None
+    delta: float | None
+
+
+class Bootstrap(TypedDict, total=False):
+    """How the intervals were computed."""
+
+    unit: str
+    method: str
+    resamples: int
+    seed: int
+    n_requests: int
 
 
 @dataclass
@@ -105,12 +189,12 @@ class Comparison:
     delta_mean_acceptance_length: float | None = None
     delta_mean_acceptance_length_ci95: list[float] | None = None
     target_outputs_identical: bool | None = None
-    output_divergence: list[dict] = field(default_factory=list)
+    output_divergence: list[OutputDivergence] = field(default_factory=list)
     near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
-    proposal_divergence: dict = field(default_factory=dict)
-    per_category: list[dict] = field(default_factory=list)
-    per_request_deltas: list[dict] = field(default_factory=list)
-    bootstrap: dict = field(default_factory=dict)
+    proposal_divergence: ProposalDivergence = field(default_factory=dict)
+    per_category: list[CategoryDelta] = field(default_factory=list)
+    per_request_deltas: list[RequestDelta] = field(default_factory=list)
+    bootstrap: Bootstrap = field(default_factory=dict)
 
     def ci_at(self, confidence: float) -> tuple[float, float] | None:
         ci = self.delta_rate_ci.get(ci_key(confidence))
@@ -129,14 +213,19 @@ class Comparison:
 
 @dataclass
 class CheckResult:
-    """Outcome of one check, with a human detail string carrying the numbers."""
+    """Outcome of one check, with a human detail string carrying the numbers.
+
+    A skipped check could not be evaluated (what it compares was not observed): it is not passed, and the gate
+    passes on the checks that were evaluated (GateOutcome.passed).
+    """
 
     name: str
     passed: bool
     detail: str
+    skipped: bool = False
 
     def to_json(self) -> dict:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+        return {"name": self.name, "passed": self.passed, "detail": self.detail, "skipped": self.skipped}
 
 
 @dataclass
@@ -149,14 +238,15 @@ class GateOutcome:
 
     @property
     def failed(self) -> list[CheckResult]:
-        return [c for c in self.checks if not c.passed]
+        return [c for c in self.checks if not c.passed and not c.skipped]
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "source": self.source, "checks": [c.to_json() for c in self.checks]}
 
     @classmethod
     def from_json(cls, data: dict) -> "GateOutcome":
-        checks = [CheckResult(c["name"], bool(c["passed"]), c["detail"]) for c in data.get("checks", [])]
+        checks = [CheckResult(c["name"], bool(c["passed"]), c["detail"], bool(c.get("skipped", False)))
+                  for c in data.get("checks", [])]
         return cls(passed=bool(data["passed"]), checks=checks, source=data.get("source"))
 
 
@@ -174,6 +264,9 @@ class Result:
     reproduce: str = ""
     seed: int = 0
     schema: str = SCHEMA
+    baseline: BaselineComparison | None = None  # tonight's arms against an earlier run (`qual run --baseline`)
+    # Differences between the arms' provenance that change what the numbers mean (engine version, dtype, GPU type).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def arms(self) -> dict[str, ArmResult]:
@@ -184,19 +277,21 @@ class Result:
         return "pass" if self.gate.passed else "fail"
 
     def to_json(self) -> dict:
-        return _finite(
-            {
-                "schema": self.schema,
-                "created_at": self.created_at,
-                "qual_version": self.qual_version,
-                "reproduce": self.reproduce,
-                "seed": self.seed,
-                "corpus": asdict(self.corpus),
-                "gate": self.gate.to_json(),
-                "comparison": self.comparison.to_json(),
-                "arms": {name: arm.to_json() for name, arm in self.arms.items()},
-            }
-        )
+        data = {
+            "schema": self.schema,
+            "created_at": self.created_at,
+            "qual_version": self.qual_version,
+            "reproduce": self.reproduce,
+            "seed": self.seed,
+            "corpus": asdict(self.corpus),
+            "gate": self.gate.to_json(),
+            "comparison": self.comparison.to_json(),
+            "arms": {name: arm.to_json() for name, arm in self.arms.items()},
+            "warnings": list(self.warnings),
+        }
+        if self.baseline is not None:  # only with --baseline: a run without one writes what it always wrote
+            data["baseline"] = self.baseline.to_json()
+        return _finite(data)
 
     @classmethod
     def from_json(cls, d: dict, source: str = "<result>") -> "Result":
@@ -206,14 +301,16 @@ class Result:
         try:
             return cls(
                 corpus=CorpusInfo(**d["corpus"]),
-                control=ArmResult.from_json(d["arms"]["control"]),
-                candidate=ArmResult.from_json(d["arms"]["candidate"]),
+                control=ArmResult.from_json(d["arms"]["control"], f"{source}: arms.control"),
+                candidate=ArmResult.from_json(d["arms"]["candidate"], f"{source}: arms.candidate"),
                 comparison=Comparison.from_json(d["comparison"]),
                 gate=GateOutcome.from_json(d["gate"]),
                 created_at=d["created_at"],
                 qual_version=d.get("qual_version", "unknown"),
                 reproduce=d.get("reproduce", ""),
                 seed=d.get("seed", 0),
+                baseline=BaselineComparison.from_json(d["baseline"]) if d.get("baseline") else None,
+                warnings=list(d.get("warnings") or []),
             )
         except (KeyError, TypeError) as exc:
             raise QualError(f"{source}: malformed result ({type(exc).__name__}: {exc})") from None
@@ -239,10 +336,7 @@ def save_result(result: Result, path: str | Path) -> Path:
     """Write result.json (atomically: a half-written file never carries the final name)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(result), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text(path, dumps(result))
 
 
 def load_result(path: str | Path) -> Result:

@@ -25,6 +25,11 @@ DEFAULT_NEAR_TIE_MARGIN = 0.1
 _MAX_CHUNK_ELEMENTS = 4_000_000
 
 
+def ci_key(confidence: float) -> str:
+    """How a confidence level keys an interval in result.json: 0.95 -> "0.95"."""
+    return f"{confidence:g}"
+
+
 def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
 
@@ -109,6 +114,30 @@ def pair_requests(
         if list(a.prompt_token_ids) != list(b.prompt_token_ids):
             raise QualError(f"request {a.id!r}: prompt token ids differ between arms (replay not matched)")
     return list(control), paired
+
+
+def pair_by_id(
+    reference: Sequence[RequestResult], tonight: Sequence[RequestResult]
+) -> tuple[list[RequestResult], list[RequestResult], list[str]]:
+    """The reference's rows in tonight's order, matched by request id (an earlier run of the same corpus).
+
+    Every request of tonight must be in the reference, which may hold more (a longer --limit). Prompt token ids
+    are not required to agree: a tokenizer change is one of the regressions a baseline exists to catch, so the ids
+    of requests tokenized differently are returned instead (third element).
+    """
+    for arm, rows in (("baseline", reference), ("tonight's", tonight)):
+        seen: set[str] = set()
+        for r in rows:
+            if r.id in seen:
+                raise QualError(f"{arm} arm has duplicate request id {r.id!r}")
+            seen.add(r.id)
+    by_id = {r.id: r for r in reference}
+    missing = [r.id for r in tonight if r.id not in by_id]
+    if missing:
+        raise QualError(f"{len(missing)} of {len(tonight)} requests are not in the baseline (first: {missing[:3]})")
+    paired = [by_id[r.id] for r in tonight]
+    retokenized = [t.id for b, t in zip(paired, tonight) if list(b.prompt_token_ids) != list(t.prompt_token_ids)]
+    return paired, list(tonight), retokenized
 
 
 # ---------------------------------------------------------------- bootstrap
@@ -205,6 +234,57 @@ def paired_bootstrap(
         delta_mean_acceptance_length=delta_mal,
         delta_mean_acceptance_length_ci={float(c): _percentile_ci(d_mal, c) for c in confidences},
     )
+
+
+def _position_matrix(rows: Sequence[RequestResult], k: int) -> np.ndarray:
+    out = np.zeros((len(rows), k), dtype=np.float64)  # [requests, K]
+    for i, r in enumerate(rows):
+        n = min(k, len(r.accepted_per_position))
+        out[i, :n] = r.accepted_per_position[:n]
+    return out
+
+
+def per_position_deltas(
+    control: Sequence[RequestResult],
+    candidate: Sequence[RequestResult],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> list[dict]:
+    """Per draft position: both arms' unconditional rates (accepted at i / drafts), candidate - control, and a
+    paired-bootstrap percentile interval of that delta (`control[i]` and `candidate[i]` the same request)."""
+    if len(control) != len(candidate):
+        raise QualError(f"per-position deltas need equal arms, got {len(control)} and {len(candidate)} requests")
+    k = max((len(r.accepted_per_position) for r in (*control, *candidate)), default=0)
+    if k == 0:
+        return []
+    acc_c, acc_k = _position_matrix(control, k), _position_matrix(candidate, k)
+    drafts_c = np.array([r.drafts for r in control], dtype=np.float64)
+    drafts_k = np.array([r.drafts for r in candidate], dtype=np.float64)
+    rate_c = [_ratio(x, drafts_c.sum()) for x in acc_c.sum(axis=0)]
+    rate_k = [_ratio(x, drafts_k.sum()) for x in acc_k.sum(axis=0)]
+    n = len(control)
+    samples = []
+    if n and drafts_c.sum() and drafts_k.sum():
+        rng = np.random.default_rng(seed)
+        chunk = max(1, _MAX_CHUNK_ELEMENTS // max(n * k, 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for start in range(0, n_resamples, chunk):
+                idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))  # [resamples, requests]
+                dc, dk = drafts_c[idx].sum(axis=1), drafts_k[idx].sum(axis=1)  # [resamples]
+                rc = acc_c[idx].sum(axis=1) / dc[:, None]  # [resamples, K]
+                rk = acc_k[idx].sum(axis=1) / dk[:, None]
+                samples.append(np.where((dc > 0)[:, None] & (dk > 0)[:, None], rk - rc, np.nan))
+    deltas = np.concatenate(samples) if samples else np.empty((0, k))
+    rows = []
+    for i in range(k):
+        c, kk = rate_c[i], rate_k[i]
+        ci = _percentile_ci(deltas[:, i], confidence) if deltas.size else None
+        rows.append({"position": i, "control": c, "candidate": kk,
+                     "delta": kk - c if c is not None and kk is not None else None,
+                     "ci": list(ci) if ci is not None else None})
+    return rows
 
 
 # ---------------------------------------------------------------- per request / category

@@ -39,7 +39,7 @@ def describe_error(exc: ValidationError, prefix: str = "") -> str:
     """The first problem of a pydantic error as 'key: what is wrong (got value)'."""
     err = exc.errors(include_url=False)[0]
     key = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(err["loc"]))
-    if err["type"] == "extra_forbidden":
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return f"{key}: unknown key"
     if err["type"] == "missing":
         return f"{key}: missing"

@@ -13,3 +13,46 @@ def tiny_pair(tmp_path_factory):
     """A tiny random Qwen3 target and DFlash drafter in the real on-disk formats."""
     root = tmp_path_factory.mktemp("tiny")
     return make_target(root / "target"), make_draft(root / "draft")
+
+
+# Every result.json a test writes (directly or through a `qual` subprocess) must validate against the committed
+# schema, docs/result.schema.json: checked after each test module (its tmp folder names the test), for the files
+# that are new or changed since the last check.
+_VALIDATED: dict[Path, int] = {}
+
+
+@pytest.fixture(scope="session")
+def result_schema_validator():
+    import json
+
+    try:
+        import jsonschema
+    except ImportError:
+        pytest.fail("jsonschema is missing: `make install` installs the dev extra (pyproject.toml)", pytrace=False)
+
+    schema = json.loads((Path(__file__).parents[1] / "docs" / "result.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_validator):
+    yield
+    import json
+
+    for path in tmp_path_factory.getbasetemp().rglob("result.json"):
+        stamp = path.stat().st_mtime_ns
+        if _VALIDATED.get(path) == stamp:
+            continue
+        _VALIDATED[path] = stamp
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue  # a test's deliberately broken file (load_result refuses those; tests/test_files.py)
+        if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("qual.result/"):
+            continue  # not a result qual wrote
+        errors = sorted(result_schema_validator.iter_errors(data), key=lambda e: e.path)
+        if errors:
+            where = "/".join(map(str, errors[0].path))
+            pytest.fail(f"{path} does not match docs/result.schema.json at {where or '(top)'}: {errors[0].message} "
+                        f"({len(errors)} error(s))", pytrace=False)

@@ -19,6 +19,7 @@ from qual.harness.build import build_result
 from qual.result import CorpusInfo, Result
 
 K = 7
+SYNTHETIC_FINGERPRINT = "sha256:" + "ab" * 32
 NIGHTLY_RULES = [
     {"check": "candidate_runnable"},
     {"check": "acceptance_delta_lower_bound", "min_pp": -0.5, "confidence": 0.95},
@@ -89,8 +90,13 @@ def synthetic_pair(
     if p_control == p_candidate:
         return control, candidate
     # Different acceptance means different draft steps; only the outputs are kept equal (the target decides them).
-    candidate = [replace(k_, output_token_ids=list(c.output_token_ids)) for c, k_ in zip(control, candidate)]
-    return control, candidate
+    # Both arms stop at the shorter one's length (max_tokens cutting the last step short), which keeps every
+    # record one an engine can produce: n output tokens from d steps accepting a drafts, d + 1 <= n <= 1 + d + a.
+    same = []
+    for c, k_ in zip(control, candidate):
+        out = list(c.output_token_ids[: min(len(c.output_token_ids), len(k_.output_token_ids))])
+        same.append((replace(c, output_token_ids=out), replace(k_, output_token_ids=out)))
+    return [c for c, _ in same], [k_ for _, k_ in same]
 
 
 def synthetic_arm_config(dcp: int, draft_kv: str = "replicated", temperature: float = 0.0, **kw) -> ArmConfig:
@@ -101,10 +107,10 @@ def synthetic_arm_config(dcp: int, draft_kv: str = "replicated", temperature: fl
         dcp=dcp,
         tp=kw.pop("tp", 4),
         draft_kv=draft_kv,
-        target_path="models/toy/target",
-        draft_path="models/toy/draft",
-        num_speculative_tokens=K,
-        sampling=Sampling(temperature=temperature, seed=0, max_tokens=64),
+        target_path=kw.pop("target_path", "models/toy/target"),
+        draft_path=kw.pop("draft_path", "models/toy/draft"),
+        num_speculative_tokens=kw.pop("num_speculative_tokens", K),
+        sampling=kw.pop("sampling", Sampling(temperature=temperature, seed=0, max_tokens=64)),
         **kw,
     )
 
@@ -142,17 +148,57 @@ def synthetic_result(
     categories: Sequence[str] = ("code", "math", "chat"),
     pair: tuple[list[RequestResult], list[RequestResult]] | None = None,
     created_at: str = "2026-12-01T02:00:00+00:00",
+    fingerprint: str = SYNTHETIC_FINGERPRINT,
+    corpus_name: str = "synthetic",
+    dcp: int = 4,
+    baseline=None,
+    **arm: object,
 ) -> Result:
-    """A full Result of a synthetic control (DCP1) vs candidate (DCP4) run."""
-    control, candidate = pair or synthetic_pair(n, p_control, p_candidate, seed=seed, categories=categories)
-    corpus = CorpusInfo("synthetic", "corpora/synthetic.jsonl", "sha256:" + "ab" * 32, len(control))
+    """A full Result of a synthetic control (DCP1) vs candidate (DCP4) run.
+
+    arm: ArmConfig fields of both arms (model, engine, tp, sampling, ...); baseline: a ResolvedBaseline to compare with.
+    """
+    control, candidate = pair or synthetic_pair(n, p_control, p_candidate, seed=seed, categories=categories,
+                                                k=int(arm.get("num_speculative_tokens", K)))
+    corpus = CorpusInfo(corpus_name, f"corpora/{corpus_name}.jsonl", fingerprint, len(control))
     return build_result(
         corpus,
-        (synthetic_arm_config(1, draft_kv), synthetic_run_info(control, control_graph), control),
-        (synthetic_arm_config(4, draft_kv), synthetic_run_info(candidate, candidate_graph), candidate),
+        (synthetic_arm_config(1, draft_kv, **dict(arm)), synthetic_run_info(control, control_graph), control),
+        (synthetic_arm_config(dcp, draft_kv, **dict(arm)), synthetic_run_info(candidate, candidate_graph), candidate),
         synthetic_gate(rules),
         seed,
-        reproduce=f"qual run --dcp 4 --draft-kv {draft_kv} --seed {seed}",
+        reproduce=f"qual run --dcp {dcp} --draft-kv {draft_kv} --seed {seed}",
         n_resamples=n_resamples,
         created_at=created_at,
+        baseline=baseline,
     )
+
+
+def truncated(rows: Sequence[RequestResult], keep: int, only: str | None = None) -> list[RequestResult]:
+    """The same requests with every draft's accepted length cut to `keep` (positions >= keep never accepted), in
+    requests of category `only` (all if None): a drafter that got worse from a position on."""
+    out = []
+    for r in rows:
+        if only is not None and r.category != only:
+            out.append(r)
+            continue
+        lengths = [min(a, keep) for a in _accepted_lengths(r)]
+        out.append(synthetic_request(r.id, lengths, k=len(r.accepted_per_position), category=r.category,
+                                     prompt_len=len(r.prompt_token_ids)))
+    return out
+
+
+def _accepted_lengths(r: RequestResult) -> list[int]:
+    """Each draft step's accepted length, read back from the committed-token counts synthetic_request wrote."""
+    starts = [s[0] for s in r.draft_steps]
+    ends = starts[1:] + [len(r.prompt_token_ids) + len(r.output_token_ids)]
+    return [end - start - 1 for start, end in zip(starts, ends)]
+
+
+def as_baseline(result: Result, path, history_id: int | None = None, chosen_by: str = "result file"):
+    """Save result as a baseline run's result.json and return it resolved, as `qual run --baseline` would."""
+    from qual.harness.baseline import ResolvedBaseline
+    from qual.result import save_result
+
+    path = save_result(result, path)
+    return ResolvedBaseline(str(path), chosen_by, history_id, path, result)

@@ -51,6 +51,13 @@ def write(tmp_path, *lines, name="c.jsonl", end="\n"):
             'field "max_tokens" must be an integer, got bool',
         ),
         ('{"id": "b", "prompt": "p", "max_token": 8}', 'unknown field "max_token"'),
+        # JSON keeps the last of two equal keys: which id or prompt was meant is not for qual to guess
+        ('{"id": "b", "prompt": "p", "id": "c"}', 'key "id" appears twice in one object'),
+        ('{"id": "b", "prompt": "p", "prompt": "q"}', 'key "prompt" appears twice in one object'),
+        # Arrow stores max_tokens as int64: a larger number was an OverflowError
+        ('{"id": "b", "prompt": "p", "max_tokens": 100000000000000000000}',
+         'field "max_tokens" must be <= 2147483647, got 100000000000000000000'),
+        ('{"id": "b", "prompt": "p", "max_tokens": 1' + "0" * 5000 + "}", "invalid JSON: Exceeds the limit"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, line, expected):

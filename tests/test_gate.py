@@ -10,7 +10,7 @@ import pytest
 from qual.records import GraphCapture
 from qual.errors import QualError
 from qual.paths import DEFAULT_GATE
-from qual.gate import CHECKS, evaluate, load_gate, parse_rules
+from qual.gate import BASELINE_CHECKS, CHECKS, evaluate, load_gate, parse_rules
 from synthetic import NIGHTLY_RULES, synthetic_pair, synthetic_request, synthetic_result
 
 NIGHTLY = DEFAULT_GATE
@@ -25,10 +25,14 @@ def test_nightly_gate_file_loads():
     gate = load_gate(NIGHTLY)
     assert [r.check for r in gate.rules] == [
         "candidate_runnable", "acceptance_delta_lower_bound", "mean_acceptance_length_ratio",
-        "target_outputs_identical", "graph_sizes_captured",
+        "target_outputs_identical", "graph_sizes_captured", "acceptance_floor",
     ]
     assert gate.rules[1].params == {"min_pp": -0.5, "confidence": 0.95}
-    assert set(r.check for r in gate.rules) == set(CHECKS)
+    # nightly.yaml: every check that needs no baseline; nightly-baseline.yaml: all of them, nightly's rules first
+    assert set(r.check for r in gate.rules) == set(CHECKS) - set(BASELINE_CHECKS)
+    with_baseline = load_gate(NIGHTLY.with_name("nightly-baseline.yaml"))
+    assert set(r.check for r in with_baseline.rules) == set(CHECKS)
+    assert [r.to_json() for r in with_baseline.rules[: len(gate.rules)]] == [r.to_json() for r in gate.rules]
 
 
 def test_identical_arms_pass_and_an_8pp_drop_fails():
@@ -143,11 +147,12 @@ def test_target_outputs_check_skipped_when_sampling():
         CorpusInfo("s", "s.jsonl", "sha256:0", 6),
         (synthetic_arm_config(1, temperature=0.8), synthetic_run_info(control), control),
         (synthetic_arm_config(4, temperature=0.8), synthetic_run_info(candidate), candidate),
-        synthetic_gate([{"check": "target_outputs_identical", "when_temperature": 0}]),
+        synthetic_gate([{"check": "candidate_runnable"}, {"check": "target_outputs_identical", "when_temperature": 0}]),
         seed=0,
         n_resamples=50,
     )
-    assert res.gate.passed and res.gate.checks[0].detail.startswith("skipped: temperature 0.8")
+    skipped = res.gate.checks[1]
+    assert res.gate.passed and skipped.skipped and skipped.detail.startswith("skipped: temperature 0.8")
 
 
 def test_candidate_not_runnable_fails_cleanly():
@@ -180,3 +185,171 @@ def test_evaluate_is_reusable_on_a_result():
     res = synthetic_result(30)
     again = evaluate(parse_rules([{"check": "mean_acceptance_length_ratio", "min": 1.5}]), res)
     assert not again.passed and "1.0000 < 1.5000" in again.checks[0].detail
+
+
+# ---------------------------------------------------------------- checks against a baseline, floors
+
+BASELINE_RULES = [
+    {"check": "baseline_delta_lower_bound", "min_pp": -1.0},
+    {"check": "per_position_delta", "max_pp": 2.0},
+    {"check": "category_delta", "max_pp": 3.0},
+]
+
+
+@pytest.fixture(scope="module")
+def baseline_night(tmp_path_factory):
+    """Last night's synthetic run (120 requests, 3 categories), saved and resolved as a baseline."""
+    from synthetic import as_baseline
+
+    res = synthetic_result(120, 0.7, 0.7, n_resamples=200, created_at="2026-11-30T02:00:00+00:00")
+    return as_baseline(res, tmp_path_factory.mktemp("baseline") / "result.json", history_id=7, chosen_by="last pass")
+
+
+def _tonight(baseline, keep=None, only=None, rules=BASELINE_RULES, **kw):
+    from synthetic import truncated
+
+    b = baseline.result
+    pair = (b.control.per_request, b.candidate.per_request)
+    if keep is not None:  # both arms lose the same: the paired DCP comparison cannot see it
+        pair = (truncated(pair[0], keep, only), truncated(pair[1], keep, only))
+    return synthetic_result(pair=pair, rules=rules, n_resamples=200, baseline=baseline, **kw)
+
+
+def test_an_unchanged_night_passes_every_baseline_check(baseline_night):
+    res = _tonight(baseline_night)
+    assert res.gate.passed, [c.detail for c in res.gate.failed]
+    for arm in ("control", "candidate"):
+        b = res.baseline.arms[arm]
+        assert b.compared and b.delta_rate == 0 and b.ci_at(0.95) == (0.0, 0.0) and b.moved == []
+        assert all(p["delta"] == 0 for p in b.per_position) and not b.retokenized
+    assert "no position of 7 dropped" in _check(res, "per_position_delta").detail
+    assert res.baseline.label == "run 7 (last pass)" and res.baseline.differs == []
+
+
+def test_a_drop_from_position_3_on_in_both_arms_fails_and_names_the_positions(baseline_night):
+    res = _tonight(baseline_night, keep=3)
+    # the paired DCP gate cannot see it: both arms lost the same
+    assert res.comparison.delta_rate == 0
+    assert {c.name for c in res.gate.failed} == {"baseline_delta_lower_bound", "per_position_delta", "category_delta"}
+    pos = _check(res, "per_position_delta").detail
+    for arm in ("control", "candidate"):
+        assert f"{arm}: position(s) 3, 4, 5, 6 dropped more than 2.00 pp against the baseline" in pos, pos
+    assert "0:" not in pos.split("dropped")[1].split(";")[0]  # positions before 3 are not named
+    rows = res.baseline.arms["control"].per_position
+    assert [p["delta"] for p in rows[:3]] == [0, 0, 0] and all(p["delta"] < 0 and p["ci"][1] < 0 for p in rows[3:])
+    bound = _check(res, "baseline_delta_lower_bound").detail
+    assert "control" in bound and "candidate" in bound and "< -1.00 pp" in bound
+
+
+def test_one_category_dropping_is_named(baseline_night):
+    res = _tonight(baseline_night, keep=1, only="math")
+    c = _check(res, "category_delta")
+    assert not c.passed and "1 of 3 categories dropped more than 3.00 pp: math (40 requests)" in c.detail, c.detail
+    assert "code" not in c.detail and "chat" not in c.detail
+    moved = res.baseline.arms["candidate"].moved
+    assert moved and all(m["category"] == "math" and m["delta"] < 0 for m in moved)
+    assert [abs(m["delta"]) for m in moved] == sorted((abs(m["delta"]) for m in moved), reverse=True)
+
+
+def test_rules_limited_to_some_arms_and_positions(baseline_night):
+    rules = [{"check": "per_position_delta", "max_pp": 2.0, "arms": ["control"], "positions": [0, 1, 2]},
+             {"check": "per_position_delta", "max_pp": 2.0, "positions": [5, 9]}]
+    res = _tonight(baseline_night, keep=3, rules=rules)
+    first, second = res.gate.checks
+    assert first.passed and first.detail.startswith("control: no position of 3") and "candidate" not in first.detail
+    assert not second.passed and "position(s) [9] not drafted (K = 7)" in second.detail
+    assert "position(s) 5 dropped" in second.detail
+
+
+@pytest.mark.parametrize("rule", BASELINE_RULES)
+def test_a_baseline_check_without_a_baseline_fails_unless_marked_skip(rule):
+    res = synthetic_result(10, rules=[rule, {**rule, "without_baseline": "skip"}])
+    failed, skipped = res.gate.checks
+    assert not failed.passed and failed.detail.startswith("no baseline given") and "--baseline" in failed.detail
+    assert skipped.skipped and not skipped.passed and skipped.detail.startswith("skipped: no baseline given")
+
+
+def test_an_arm_the_baseline_did_not_run_is_not_compared_and_fails(tmp_path):
+    from synthetic import as_baseline, synthetic_arm_config, synthetic_gate, synthetic_run_info
+    from qual.harness.build import build_result
+    from qual.result import CorpusInfo
+
+    control, candidate = synthetic_pair(6, 0.7, 0.7)
+    broken = build_result(
+        CorpusInfo("synthetic", "s.jsonl", "sha256:" + "ab" * 32, 6),
+        (synthetic_arm_config(1), synthetic_run_info(control), control),
+        (synthetic_arm_config(4), synthetic_run_info([], runnable=False, reason="needs GPUs"), []),
+        synthetic_gate(NIGHTLY_RULES), seed=0, n_resamples=50,
+    )
+    res = synthetic_result(pair=(control, candidate), rules=BASELINE_RULES[:1], n_resamples=50,
+                           baseline=as_baseline(broken, tmp_path / "result.json"))
+    pair = res.baseline.arms
+    assert pair["control"].compared and not pair["candidate"].compared
+    c = res.gate.checks[0]
+    assert not c.passed and "candidate: not compared (the baseline's arm did not run: needs GPUs)" in c.detail
+
+
+@pytest.mark.parametrize(
+    "params, passed, words",
+    [
+        ({"min_rate": 0.3}, True, "control: rate 35.89% >= 30.00%; candidate: rate 35.89% >= 30.00%"),
+        ({"min_rate": 0.4}, False, "control: rate 35.89% < 40.00%"),
+        ({"min_mean_acceptance_length": 3.6}, False, "mean acceptance length 3.513 < 3.600"),
+        ({"min_rate": 0.3, "min_mean_acceptance_length": 3.5, "arms": ["candidate"]}, True, "candidate: rate"),
+        ({"min_rate": 0.9, "models": ["glm-5.3-flash"]}, False, "skipped: floors set for model(s) glm-5.3-flash; this run is toy"),
+        ({"min_rate": 0.3, "models": ["toy"]}, True, "control: rate"),
+    ],
+)
+def test_acceptance_floor(params, passed, words):
+    res = synthetic_result(40, 0.75, 0.75, rules=[{"check": "acceptance_floor", **params}])
+    c = res.gate.checks[0]
+    assert c.passed is passed and words in c.detail, c.detail
+    assert c.skipped is words.startswith("skipped:")  # a rule that does not apply decides nothing
+    if params.get("arms") == ["candidate"]:
+        assert "control" not in c.detail
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ({"check": "baseline_delta_lower_bound"}, r"\(baseline_delta_lower_bound\): missing parameter 'min_pp'"),
+        ({"check": "baseline_delta_lower_bound", "min_pp": "-1"}, r"\(baseline_delta_lower_bound\): min_pp must be a number"),
+        ({"check": "baseline_delta_lower_bound", "min_pp": -1, "confidence": 1.5}, r"\(baseline_delta_lower_bound\): confidence must be"),
+        ({"check": "baseline_delta_lower_bound", "min_pp": -1, "arms": ["control", "control"]}, r"\(baseline_delta_lower_bound\): arms must be a non-empty list of distinct arms"),
+        ({"check": "baseline_delta_lower_bound", "min_pp": -1, "arms": "control"}, r"arms must be"),
+        ({"check": "baseline_delta_lower_bound", "min_pp": -1, "without_baseline": "pass"}, r"\(baseline_delta_lower_bound\): without_baseline must be 'fail' or 'skip', got 'pass'"),
+        ({"check": "per_position_delta"}, r"\(per_position_delta\): missing parameter 'max_pp'"),
+        ({"check": "per_position_delta", "max_pp": -2}, r"\(per_position_delta\): max_pp must be a number of percentage points >= 0"),
+        ({"check": "per_position_delta", "max_pp": 2, "positions": [0, -1]}, r"\(per_position_delta\): positions must be"),
+        ({"check": "per_position_delta", "max_pp": 2, "positions": []}, r"\(per_position_delta\): positions must be"),
+        ({"check": "per_position_delta", "max_pp": 2, "position": [0]}, r"\(per_position_delta\): unknown parameter\(s\) \['position'\]"),
+        ({"check": "category_delta", "max_pp": float("nan")}, r"\(category_delta\): max_pp must be"),
+        ({"check": "category_delta", "max_pp": 2, "arms": ["treatment"]}, r"\(category_delta\): arms must be"),
+        ({"check": "acceptance_floor"}, r"\(acceptance_floor\): give min_rate, min_mean_acceptance_length or both"),
+        ({"check": "acceptance_floor", "min_rate": 30}, r"\(acceptance_floor\): min_rate must be null or a rate in \[0, 1\], got 30"),
+        ({"check": "acceptance_floor", "min_mean_acceptance_length": 0.5}, r"\(acceptance_floor\): min_mean_acceptance_length must be"),
+        ({"check": "acceptance_floor", "min_rate": 0.1, "models": "toy"}, r"\(acceptance_floor\): models must be"),
+        ({"check": "acceptance_floor", "min_rate": 0.1, "floor": 1}, r"\(acceptance_floor\): unknown parameter\(s\) \['floor'\]"),
+    ],
+)
+def test_bad_parameters_of_the_new_checks_name_the_check_and_the_parameter(rule, message):
+    with pytest.raises(QualError, match=message):
+        parse_rules([{"check": "candidate_runnable"}, rule], "g.yaml")
+
+
+def test_graph_capture_not_observed_is_skipped_never_guessed():
+    """An attached server's capture was not observed: the check neither passes nor fails, and the gate decides on
+    the checks it could evaluate."""
+    unseen = GraphCapture("not_observed", detail="attached server")
+    full = GraphCapture("captured", "FULL", [1, 2, 4, 8])
+    for control, candidate, which in [(unseen, unseen, "control and candidate"), (full, unseen, "candidate"),
+                                      (unseen, full, "control")]:
+        res = synthetic_result(10, control_graph=control, candidate_graph=candidate)
+        c = _check(res, "graph_sizes_captured")
+        assert c.skipped and not c.passed and f"not observed in {which}" in c.detail
+        assert res.gate.passed and c not in res.gate.failed  # the other checks pass: so does the gate
+    failing = synthetic_result(30, 0.75, 0.6, control_graph=unseen, candidate_graph=unseen)
+    assert not failing.gate.passed and [c.name for c in failing.gate.failed] == [
+        "acceptance_delta_lower_bound", "mean_acceptance_length_ratio"]
+    only = synthetic_result(5, control_graph=unseen, candidate_graph=unseen, rules=[{"check": "graph_sizes_captured"}])
+    assert not only.gate.passed  # a gate that evaluated nothing decided nothing: it does not pass

@@ -74,15 +74,16 @@ def test_older_schema_is_migrated(tmp_path, db, monkeypatch):
     def add_notes(conn):
         conn.execute("ALTER TABLE runs ADD COLUMN notes TEXT")
 
-    monkeypatch.setattr(history, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(history.MIGRATIONS, 1, add_notes)
+    v = history.SCHEMA_VERSION
+    monkeypatch.setattr(history, "SCHEMA_VERSION", v + 1)
+    monkeypatch.setitem(history.MIGRATIONS, v, add_notes)
     assert len(history.list_runs(db)) == 5
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT value FROM meta").fetchone()[0] == "2"
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(v + 1)
         assert "notes" in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     conn.close()
-    monkeypatch.setattr(history, "SCHEMA_VERSION", 3)
-    with pytest.raises(QualError, match="no migration from history schema v2"):
+    monkeypatch.setattr(history, "SCHEMA_VERSION", v + 2)
+    with pytest.raises(QualError, match=f"no migration from history schema v{v + 1}"):
         history.list_runs(db)
 
 
@@ -130,3 +131,115 @@ def test_cli_list_show_trend(db, tmp_path):
     assert isinstance(out.exception, QualError)
     out = runner.invoke(app, ["history", "show", "42", "--history", str(db)])
     assert isinstance(out.exception, QualError)
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from qual import history
+from synthetic import synthetic_result
+root, rows, trials = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+result = synthetic_result(4, n_resamples=10)
+for t in range(trials):
+    (root / f"ready-{t}-{sys.argv[4]}").touch()
+    while not (root / f"go-{t}").exists():  # every writer starts at once, on a database that does not exist yet
+        time.sleep(0)
+    for _ in range(rows):
+        history.record_run(root / f"fresh-{t}.sqlite", result, None)
+"""
+
+
+def test_concurrent_first_writers_lose_no_row(tmp_path):
+    """4 processes x 20 rows into each of 5 fresh databases: every database holds all 80."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    writers, rows, trials = 4, 20, 5
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(rows), str(trials), str(w)], env=env,
+                              stderr=subprocess.PIPE, text=True) for w in range(writers)]
+    for t in range(trials):
+        deadline = time.time() + 120
+        while time.time() < deadline and not all((tmp_path / f"ready-{t}-{w}").exists() for w in range(writers)):
+            if any(p.poll() is not None for p in procs):
+                break  # a writer died: its error is reported below
+            time.sleep(0.01)
+        (tmp_path / f"go-{t}").touch()
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * writers, errors
+    assert [len(history.list_runs(tmp_path / f"fresh-{t}.sqlite", limit=None)) for t in range(trials)] == [80] * trials
+
+
+def test_rich_markup_in_user_text_is_printed_literally(tmp_path):
+    path = tmp_path / "h.sqlite"
+    night = _night(1)
+    for arm in (night.control, night.candidate):
+        arm.config["model"] = "evil[/]model[bold]"
+    history.record_run(path, night, "reports/[red]x[/red]/result.json")
+    runner, app = CliRunner(), _cli()
+    for argv in (["list"], ["show", "1"], ["trend"]):
+        out = runner.invoke(app, ["history", *argv, "--history", str(path)])
+        assert out.exit_code == 0, (argv, out.output, out.exception)
+        assert "evil[/]model[bold]" in out.output, (argv, out.output)
+
+
+def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    with sqlite3.connect(path) as conn:  # a database as a qual of schema v1 left it, with one run
+        conn.executescript(history._SCHEMA_V1)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("INSERT INTO runs (created_at, model, engine, dcp, tp, draft_kv, config_key, corpus_name, "
+                     "corpus_fingerprint, n_requests, verdict, failed_checks, config_json) "
+                     "VALUES ('2026-11-30', 'toy', 'reference', 4, 4, 'replicated', 'k', 'c', 'sha256:0', 1, 'pass', "
+                     "'[]', '{}')")
+    conn.close()
+    first = history.record_run(path, _night(2), "a/result.json", run_id="run-a")
+    assert history.record_run(path, _night(2), "a/result.json", run_id="run-a") == first  # a resumed run
+    history.record_run(path, _night(3), "b/result.json", run_id="run-b")
+    assert [(r.id, r.run_id) for r in history.list_runs(path)] == [(3, "run-b"), (2, "run-a"), (1, None)]
+
+
+# ---------------------------------------------------------------- baselines (schema v3)
+
+_V1_COLUMNS = ", ".join(c for c in history._COLUMNS if c not in ("run_id", "configuration", "baseline"))
+
+
+def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
+    """A database written before baselines existed: each run gets its configuration from its stored config."""
+    old = tmp_path / "v1.sqlite"
+    with sqlite3.connect(old) as conn:
+        conn.executescript(history._SCHEMA_V1)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("ATTACH DATABASE ? AS cur", (str(db),))
+        conn.execute(f"INSERT INTO runs ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM cur.runs")
+    conn.close()
+    runs = history.list_runs(old)
+    assert [r.id for r in runs] == [5, 4, 3, 2, 1]
+    assert [r.configuration for r in runs] == [r.configuration for r in history.list_runs(db)]
+    night = _night(4)
+    assert history.last_pass(old, history.configuration_of(night)).id == 4  # nights 3 and 5 (sharded draft KV) failed
+    assert history.pin(old, 2, "2026-12-06T00:00:00+00:00")[0].id == 2
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "3"
+    conn.close()
+
+
+def test_a_new_history_is_created_at_the_current_schema(db):
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION)
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    assert columns[-2:] == ["configuration", "baseline"] and "pins" in tables
+    assert history.get_run(db, 1).configuration == history.configuration_of(_night(1)).key()
+
+
+def test_cli_pin_needs_the_result_file(db):
+    runner, app = CliRunner(), _cli()
+    out = runner.invoke(app, ["history", "baseline", "pin", "2", "--history", str(db)])
+    assert isinstance(out.exception, QualError) and "its result file reports/night2/result.json is missing" in str(out.exception)
+    out = runner.invoke(app, ["history", "baseline", "list", "--history", str(db)])
+    assert out.exit_code == 0 and "no pinned runs" in out.output

@@ -9,7 +9,7 @@ QUAL = Path(__file__).resolve().parents[1] / "qual"
 # Layers that reach engines only through qual.engines.registry and know nothing of the runtime.
 ABOVE_THE_SEAM = ("qual.harness", "qual.cli", "qual.report", "qual.gate", "qual.stats", "qual.result", "qual.history",
                   "qual.records", "qual.profiles", "qual.corpus")
-NEUTRAL = ("qual.records", "qual.errors", "qual.validation", "qual.paths", "qual.checkpoints")
+NEUTRAL = ("qual.records", "qual.errors", "qual.validation", "qual.paths", "qual.checkpoints", "qual.files", "qual.redact")
 
 
 def _modules() -> dict[str, Path]:
@@ -96,3 +96,17 @@ def test_no_import_cycles():
 def test_the_checker_sees_a_violation():
     """The graph really is read from the source: the harness's plan imports the engine registry."""
     assert "qual.engines.registry" in _graph()["qual.harness.plan"]
+
+
+def test_every_torch_load_refuses_pickled_code():
+    """torch.load unpickles: without weights_only=True a crafted file runs code (checked from the source)."""
+    calls = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch":
+                safe = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                           for k in node.keywords)
+                calls.append((f"{mod}:{node.lineno}", safe))
+    assert calls, "qual calls torch.load somewhere (the toy pipeline's generated data)"
+    assert [where for where, safe in calls if not safe] == []

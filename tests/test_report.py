@@ -12,7 +12,9 @@ import pytest
 
 from qual.records import GraphCapture
 from qual.report import html, junit, markdown, write_reports
-from synthetic import synthetic_pair, synthetic_result
+from qual import history
+from qual.harness.build import build_result
+from synthetic import as_baseline, synthetic_gate, synthetic_pair, synthetic_result, synthetic_run_info, truncated
 
 HOSTILE = ["<script>alert(1)</script>", "</textarea><b>x", 'a"b\'c&d|e`f']
 
@@ -169,3 +171,94 @@ def test_throughput_row_leads_with_generation_where_timed():
 
     assert throughput(Throughput(2.0, 1000, 500.0)) == "500.0 tok/s"
     assert throughput(Throughput(2.0, 1000, 500.0, 0.5)) == "2000.0 tok/s generating (500.0 tok/s with start-up)"
+
+
+# ---------------------------------------------------------------- the baseline section
+
+
+@pytest.fixture(scope="module")
+def against_baseline(tmp_path_factory):
+    """Tonight's hostile run (both arms lose from position 3 on) against last night's, with a trend of 3 runs."""
+    base = _hostile_result(p_candidate=0.75)
+    root = tmp_path_factory.mktemp("bl")
+    resolved = as_baseline(base, root / "night1" / "result.json", history_id=2, chosen_by="pinned")
+    db = root / "h.sqlite"
+    for day in (1, 2, 3):
+        history.record_run(db, replace(base, created_at=f"2026-11-2{day}T02:00:00+00:00"), resolved.path)
+    control, candidate = (truncated(a.per_request, 3) for a in (base.control, base.candidate))
+    rules = [{"check": "per_position_delta", "max_pp": 2.0}, {"check": "acceptance_floor", "min_rate": 0.1, "models": ["glm"]}]
+    return build_result(base.corpus, (base.control.config, synthetic_run_info(control), control),
+                        (base.candidate.config, synthetic_run_info(candidate), candidate), synthetic_gate(rules), 0,
+                        n_resamples=100, baseline=resolved, trend=history.list_runs(db))
+
+
+def test_html_baseline_section(against_baseline, hostile):
+    page = html.render(against_baseline)
+    section = page[page.index("Against the baseline"):page.index("Acceptance per draft position")]
+    assert "run 2 (pinned)" in section and "pinned (history run 2)" in section
+    assert section.count("<svg") == 1 and "last 3 recorded runs" in section  # the trend strip
+    assert "<script" not in page.lower() and "&lt;script&gt;alert(2)&lt;/script&gt;" in section  # moved request ids
+    # per-position rows: positions 0-2 unchanged, 3-6 dropped (flagged) in both arms
+    rows = re.findall(r'<tr><td class="n">(\d)</td>(.*?)</tr>', section)
+    assert [int(i) for i, _ in rows] == list(range(7))
+    flagged = [int(i) for i, cells in rows if 'class="n neg"' in cells]
+    assert flagged == [3, 4, 5, 6]
+    assert "Against the baseline" not in html.render(hostile)
+
+
+def test_markdown_and_junit_baseline(against_baseline, hostile):
+    md = markdown.render(against_baseline)
+    assert "### Against the baseline: run 2 (pinned)" in md
+    assert re.search(r"^\| control \| 30 \| \d+\.\d\d% \| \d+\.\d\d% \| -\d+\.\d\d pp \[", md, re.M)
+    assert re.search(r"^\| 3 \| .* \(\*\*-\d+\.\d\d pp\*\*\) \| .* \(\*\*-\d+\.\d\d pp\*\*\) \|$", md, re.M)
+    assert "Moved most: `r0" in md and "<script>" not in md
+    assert "Candidate over the last 3 runs of this configuration and tonight: " in md and "(baseline)" in md
+    assert "Against the baseline" not in markdown.render(hostile)
+    root = ET.fromstring(junit.render(against_baseline).encode())
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["baseline"] == "run 2 (pinned)" and float(props["baseline_delta_candidate_rate"]) < 0
+    # a check that did not apply is a skipped test case, not a passed one
+    suite = root.find("testsuite")
+    assert suite.get("skipped") == "1" and suite.get("failures") == "1"
+    floor = next(c for c in root.iter("testcase") if c.get("name") == "acceptance_floor")
+    assert floor.find("skipped").get("message").startswith("skipped: floors set for model(s) glm")
+
+
+def test_a_result_with_a_baseline_round_trips(against_baseline, tmp_path):
+    from qual.result import load_result, save_result
+
+    back = load_result(save_result(against_baseline, tmp_path / "result.json"))
+    assert back.to_json() == against_baseline.to_json() and back.baseline.label == "run 2 (pinned)"
+
+
+def _vllm_result(tmp_path):
+    """A result whose arms ran on vLLM builds that differ in what the report must surface."""
+    from qual.records import EngineBuild, HostFacts
+
+    res = synthetic_result(6)
+    logs = tmp_path / "run"
+    logs.mkdir()
+    for arm, knorm, kv in ((res.control, "yes", "yes"), (res.candidate, "no", "unknown")):
+        arm.log_path = str(logs / f"{arm.config['dcp']}.vllm.log")
+        arm.extra = {"acceptance_source": "per-request metrics (detailed)", "server_command": "vllm serve /m --x <b>",
+                     "dflash_context_knorm_per_layer_in_build": knorm, "draft_kv_replicated_in_build": kv}
+        arm.provenance.engine = EngineBuild("vllm", "0.32.0", None, HostFacts(cpu_model="AMD EPYC", source="t"))
+    for r in res.candidate.per_request:
+        r.acceptance_source = "per_request_metrics"
+    res.candidate.throughput.generate_seconds = res.control.throughput.generate_seconds = 1.0
+    res.control.throughput.output_tokens, res.candidate.throughput.output_tokens = 1000, 800
+    return res, logs
+
+
+def test_report_carries_the_engines_facts(tmp_path):
+    res, logs = _vllm_result(tmp_path)
+    page = html.render(res, logs)
+    md = markdown.render(res)
+    for text in (md, page):
+        assert "k_norm CPU bug present" in text  # the candidate's build
+        assert "replicated (the build keeps draft KV unsharded under DCP)" in text
+        assert "per-request metrics (detailed) (per-request metrics: 6 requests)" in text
+        assert "vllm 0.32.0 (no commit recorded)" in text and "CPU AMD EPYC" in text
+    assert '<a href="1.vllm.log">' in page and '<a href="4.vllm.log">' in page  # relative to the page's folder
+    assert "vllm serve /m --x &lt;b&gt;" in page  # a server command is untrusted text too
+    assert "| throughput |" in md and "-20.0% (×0.80, generating)" in md

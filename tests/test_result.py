@@ -129,3 +129,28 @@ def test_throughput_generate_seconds_is_optional(tmp_path):
     back = load_result(save_result(res, tmp_path / "new" / "result.json"))
     t = back.control.throughput
     assert t.generate_tokens_per_second == pytest.approx(4 * t.tokens_per_second)
+
+
+# result.json's `baseline` key (only with `qual run --baseline`): extend, never rename.
+BASELINE_CONTRACT = {
+    "": ["ref", "chosen_by", "history_id", "result_path", "created_at", "configuration", "differs", "arms", "trend"],
+    "arm": ["compared", "n_requests", "retokenized", "baseline_rate", "tonight_rate", "delta_rate", "delta_rate_ci",
+            "baseline_mean_acceptance_length", "tonight_mean_acceptance_length", "delta_mean_acceptance_length",
+            "per_position", "per_category", "moved"],
+    "position": ["position", "baseline", "tonight", "delta", "ci"],
+}
+
+
+def test_the_baseline_key_is_written_only_with_a_baseline(tmp_path):
+    from synthetic import as_baseline
+
+    plain = _strict(save_result(synthetic_result(8), tmp_path / "plain.json").read_text())
+    assert "baseline" not in plain
+    base = as_baseline(synthetic_result(8, created_at="2026-11-30T02:00:00+00:00"), tmp_path / "base" / "result.json")
+    data = _strict(save_result(synthetic_result(8, baseline=base), tmp_path / "result.json").read_text())
+    b = data["baseline"]
+    assert set(BASELINE_CONTRACT[""]) <= set(b) and set(b["arms"]) == {"control", "candidate"}
+    for arm in b["arms"].values():
+        assert set(BASELINE_CONTRACT["arm"]) <= set(arm) and arm["compared"] is True
+        assert set(BASELINE_CONTRACT["position"]) <= set(arm["per_position"][0])
+    assert set(plain) | {"baseline"} == set(data)  # nothing else changes

@@ -84,7 +84,7 @@ def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, kind):
     (["--model", "no-such-model"], "unknown model"),
     (["--dcp", 4, "--tp", 2], "tp % dcp"),
     (["--dcp", 3], "not divisible by tp=3"),
-    (["--tp", 0], "--tp must be >= 1"),  # 0 once fell through to the default and ran
+    (["--tp", 0], "--tp: input should be greater than or equal to 1"),  # 0 once fell through to the default and ran
     (["--draft-kv", "halved"], "--draft-kv"),
     (["--engine", "magic"], "--engine"),
     (["--limit", "abc"], "Invalid value for '--limit'"),  # typer >= 0.29 raises its own copy of click's errors
@@ -145,6 +145,11 @@ def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_
         t = got["arms"][arm]["throughput"]  # the control arm's time adds up over its two pieces
         assert 0 < t["generate_seconds"] < t["wall_seconds"]
     assert history_rows(db) == 1
+    again = qual("run", "--resume", out)  # a finished run, resumed: the same run, recorded once
+    assert again.returncode == 0, again.stderr
+    assert history_rows(db) == 1
+    with sqlite3.connect(db) as c:
+        assert c.execute("select run_id from runs").fetchall() == [(json.loads((out / "run.json").read_text())["run_id"],)]
 
 
 def test_matched_replay_is_verified(finished_run, tmp_path):
@@ -185,3 +190,82 @@ def test_compare_two_arms_and_refuse_unmatched(finished_run, tmp_path):
     (tmp_path / "a-file").write_text("")
     blocked = qual("compare", f"{result}:control", result, "--out", tmp_path / "a-file" / "cmp")
     assert blocked.returncode == 2 and "--out" in blocked.stderr and len(blocked.stderr.strip().splitlines()) == 1
+
+
+def _copy_run(finished_run, tmp_path) -> tuple[Path, Path]:
+    """A copy of the finished run whose run.json records into a history of its own."""
+    import shutil
+
+    out, db = tmp_path / "out", tmp_path / "h.sqlite"
+    shutil.copytree(finished_run[1] / "out", out)
+    plan = json.loads((out / "run.json").read_text())
+    plan["options"]["history"] = str(db)
+    (out / "run.json").write_text(json.dumps(plan))
+    return out, db
+
+
+def _impossible(rec: dict) -> dict:
+    return {**rec, "accepted_tokens": rec["draft_tokens"] + 1}  # more accepted than were drafted
+
+
+def test_resume_refuses_an_impossible_journal_record_before_any_arm_runs(finished_run, tmp_path):
+    out, db = _copy_run(finished_run, tmp_path)
+    journal = out / "candidate.requests.jsonl"
+    lines = journal.read_text().splitlines()
+    rec = json.loads(lines[2])
+    journal.write_text("\n".join([*lines[:2], json.dumps(_impossible(rec)), *lines[3:]]) + "\n")
+    (out / "control.requests.jsonl").write_text("")  # the control arm would have to run again: it must not
+    proc = qual("run", "--resume", out)
+    assert proc.returncode == 2, proc.stderr
+    assert f"candidate.requests.jsonl:3: request {rec['id']}: accepted_tokens" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert (out / "control.requests.jsonl").read_text() == "" and history_rows(db) == 0
+
+
+def test_compare_refuses_an_impossible_result_record(finished_run, tmp_path):
+    result = finished_run[1] / "out" / "result.json"
+    data = json.loads(result.read_text())
+    rec = data["arms"]["candidate"]["per_request"][1]
+    data["arms"]["candidate"]["per_request"][1] = _impossible(rec)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    proc = qual("compare", f"{result}:control", edited, "--out", tmp_path / "cmp")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"arms.candidate.per_request[1]: request {rec['id']}: accepted_tokens" in proc.stderr
+    assert not (tmp_path / "cmp").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 128 KiB tmpfs (root only): a real full filesystem under --out."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_full_disk_is_exit_2_leaves_no_temporary_file_and_resumes(profile, small_disk, tmp_path):
+    stat = os.statvfs(small_disk)
+    filler = small_disk / "filler"
+    # Room for run.json, the journals and the arm records (a page each), not for result.json.
+    filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 28 * 1024))
+    out, db = small_disk / "out", tmp_path / "h.sqlite"
+    proc = qual("run", "--model", profile, "--dcp", 1, "--limit", 2, "--out", out, "--history", db)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: cannot write {out / 'result.json'}: No space left on device")
+    assert f"qual run --resume {out}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert list(out.glob("*.tmp")) == [] and not (out / "result.json").exists() and history_rows(db) == 0
+    journaled = {arm: (out / f"{arm}.requests.jsonl").read_text() for arm in ("control", "candidate")}
+    assert all(len(text.splitlines()) == 2 for text in journaled.values())
+    filler.unlink()
+    resumed = qual("run", "--resume", out)
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads((out / "result.json").read_text())
+    for arm, text in journaled.items():  # nothing ran again: the result is the journal
+        assert (out / f"{arm}.requests.jsonl").read_text() == text
+        assert result["arms"][arm]["per_request"] == [json.loads(line) for line in text.splitlines()]
+    assert history_rows(db) == 1 and list(out.glob("*.tmp")) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from qual.errors import QualError
@@ -9,9 +11,11 @@ from qual.stats import (
     acceptance_summary,
     common_prefix_length,
     compare_outputs,
+    pair_by_id,
     pair_requests,
     paired_bootstrap,
     per_category,
+    per_position_deltas,
     per_request_deltas,
     proposal_divergence,
 )
@@ -160,3 +164,40 @@ def test_proposal_divergence_only_at_identical_context():
     res = proposal_divergence([c], [k])
     assert res["matched_steps"] == 1 and res["overall"] == 0.0
     assert proposal_divergence([], [])["overall"] is None
+
+
+# ---------------------------------------------------------------- against a baseline
+
+
+def test_pair_by_id_orders_the_reference_like_tonight_and_allows_a_superset():
+    reference, _ = synthetic_pair(8, 0.7, 0.7)
+    tonight = list(reversed(reference[2:6]))
+    base, now, retokenized = pair_by_id(reference, tonight)
+    assert [r.id for r in base] == [r.id for r in now] == [r.id for r in tonight] and retokenized == []
+    changed = replace(tonight[0], prompt_token_ids=[9, 9, 9])
+    assert pair_by_id(reference, [changed, *tonight[1:]])[2] == [changed.id]  # counted, not refused
+    with pytest.raises(QualError, match=r"1 of 2 requests are not in the baseline \(first: \['new'\]\)"):
+        pair_by_id(reference, [tonight[0], replace(tonight[1], id="new")])
+    with pytest.raises(QualError, match="duplicate request id"):
+        pair_by_id(reference + reference[:1], tonight)
+
+
+def test_per_position_deltas_invariants():
+    control, candidate = synthetic_pair(80, 0.7, 0.6, seed=5)
+    rows = per_position_deltas(control, candidate, n_resamples=400, seed=1)
+    a, b = acceptance_summary(control), acceptance_summary(candidate)
+    assert [r["position"] for r in rows] == list(range(7))
+    for r, pc, pk in zip(rows, a.per_position, b.per_position):
+        assert r["control"] == pytest.approx(pc) and r["candidate"] == pytest.approx(pk)
+        assert r["delta"] == pytest.approx(pk - pc) and r["ci"][0] <= r["delta"] <= r["ci"][1]
+        assert r["ci"][1] < 0  # per-token 0.7 -> 0.6 lowers every position, clearly at 80 requests
+    same = per_position_deltas(control, control, n_resamples=50)
+    assert all(r["delta"] == 0 and r["ci"] == [0, 0] for r in same)
+    # the interval comes from resampling requests: reversing the pairing's order changes nothing
+    again = per_position_deltas(control[::-1], candidate[::-1], n_resamples=400, seed=1)
+    assert [r["delta"] for r in again] == pytest.approx([r["delta"] for r in rows])
+    assert per_position_deltas([], []) == []
+    none = per_position_deltas([synthetic_request("a", [])], [synthetic_request("a", [])])
+    assert all(r["control"] is None and r["ci"] is None for r in none)
+    with pytest.raises(QualError, match="equal arms"):
+        per_position_deltas(control, candidate[:3])

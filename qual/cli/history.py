@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from qual import history as hist
@@ -41,6 +42,11 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _t(value: object) -> str:
+    """User text (model names, paths, series labels) printed literally: "[/]" in a model name is not markup."""
+    return escape(str(value))
+
+
 def _verdict(v: str) -> str:
     return "[green]pass[/]" if v == "pass" else "[bold red]FAIL[/]"
 
@@ -55,15 +61,15 @@ def list_cmd(
     runs = hist.list_runs(history, model=model, limit=limit)
     console = _console()
     if not runs:
-        console.print(f"no runs recorded in {history}")
+        console.print(f"no runs recorded in {_t(history)}")
         return
-    table = Table(title=f"qual runs ({history})", box=box.SIMPLE_HEAD)
+    table = Table(title=f"qual runs ({_t(history)})", box=box.SIMPLE_HEAD)
     for col, justify in (("id", "right"), ("created (UTC)", "left"), ("model", "left"), ("dcp", "right"),
                          ("draft kv", "left"), ("control", "right"), ("candidate", "right"), ("delta pp", "right"),
                          ("verdict", "left")):
         table.add_column(col, justify=justify)
     for r in runs:
-        table.add_row(str(r.id), r.created_at[:16].replace("T", " "), r.model, str(r.dcp), r.draft_kv,
+        table.add_row(str(r.id), _t(r.created_at[:16].replace("T", " ")), _t(r.model), str(r.dcp), _t(r.draft_kv),
                       _pct(r.control_rate), _pct(r.candidate_rate), _pp(r.delta_rate), _verdict(r.verdict))
     console.print(table)
 
@@ -78,14 +84,14 @@ def show_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history l
     table.add_column()
     ci = "n/a" if r.ci_lo is None else f"[{r.ci_lo * 100:+.2f}, {r.ci_hi * 100:+.2f}] pp"
     for k, v in (
-        ("created", r.created_at), ("verdict", _verdict(r.verdict)),
-        ("failed checks", ", ".join(r.failed_checks) or "none"), ("model", r.model),
-        ("engine", f"{r.engine} ({r.engine_version})"), ("series", r.config_key),
-        ("corpus", f"{r.corpus_name} ({r.n_requests} requests) {r.corpus_fingerprint}"),
+        ("created", _t(r.created_at)), ("verdict", _verdict(r.verdict)),
+        ("failed checks", _t(", ".join(r.failed_checks) or "none")), ("model", _t(r.model)),
+        ("engine", _t(f"{r.engine} ({r.engine_version})")), ("series", _t(r.config_key)),
+        ("corpus", _t(f"{r.corpus_name} ({r.n_requests} requests) {r.corpus_fingerprint}")),
         ("control rate", _pct(r.control_rate)), ("candidate rate", _pct(r.candidate_rate)),
-        ("delta", f"{_pp(r.delta_rate)} pp, 95% CI {ci}"),
+        ("delta", _t(f"{_pp(r.delta_rate)} pp, 95% CI {ci}")),
         ("mean acceptance length", f"{_num(r.control_mal)} -> {_num(r.candidate_mal)}"),
-        ("result", r.result_path or "n/a"),
+        ("result", _t(r.result_path or "n/a")), ("run id", _t(r.run_id or "n/a")),
     ):
         table.add_row(k, v)
     console.print(table)
@@ -116,14 +122,14 @@ def trend_cmd(
     console = _console()
     for label, rows in series.items():
         latest = rows[-1]
-        console.print(f"{label}: {len(rows)} runs, latest control {_pct(latest.control_rate)} "
+        console.print(f"{_t(label)}: {len(rows)} runs, latest control {_pct(latest.control_rate)} "
                       f"candidate {_pct(latest.candidate_rate)} ({_verdict(latest.verdict)})", highlight=False)
     if not series:
-        console.print(f"no runs recorded in {history}")
+        console.print(f"no runs recorded in {_t(history)}")
     if steps:
         console.print(f"[bold red]{len(steps)} step change(s) > {threshold_pp:g} pp:[/]")
         for s in steps:
-            console.print(f"  {s.describe()}", highlight=False)
+            console.print(f"  {_t(s.describe())}", highlight=False)
     elif series:
         console.print(f"no step changes > {threshold_pp:g} pp")
     if out is not None:
@@ -133,4 +139,51 @@ def trend_cmd(
                   for label, rows in series.items()}
         marks = [(s.series, _when(s.created_at), s.arm, s.after) for s in steps]
         path = plots.save_figure(plots.trend_figure(points, marks), out)
-        console.print(f"plot written to {path}")
+        console.print(f"plot written to {_t(path)}")
+
+
+baseline_app = typer.Typer(
+    no_args_is_help=True,
+    help="Pinned baselines: `qual run --baseline history:last-pass` takes the run pinned for its configuration, "
+    "else the newest passing run of it.",
+)
+history_app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("pin")
+def pin_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history list`."), history: Path = HistoryOpt) -> None:
+    """Make run ID the baseline of its configuration (it wins over the newest passing run)."""
+    from datetime import timezone
+
+    from qual.errors import QualError
+
+    run = hist.get_run(history, run_id)
+    if not run.result_path or not Path(run.result_path).is_file():
+        raise QualError(f"run {run_id}: its result file {run.result_path or '(none recorded)'} is missing; "
+                        "a baseline is read from it")
+    run, previous = hist.pin(history, run_id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    # Plain print: run fields are recorded text, never console markup.
+    replaced = f" (replaces run {previous})" if previous is not None else ""
+    print(f"run {run.id} is now the baseline of its configuration{replaced}: {run.model} {run.config_key}, "
+          f"{run.n_requests} requests, {run.corpus_fingerprint[:19]}")
+    if run.verdict != "pass":
+        print(f"note: run {run.id} failed its gate ({', '.join(run.failed_checks)}); it is pinned as asked")
+
+
+@baseline_app.command("unpin")
+def unpin_cmd(run_id: int = typer.Argument(..., help="A pinned run's id."), history: Path = HistoryOpt) -> None:
+    """Remove run ID's pin: its configuration's baseline is its newest passing run again."""
+    run = hist.unpin(history, run_id)
+    print(f"run {run.id} is no longer pinned; history:last-pass takes the newest passing run of its configuration")
+
+
+@baseline_app.command("list")
+def pins_cmd(history: Path = HistoryOpt) -> None:
+    """Pinned runs, one per configuration."""
+    pins = hist.list_pins(history)
+    if not pins:
+        print(f"no pinned runs in {history}")
+    for run, pinned_at in pins:
+        print(f"run {run.id} pinned {pinned_at}: {run.model} {run.config_key}, {run.n_requests} requests, "
+              f"{run.corpus_fingerprint[:19]} ({run.verdict}, control {_pct(run.control_rate)}, "
+              f"candidate {_pct(run.candidate_rate)})")

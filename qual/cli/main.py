@@ -12,7 +12,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="Acceptance-rate qualification of DFlash speculative decoding under decode context parallelism.",
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every subcommand and group
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from qual import __version__
+        from qual.provenance import qual_commit
+
+        commit, dirty = qual_commit()
+        where = f" (git {commit[:12]}{', modified' if dirty else ''})" if commit else ""
+        print(f"qual {__version__}{where}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print qual's version (and git commit, from a checkout) and exit.")) -> None:
+    """Acceptance-rate qualification of DFlash speculative decoding under decode context parallelism."""
 
 EXIT_GATE_FAILED = 1
 EXIT_USAGE = 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -11,9 +10,10 @@ import typer
 
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
-from qual.cli.verdict import print_verdict
+from qual.cli.verdict import print_verdict, print_warnings
 from qual.engines.registry import get_engine
 from qual.errors import QualError
+from qual.paths import DEFAULT_HISTORY
 
 
 @app.command("run")
@@ -21,37 +21,54 @@ def run_command(
     model: str = typer.Option("toy", "--model", help="Model profile: a shipped name (qual/data/configs/models) or a YAML path."),
     dcp: Optional[int] = typer.Option(None, "--dcp", help="Candidate DCP size (default: the profile's, else 4); the control is DCP 1."),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp)."),
-    engine: str = typer.Option("reference", "--engine", help="reference | vllm"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="reference (default) | vllm | attach (the default "
+                                         "with --control-url/--candidate-url)."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus name or JSONL path (default: the profile's)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Replay only the first K requests."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Max new tokens per request."),
     draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="replicated (the fix; default) | sharded (legacy)."),
     temperature: float = typer.Option(0.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
-    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
+    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules: a YAML path or a shipped gate's name (nightly, the default; nightly-baseline)."),
     out: Optional[str] = typer.Option(None, "--out", help="Output directory (default ./reports/<time>-<model>-dcp<N>/)."),
-    history: Optional[str] = typer.Option(None, "--history", help="History database (default ./reports/history.sqlite)."),
+    history: Optional[str] = typer.Option(None, "--history", help=f"History database (default ./{DEFAULT_HISTORY})."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu (default) | cuda."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
     dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help="Sparse-attention targets under DCP: exact "
                                            "(default; the global top-k) | union (each rank's local top-k)."),
+    baseline: Optional[str] = typer.Option(
+        None, "--baseline", help="Also compare each arm with an earlier run: a run directory or result.json, a history "
+        "id, or history:last-pass (the run pinned for this configuration, else its newest passing run)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
+    control_url: Optional[str] = typer.Option(None, "--control-url", help="Attach: the running control server (an "
+                                              "OpenAI-compatible vLLM server qual did not start)."),
+    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", help="Attach: the running candidate server."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Attach: environment variable holding the "
+                                              "servers' API key (NAME, or CONTROL_NAME,CANDIDATE_NAME)."),
+    exclusive: bool = typer.Option(False, "--exclusive", help="Attach: the servers serve this run alone, so /metrics "
+                                   "counter diffs are one request's (needed where a server sends no per-request metrics)."),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="Attach: requests in flight per "
+                                                  "server (default 1)."),
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
-    from qual.harness.plan import RunOptions, load_plan_options, make_plan
+    from qual.harness.plan import load_plan, make_plan, run_options
 
     if resume is not None:
-        options = load_plan_options(resume)
-        saved = json.loads((resume / "run.json").read_text())
-        plan = make_plan(options)
+        saved = load_plan(resume)  # run.json validated key by key: a bad one is exit 2 naming file and key
+        plan = make_plan(saved.options, dry_run=dry_run, run_id=saved.run_id)
         plan.out_dir = resume
-        if plan.corpus_info["fingerprint"] != saved["corpus"]["fingerprint"]:
+        if plan.corpus_info["fingerprint"] != saved.fingerprint:
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
     else:
-        options = RunOptions(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit, max_tokens=max_tokens,
-                             draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate, out=out, history=history,
-                             device=device, dtype=dtype, dsa_topk=dsa_topk)
+        if engine is None:
+            engine = "attach" if control_url or candidate_url else "reference"
+        options = run_options(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
+                              max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
+                              out=out, history=history, device=device, dtype=dtype,
+                              dsa_topk=dsa_topk, baseline=baseline, control_url=control_url,
+                              candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
+                              max_concurrency=max_concurrency)
         plan = make_plan(options, dry_run=dry_run)
     if dry_run:
         _print_dry_run(plan)
@@ -61,6 +78,7 @@ def run_command(
     history_file(plan.history_path)
     output_dir(plan.out_dir, "--out")
     result = _run_with_progress(plan)
+    print_warnings(result)
     print_verdict(result, "control", "candidate", plan.out_dir)
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)
@@ -72,6 +90,8 @@ def _print_dry_run(plan) -> None:
     engine = get_engine(plan.options.engine)
     for arm, config in plan.arms.items():
         print(f"{arm}: {engine.describe(config)}")
+    if plan.baseline is not None:
+        print(f"# baseline: {plan.baseline.describe()}; matches this run's model, corpus, sampling and K")
 
 
 def _run_with_progress(plan):

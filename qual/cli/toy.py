@@ -30,6 +30,8 @@ def train(
     work: Annotated[Path, typer.Option(help="cache of downloads, tokens and generated data")] = Path(".cache/toy"),
     stages: Annotated[str, typer.Option(help="'all', a comma list, or 'STAGE-' (that stage and the rest)")] = "all",
     tiny: Annotated[bool, typer.Option(help="a few steps on the same data: a smoke run, not the committed pair")] = False,
+    preset: Annotated[str, typer.Option(help="the committed pair to reproduce: toy (Qwen3 + DFlash) or glm-toy "
+                                             "(GLM-5.3-Flash-shaped target + DFlash2)")] = "toy",
     refresh_data: Annotated[bool, typer.Option(help="redo fetch/tokenizer/tokenize even when cached")] = False,
     target_steps: Annotated[Optional[int], typer.Option(help="override the target's training steps")] = None,
     draft_steps: Annotated[Optional[int], typer.Option(help="override the drafter's training steps")] = None,
@@ -44,7 +46,10 @@ def train(
     dev = device or _default_device()
     if dev not in ("cuda", "cpu") and not dev.startswith("cuda:"):
         raise QualError(f"--device must be cuda or cpu (got {dev!r})")
-    cfg = TrainConfig.tiny() if tiny else TrainConfig.full()
+    presets = {"toy": TrainConfig.full, "glm-toy": TrainConfig.glm_toy}
+    if preset not in presets:
+        raise QualError(f"--preset must be one of {', '.join(presets)} (got {preset!r})")
+    cfg = TrainConfig.tiny() if tiny else presets[preset]()
     if target_steps is not None:
         cfg.target_steps = target_steps
     if draft_steps is not None:

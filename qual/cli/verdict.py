@@ -1,4 +1,4 @@
-"""The few lines `qual run` and `qual compare` print: verdict, headline rates, each gate check."""
+"""The few lines `qual run` and `qual compare` print: verdict, headline rates, each gate check, warnings."""
 
 from __future__ import annotations
 
@@ -11,5 +11,18 @@ def print_verdict(result, control_label: str, candidate_label: str, report_dir: 
     verdict = "PASS" if result.gate.passed else "FAIL"
     print(f"{verdict}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
           f"{pct(result.candidate.acceptance.rate)} acceptance; report {report_dir / 'report.html'}")
+    if result.baseline is not None:
+        rates = ", ".join(f"{arm} {pct(b.tonight_rate)} vs {pct(b.baseline_rate)}" for arm, b in result.baseline.arms.items()
+                          if b.compared)
+        print(f"  baseline {result.baseline.label}: {rates or 'no arm compared'}")
     for check in result.gate.checks:
-        print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
+        mark = "skip" if check.skipped else "ok" if check.passed else "FAIL"
+        print(f"  [{mark}] {check.name}: {check.detail}")
+
+
+def print_warnings(result) -> None:
+    """Provenance differences between the arms (engine version, dtype, GPU type), on stderr: one line each."""
+    import sys
+
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_CATEGORY = "default"
+# A bound on a request's max_tokens as a number (Arrow stores it as int64); the arm's max_model_len is the
+# real limit, which the plan checks.
+MAX_TOKENS = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 
 Rules (one JSON object per line, UTF-8):
 - required: "id" (non-empty string), "prompt" (non-blank string);
-- optional: "category" (non-empty string), "max_tokens" (integer >= 1); null means absent;
-- any other key is an error (a typo such as "max_token" must not pass silently);
+- optional: "category" (non-empty string), "max_tokens" (integer, 1..MAX_TOKENS); null means absent;
+- any other key is an error (a typo such as "max_token" must not pass silently), and so is a key given
+  twice in one object (JSON would keep the last value silently);
 - blank lines are errors; ids must be unique (a duplicate names both lines);
 - a file with no requests is an error.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from qual.errors import QualError
 
-from .records import DEFAULT_CATEGORY, CorpusRequest
+from .records import DEFAULT_CATEGORY, MAX_TOKENS, CorpusRequest
 
 FIELDS = ("id", "prompt", "category", "max_tokens")
 # Problems spelled out in full in the one-line message; the rest are named by line number.
@@ -93,6 +94,9 @@ def request_from_mapping(obj: Any, loc: str) -> tuple[CorpusRequest | None, list
             )
         elif max_tokens < 1:
             problems.append(f'{loc}: field "max_tokens" must be >= 1, got {max_tokens}')
+        elif max_tokens > MAX_TOKENS:
+            shown = str(max_tokens) if len(str(max_tokens)) <= 24 else f"{str(max_tokens)[:24]}..."
+            problems.append(f'{loc}: field "max_tokens" must be <= {MAX_TOKENS}, got {shown}')
     if problems:
         return None, problems
     return CorpusRequest(
@@ -101,6 +105,22 @@ def request_from_mapping(obj: Any, loc: str) -> tuple[CorpusRequest | None, list
         category=category if category is not None else DEFAULT_CATEGORY,
         max_tokens=max_tokens,
     ), []
+
+
+class DuplicateKeyError(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads' object hook: a key given twice is an error, not "the last one wins"."""
+    obj: dict = {}
+    for key, value in pairs:
+        if key in obj:
+            raise DuplicateKeyError(key)
+        obj[key] = value
+    return obj
 
 
 def duplicate_problems(located: Iterable[tuple[str, CorpusRequest]]) -> list[str]:
@@ -145,9 +165,15 @@ def parse_jsonl_bytes(data: bytes, where: str) -> tuple[CorpusRequest, ...]:
             problems.append(f"{loc}: blank line")
             continue
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             problems.append(f"{loc}: invalid JSON: {exc.msg} (column {exc.colno})")
+            continue
+        except DuplicateKeyError as exc:
+            problems.append(f"{loc}: key {_quote(exc.key)} appears twice in one object")
+            continue
+        except ValueError as exc:  # e.g. an integer of more digits than Python converts
+            problems.append(f"{loc}: invalid JSON: {str(exc).splitlines()[0][:120]}")
             continue
         req, errs = request_from_mapping(obj, loc)
         if errs:

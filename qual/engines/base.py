@@ -18,6 +18,7 @@ class Engine(ABC):
     name: ClassVar[str]
     honours: ClassVar[frozenset[str]]  # the KNOBS this engine applies as asked
     local_checkpoints: ClassVar[bool] = False  # True: target/draft must be local directories (no hub ids)
+    attaches: ClassVar[bool] = False  # True: each arm is a running server (--control-url/--candidate-url), not started
 
     @classmethod
     @abstractmethod
@@ -32,6 +33,14 @@ class Engine(ABC):
         QualError (exit 2), never a run that claims a configuration it did not run.
         """
 
+    def max_model_len(self, arm: ArmConfig) -> int:
+        """The most positions one request may use in this arm (default: the profile's max_model_len)."""
+        return int(arm.extra["max_model_len"])
+
+    def context_needed(self, arm: ArmConfig, prompt_tokens: int, max_tokens: int) -> int:
+        """Positions a request of this size needs in this arm (the plan refuses one beyond max_model_len)."""
+        return prompt_tokens + max_tokens
+
     @abstractmethod
     def describe(self, arm: ArmConfig) -> str:
         """One line for `--dry-run` (the server command, the runtime config); starts nothing."""
@@ -40,6 +49,11 @@ class Engine(ABC):
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:
         """Replay every request, calling on_result as each finishes."""
+
+    def tokenize(self, arm: ArmConfig, prompts: list[str]) -> list[list[int]] | None:
+        """The prompts' token ids as this arm's engine tokenizes them, where it has a tokenizer of its own (an attached
+        server's /tokenize); None: qual's tokenization of the profile's tokenizer is what the engine gets."""
+        return None
 
     @classmethod
     def doctor(cls) -> list[Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal
 
@@ -13,7 +13,8 @@ from pydantic import PositiveInt, field_validator
 import qual
 from qual.engines.base import KNOBS, Engine
 from qual.errors import QualError
-from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult
+from qual.provenance import local_host, qual_commit
+from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult
 from qual.runtime.backends import parse_backend
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.runtime.cuda_graphs import DEFAULT_SIZES
@@ -85,6 +86,11 @@ class ReferenceEngine(Engine):
             raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
         return replace(arm, dsa_topk=(arm.dsa_topk or "exact") if sparse else None)
 
+    def context_needed(self, arm: ArmConfig, prompt_tokens: int, max_tokens: int) -> int:
+        # The runtime reserves one verify step (the last token plus K drafts) beyond max_tokens.
+        k = arm.num_speculative_tokens if arm.draft_path else 0
+        return prompt_tokens + max_tokens + k + 1
+
     def describe(self, arm: ArmConfig) -> str:
         c = arm.to_json()
         c.pop("extra")
@@ -125,4 +131,6 @@ class ReferenceEngine(Engine):
             output_tokens=sum(len(r.output_token_ids) for r in results),
             extra={"kv_memory": memory, "graph_replays": graphs.get("replays"), "graph_eager_steps": graphs.get("eager_steps"),
                    "model": model},
+            build=EngineBuild(name=self.name, version=qual.__version__, commit=qual_commit()[0], host=local_host(),
+                              runtime_config=asdict(cfg), source="this process (qual's embedded runtime)"),
         )

@@ -11,6 +11,7 @@ from qual.errors import QualError
 ENGINES = {
     "reference": "qual.engines.reference:ReferenceEngine",
     "vllm": "qual.engines.vllm.engine:VllmEngine",
+    "attach": "qual.engines.vllm.attach:AttachEngine",  # vLLM servers qual did not start (--control-url ...)
 }
 
 

@@ -7,23 +7,76 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from qual.gate import Gate, confidences, evaluate, load_gate, near_tie_margin
-from qual.records import ArmConfig, ArmRunInfo, RequestResult
-from qual.result import ArmResult, Comparison, CorpusInfo, GateOutcome, Result, Throughput, ci_key
+import qual
+from qual.baseline import ARMS, BaselineArm, BaselineComparison
+from qual.gate import Gate, baseline_confidences, confidences, evaluate, load_gate, near_tie_margin
+from qual.harness.baseline import ResolvedBaseline, differences
+from qual.history import HistoryRun, configuration_of
+from qual.provenance import file_sha256, local_host, qual_commit
+from qual.records import ArmConfig, ArmRunInfo, EngineBuild, RequestResult
+from qual.result import ArmResult, Comparison, CorpusInfo, GateOutcome, Provenance, Result, Throughput, ci_key
 from qual.stats import (
     DEFAULT_NEAR_TIE_MARGIN,
     DEFAULT_RESAMPLES,
     acceptance_summary,
     compare_outputs,
+    pair_by_id,
     pair_requests,
     paired_bootstrap,
     per_category,
+    per_position_deltas,
     per_request_deltas,
     proposal_divergence,
 )
 
+MOVED_REQUESTS = 10  # requests listed per arm as having moved most against the baseline
 
-def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[RequestResult]) -> ArmResult:
+
+def provenance(config: dict, info: ArmRunInfo, corpus_fingerprint: str, gate_source: str | None) -> Provenance:
+    """One arm's provenance, collected where qual runs; the engine's own build and host come from the engine."""
+    commit, dirty = qual_commit()
+    gate_file = Path(gate_source) if gate_source else None
+    return Provenance(
+        qual_version=qual.__version__, qual_commit=commit, qual_checkout_dirty=dirty, host=local_host(),
+        engine=info.build or EngineBuild(name=str(config.get("engine")), version=info.engine_version,
+                                         source="the engine reported no build facts"),
+        corpus_fingerprint=corpus_fingerprint,
+        gate_sha256=file_sha256(gate_file) if gate_file is not None and gate_file.is_file() else None,
+    )
+
+
+def _gpu_type(p: Provenance) -> str | None:
+    """The GPU model(s) the engine ran on; "CPU" where it ran on none; None where nothing says."""
+    host = p.engine.host
+    if host is None:
+        return None
+    return ", ".join(sorted(set(host.gpus))) if host.gpus else "CPU"
+
+
+def provenance_differences(control: ArmResult, candidate: ArmResult) -> list[str]:
+    """Differences between two arms' provenance that change what acceptance or speed mean, one line each:
+    engine version, dtype, GPU type (unknown on either side is not a difference)."""
+    a, b = control.provenance, candidate.provenance
+    if a is None or b is None:
+        missing = [name for name, p in (("control", a), ("candidate", b)) if p is None]
+        return [f"provenance not recorded for the {' and '.join(missing)} arm (a result written before qual recorded it)"]
+    out = []
+    (na, va), (nb, vb) = (a.engine.name, a.engine.version), (b.engine.name, b.engine.version)
+    if na != nb:
+        out.append(f"engine differs: control {na} {va or '(version unknown)'}, candidate {nb} {vb or '(version unknown)'}")
+    elif va and vb and va != vb:
+        out.append(f"engine version differs: control {va}, candidate {vb}")
+    da, db = control.config.get("dtype"), candidate.config.get("dtype")
+    if da != db:
+        out.append(f"dtype differs: control {da}, candidate {db}")
+    ga, gb = _gpu_type(a), _gpu_type(b)
+    if ga and gb and ga != gb:
+        out.append(f"GPU type differs: control {ga}, candidate {gb}")
+    return out
+
+
+def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[RequestResult],
+               prov: Provenance | None = None) -> ArmResult:
     """Summarise one arm's engine output."""
     g = info.graph_capture
     graph = asdict(g) if not isinstance(g, dict) else dict(g)
@@ -37,6 +90,8 @@ def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[Re
         runnable=info.runnable,
         not_runnable_reason=info.not_runnable_reason,
         log_path=info.log_path,
+        provenance=prov,
+        extra=dict(info.extra),
     )
 
 
@@ -78,6 +133,82 @@ def compare_arms(
     )
 
 
+def compare_with_baseline(
+    baseline: Sequence[RequestResult],
+    tonight: Sequence[RequestResult],
+    *,
+    seed: int = 0,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence_levels: Sequence[float] = (0.95,),
+) -> BaselineArm:
+    """One arm of tonight against the same arm of a baseline run, paired by request id (tonight minus baseline)."""
+    base, now, retokenized = pair_by_id(baseline, tonight)
+    levels = sorted({0.95, *confidence_levels})
+    boot = paired_bootstrap(base, now, n_resamples=n_resamples, seed=seed, confidences=levels)
+    a, b = acceptance_summary(base), acceptance_summary(now)
+    positions = per_position_deltas(base, now, n_resamples=n_resamples, seed=seed)
+    moved = [d for d in per_request_deltas(base, now) if d["delta"]]
+    moved.sort(key=lambda d: (-abs(d["delta"]), d["id"]))
+    mal_ci = boot.delta_mean_acceptance_length_ci.get(0.95)
+    return BaselineArm(
+        compared=True,
+        n_requests=len(now),
+        retokenized=retokenized,
+        baseline_rate=a.rate,
+        tonight_rate=b.rate,
+        baseline_mean_acceptance_length=a.mean_acceptance_length,
+        tonight_mean_acceptance_length=b.mean_acceptance_length,
+        delta_rate=boot.delta_rate,
+        delta_rate_ci={ci_key(c): (list(v) if v is not None else None) for c, v in boot.delta_rate_ci.items()},
+        delta_mean_acceptance_length=boot.delta_mean_acceptance_length,
+        delta_mean_acceptance_length_ci95=list(mal_ci) if mal_ci is not None else None,
+        per_position=[{"position": p["position"], "baseline": p["control"], "tonight": p["candidate"],
+                       "delta": p["delta"], "ci": p["ci"]} for p in positions],
+        per_category=[{"category": c["category"], "n": c["n"], "baseline_rate": c["control_rate"],
+                       "tonight_rate": c["candidate_rate"], "delta": c["delta"]} for c in per_category(base, now)],
+        moved=[{"id": d["id"], "category": d["category"], "baseline_rate": d["control_rate"],
+                "tonight_rate": d["candidate_rate"], "delta": d["delta"]} for d in moved[:MOVED_REQUESTS]],
+    )
+
+
+def baseline_comparison(
+    resolved: ResolvedBaseline,
+    arms: dict[str, ArmResult],
+    *,
+    seed: int = 0,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence_levels: Sequence[float] = (0.95,),
+    trend: Sequence[HistoryRun] = (),
+) -> BaselineComparison:
+    """Each of tonight's arms against the baseline's same arm, what differs between the runs, and the trend."""
+    base = resolved.result
+    compared = {}
+    for name in ARMS:
+        now, then = arms[name], base.arms[name]
+        if not now.runnable or not then.runnable:
+            which = "tonight's arm" if not now.runnable else "the baseline's arm"
+            reason = now.not_runnable_reason if not now.runnable else then.not_runnable_reason
+            compared[name] = BaselineArm(compared=False, reason=f"{which} did not run: {reason or 'no reason given'}")
+        else:
+            compared[name] = compare_with_baseline(then.per_request, now.per_request, seed=seed, n_resamples=n_resamples,
+                                                   confidence_levels=confidence_levels)
+    return BaselineComparison(
+        ref=resolved.ref,
+        chosen_by=resolved.chosen_by,
+        history_id=resolved.history_id,
+        result_path=str(resolved.path),
+        created_at=base.created_at,
+        configuration=configuration_of(base).describe(),
+        differs=differences(base, {n: a.config for n, a in arms.items()}, {n: a.engine_version for n, a in arms.items()}),
+        arms=compared,
+        trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.verdict, "control_rate": r.control_rate,
+                "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id}
+               for r in sorted(trend, key=lambda r: (r.created_at, r.id))],
+        bootstrap={"unit": "request", "method": "paired percentile, matched by request id", "resamples": n_resamples,
+                   "seed": seed},
+    )
+
+
 def build_result(
     corpus_info: CorpusInfo | Any,
     control: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]],
@@ -88,11 +219,20 @@ def build_result(
     reproduce: str = "",
     n_resamples: int = DEFAULT_RESAMPLES,
     created_at: str | None = None,
+    baseline: ResolvedBaseline | None = None,
+    trend: Sequence[HistoryRun] = (),
+    provenances: tuple[Provenance | None, Provenance | None] | None = None,
 ) -> Result:
-    """Summarise both arms, compare them (paired, bootstrapped), evaluate the gate: the full Result."""
+    """Summarise both arms, compare them (paired, bootstrapped) and with the baseline if given, evaluate the gate.
+
+    trend: earlier runs of this configuration (history), shown beside the baseline. Each arm's provenance is
+    collected here unless given (`qual compare` keeps what the earlier runs recorded).
+    """
     gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
     corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
-    ctrl, cand = arm_result(*control), arm_result(*candidate)
+    if provenances is None:
+        provenances = tuple(provenance(_config_json(c), i, corpus.fingerprint, gate.source) for c, i, _ in (control, candidate))
+    ctrl, cand = arm_result(*control, provenances[0]), arm_result(*candidate, provenances[1])
     if ctrl.runnable and cand.runnable:
         comparison = compare_arms(
             ctrl.per_request,
@@ -116,6 +256,14 @@ def build_result(
         created_at=created_at or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         reproduce=reproduce,
         seed=seed,
+        warnings=provenance_differences(ctrl, cand),
     )
+    if baseline is not None:
+        result.baseline = baseline_comparison(baseline, result.arms, seed=seed, n_resamples=n_resamples,
+                                              confidence_levels=baseline_confidences(gate), trend=trend)
     result.gate = evaluate(gate, result)
     return result
+
+
+def _config_json(config: ArmConfig | dict) -> dict:
+    return config.to_json() if isinstance(config, ArmConfig) else dict(config)

@@ -30,8 +30,9 @@ def parse_ref(ref: str) -> tuple[Path, str]:
 def _as_engine_output(arm: ArmResult):
     g = {k: v for k, v in arm.graph_capture.items() if k in GraphCapture.__dataclass_fields__}
     info = ArmRunInfo(arm.engine_version, GraphCapture(**g), arm.throughput.wall_seconds, arm.throughput.output_tokens,
-                      arm.log_path, arm.runnable, arm.not_runnable_reason,
-                      generate_seconds=arm.throughput.generate_seconds)
+                      arm.log_path, arm.runnable, arm.not_runnable_reason, extra=dict(arm.extra),
+                      generate_seconds=arm.throughput.generate_seconds,
+                      build=arm.provenance.engine if arm.provenance is not None else None)
     return arm.config, info, arm.per_request
 
 
@@ -47,5 +48,6 @@ def compare(ref_a: str, ref_b: str, gate_path: str, seed: int = 0) -> Result:
     for name, arm in ((ref_a, a), (ref_b, b)):
         if not arm.runnable:
             raise QualError(f"cannot compare: {name} did not run ({arm.not_runnable_reason})")
+    # Each arm keeps the provenance its own run recorded: this machine did not produce either.
     return build_result(ra.corpus, _as_engine_output(a), _as_engine_output(b), gate_path, seed,
-                        reproduce=f"qual compare {ref_a} {ref_b}")
+                        reproduce=f"qual compare {ref_a} {ref_b}", provenances=(a.provenance, b.provenance))

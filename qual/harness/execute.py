@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import Callable
 
 from qual.engines.registry import get_engine
-from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, RequestResult
+from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
+from qual.files import WriteError, write_text
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
-from qual.history import record_run
+from qual.history import configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
 from qual.result import CorpusInfo, Result
 
 ARM_ORDER = ("control", "candidate")
+TREND_RUNS = 20  # earlier runs of the configuration the baseline section's trend strip shows
 Progress = Callable[[str, int, int], None]  # (arm, finished, total)
 
 
@@ -26,16 +28,24 @@ def info_path(out_dir: Path, arm: str) -> Path:
 
 
 def _save_info(out_dir: Path, arm: str, info: ArmRunInfo) -> None:
-    info_path(out_dir, arm).write_text(json.dumps(asdict(info), indent=2))
+    write_text(info_path(out_dir, arm), json.dumps(asdict(info), indent=2))
 
 
 def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
     p = info_path(out_dir, arm)
     if not p.exists():
         return None
-    data = json.loads(p.read_text())
-    data["graph_capture"] = GraphCapture(**data["graph_capture"])
-    return ArmRunInfo(**data)
+    try:
+        data = json.loads(p.read_text())
+        data["graph_capture"] = GraphCapture(**data["graph_capture"])
+        if data.get("build") is not None:
+            data["build"] = EngineBuild.from_json(data["build"])
+        info = ArmRunInfo(**data)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise QualError(f"{p}: unreadable arm record ({type(exc).__name__}: {exc})") from None
+    if not all(isinstance(x, (int, float)) and x >= 0 for x in (info.wall_seconds, info.output_tokens)):
+        raise QualError(f"{p}: wall_seconds and output_tokens must be numbers >= 0")
+    return info
 
 
 def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) -> None:
@@ -51,11 +61,18 @@ def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) ->
         raise QualError(f"arm {arm}: results for requests not in the plan: {', '.join(sorted(extra)[:5])}")
 
 
-def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
+def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
+    """The arm's finished requests, each record checked against the arm (its K)."""
+    config: ArmConfig = plan.arms[arm]
+    return read_journal(journal_path(plan.out_dir, arm), config.num_speculative_tokens if config.draft_path else None)
+
+
+def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
+            done: dict[str, RequestResult] | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
     """Run one arm over the requests it has not finished yet; each result is journaled as it arrives."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
-    done = read_journal(path)
+    done = read_arm_journal(plan, arm) if done is None else done
     todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
     total = len(plan.requests)
     prior = _load_info(plan.out_dir, arm)
@@ -77,6 +94,9 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
         journal.close()
     info.extra.update(requests_run=len(todo), resumed_with=total - len(todo))
     if prior is not None:  # resumed: time and tokens add up over the pieces
+        # Each earlier piece's facts are kept: a server restarted in between may have changed (acceptance source, build).
+        earlier = prior.extra.get("earlier_pieces", [])
+        info.extra["earlier_pieces"] = [*earlier, {k: v for k, v in prior.extra.items() if k != "earlier_pieces"}]
         info.wall_seconds += prior.wall_seconds
         info.output_tokens += prior.output_tokens
         both = info.generate_seconds is not None and prior.generate_seconds is not None
@@ -86,21 +106,37 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None) -> tuple[
 
 
 def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, dict[str, Path]]:
-    """Both arms, then the Result, its four reports, and a history row."""
+    """Both arms, then the Result, its four reports, and a history row (one per run: a resumed run keeps its id).
+
+    A file that cannot be written (disk full) is exit 2 naming it; the journals keep every finished request,
+    so `--resume` after freeing space repeats nothing."""
+    try:
+        return _execute(plan, progress)
+    except WriteError as exc:
+        raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: free space, then "
+                        f"`qual run --resume {plan.out_dir}`") from None
+
+
+def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str, Path]]:
+    journals = {arm: read_arm_journal(plan, arm) for arm in ARM_ORDER}  # a bad record: refused before any arm runs
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.save()
     arms = {}
     for arm in ARM_ORDER:
-        info, results = run_arm(plan, arm, progress)
+        info, results = run_arm(plan, arm, progress, journals[arm])
         if info.runnable:
             check_matched(plan, arm, results)
         ordered = [results[r.id] for r in plan.requests if r.id in results]
         info.output_tokens = sum(len(r.output_token_ids) for r in ordered)  # all pieces of a resumed arm
         arms[arm] = (plan.arms[arm], info, ordered)
+    trend = []
+    if plan.baseline is not None and plan.history_path.exists():
+        trend = configuration_runs(plan.history_path, plan.configuration, limit=TREND_RUNS)
     result = build_result(
         CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"], plan.corpus_info["count"]),
         arms["control"], arms["candidate"], plan.gate_path, plan.options.seed, reproduce=plan.options.command(),
+        baseline=plan.baseline, trend=trend,
     )
     paths = write_reports(result, plan.out_dir)
-    record_run(plan.history_path, result, paths["json"])
+    record_run(plan.history_path, result, paths["json"], plan.run_id)
     return result, paths

@@ -3,51 +3,60 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from qual.records import RequestResult
 from qual.errors import QualError
+from qual.files import AppendOnly, WriteError
+from qual.records import RecordError, RequestResult
 
 
 def journal_path(out_dir: Path, arm: str) -> Path:
     return out_dir / f"{arm}.requests.jsonl"
 
 
-def read_journal(path: Path) -> dict[str, RequestResult]:
-    """Finished requests by id; a torn last line (the process died mid-write) is ignored."""
+def read_journal(path: Path, num_speculative_tokens: int | None = None) -> dict[str, RequestResult]:
+    """Finished requests by id, each checked for internal consistency (a hand-edited record is exit 2, naming
+    its line and field); a torn last line (the process died mid-write) is ignored."""
     done: dict[str, RequestResult] = {}
     if not path.exists():
         return done
-    lines = path.read_text().splitlines()
+    text = path.read_text()
+    lines = text.splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = RequestResult.from_json(json.loads(line))
-        except (json.JSONDecodeError, TypeError) as exc:
-            if n == len(lines):
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if n == len(lines) and not text.endswith("\n"):
                 break  # partial final write
             raise QualError(f"{path}:{n}: corrupt journal line ({exc})") from None
+        try:
+            rec = RequestResult.from_json(data, num_speculative_tokens)
+        except RecordError as exc:
+            raise QualError(f"{path}:{n}: {exc}") from None
+        if rec.id in done:
+            raise QualError(f"{path}:{n}: request {rec.id} is journaled twice")
         done[rec.id] = rec
     return done
 
 
 class Journal:
-    """Appends each finished request as one fsync'd JSON line."""
+    """Appends each finished request as one fsync'd JSON line (a failed write leaves the lines before it)."""
 
     def __init__(self, path: Path):
         self.path = path
         existing = path.read_bytes() if path.exists() else b""
         if existing and not existing.endswith(b"\n"):
-            # drop a torn last line before appending after it
-            path.write_bytes(existing[: existing.rfind(b"\n") + 1])
-        self._f = path.open("a")
+            try:  # drop a torn last line before appending after it
+                with path.open("r+b") as f:
+                    f.truncate(existing.rfind(b"\n") + 1)
+            except OSError as exc:
+                raise WriteError(path, exc) from None
+        self._file = AppendOnly(path)
 
     def append(self, result: RequestResult) -> None:
-        self._f.write(json.dumps(result.to_json()) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._file.append(json.dumps(result.to_json()) + "\n")
 
     def close(self) -> None:
-        self._f.close()
+        self._file.close()

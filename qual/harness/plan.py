@@ -3,62 +3,116 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+import re
+import uuid
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
+
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass as checked_dataclass
 
 from qual import paths
+from qual.baseline import Configuration
+from qual.checkpoints.weights import inspect_weights
 from qual.corpus import load_corpus
+from qual.corpus.records import MAX_TOKENS
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
-from qual.gate import load_gate
-from qual.profiles import load_profile
+from qual.files import write_text
+from qual.gate import gate_file, load_gate, needs_baseline
+from qual.harness.baseline import ResolvedBaseline, check_match, resolve
+from qual.history import check_history
+from qual.profiles import DTYPES, load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
+from qual.validation import describe_error, read_config_text
 
 PLAN_FILE = "run.json"
 DRAFT_KV_MODES = ("replicated", "sharded")
 DSA_TOPK_MODES = ("exact", "union")
 DEFAULT_DCP = 4  # the candidate's DCP size when neither --dcp nor the profile says
+MAX_SEED = 2**63 - 1  # seeds travel as int64 (numpy, torch, vLLM's sampling params)
 
 
-@dataclass(frozen=True)
+def _text():
+    """An optional name or path: "" is a mistake, never "use the default"."""
+    return Field(None, min_length=1)
+
+
+
+@checked_dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid", allow_inf_nan=False))
 class RunOptions:
-    """Exactly what the user asked for (saved in run.json so --resume repeats it); None = not asked."""
+    """Exactly what the user asked for (saved in run.json so --resume repeats it); None = not asked.
 
-    model: str = "toy"
-    dcp: int | None = None  # default: the profile's dcp, else DEFAULT_DCP
-    tp: int | None = None  # default: the profile's tp, else the DCP size
-    engine: str = "reference"
-    corpus: str | None = None
-    limit: int | None = None
-    max_tokens: int | None = None
-    draft_kv: str | None = None  # default: replicated (the reference engine) or what the vLLM build does
-    temperature: float = 0.0
-    seed: int = 0
-    gate: str | None = None
-    out: str | None = None
-    history: str | None = None
-    device: str | None = None  # default: cpu
-    dtype: str | None = None
-    dsa_topk: str | None = None  # sparse-attention targets: exact (default) | union
+    Validated on construction, from the command line and from run.json alike: no coercion ("abc" is not a
+    DCP size), no NaN or infinity, no negative seed, no empty name standing for the default.
+    """
+
+    model: str = Field("toy", min_length=1)
+    dcp: int | None = Field(None, ge=1)  # default: the profile's dcp, else DEFAULT_DCP
+    tp: int | None = Field(None, ge=1)  # default: the profile's tp, else the DCP size
+    engine: str = Field("reference", min_length=1)
+    corpus: str | None = _text()
+    limit: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    draft_kv: Literal[DRAFT_KV_MODES] | None = None  # default: replicated (reference) or what the vLLM build does
+    temperature: float = Field(0.0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    gate: str | None = _text()
+    out: str | None = _text()
+    history: str | None = _text()
+    device: str | None = Field(None, pattern=r"^(cpu|cuda(:[0-9]+)?)$")  # default: cpu
+    dtype: Literal[DTYPES] | None = None
+    dsa_topk: Literal[DSA_TOPK_MODES] | None = None  # sparse-attention targets: exact (default) | union
+    baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
+    # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
+    control_url: str | None = _text()
+    candidate_url: str | None = _text()
+    api_key_env: str | None = _text()  # NAME (both servers) or CONTROL_NAME,CANDIDATE_NAME; the keys are never saved
+    exclusive: bool = False  # the user asserts the servers serve this run alone
+    max_concurrency: int | None = Field(None, ge=1)  # requests in flight per arm (default 1)
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
         parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
         for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
-                            ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk)]:
+                            ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk),
+                            ("--baseline", self.baseline), ("--control-url", self.control_url),
+                            ("--candidate-url", self.candidate_url), ("--api-key-env", self.api_key_env),
+                            ("--max-concurrency", self.max_concurrency)]:
             if value is not None:
                 parts.append(f"{flag} {value}")
+        if self.exclusive:
+            parts.append("--exclusive")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
         return " ".join(parts)
+
+    def servers(self) -> dict[str, dict]:
+        """Per arm, the running server an attaching engine uses (ArmConfig.extra["server"])."""
+        names = self.api_key_env.split(",") if self.api_key_env else [None]
+        keys = dict(zip(("control", "candidate"), names * 2 if len(names) == 1 else names))
+        return {arm: {"url": url, "arm": arm, "api_key_env": keys[arm], "exclusive": self.exclusive,
+                      "max_concurrency": self.max_concurrency or 1}
+                for arm, url in (("control", self.control_url), ("candidate", self.candidate_url))}
 
     def requested(self) -> frozenset[str]:
         """The knobs the user set explicitly (an engine that cannot apply one of them refuses the run)."""
         asked = {"dcp": self.dcp, "tp": self.tp, "draft_kv": self.draft_kv, "device": self.device, "dtype": self.dtype,
                  "dsa_topk": self.dsa_topk}
         return frozenset(k for k, v in asked.items() if v is not None) | {"temperature", "seed"}
+
+
+def run_options(**values) -> RunOptions:
+    """RunOptions from the command line; a bad value is a QualError naming its flag."""
+    try:
+        return RunOptions(**values)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise QualError(f"{flag}: {describe_error(exc).partition(': ')[2]}") from None
 
 
 @dataclass
@@ -71,40 +125,94 @@ class RunPlan:
     gate_path: str
     out_dir: Path
     history_path: Path
+    run_id: str = ""  # kept in run.json: a resumed run is the same run (recorded in the history once)
+    baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
+
+    @property
+    def configuration(self) -> Configuration:
+        """The configuration this run belongs to (history:last-pass and pins select on it)."""
+        return Configuration.of(self.arms["candidate"].to_json(), self.corpus_info["fingerprint"], self.corpus_info["count"])
 
     def save(self) -> None:
-        data = {"options": asdict(self.options), "corpus": self.corpus_info, "arms": {k: a.to_json() for k, a in self.arms.items()}}
-        (self.out_dir / PLAN_FILE).write_text(json.dumps(data, indent=2))
+        data = {"run_id": self.run_id, "options": asdict(self.options), "corpus": self.corpus_info,
+                "arms": {k: a.to_json() for k, a in self.arms.items()}}
+        if self.baseline is not None:
+            data["baseline"] = {"ref": self.baseline.ref, "chosen_by": self.baseline.chosen_by,
+                                "history_id": self.baseline.history_id, "path": str(self.baseline.path)}
+        write_text(self.out_dir / PLAN_FILE, json.dumps(data, indent=2))
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _validate_attach(o: RunOptions, attaches: bool) -> None:
+    """The attach-mode options: all of them need an engine that attaches, and it needs both URLs."""
+    urls = {"--control-url": o.control_url, "--candidate-url": o.candidate_url}
+    if not attaches:
+        given = [flag for flag, v in [*urls.items(), ("--api-key-env", o.api_key_env), ("--exclusive", o.exclusive or None),
+                                      ("--max-concurrency", o.max_concurrency)] if v is not None]
+        if given:
+            raise QualError(f"{given[0]} applies to attached servers (--control-url, --candidate-url); "
+                            f"--engine {o.engine} starts its own")
+        return
+    missing = [flag for flag, url in urls.items() if not url]
+    if missing:
+        raise QualError(f"--engine {o.engine} attaches to running servers: give {' and '.join(missing)}")
+    for flag, url in urls.items():
+        if not re.match(r"^https?://[^\s/]+", url):
+            raise QualError(f"{flag} must be an http:// or https:// URL (got {url!r})")
+    names = o.api_key_env.split(",") if o.api_key_env is not None else []
+    if o.api_key_env is not None and (len(names) > 2 or not all(_ENV_NAME.match(n) for n in names)):
+        raise QualError(f"--api-key-env must be NAME or CONTROL_NAME,CANDIDATE_NAME of environment variables "
+                        f"(got {o.api_key_env!r})")
 
 
 def _validate_options(o: RunOptions) -> None:
-    engine_class(o.engine)  # an unknown engine name is a usage error
-    if o.dsa_topk is not None and o.dsa_topk not in DSA_TOPK_MODES:
-        raise QualError(f"--dsa-topk must be one of {', '.join(DSA_TOPK_MODES)} (got {o.dsa_topk!r})")
-    if o.draft_kv is not None and o.draft_kv not in DRAFT_KV_MODES:
-        raise QualError(f"--draft-kv must be one of {', '.join(DRAFT_KV_MODES)} (got {o.draft_kv!r})")
-    for flag, value in (("--dcp", o.dcp), ("--tp", o.tp), ("--limit", o.limit), ("--max-tokens", o.max_tokens)):
-        if value is not None and value < 1:
-            raise QualError(f"{flag} must be >= 1 (got {value})")
-    if o.temperature < 0:
-        raise QualError(f"--temperature must be >= 0 (got {o.temperature})")
+    # an unknown engine name is a usage error (types and ranges: RunOptions itself)
+    _validate_attach(o, engine_class(o.engine).attaches)
 
 
-def _tokenize(profile, corpus, selected, o: RunOptions, dry_run: bool) -> list[EngineRequest]:
-    """Prompts are tokenized once, here, so both arms receive identical token ids (a dry run tokenizes nothing)."""
-    if dry_run:
-        return []
-    if not Path(profile.tokenizer_path).is_dir():
-        key = "tokenizer" if profile.tokenizer else "target"
-        raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
-                        "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
-    tokenizer = PromptTokenizer(profile.tokenizer_path)
+def _local_tokenizer(profile, engine, dry_run: bool) -> PromptTokenizer | None:
+    """The profile's tokenizer where it is a local directory. An engine with its own tokenizer may do without, and
+    so may a dry run (real deployments may name hub ids)."""
+    if Path(profile.tokenizer_path).is_dir():
+        return PromptTokenizer(profile.tokenizer_path)
+    if engine.attaches or dry_run:
+        return None  # the control server's /tokenize decides (qual.engines.base.Engine.tokenize)
+    key = "tokenizer" if profile.tokenizer else "target"
+    raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
+                    "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
+
+
+def _first_difference(a: list[int], b: list[int]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"token {i}: {a[i] if i < len(a) else 'end'} vs {b[i] if i < len(b) else 'end'} ({len(a)} vs {len(b)} tokens)"
+
+
+def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, ArmConfig],
+              tokenizer: PromptTokenizer | None) -> list[EngineRequest]:
+    """Prompts are tokenized once, here, so both arms receive identical token ids. Where an arm's engine tokenizes
+    too (an attached server), it must agree on every prompt: matched replay needs identical token ids.
+
+    engine None (a dry run): the local tokenizer alone, no server is asked."""
+    texts = [r.prompt for r in selected]
+    theirs = {name: engine.tokenize(arm, texts) for name, arm in arms.items()} if engine is not None else {}
+    if tokenizer is not None:
+        ids, by = [tokenizer.encode(t) for t in texts], f"the profile's tokenizer ({tokenizer.path})"
+    else:
+        ids, by = theirs["control"], "the control server"
+    for name, got in theirs.items():
+        if got is None or got is ids:
+            continue
+        for r, want, have in zip(selected, ids, got, strict=True):
+            if want != have:
+                raise QualError(f"mismatched tokenizers: the {name} server tokenizes request {r.id} differently from "
+                                f"{by} ({_first_difference(want, have)}); matched replay needs identical prompt token ids")
     requests = []
-    for r in selected:
-        ids = tokenizer.encode(r.prompt)
-        if not ids:
+    for r, prompt_ids in zip(selected, ids, strict=True):
+        if not prompt_ids:
             raise QualError(f"corpus {corpus.name}: request {r.id} tokenizes to nothing")
-        requests.append(EngineRequest(r.id, r.category, tuple(ids), o.max_tokens or r.max_tokens or profile.max_tokens))
+        requests.append(EngineRequest(r.id, r.category, tuple(prompt_ids), o.max_tokens or r.max_tokens or profile.max_tokens))
     return requests
 
 
@@ -117,7 +225,35 @@ def _check_local(profile) -> None:
                             f"profile and in qual's data folder)")
 
 
-def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False) -> RunPlan:
+def _check_weights(profile, dtype: str) -> None:
+    """Every local checkpoint's safetensors files are whole, and hold weights the run's dtype may take.
+
+    Headers only (no tensor is read): a truncated file or a silently lossy cast is refused before any work."""
+    for key in ("target", "draft"):
+        value = getattr(profile, key)
+        if value is not None and Path(profile.local_path(value)).is_dir():
+            inspect_weights(profile.local_path(value), dtype, profile.weights_dtype,
+                            f"{profile.path}: {key}")
+
+
+def _check_lengths(engine, arms: dict[str, ArmConfig], corpus, selected, requests: list[EngineRequest],
+                   default_max: int) -> None:
+    """Every request fits every arm's context: prompt + max_tokens (+ the engine's speculative headroom).
+
+    Without token ids (a dry run with a hub tokenizer) a prompt counts as one token: max_tokens alone can
+    already be impossible."""
+    lengths = {r.id: (len(r.prompt_token_ids), r.max_tokens) for r in requests}
+    for r in selected:
+        prompt, max_tokens = lengths.get(r.id, (1, r.max_tokens or default_max))
+        for name, arm in arms.items():
+            needed, limit = engine.context_needed(arm, prompt, max_tokens), engine.max_model_len(arm)
+            if needed > limit:
+                what = f"prompt {prompt} tokens" if r.id in lengths else "a prompt of at least 1 token"
+                raise QualError(f"corpus {corpus.name}: request {r.id}: {what} + max_tokens {max_tokens} needs "
+                                f"{needed} positions, more than the {name} arm's max_model_len {limit}")
+
+
+def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False, run_id: str | None = None) -> RunPlan:
     """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input.
 
     A dry run needs no local tokenizer or engine install (real deployments name hub ids); it checks the rest.
@@ -128,45 +264,89 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False)
     tp = o.tp or profile.tp or dcp
     if tp % dcp:  # every engine's DCP groups split the TP group (docs/dcp.md)
         raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
-    gate_path = str(Path(o.gate) if o.gate else paths.DEFAULT_GATE)
-    load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
+    gate_path = str(gate_file(o.gate) if o.gate else paths.DEFAULT_GATE)
+    gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
+    if o.baseline is None and needs_baseline(gate):
+        r = needs_baseline(gate)[0]
+        raise QualError(f"{gate_path}: rule {r.index} ({r.check}) compares with a baseline: give --baseline REF "
+                        "(a run directory, a history id or history:last-pass), or mark the rule without_baseline: skip")
+    history = Path(o.history) if o.history else paths.DEFAULT_HISTORY
+    check_history(history, "--history")  # not a database, or read-only: refused now, not after both arms
     engine = get_engine(o.engine)
     if engine.local_checkpoints and not dry_run:
         _check_local(profile)
+    dtype = o.dtype or profile.dtype
+    _check_weights(profile, dtype)
     corpus = load_corpus(o.corpus if o.corpus is not None else profile.corpus)
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
-    requests = _tokenize(profile, corpus, selected, o, dry_run)
+    tokenizer = _local_tokenizer(profile, engine, dry_run)
     default_max = o.max_tokens or profile.max_tokens
     extra = {"max_model_len": profile.max_model_len, "tokenizer": profile.tokenizer_path,
              o.engine: profile.section(o.engine)}
+    if profile.weights_dtype is not None:  # the cast the profile asked for is part of what ran
+        extra["weights_dtype"] = profile.weights_dtype
     candidate = ArmConfig(
         engine=o.engine, model=profile.name, dcp=dcp, tp=tp, draft_kv=o.draft_kv or "replicated",
         target_path=profile.target_path, draft_path=profile.draft_path,
         num_speculative_tokens=profile.num_speculative_tokens,
         sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
-        interleave=profile.interleave, dtype=o.dtype or profile.dtype, device=o.device or "cpu", extra=extra,
-        dsa_topk=o.dsa_topk,
+        interleave=profile.interleave, dtype=dtype, device=o.device or "cpu", extra=extra, dsa_topk=o.dsa_topk,
     )
     arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
-    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs: refused before anything is written
+    if engine.attaches:
+        servers = o.servers()
+        arms = {name: replace(arm, extra={**arm.extra, "server": servers[name]}) for name, arm in arms.items()}
+    requests = []
+    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs, servers: refused before anything is written
         arms = {name: engine.preflight(arm, o.requested()) for name, arm in arms.items()}
+        requests = _tokenize(profile, corpus, selected, o, engine, arms, tokenizer)
+    elif tokenizer is not None:  # a dry run checks lengths with the local tokenizer and asks no server
+        requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer)
+    _check_lengths(engine, arms, corpus, selected, requests, default_max)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-dcp{dcp}"
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
-    history = Path(o.history) if o.history else paths.DEFAULT_HISTORY
-    return RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history)
+    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex)
+    if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
+        plan.baseline = resolve(o.baseline, history, plan.configuration)
+        check_match(plan.baseline, arms, corpus.fingerprint, [r.id for r in selected])
+    return plan
 
 
-def load_plan_options(run_dir: Path) -> RunOptions:
-    """The options a previous run was started with (for --resume)."""
+@dataclass(frozen=True)
+class SavedPlan:
+    """What run.json says about a started run (for --resume)."""
+
+    options: RunOptions
+    fingerprint: str  # the corpus's, when the run started
+    run_id: str | None  # None: written by a qual that kept no run id
+
+
+def load_plan(run_dir: Path) -> SavedPlan:
+    """run.json of a previous run, validated key by key (a hand-edited or truncated file is exit 2)."""
     path = run_dir / PLAN_FILE
     if not path.is_file():
         raise QualError(f"--resume {run_dir}: no {PLAN_FILE} there (not a qual run directory)")
     try:
-        data = json.loads(path.read_text())
-        saved = data["options"]
-        known = {f.name for f in fields(RunOptions)}
-        return RunOptions(**{k: v for k, v in saved.items() if k in known})
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise QualError(f"{path}: unreadable run plan ({exc})") from None
+        data = json.loads(read_config_text(path))
+    except json.JSONDecodeError as exc:
+        raise QualError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    except OSError as exc:
+        raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise QualError(f"{path}: expected a JSON object")
+    for key in ("options", "corpus"):
+        if not isinstance(data.get(key), dict):
+            raise QualError(f"{path}: {key}: {'missing' if key not in data else 'must be an object'}")
+    fingerprint = data["corpus"].get("fingerprint")
+    if not isinstance(fingerprint, str) or not fingerprint.startswith("sha256:"):
+        raise QualError(f"{path}: corpus.fingerprint: {'missing' if fingerprint is None else 'not a sha256: fingerprint'}")
+    run_id = data.get("run_id")
+    if run_id is not None and (not isinstance(run_id, str) or not run_id):
+        raise QualError(f"{path}: run_id: must be a non-empty string")
+    try:
+        options = RunOptions(**data["options"])
+    except ValidationError as exc:
+        raise QualError(f"{path}: {describe_error(exc, 'options')}") from None
+    return SavedPlan(options, fingerprint, run_id)

@@ -96,7 +96,8 @@ def headline(result: Result) -> list[HeadlineRow]:
         ),
         HeadlineRow("target outputs identical", "", "", identical),
         HeadlineRow("draft proposals at identical context", "", "", proposals),
-        HeadlineRow("throughput", throughput(result.control.throughput), throughput(result.candidate.throughput), ""),
+        HeadlineRow("throughput", throughput(result.control.throughput), throughput(result.candidate.throughput),
+                    throughput_delta(result)),
     ]
 
 
@@ -184,3 +185,14 @@ def delta_counts(result: Result) -> dict[str, int]:
         "better": sum(d > 0 for d in ds),
         "undefined": len(result.comparison.per_request_deltas) - len(ds),
     }
+
+
+def throughput_delta(result: Result) -> str:
+    """Candidate vs control speed: generation tok/s where both arms timed generation apart from start-up, else tok/s
+    over the whole arm."""
+    a, b = result.control.throughput, result.candidate.throughput
+    ga, gb = a.generate_tokens_per_second, b.generate_tokens_per_second
+    x, y, what = (ga, gb, "generating") if ga and gb else (a.tokens_per_second, b.tokens_per_second, "whole arm")
+    if not x or not y or not (result.control.runnable and result.candidate.runnable):
+        return "n/a"
+    return f"{(y / x - 1) * 100:+.1f}% (\u00d7{y / x:.2f}, {what})"

@@ -6,6 +6,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from qual.files import write_text
 from qual.result import Result
 
 # Characters XML 1.0 cannot carry even escaped; drop them rather than emit an unparsable file.
@@ -19,13 +20,14 @@ def _x(text: object) -> str:
 def render(result: Result) -> str:
     """The JUnit XML document as text."""
     checks = result.gate.checks
-    failures = sum(not c.passed for c in checks)
+    failures = sum(not c.passed and not c.skipped for c in checks)
+    skipped = sum(c.skipped for c in checks)
     cfg = result.candidate.config
     suite_name = f"qual.gate.{cfg.get('model', 'model')}.dcp{cfg.get('dcp', '?')}"
     root = ET.Element("testsuites", name="qual", tests=str(len(checks)), failures=str(failures), errors="0")
     suite = ET.SubElement(
         root, "testsuite", name=_x(suite_name), tests=str(len(checks)), failures=str(failures),
-        errors="0", skipped="0", timestamp=_x(result.created_at), time="0",
+        errors="0", skipped=str(skipped), timestamp=_x(result.created_at), time="0",
     )
     props = ET.SubElement(suite, "properties")
     for name, value in (
@@ -35,11 +37,14 @@ def render(result: Result) -> str:
         ("candidate_rate", result.candidate.acceptance.rate),
         ("delta_rate", result.comparison.delta_rate),
         ("reproduce", result.reproduce),
+        *_baseline_properties(result),
     ):
         ET.SubElement(props, "property", name=name, value=_x("" if value is None else value))
     for c in checks:
         case = ET.SubElement(suite, "testcase", classname=_x(suite_name), name=_x(c.name), time="0")
-        if c.passed:
+        if c.skipped:
+            ET.SubElement(case, "skipped", message=_x(c.detail))
+        elif c.passed:
             ET.SubElement(case, "system-out").text = _x(c.detail)
         else:
             failure = ET.SubElement(case, "failure", message=_x(c.detail), type="GateCheckFailed")
@@ -48,7 +53,16 @@ def render(result: Result) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def _baseline_properties(result: Result) -> list[tuple[str, object]]:
+    b = result.baseline
+    if b is None:
+        return []
+    props: list[tuple[str, object]] = [("baseline", b.label), ("baseline_result", b.result_path)]
+    for arm, a in b.arms.items():
+        if a.compared:
+            props += [(f"baseline_{arm}_rate", a.baseline_rate), (f"baseline_delta_{arm}_rate", a.delta_rate)]
+    return props
+
+
 def write(result: Result, path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text(render(result), encoding="utf-8")
-    return path
+    return write_text(path, render(result))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from qual.report import common
+from qual.report import baseline as bview
+from qual.report import common, provenance
+from qual.files import write_text
 from qual.result import Result
 
 
@@ -38,7 +40,9 @@ def render(result: Result) -> str:
     lines += [f"| {cell(h.label)} | {cell(h.control)} | {cell(h.candidate)} | {cell(h.delta)} |" for h in common.headline(result)]
     lines += ["", "### Gate checks", "", "| | check | detail |", "|---|---|---|"]
     for c in result.gate.checks:
-        lines.append(f"| {'✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |")
+        lines.append(f"| {'⏭️' if c.skipped else '✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |")
+    if result.baseline is not None:
+        lines += _baseline(result)
     cats = [r for r in result.comparison.per_category if r.get("delta") is not None]
     if len(cats) > 1:
         cats.sort(key=lambda r: (r["delta"], r["category"]))
@@ -48,6 +52,10 @@ def render(result: Result) -> str:
             f"{common.pct(r['candidate_rate'])} | {common.pp(r['delta'])} |"
             for r in cats[:10]
         ]
+    if result.warnings:
+        lines += ["", "### ⚠️ The arms' provenance differs", ""] + [f"- {cell(w)}" for w in result.warnings]
+    lines += ["", "### Engines and provenance", "", "| | control | candidate |", "|---|---|---|"]
+    lines += [f"| {cell(f.label)} | {cell(f.control)} | {cell(f.candidate)} |" for f in provenance.engine_facts(result)]
     lines += ["", f"Corpus fingerprint: `{cell(result.corpus.fingerprint)}`", ""]
     if result.reproduce:
         fence = _fence(result.reproduce)
@@ -55,7 +63,34 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _baseline(result: Result) -> list[str]:
+    b = result.baseline
+    lines = ["", f"### Against the baseline: {cell(b.label)}", "",
+             f"`{cell(b.result_path)}` ({cell(b.chosen_by)}, created {cell(b.created_at)}). "
+             f"Differs: {cell('; '.join(bview.differs(b, limit=6)) or 'nothing but the time it ran')}.", "",
+             "| arm | requests | baseline | tonight | Δ (95% CI) | mean acceptance length |", "|---|---:|---:|---:|---|---|"]
+    for a in bview.arm_rows(b):
+        if not a.compared:
+            lines.append(f"| {a.arm} | | | | not compared: {cell(a.reason)} | |")
+            continue
+        lines.append(f"| {a.arm} | {a.n} | {a.baseline_rate} | {a.tonight_rate} | {a.delta_rate} {a.ci95} | "
+                     f"{a.baseline_mal} → {a.tonight_mal} ({a.delta_mal}) |")
+    arms, positions = bview.position_rows(b)
+    if positions:
+        lines += ["", "| position | " + " | ".join(f"{arm}: baseline → tonight (Δ)" for arm in arms) + " |",
+                  "|---:|" + "---|" * len(arms)]
+        lines += [f"| {p.position} | " + " | ".join(f"{c[0]} → {c[1]} ({'**' + c[2] + '**' if c[4] else c[2]})"
+                                                    for c in p.cells) + " |" for p in positions]
+    moved = bview.moved(b, 5)
+    if moved:
+        lines += ["", "Moved most: " + ", ".join(f"`{cell(m['id'])}` ({m['arm']}) {common.pct(m['baseline_rate'])} → "
+                                                  f"{common.pct(m['tonight_rate'])}" for m in moved) + "."]
+    trend = bview.trend_points(result)[-10:]
+    if len(trend) > 1:
+        strip = " → ".join(f"{common.pct(p[2], 1)}{' (baseline)' if p[3] else ''}" for p in trend)
+        lines += ["", f"Candidate over the last {len(trend) - 1} runs of this configuration and tonight: {strip}."]
+    return lines
+
+
 def write(result: Result, path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text(render(result), encoding="utf-8")
-    return path
+    return write_text(path, render(result))

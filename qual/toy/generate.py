@@ -16,7 +16,9 @@ def greedy_continue(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tens
     """prompts [B, P] (no padding) -> [B, P + new_tokens], greedy with a KV cache; EOS does not stop a row."""
     from transformers import DynamicCache
 
-    out = model(input_ids=prompts, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+    # A cache built from the text config holds what the architecture needs (GLM-5: KDA states, index keys too).
+    out = model(input_ids=prompts, past_key_values=DynamicCache(config=model.config.get_text_config()), use_cache=True,
+                logits_to_keep=1)
     tokens = [prompts, out.logits[:, -1].argmax(-1, keepdim=True)]
     for _ in range(new_tokens - 1):
         out = model(input_ids=tokens[-1], past_key_values=out.past_key_values, use_cache=True)

@@ -177,7 +177,7 @@ def stage_draft(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
 
     ids = _load_stats(paths, "tokenize")
     target = load_target(paths.target, device)
-    data = torch.load(paths.gen)
+    data = torch.load(paths.gen, weights_only=True)  # tensors and lists only: no pickled code runs
     lineage = _lineage(paths, cfg)
     drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
     save_drafter(drafter, paths.draft, ids["mask_token_id"], ids["eos_token_id"])

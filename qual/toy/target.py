@@ -40,11 +40,23 @@ def target_config(shape: ModelShape, eos_token_id: int):
     )
 
 
-def build_target(shape: ModelShape, eos_token_id: int, seed: int):
+# The GLM-5 target is saved as transformers' Glm5NextForConditionalGeneration (config glm5_next with a text_config),
+# the form the runtime loads; it carries a one-block vision tower that nothing runs (the runtime skips it).
+GLM_VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=16,
+                  projection_intermediate_size=16)
+
+
+def build_target(cfg: TrainConfig, eos_token_id: int):
+    """A freshly initialised target of cfg.arch."""
+    torch.manual_seed(cfg.seed)
+    if cfg.arch == "glm5":
+        from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+
+        text = cfg.glm.text_config(cfg.shape, eos_token_id)
+        return Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text, vision_config=GLM_VISION))
     from transformers import Qwen3ForCausalLM
 
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(target_config(shape, eos_token_id))
+    return Qwen3ForCausalLM(target_config(cfg.shape, eos_token_id))
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
@@ -96,17 +108,24 @@ def eval_loss(model, tokens: torch.Tensor, length: int, max_windows: int, device
 def train_target(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, eos_token_id: int,
                  device: str, log: Callable[[str], None]):
     """Train the target; returns (model in float32, stats dict)."""
-    model = build_target(cfg.shape, eos_token_id, cfg.seed).to(device)
+    model = build_target(cfg, eos_token_id).to(device)
     model.train()
     train_t = torch.from_numpy(train_tokens.astype(np.int64)).to(device)
     val_t = torch.from_numpy(val_tokens.astype(np.int64)).to(device)
     opt = make_optimizer(model, cfg.target_lr, cfg.weight_decay, device)
     gen = torch.Generator().manual_seed(cfg.seed)
     t0, curve = time.time(), []
-    loss_avg = None
-    for step in range(cfg.target_steps):
+    loss_avg, total, t_half, half = None, cfg.target_steps, t0, cfg.target_warmup // 2
+    step = 0
+    while step < total:
+        if step == half:
+            t_half = time.time()  # the pace is timed over the warm-up's second half: start-up costs excluded
+        if cfg.target_seconds and step == cfg.target_warmup:  # the LR so far does not depend on total
+            pace = (time.time() - t_half) / max(1, step - half)
+            total = max(step + 1, min(total, step + int((cfg.target_seconds - (time.time() - t0)) / pace)))
+            log(f"target: {total} steps fit {cfg.target_seconds:.0f}s")
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.target_lr, cfg.target_warmup, cfg.target_steps)
+            group["lr"] = lr_at(step, cfg.target_lr, cfg.target_warmup, total)
         batch = sample_windows(train_t, cfg.target_batch, cfg.seq_len, gen)
         with autocast(device):
             loss = model(input_ids=batch, labels=batch).loss
@@ -115,17 +134,17 @@ def train_target(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndar
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
-        last = step + 1 == cfg.target_steps
-        if (step + 1) % cfg.log_every == 0 or last:
+        step += 1
+        if step % cfg.log_every == 0 or step == total:
             val = eval_loss(model, val_t, cfg.seq_len, cfg.val_windows, device)
-            curve.append({"step": step + 1, "train_loss": round(loss_avg, 4), "val_loss": round(val, 4)})
-            log(f"target step {step + 1}/{cfg.target_steps} loss {loss_avg:.4f} val {val:.4f} "
-                f"({time.time() - t0:.0f}s)")
+            curve.append({"step": step, "train_loss": round(loss_avg, 4), "val_loss": round(val, 4)})
+            log(f"target step {step}/{total} loss {loss_avg:.4f} val {val:.4f} ({time.time() - t0:.0f}s)")
+    cfg.target_steps = total  # what ran: reproduce with --set target_steps=total
     stats = {
         "final_train_loss_ema": round(loss_avg, 4),
         "final_val_loss": curve[-1]["val_loss"],
         "train_seconds": round(time.time() - t0, 1),
-        "tokens_seen": cfg.target_steps * cfg.target_batch * cfg.seq_len,
+        "tokens_seen": total * cfg.target_batch * cfg.seq_len,
         "curve": curve,
     }
     return model.float(), stats
@@ -140,8 +159,8 @@ def save_target(model, out_dir: Path, tokenizer_dir: Path) -> None:
     model.float()
     cfg_path = out_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    # Readers that predate rope_parameters look for the top-level field.
-    cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    if cfg.get("model_type") == "qwen3":  # readers that predate rope_parameters look for the top-level field
+        cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, out_dir / name)
@@ -149,7 +168,10 @@ def save_target(model, out_dir: Path, tokenizer_dir: Path) -> None:
 
 def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
     """The saved target, in `dtype` (float32 by default: what generation and evaluation use)."""
-    from transformers import AutoModelForCausalLM
+    if json.loads((Path(path) / "config.json").read_text()).get("model_type") == "glm5_next":
+        from transformers import Glm5NextForConditionalGeneration as Model
+    else:
+        from transformers import AutoModelForCausalLM as Model
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = Model.from_pretrained(path, dtype=dtype)
     return model.to(device).eval()

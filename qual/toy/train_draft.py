@@ -35,9 +35,15 @@ def sample_anchors(prompt_lens: torch.Tensor, seq_len: int, num: int, block_size
 
 @torch.no_grad()
 def target_aux(target, ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
-    """[B, T, n*H]: outputs of target layers `layer_ids` (hidden_states[i+1]) concatenated."""
-    hs = target.model(input_ids=ids, output_hidden_states=True).hidden_states
-    return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
+    """[B, T, n*H]: outputs of target layers `layer_ids` (hidden_states[i+1]) concatenated; a GLM-5 layer's output is
+    its hyper-connection streams [B, T, n, H], taken as their mean (where vLLM and the runtime capture them)."""
+    return aux_features(target(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states, layer_ids)
+
+
+def aux_features(hidden_states, layer_ids: tuple[int, ...]) -> torch.Tensor:
+    """transformers' hidden_states (embeddings, then each layer's output) -> the drafter's context input."""
+    return torch.cat([hidden_states[i + 1].mean(2) if hidden_states[i + 1].dim() == 4 else hidden_states[i + 1]
+                      for i in layer_ids], dim=-1)
 
 
 def draft_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor,
@@ -51,17 +57,36 @@ def draft_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
     block_ids = torch.full_like(block_pos, mask_token_id)
     block_ids[:, :, 0] = ids.gather(1, anchors)
     block_pos, block_ids = block_pos.flatten(1), block_ids.flatten(1)  # [B, Q]
-    x = target.model.embed_tokens(block_ids)  # frozen, shared
+    x = target.get_input_embeddings()(block_ids)  # frozen, shared
     ctx_pos = torch.arange(t, device=ids.device).expand(b, t)
-    mask = anchor_block_mask(anchors, t, bs)
-    h = drafter(ctx, ctx_pos, x, block_pos, mask)
-    logits = target.lm_head(h).float()  # [B, Q, V] frozen, shared
+    masks = {"full_attention": anchor_block_mask(anchors, t, bs)}
+    if "sliding_attention" in s.draft_kinds:
+        masks["sliding_attention"] = anchor_block_mask(anchors, t, bs, s.draft_sliding_window)
+    h = drafter(ctx, ctx_pos, x, block_pos, masks)
+    logits = target.get_output_embeddings()(h).float()  # [B, Q, V] frozen, shared
     labels = ids.gather(1, block_pos)  # position k of the block predicts x_{p+k}
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(b, -1, bs)
     w = position_weights(bs, ids.device)
     loss = (ce * w).sum() / (w.sum() * b * anchors.shape[1])
     acc = (logits.argmax(-1) == labels).view(b, -1, bs).float().mean(dim=(0, 1))
+    if s.dflash2:
+        loss = loss + selector_loss(drafter, logits.view(b, -1, bs, logits.shape[-1]), h.view(b, -1, bs, h.shape[-1]),
+                                    labels.view(b, -1, bs), w)
     return loss, acc
+
+
+def selector_loss(drafter, logits: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """DFlash2's selector, teacher-forced: at each mask position, cross-entropy over its top-k candidates (when the
+    target's token is among them) of the edge scores from the true previous token (the anchor for the first)."""
+    sel = drafter.candidate_selector
+    unary, cand = logits[:, :, 1:].detach().topk(sel.top_k, dim=-1)  # [B, A, K, k]
+    prev = labels[:, :, :-1, None]  # the token before each mask position: anchor, then the true drafts
+    scores = sel.edges(prev, cand, unary, h[:, :, 1:])[..., 0, :]  # [B, A, K, k]
+    hit = cand == labels[:, :, 1:, None]
+    found = hit.any(-1)
+    ce = F.cross_entropy(scores.flatten(0, 2), hit.float().argmax(-1).flatten(), reduction="none").view(found.shape)
+    weights = w[1:] * found
+    return (ce * weights).sum() / weights.sum().clamp(min=1.0)
 
 
 def _init_drafter(cfg: TrainConfig, device: str) -> DFlashDrafter:

@@ -14,6 +14,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from qual.records import ArmConfig
 from qual.engines.vllm.install import REPO_ROOT, VllmInstall
 from qual.errors import QualError
+from qual.redact import redact_env
 from qual.validation import Section, parse_section
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -182,8 +183,8 @@ class ServeCommand:
     env: dict[str, str]
 
     def shell(self) -> str:
-        """One copy-pasteable line (for --dry-run and reports)."""
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        """One copy-pasteable line (for --dry-run, reports and the log header); secret env values redacted."""
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(self.env).items()))
         return (prefix + " " if prefix else "") + shlex.join(self.argv)
 
 

@@ -13,6 +13,10 @@ from qual.engines.vllm.metrics import SpecCounters, parse_spec_counters
 class ClientError(Exception):
     """The server refused or failed a request (HTTP error, bad reply, connection lost)."""
 
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status  # the HTTP status where the server answered; None where it did not
+
 
 @dataclass
 class Completion:
@@ -22,29 +26,60 @@ class Completion:
     output_token_ids: list[int]
     finish_reason: str
     spec_decode: dict | None  # the response's metrics.speculative_decoding, when the server sends it
+    fingerprint: str | None = None  # the response's system_fingerprint (vLLM: version, parallel sizes, config hash)
 
 
 class VllmClient:
     """Talks to one server at base_url."""
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0):
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
+        self.api_key = api_key  # sent as a bearer token (vLLM's --api-key guards /v1/*)
 
     def _request(self, path: str, payload: dict | None = None) -> bytes:
         data = json.dumps(payload).encode() if payload is not None else None
         req = urllib.request.Request(self.base_url + path, data=data)
         if data is not None:
             req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return resp.read()
         except urllib.error.HTTPError as exc:
             body = exc.read().decode(errors="replace")[:500]
-            raise ClientError(f"HTTP {exc.code} from {path}: {body}") from exc
+            raise ClientError(f"HTTP {exc.code} from {path}: {body}", exc.code) from exc
         except (urllib.error.URLError, OSError) as exc:
             raise ClientError(f"{path}: {exc}") from exc
+
+    def get_json(self, path: str, payload: dict | None = None) -> dict:
+        """A JSON object from GET path (POST where payload is given)."""
+        raw = self._request(path, payload)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ClientError(f"{path}: not JSON: {raw[:200]!r}") from exc
+        if not isinstance(body, dict):
+            raise ClientError(f"{path}: expected a JSON object, got {raw[:200]!r}")
+        return body
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether /health answers 200 now."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout_s) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def tokenize(self, text: str) -> list[int]:
+        """The server's own tokenization of a prompt (/tokenize, no special tokens added, as qual tokenizes)."""
+        body = self.get_json("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ClientError(f"/tokenize: no token list in the reply: {str(body)[:200]}")
+        return tokens
 
     def spec_counters(self) -> SpecCounters:
         """The server's cumulative spec-decode counters."""
@@ -84,4 +119,5 @@ class VllmClient:
             output_token_ids=list(output),
             finish_reason=choice.get("finish_reason") or "length",
             spec_decode=metrics.get("speculative_decoding") if isinstance(metrics, dict) else None,
+            fingerprint=body.get("system_fingerprint"),
         )

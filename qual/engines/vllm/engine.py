@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 from dataclasses import replace
 
 from qual.engines.base import KNOBS, Engine
-from qual.records import ArmConfig, ArmRunInfo, EngineRequest, GraphCapture, OnResult, RequestResult
+from qual.provenance import local_host
+from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult, RequestResult
 from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, serve_command
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.install import NOT_FOUND, REPO_ROOT, VllmInstall, locate
@@ -18,6 +20,7 @@ from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
 from qual.engines.vllm.metrics import SpecCounters
 from qual.engines.vllm.server import VllmServer, free_port
 from qual.errors import EngineError, QualError
+from qual.files import WriteError, write_text
 from qual.validation import parse_section
 
 DCP_NEEDS_GPU = "vLLM DCP>1 needs GPUs: the CPU attention backend returns no softmax LSE"
@@ -56,6 +59,12 @@ def _sum(items: list[SpecDecodeCounts], k: int) -> SpecDecodeCounts:
         sum(a.drafts for a in items), sum(a.draft_tokens for a in items), sum(a.accepted_tokens for a in items),
         tuple(sum(a.accepted_per_position[i] for a in items) for i in range(k)),
     )
+
+
+def _cuda_of(torch_version: str | None) -> str | None:
+    """"12.8" for a torch built "+cu128"; None for a CPU build."""
+    m = re.search(r"\+cu(\d+)(\d)$", torch_version or "")
+    return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
 def _cuda_available() -> bool:
@@ -108,6 +117,9 @@ class VllmEngine(Engine):
             raise QualError(f"--draft-kv {arm.draft_kv}: vLLM has no switch for draft-KV replication, and this build "
                             f"({self.engine_version(install)}) keeps draft KV {build} under DCP (see `qual doctor`)")
         return replace(arm, draft_kv=build)  # what the build runs, not what was assumed
+
+    def max_model_len(self, arm: ArmConfig) -> int:
+        return VllmOptions.from_extra(arm.extra).max_model_len or super().max_model_len(arm)
 
     def describe(self, arm: ArmConfig) -> str:
         return dry_run_command(arm, self.run_dir or ".")
@@ -184,7 +196,18 @@ class VllmEngine(Engine):
             self.active_server = None
         return ArmRunInfo(engine_version=self.engine_version(install), graph_capture=capture,
                           wall_seconds=wall, output_tokens=output_tokens, log_path=str(log_path),
-                          extra=self._facts(arm, install, cmd))
+                          extra=self._facts(arm, install, cmd), build=self._build(install, cmd))
+
+    @staticmethod
+    def _build(install: VllmInstall, cmd: ServeCommand) -> EngineBuild:
+        """The build that served the arm: this machine, with the torch of vLLM's own install."""
+        host = local_host()
+        host.torch = install.torch_version() or host.torch
+        host.cuda = _cuda_of(host.torch)
+        host.source = f"this machine; torch of {install.python}"
+        return EngineBuild(name="vllm", version=install.version, commit=install.commit(), host=host,
+                           server_command=cmd.shell(), reported={"distribution": install.dist_name},
+                           source=f"the install at {install.package_dir}")
 
     def _facts(self, arm: ArmConfig, install: VllmInstall, cmd: ServeCommand) -> dict:
         """What the report should know about this server beyond the numbers."""
@@ -220,11 +243,13 @@ class VllmEngine(Engine):
 
     def _fresh_log(self, name: str, cmd: ServeCommand) -> Path:
         log_path = self.run_dir / f"{name}.vllm.log"
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if log_path.exists():  # keep the previous attempt's log (a resumed run's evidence)
-            log_path.replace(log_path.with_name(log_path.name + ".prev"))
-        log_path.write_text(f"# qual: {cmd.shell()}\n")
-        return log_path
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if log_path.exists():  # keep the previous attempt's log (a resumed run's evidence)
+                log_path.replace(log_path.with_name(log_path.name + ".prev"))
+        except OSError as exc:
+            raise WriteError(log_path, exc) from None
+        return write_text(log_path, f"# qual: {cmd.shell()}\n")  # shell(): secret env values redacted
 
     def _replay(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult,
                 server: VllmServer, client: VllmClient) -> int:
@@ -247,6 +272,7 @@ class VllmEngine(Engine):
                 prompt_token_ids=list(req.prompt_token_ids), output_token_ids=completion.output_token_ids,
                 drafts=acc.drafts, draft_tokens=acc.draft_tokens, accepted_tokens=acc.accepted_tokens,
                 accepted_per_position=list(acc.accepted_per_position), finish_reason=completion.finish_reason,
+                acceptance_source=("per_request_metrics" if completion.spec_decode else "metrics_diff") if k else None,
             ))
         self._check_totals(server, client, baseline, done, k)
         return output_tokens

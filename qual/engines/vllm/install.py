@@ -127,6 +127,16 @@ class VllmInstall:
             if rx.search(line)
         ]
 
+    def commit(self) -> str | None:
+        """The git commit the build records (vllm/_version.py's commit_id; None where it records none)."""
+        m = re.search(r"""__commit_id__ = commit_id = ['"]([0-9a-f]{7,40})['"]""", self.source("_version.py"))
+        return m.group(1) if m else None
+
+    def torch_version(self) -> str | None:
+        """The torch installed beside this vLLM (what its server runs on), from the distribution's metadata."""
+        infos = sorted(self._site.glob("torch-*.dist-info")) if self._site else []
+        return infos[0].name[len("torch-") : -len(".dist-info")] if infos else None
+
     def has_flag(self, flag: str) -> bool:
         """Whether the serve argument parser defines flag (read from engine/arg_utils.py)."""
         return f'"{flag}"' in self.source("engine/arg_utils.py")

@@ -1,0 +1,124 @@
+"""Baselines: which earlier runs are the same configuration as tonight's, and tonight's arms against one of them.
+
+A baseline is an earlier run whose arms tonight's arms are compared with, request by request (docs/statistics.md,
+"Baselines"). This module holds the records only (result.json's `baseline` key) and the configuration a run belongs
+to; finding and checking a baseline is qual.harness.baseline, computing the comparison qual.harness.build.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from qual.stats import ci_key
+
+ARMS = ("control", "candidate")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """The configuration a run belongs to: what `history:last-pass` and pins select on.
+
+    Two runs are the same configuration when all of these agree. Checkpoint paths and contents, the engine's
+    version and install, and the draft-KV layout are not part of it: those are what changes between nights (an engine
+    upgrade, a swapped drafter) and what a baseline exists to judge. The draft-KV layout is judged by the paired
+    DCP gate, and vLLM's is only known once its build is inspected (a dry run could not name it).
+    """
+
+    model: str
+    engine: str
+    corpus_fingerprint: str
+    n_requests: int  # the replayed selection: the first n requests of the corpus (--limit)
+    temperature: float
+    seed: int
+    max_tokens: int
+    num_speculative_tokens: int
+    dcp: int  # the candidate's (the control is DCP 1)
+    tp: int
+    dtype: str
+    device: str
+
+    @classmethod
+    def of(cls, candidate: dict, corpus_fingerprint: str, n_requests: int) -> "Configuration":
+        """From the candidate arm's config (result.json arms.candidate.config) and the corpus replayed."""
+        s = candidate.get("sampling") or {}
+        return cls(
+            model=str(candidate.get("model")), engine=str(candidate.get("engine")),
+            corpus_fingerprint=str(corpus_fingerprint), n_requests=int(n_requests),
+            temperature=float(s.get("temperature", 0.0)), seed=int(s.get("seed", 0)),
+            max_tokens=int(s.get("max_tokens", 0)), num_speculative_tokens=int(candidate.get("num_speculative_tokens", 0)),
+            dcp=int(candidate.get("dcp", 0)), tp=int(candidate.get("tp", 0)),
+            dtype=str(candidate.get("dtype")), device=str(candidate.get("device")),
+        )
+
+    def key(self) -> str:
+        """Canonical text of the configuration (history's `configuration` column)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def describe(self) -> str:
+        return (
+            f"{self.model} on {self.engine}, DCP {self.dcp} TP {self.tp} {self.dtype} {self.device}, K={self.num_speculative_tokens}, "
+            f"{self.n_requests} requests of corpus {self.corpus_fingerprint[:19]}, temperature {self.temperature:g} "
+            f"seed {self.seed} max_tokens {self.max_tokens}"
+        )
+
+
+@dataclass
+class BaselineArm:
+    """One arm of tonight against the same arm of the baseline, paired by request id (tonight minus baseline)."""
+
+    compared: bool  # both tonight's arm and the baseline's ran
+    reason: str | None = None  # why not compared
+    n_requests: int = 0
+    retokenized: list[str] = field(default_factory=list)  # ids whose prompt token ids differ from the baseline's
+    baseline_rate: float | None = None
+    tonight_rate: float | None = None
+    baseline_mean_acceptance_length: float | None = None
+    tonight_mean_acceptance_length: float | None = None
+    delta_rate: float | None = None
+    delta_rate_ci: dict[str, list[float] | None] = field(default_factory=dict)  # "0.95" -> [lo, hi]
+    delta_mean_acceptance_length: float | None = None
+    delta_mean_acceptance_length_ci95: list[float] | None = None
+    per_position: list[dict] = field(default_factory=list)  # position, baseline, tonight, delta, ci (95%)
+    per_category: list[dict] = field(default_factory=list)  # category, n, baseline_rate, tonight_rate, delta
+    moved: list[dict] = field(default_factory=list)  # requests whose rate moved most: id, category, baseline_rate, ...
+
+    def ci_at(self, confidence: float) -> tuple[float, float] | None:
+        ci = self.delta_rate_ci.get(ci_key(confidence))
+        return (ci[0], ci[1]) if ci is not None else None
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BaselineArm":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass
+class BaselineComparison:
+    """Tonight's run against its baseline: where the baseline came from, what differs, each arm, the trend."""
+
+    ref: str  # as given to --baseline: a result path, a history id, history:last-pass
+    chosen_by: str  # "result file" | "history id" | "pinned" | "last pass"
+    history_id: int | None
+    result_path: str
+    created_at: str  # the baseline run's
+    configuration: str  # Configuration.describe() of the baseline run
+    differs: list[dict] = field(default_factory=list)  # arm, key, baseline, tonight: allowed differences, shown
+    arms: dict[str, BaselineArm] = field(default_factory=dict)
+    trend: list[dict] = field(default_factory=list)  # earlier runs of tonight's configuration, oldest first
+    bootstrap: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """'run 12 (pinned)' or the result path: how reports and history name the baseline."""
+        if self.history_id is None:
+            return self.result_path
+        return f"run {self.history_id} ({self.chosen_by})"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BaselineComparison":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        known["arms"] = {name: BaselineArm.from_json(a) for name, a in (d.get("arms") or {}).items()}
+        return cls(**known)

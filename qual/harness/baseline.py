@@ -1,0 +1,160 @@
+"""`qual run --baseline REF`: find the baseline run and check, before any arm runs, that it can serve as one.
+
+REF is a result directory or result.json, a history id (`12` or `history:12`), or `history:last-pass`: the run
+pinned for tonight's configuration (`qual history baseline pin ID`), else its newest passing run. What a baseline
+must share with tonight's run, and what may differ, is `mismatches` below (docs/statistics.md, "Baselines").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from qual import history as hist
+from qual.baseline import ARMS, Configuration
+from qual.errors import QualError
+from qual.records import ArmConfig
+from qual.result import Result, load_result
+
+LAST_PASS = "history:last-pass"
+_HISTORY_ID = re.compile(r"(?:history:)?(\d+)")
+# Compared with tonight's arms but allowed to differ: shown in the report (a baseline from another engine or build
+# is the point of the comparison). Everything else of an arm's config is either a match key or shown too.
+_MATCHED = ("model", "sampling", "num_speculative_tokens")
+
+
+@dataclass
+class ResolvedBaseline:
+    """The run REF names: its result and how it was chosen."""
+
+    ref: str
+    chosen_by: str  # "result file" | "history id" | "pinned" | "last pass"
+    history_id: int | None
+    path: Path
+    result: Result
+
+    def describe(self) -> str:
+        which = self.path if self.history_id is None else f"run {self.history_id} ({self.chosen_by}, {self.path})"
+        return f"{which}, created {self.result.created_at}"
+
+
+def resolve(ref: str, history_path: Path, configuration: Configuration) -> ResolvedBaseline:
+    """The baseline run REF names (QualError, one line, if there is none or its result cannot be read)."""
+    if ref == LAST_PASS:
+        pinned = hist.pinned_run(history_path, configuration) if history_path.exists() else None
+        run = pinned or (hist.last_pass(history_path, configuration) if history_path.exists() else None)
+        if run is None:
+            raise QualError(
+                f"--baseline {ref}: no passing run of this configuration in {history_path} ({configuration.describe()}); "
+                "record one first (e.g. a run with the nightly gate) or pin one (`qual history baseline pin ID`)"
+            )
+        return _from_history(ref, run, "pinned" if pinned is not None else "last pass")
+    m = _HISTORY_ID.fullmatch(ref)
+    if m is not None:
+        if not history_path.exists():
+            raise QualError(f"--baseline {ref}: no run history at {history_path} (a history id needs one; --history)")
+        return _from_history(ref, hist.get_run(history_path, int(m.group(1))), "history id")
+    if ref.startswith("history:"):
+        raise QualError(f"--baseline {ref}: unknown history reference (use history:last-pass or history:ID)")
+    path = Path(ref)
+    if path.is_dir():
+        path = path / "result.json"
+    if not path.is_file():
+        raise QualError(f"--baseline {ref}: no result file at {path} (give a run directory, its result.json, "
+                        f"a history id or {LAST_PASS})")
+    return ResolvedBaseline(ref, "result file", None, path, _load(ref, path))
+
+
+def _from_history(ref: str, run: hist.HistoryRun, chosen_by: str) -> ResolvedBaseline:
+    if not run.result_path:
+        raise QualError(f"--baseline {ref}: run {run.id} has no result file recorded")
+    path = Path(run.result_path)
+    if not path.is_file():
+        raise QualError(f"--baseline {ref}: run {run.id}'s result file {path} is missing (relative paths are read "
+                        "from the working directory)")
+    return ResolvedBaseline(ref, chosen_by, run.id, path, _load(ref, path))
+
+
+def _load(ref: str, path: Path) -> Result:
+    try:
+        return load_result(path)
+    except QualError as exc:
+        raise QualError(f"--baseline {ref}: {exc}") from None
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def mismatches(baseline: Result, arms: dict[str, ArmConfig], fingerprint: str, request_ids: Sequence[str]) -> list[str]:
+    """What the baseline does not share with tonight's run; empty: it can be its baseline.
+
+    Must match, per arm: the model (profile name), the sampling (temperature, seed, max_tokens) and K; for the
+    run: the corpus fingerprint, and every request tonight replays must be in the baseline (it may hold more).
+    The engine, its build, the parallel layout, dtype, device and checkpoint paths may differ (`differences`).
+    """
+    found: list[str] = []
+
+    def note(text: str) -> None:
+        if text not in found:
+            found.append(text)
+
+    if baseline.corpus.fingerprint != fingerprint:
+        note(f"corpus fingerprint: baseline {_short(baseline.corpus.fingerprint)} ({baseline.corpus.name}), "
+             f"this run {_short(fingerprint)}")
+    for arm in ARMS:
+        b, t = baseline.arms[arm].config, arms[arm].to_json()
+        for key in _MATCHED:
+            if key == "sampling":
+                bs, ts = b.get("sampling") or {}, t["sampling"]
+                for field in sorted(set(bs) | set(ts)):
+                    if bs.get(field) != ts.get(field):
+                        note(f"sampling {field}: baseline {bs.get(field)}, this run {ts.get(field)}")
+            elif b.get(key) != t[key]:
+                note(f"{key}: baseline {_short(b.get(key))}, this run {_short(t[key])}")
+    ran = [a for a in ARMS if baseline.arms[a].runnable and baseline.arms[a].per_request]
+    if not ran:
+        note("neither of the baseline's arms ran")
+    for arm in ran:
+        have = {r.id for r in baseline.arms[arm].per_request}
+        missing = [i for i in request_ids if i not in have]
+        if missing:
+            note(f"{len(missing)} of this run's {len(request_ids)} requests are not in the baseline's {arm} arm "
+                 f"(first: {missing[0]})")
+    return found
+
+
+def check_match(b: ResolvedBaseline, arms: dict[str, ArmConfig], fingerprint: str, request_ids: Sequence[str]) -> None:
+    """Raise QualError (exit 2, one line naming each difference) if the baseline cannot serve tonight's run."""
+    found = mismatches(b.result, arms, fingerprint, request_ids)
+    if found:
+        raise QualError(f"--baseline {b.ref}: {b.describe()} does not match this run: {'; '.join(found)}")
+
+
+def _flatten(d, prefix: str = "", depth: int = 2) -> dict:
+    """Keys two levels deep (extra.tokenizer, sampling.seed): an engine's profile section (extra.vllm) is one value."""
+    if isinstance(d, dict) and d and depth > 0:
+        out: dict = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k), depth - 1))
+        return out
+    return {prefix: d}
+
+
+def differences(baseline: Result, tonight: dict[str, dict], engine_versions: dict[str, str]) -> list[dict]:
+    """The config keys (and engine version) in which each of tonight's arms differs from the baseline's: shown."""
+    rows = []
+    for arm in ARMS:
+        b = {**_flatten(baseline.arms[arm].config), "engine_version": baseline.arms[arm].engine_version}
+        t = {**_flatten(tonight[arm]), "engine_version": engine_versions.get(arm)}
+        # the engine's own profile section (extra.<engine>.*) last: it differs whenever the engine does
+        for key in sorted(set(b) | set(t), key=lambda k: (k.startswith("extra."), k)):
+            if b.get(key, _ABSENT) != t.get(key, _ABSENT):
+                rows.append({"arm": arm, "key": key, "baseline": b.get(key, _ABSENT), "tonight": t.get(key, _ABSENT)})
+    return rows
+
+
+_ABSENT = "(absent)"

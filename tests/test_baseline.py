@@ -1,0 +1,249 @@
+"""Baselines: the configuration a run belongs to, history:last-pass and pins, matching (qual.baseline,
+qual.harness.baseline), on synthetic results recorded into a temporary history."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+
+from qual import history, paths
+from qual.baseline import Configuration
+from qual.cli.main import main
+from qual.corpus import load_corpus
+from qual.errors import QualError
+from qual.harness.baseline import LAST_PASS, mismatches, resolve
+from qual.harness.plan import RunOptions, make_plan
+from qual.records import Sampling
+from qual.result import load_result, save_result
+from synthetic import SYNTHETIC_FINGERPRINT, synthetic_arm_config, synthetic_pair, synthetic_result
+
+FAILING = [{"check": "mean_acceptance_length_ratio", "min": 1.5}]  # identical arms give 1.0: the gate fails
+
+# name -> what differs from the configuration tonight's run belongs to ("same"), and the night it ran.
+# Every row is a passing run unless its rules fail; all are recorded, then each is asked for by its own configuration.
+RUNS = {
+    "same, old pass": dict(day=1),
+    "same, newest pass": dict(day=3),
+    "same, newer but failing": dict(day=5, rules=FAILING),
+    "other model": dict(day=6, model="tiny"),
+    "other engine": dict(day=6, engine="vllm"),
+    "other corpus": dict(day=6, fingerprint="sha256:" + "cd" * 32),
+    "other temperature": dict(day=6, sampling=Sampling(temperature=0.7, seed=0, max_tokens=64)),
+    "other sampling seed": dict(day=6, sampling=Sampling(temperature=0.0, seed=1, max_tokens=64)),
+    "other max_tokens": dict(day=6, sampling=Sampling(temperature=0.0, seed=0, max_tokens=32)),
+    "other selection (--limit)": dict(day=6, n=12),
+    "other DCP": dict(day=6, dcp=2),
+    "other dtype": dict(day=6, dtype="bfloat16"),
+    "other K": dict(day=6, num_speculative_tokens=3),
+    "other model, failing": dict(day=7, model="tiny", rules=FAILING),
+    "only failing": dict(day=7, model="only-fails", rules=FAILING),
+}
+# tonight's configuration (as the run of that name) -> the run history:last-pass must pick (None: none passed)
+EXPECTED = {
+    "same, newest pass": "same, newest pass",
+    "other model": "other model",
+    "other engine": "other engine",
+    "other corpus": "other corpus",
+    "other temperature": "other temperature",
+    "other sampling seed": "other sampling seed",
+    "other max_tokens": "other max_tokens",
+    "other selection (--limit)": "other selection (--limit)",
+    "other DCP": "other DCP",
+    "other dtype": "other dtype",
+    "other K": "other K",
+    "only failing": None,
+}
+
+
+def _night(day: int, n: int = 10, rules=None, fingerprint: str = SYNTHETIC_FINGERPRINT, dcp: int = 4, **arm):
+    return synthetic_result(n, 0.7, 0.7, n_resamples=50, rules=rules, fingerprint=fingerprint, dcp=dcp,
+                            created_at=f"2026-12-{day:02d}T02:00:00+00:00", **arm)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A history holding every run of RUNS, each with its result.json: (db, {name: run id}, {name: Result})."""
+    root = tmp_path_factory.mktemp("history")
+    db, ids, results = root / "history.sqlite", {}, {}
+    for name, spec in RUNS.items():
+        res = _night(**spec)
+        path = save_result(res, root / f"run{len(ids)}" / "result.json")
+        ids[name], results[name] = history.record_run(db, res, path), res
+    assert results["same, newer but failing"].verdict == "fail" and results["other model"].verdict == "pass"
+    return db, ids, results
+
+
+@pytest.mark.parametrize("tonight", sorted(EXPECTED))
+def test_last_pass_picks_the_newest_passing_run_of_the_same_configuration(recorded, tonight):
+    db, ids, results = recorded
+    configuration = history.configuration_of(results[tonight])
+    want = EXPECTED[tonight]
+    if want is None:
+        with pytest.raises(QualError, match=r"--baseline history:last-pass: no passing run of this configuration"):
+            resolve(LAST_PASS, db, configuration)
+        return
+    got = resolve(LAST_PASS, db, configuration)
+    assert (got.history_id, got.chosen_by) == (ids[want], "last pass"), f"picked {got.history_id}, wanted {want}"
+    assert got.result.created_at == results[want].created_at
+    # every run of that configuration, and no other, is its history (newest first)
+    same = sorted(((RUNS[n]["day"], ids[n]) for n in RUNS if history.configuration_of(results[n]) == configuration),
+                  reverse=True)
+    assert [r.id for r in history.configuration_runs(db, configuration)] == [i for _, i in same]
+
+
+def test_every_field_of_the_configuration_separates_runs(recorded):
+    """The table covers the configuration: each of its fields is varied by some row (so none is left unchecked)."""
+    _, _, results = recorded
+    base = history.configuration_of(results["same, newest pass"])
+    varied = {f for n in RUNS for f in Configuration.__dataclass_fields__
+              if getattr(history.configuration_of(results[n]), f) != getattr(base, f)}
+    assert varied == set(Configuration.__dataclass_fields__) - {"tp", "device"}  # tp follows dcp here; one device
+
+
+def test_a_pinned_run_wins_over_the_last_pass_until_unpinned(recorded):
+    db, ids, results = recorded
+    configuration = history.configuration_of(results["same, newest pass"])
+    old = ids["same, old pass"]
+    run, replaced = history.pin(db, old, "2026-12-08T00:00:00+00:00")
+    assert run.id == old and replaced is None
+    got = resolve(LAST_PASS, db, configuration)
+    assert (got.history_id, got.chosen_by) == (old, "pinned")
+    # a failing run can be pinned (it is asked for by id), and replaces the earlier pin of its configuration
+    failing = ids["same, newer but failing"]
+    assert history.pin(db, failing, "2026-12-09T00:00:00+00:00")[1] == old
+    assert resolve(LAST_PASS, db, configuration).history_id == failing
+    # pins belong to one configuration: another's last pass is untouched
+    other = history.configuration_of(results["other model"])
+    assert resolve(LAST_PASS, db, other).history_id == ids["other model"]
+    assert [r.id for r, _ in history.list_pins(db)] == [failing]
+    history.unpin(db, failing)
+    assert resolve(LAST_PASS, db, configuration).history_id == ids["same, newest pass"]
+    with pytest.raises(QualError, match=f"run {failing} is not pinned"):
+        history.unpin(db, failing)
+
+
+def test_history_ids_and_paths_resolve(recorded, tmp_path):
+    db, ids, results = recorded
+    configuration = history.configuration_of(results["same, newest pass"])
+    i = ids["other engine"]
+    for ref in (str(i), f"history:{i}"):
+        got = resolve(ref, db, configuration)
+        assert (got.history_id, got.chosen_by) == (i, "history id")  # an explicit id needs no matching configuration
+    by_path = resolve(str(got.path.parent), db, configuration)
+    assert (by_path.history_id, by_path.chosen_by, by_path.path) == (None, "result file", got.path)
+    assert resolve(str(got.path), db, configuration).result.to_json() == load_result(got.path).to_json()
+    for ref, words in [("history:yesterday", "unknown history reference"), ("999", "no run 999"),
+                       (str(tmp_path / "nowhere"), "no result file at"),
+                       (str(tmp_path), "no result file at")]:
+        with pytest.raises(QualError, match=words):
+            resolve(ref, db, configuration)
+    with pytest.raises(QualError, match="no run history at"):
+        resolve("3", tmp_path / "none.sqlite", configuration)
+    with pytest.raises(QualError, match="no passing run"):
+        resolve(LAST_PASS, tmp_path / "none.sqlite", configuration)
+
+
+def test_a_missing_result_file_is_named(tmp_path):
+    db = tmp_path / "h.sqlite"
+    res = _night(1)
+    run_id = history.record_run(db, res, tmp_path / "gone" / "result.json")
+    with pytest.raises(QualError, match=rf"run {run_id}'s result file .*gone/result.json is missing"):
+        resolve(LAST_PASS, db, history.configuration_of(res))
+
+
+# ---------------------------------------------------------------- matching
+
+
+def _tonight(**change):
+    arm = synthetic_arm_config(4, **change)
+    return {"control": replace(arm, dcp=1), "candidate": arm}
+
+
+IDS = [f"r{i:03d}" for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    "arms, fingerprint, ids, words",
+    [
+        (_tonight(), "sha256:" + "cd" * 32, IDS, "corpus fingerprint: baseline sha256:abab"),
+        (_tonight(sampling=Sampling(0.7, 0, 64)), SYNTHETIC_FINGERPRINT, IDS, "sampling temperature: baseline 0.0, this run 0.7"),
+        (_tonight(sampling=Sampling(0.0, 0, 32)), SYNTHETIC_FINGERPRINT, IDS, "sampling max_tokens: baseline 64, this run 32"),
+        (_tonight(model="glm-5.3-flash"), SYNTHETIC_FINGERPRINT, IDS, "model: baseline toy, this run glm-5.3-flash"),
+        (_tonight(num_speculative_tokens=3), SYNTHETIC_FINGERPRINT, IDS, "num_speculative_tokens: baseline 7, this run 3"),
+        (_tonight(), SYNTHETIC_FINGERPRINT, IDS + ["extra"], "1 of this run's 11 requests are not in the baseline's control arm"),
+    ],
+)
+def test_mismatches_name_what_differs(arms, fingerprint, ids, words):
+    found = mismatches(_night(1), arms, fingerprint, ids)
+    assert found and any(words in f for f in found), found
+
+
+def test_engine_layout_and_paths_may_differ_and_a_subset_of_requests_matches():
+    arms = _tonight(engine="vllm", tp=8, dtype="bfloat16", target_path="/elsewhere", device="cuda")
+    arms["candidate"] = replace(arms["candidate"], dcp=8, draft_kv="unknown")
+    assert mismatches(_night(1), arms, SYNTHETIC_FINGERPRINT, IDS[:3]) == []
+
+
+# ---------------------------------------------------------------- through `qual run --dry-run` (in process)
+
+
+def qual(argv, capsys) -> tuple[int, str, str]:
+    old = sys.argv
+    sys.argv = ["qual", *map(str, argv)]
+    try:
+        with pytest.raises(SystemExit) as done:
+            main()
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def toy_baseline(tmp_path_factory):
+    """A synthetic result that matches `qual run --limit 4` of the toy profile (humaneval, greedy, 64 tokens, K=7)."""
+    plan = make_plan(RunOptions(limit=4), dry_run=True)
+    ids = [r.id for r in load_corpus("humaneval").requests[:4]]
+    control, candidate = synthetic_pair(4, 0.7, 0.7)
+    control = [replace(r, id=i, category="code") for r, i in zip(control, ids)]
+    candidate = [replace(r, id=i, category="code") for r, i in zip(candidate, ids)]
+    res = synthetic_result(pair=(control, candidate), n_resamples=50, fingerprint=plan.corpus_info["fingerprint"],
+                           corpus_name="humaneval", tp=4)
+    return save_result(res, tmp_path_factory.mktemp("baseline") / "result.json").parent
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ([], None),
+        (["--corpus", "smoke"], "corpus fingerprint: baseline"),
+        (["--temperature", "0.5"], "sampling temperature: baseline 0.0, this run 0.5"),
+        (["--max-tokens", "32"], "sampling max_tokens: baseline 64, this run 32"),
+        (["--model", "glm-5.3-flash"], "model: baseline toy, this run glm-5.3-flash"),
+        (["--limit", "5"], "1 of this run's 5 requests are not in the baseline's control arm"),
+    ],
+)
+def test_dry_run_checks_the_baseline_before_anything_runs(toy_baseline, tmp_path, capsys, extra, words):
+    argv = ["run", "--limit", "4", "--dry-run", "--baseline", toy_baseline, "--history", tmp_path / "h.sqlite", *extra]
+    code, out, err = qual(argv, capsys)
+    if words is None:
+        assert code == 0, err
+        assert "# baseline: " in out and "matches this run's model, corpus, sampling and K" in out
+        return
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --baseline {toy_baseline}: ") and words in lines[0], err
+    assert "does not match this run" in lines[0] and not (tmp_path / "h.sqlite").exists()
+
+
+def test_a_gate_that_needs_a_baseline_is_refused_without_one(tmp_path, capsys):
+    code, _, err = qual(["run", "--dry-run", "--gate", "nightly-baseline"], capsys)  # a shipped gate, by name
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{paths.GATE_DIR / 'nightly-baseline.yaml'}: rule 6 (baseline_delta_lower_bound) compares with a " \
+           "baseline: give --baseline REF" in err
+    skip = tmp_path / "skip.yaml"
+    skip.write_text("rules:\n  - {check: per_position_delta, max_pp: 2, without_baseline: skip}\n")
+    code, _, err = qual(["run", "--dry-run", "--gate", skip], capsys)
+    assert code == 0, err
