@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -26,7 +27,11 @@ def info_path(out_dir: Path, arm: str) -> Path:
 
 
 def _save_info(out_dir: Path, arm: str, info: ArmRunInfo) -> None:
-    info_path(out_dir, arm).write_text(json.dumps(asdict(info), indent=2))
+    # Whole or not at all: an interrupt mid-write must not leave a file that --resume cannot read.
+    path = info_path(out_dir, arm)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(info), indent=2))
+    os.replace(tmp, path)
 
 
 def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:

@@ -25,16 +25,22 @@ class Completion:
 
 
 class VllmClient:
-    """Talks to one server at base_url."""
+    """Talks to one server at base_url, with its API key (sent on every request)."""
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0):
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
+        self._api_key = api_key
+
+    def __repr__(self) -> str:  # never the key
+        return f"VllmClient({self.base_url!r}, {self.model!r})"
 
     def _request(self, path: str, payload: dict | None = None) -> bytes:
         data = json.dumps(payload).encode() if payload is not None else None
         req = urllib.request.Request(self.base_url + path, data=data)
+        if self._api_key:
+            req.add_header("Authorization", f"Bearer {self._api_key}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
