@@ -96,9 +96,10 @@ def tiny_pair(tmp_path_factory):
     return build_tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
-def _comm(pid: int) -> str:
+def _title(pid: int) -> str:
+    """The process title (vLLM names its processes "VLLM::EngineCore" and so on)."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
 
@@ -106,7 +107,7 @@ def _comm(pid: int) -> str:
 @pytest.mark.vllm
 @needs_venv
 def test_a_server_killed_while_it_starts_is_reported_by_its_signal(tiny_pair, tmp_path):
-    """SIGKILL the api_server once its engine core runs; its survivors then meet qual's SIGINT with tracebacks of
+    """SIGKILL the api_server once its engine core runs a worker; its survivors then meet qual's SIGINT with tracebacks of
     their own, which are not the cause."""
     target, draft = tiny_pair
     arm = ArmConfig(engine="vllm", model="tiny", dcp=1, tp=1, draft_kv="replicated", target_path=str(target),
@@ -119,7 +120,7 @@ def test_a_server_killed_while_it_starts_is_reported_by_its_signal(tiny_pair, tm
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             server = engine.active_server
-            if server is not None and server.pgid and any("EngineCore" in _comm(p) for p in group_members(server.pgid)):
+            if server is not None and server.pgid and any("VLLM::Worker" in _title(p) for p in group_members(server.pgid)):
                 killed["pgid"] = server.pgid
                 os.kill(server.pgid, signal.SIGKILL)  # the api_server: the group's leader
                 return
