@@ -9,7 +9,6 @@ resumed from where the last one stopped; the finished run must equal the referen
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from checkpoints import make_profile
+from nic_env import nic_env
 from qual.harness.journal import read_journal
 from qual.proc import alive, descendants, group_members, listeners
 
@@ -25,21 +25,6 @@ QUAL = [sys.executable, "-m", "qual"]
 REQUESTS = 16
 EXIT_WITHIN_S = 10.0
 EVENT_TIMEOUT_S = 240.0  # the machine may be slow: how long to wait for a kill point to come
-
-
-def _nic() -> str | None:
-    """A network interface other than loopback, if the machine has one."""
-    names = [name for _, name in socket.if_nameindex() if not name.startswith("lo")]
-    return names[0] if names else None
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    nic = _nic()
-    if nic:
-        # As on a node whose host name resolves to its NIC: gloo's own default would listen there.
-        env["GLOO_SOCKET_IFNAME"] = nic
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +39,7 @@ def setup(tmp_path_factory):
 
 def _start(args) -> subprocess.Popen:
     return subprocess.Popen([*QUAL, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=_env(), start_new_session=True)  # its own group: the run's processes are its members
+                            env=nic_env(), start_new_session=True)  # its own group: the run's processes are its members
 
 
 def _ranks(pid: int) -> list[int]:
@@ -161,7 +146,7 @@ def test_sigterm_during_the_candidate_arm_stops_at_once_and_resumes_exactly(setu
         print(f"kill {n}: {point} + {delay} s, {sig.name}{' to the group' if group else ''}: exit {code} "
               f"in {took:.2f} s; {len(done)}/{REQUESTS} candidate results journaled")
     assert len(read_journal(journal)) < REQUESTS
-    resumed = subprocess.run([*QUAL, "run", "--resume", str(out)], capture_output=True, text=True, env=_env(), timeout=600)
+    resumed = subprocess.run([*QUAL, "run", "--resume", str(out)], capture_output=True, text=True, env=nic_env(), timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     print(f"ten kills and the final resume: {time.monotonic() - t0:.1f} s")
     got = json.loads((out / "result.json").read_text())

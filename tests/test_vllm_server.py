@@ -8,7 +8,6 @@ tiny pair of tests/vllm_pair.py.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from qual.engines.vllm.server import VllmServer
 from qual.errors import EngineError
 from qual.proc import alive, descendants, group_members, listeners
 from qual.records import ArmConfig, EngineRequest, Sampling
+from nic_env import nic_env
 from vllm_pair import TinyShape, build_tiny_pair
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
@@ -154,15 +154,6 @@ def vllm_profile(tiny_pair, tmp_path_factory):
     return profile
 
 
-def _nic_env() -> dict:
-    """The environment of a node whose processes' gloo would pick a network interface by default."""
-    env = dict(os.environ)
-    nics = [name for _, name in socket.if_nameindex() if not name.startswith("lo")]
-    if nics:
-        env["GLOO_SOCKET_IFNAME"] = nics[0]
-    return env
-
-
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -188,7 +179,7 @@ def killed_driver(vllm_profile, tmp_path_factory):
     out = root / "out"
     driver = subprocess.Popen([sys.executable, "-m", "qual", "run", "--engine", "vllm", "--model", str(vllm_profile),
                                "--dcp", "1", "--limit", "2", "--out", str(out), "--history", str(root / "h.sqlite")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_nic_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=nic_env(),
                               start_new_session=True)
     log, port, server_pids = out / "control.vllm.log", None, []
     try:
