@@ -144,12 +144,13 @@ def vllm_profile(tiny_pair, tmp_path_factory):
     root = tmp_path_factory.mktemp("vprof")
     target, draft = tiny_pair
     corpus = root / "corpus.jsonl"
+    # Long enough that the arm is still running when the test looks at it and kills the driver.
     corpus.write_text("".join(json.dumps({"id": f"v{i}", "prompt": " ".join(f"t{j}" for j in range(3 + i, 9 + i)),
-                                          "max_tokens": 8}) + "\n" for i in range(2)))
+                                          "max_tokens": 400}) + "\n" for i in range(40)))
     profile = root / "tiny-vllm.yaml"
     profile.write_text(yaml.safe_dump({
         "name": "tiny", "target": str(target), "draft": str(draft), "num_speculative_tokens": TinyShape().block_size - 1,
-        "dtype": "float32", "corpus": str(corpus), "max_tokens": 8,
+        "dtype": "float32", "corpus": str(corpus), "max_tokens": 400,
         "vllm": {"enforce_eager": True, "max_model_len": 512}}))
     return profile
 
@@ -178,7 +179,7 @@ def killed_driver(vllm_profile, tmp_path_factory):
     root = tmp_path_factory.mktemp("kill9")
     out = root / "out"
     driver = subprocess.Popen([sys.executable, "-m", "qual", "run", "--engine", "vllm", "--model", str(vllm_profile),
-                               "--dcp", "1", "--limit", "2", "--out", str(out), "--history", str(root / "h.sqlite")],
+                               "--dcp", "1", "--out", str(out), "--history", str(root / "h.sqlite")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=nic_env(),
                               start_new_session=True)
     log, port, server_pids = out / "control.vllm.log", None, []
@@ -191,10 +192,10 @@ def killed_driver(vllm_profile, tmp_path_factory):
                 header = log.read_text().split("\n", 1)[0].split()
                 port = int(header[header.index("--port") + 1]) if "--port" in header else None
             time.sleep(0.2)
-        time.sleep(1.0)  # every engine-core worker has bound its sockets by now
-        tree = descendants(driver.pid)
+        tree = descendants(driver.pid)  # healthy: every process of the server has bound its sockets
         seen = listeners([driver.pid, *tree])
         server_pids = [p for p in tree if _pgid(p) not in (driver.pid, None)]  # the server's own session
+        assert driver.poll() is None and _healthy(port), "the arm ended before the kill"
         t0 = time.monotonic()
         driver.kill()
         driver.wait()
