@@ -6,21 +6,23 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
 from qual.errors import EngineError, QualError
+from qual.proc import die_with_parent
 from qual.records import RequestResult
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner
-from qual.proc import die_with_parent
 from qual.runtime.parallel import (Comm, Rendezvous, abort_comm, arm_hang_dump, init_comm, set_cpu_threads,
                                      shutdown_comm)
 from qual.runtime.registry import ModelSpec, draft_spec, target_spec
@@ -87,7 +89,7 @@ def validate(cfg: EngineConfig) -> tuple[ModelSpec, ModelSpec | None]:
 
 
 # The driver alone decides when ranks stop: a Ctrl-C to the terminal's process group, or a CI job's SIGTERM to the
-# run's group, reaches rank 0, which then kills the ranks. They are blocked while a rank starts and ignored in it.
+# run's group, reaches rank 0, which then kills the ranks. The ranks ignore both from the moment they exist.
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # Seconds to wait for ranks that were told to stop (a clean close) before they are killed.
 STOP_JOIN_S = 30.0
@@ -95,10 +97,33 @@ STOP_JOIN_S = 30.0
 _START_POLL_S = 0.05
 
 
+@contextmanager
+def _ignored_by_children(signals: set) -> Iterator[None]:
+    """Processes started inside ignore these signals from their first instruction; this one keeps them.
+
+    An ignored disposition survives exec (a handler would not, and the signal mask does not survive
+    multiprocessing's spawn), so a Ctrl-C while a rank imports torch prints no KeyboardInterrupt there. The
+    signals are blocked first: one that arrives then stays pending (Linux does not discard a blocked signal,
+    ignored or not) and reaches this process's own handler once both are restored; only one in the instant
+    between blocking and ignoring is lost. Signal dispositions belong to the main thread: elsewhere the ranks
+    rely on their own first lines (_worker_main).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str, init_method: str, parent_pid: int) -> None:
     for sig in _STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # pending ones are dropped: ignored
+        signal.signal(sig, signal.SIG_IGN)  # already, from the driver (_ignored_by_children); said again here
     die_with_parent(parent_pid)  # a killed driver (kill -9, OOM) takes its ranks with it
     try:
         arm_hang_dump()
@@ -147,14 +172,11 @@ class LLMEngine:
         cfg, world = self.cfg, self.cfg.parallel.world_size
         ctx = mp.get_context("spawn")
         args = (cfg, specs, self._rendezvous.dir, self._rendezvous.init_method, os.getpid())
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # ranks start with them blocked
-        try:
+        with _ignored_by_children(_STOP_SIGNALS):
             for r in range(1, world):
                 p = ctx.Process(target=_worker_main, args=(r, *args), daemon=True)
                 p.start()
                 self.workers.append(p)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # one that came meanwhile is delivered here
         if world > 1:
             arm_hang_dump()
         if cfg.device == "cpu":
