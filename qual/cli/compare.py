@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict, print_warnings
@@ -31,10 +32,11 @@ def compare_command(
     if history:
         history_file(Path(history))
     output_dir(out, "--out")
-    paths = write_reports(result, out)
-    if history:
-        record_run(history, result, paths["json"])
-    print_warnings(result)
-    print_verdict(result, a, b, out)
+    with crash_report(out):  # from here on a bug's traceback goes to <out>/crash.txt
+        paths = write_reports(result, out)
+        if history:
+            record_run(history, result, paths["json"])
+        print_warnings(result)
+        print_verdict(result, a, b, out)
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)

@@ -1,12 +1,17 @@
-"""Top-level `qual` command: sub-apps are registered here, errors become exit codes."""
+"""Top-level `qual` command: sub-apps are registered here, errors and signals become exit codes."""
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import sys
+import threading
 
 import typer
 
-from qual.errors import EngineError, QualError
+from qual.cli.crash import internal_error_line, save_traceback
+from qual.errors import EngineError, InternalError, QualError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -32,9 +37,19 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
                                        help="Print qual's version (and git commit, from a checkout) and exit.")) -> None:
     """Acceptance-rate qualification of DFlash speculative decoding under decode context parallelism."""
 
+
+# The exit-code contract: only a gate verdict exits 1.
 EXIT_GATE_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ENGINE = 3
+EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # stdout closed by its reader, as a shell reports a process that SIGPIPE ended
+# After the first SIGTERM or SIGINT the command unwinds (rank processes killed, servers stopped, journals
+# closed). If that has not ended the process this many seconds later (a call blocked in C++ on a peer), the
+# process ends anyway: journals are fsync'd line by line and every child dies with its parent (see
+# qual/proc.py), so nothing is lost that a --resume needs.
+INTERRUPT_DEADLINE_S = 8.0
 
 
 # Subcommand modules; importing one registers its commands on `app`.
@@ -48,9 +63,33 @@ def _register() -> None:
         importlib.import_module(f"qual.cli.{name}")
 
 
-def _terminate(signum, frame):
-    # SIGTERM (CI timeouts, kill) unwinds like Ctrl-C, so servers and rank processes are stopped.
-    raise KeyboardInterrupt
+class Interrupts:
+    """SIGTERM and SIGINT handler: the first unwinds like Ctrl-C, under a deadline; a second ends the process now."""
+
+    def __init__(self, deadline_s: float = INTERRUPT_DEADLINE_S):
+        self.deadline_s = deadline_s
+        self.first: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self)
+
+    def __call__(self, signum, frame):
+        if self.first is not None:
+            self._exit(f"{signal.Signals(signum).name} again")
+        self.first = signum
+        timer = threading.Timer(self.deadline_s, self._exit, (f"not stopped {self.deadline_s:.0f} s after {signal.Signals(signum).name}",))
+        timer.daemon = True
+        timer.start()
+        raise KeyboardInterrupt
+
+    @staticmethod
+    def _exit(why: str) -> None:
+        try:
+            sys.stderr.write(f"interrupted ({why}): exiting now\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(EXIT_INTERRUPTED)
 
 
 def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
@@ -69,33 +108,61 @@ def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
 
 def main() -> None:
     """Console-script entry point: one-line errors, stable exit codes."""
-    import signal
-
-    signal.signal(signal.SIGTERM, _terminate)
+    Interrupts().install()
     _register()
+    code = run_app()
+    if code == EXIT_INTERRUPTED:
+        # Everything a --resume needs is on disk and every child is gone: skip the interpreter's teardown,
+        # which takes seconds once torch is loaded, so that a CI job's SIGTERM ends the process at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def run_app(args: list[str] | None = None) -> int:
+    """Run the CLI; every outcome becomes one exit code of the contract (and at most one line on stderr)."""
     try:
-        # Without standalone mode click returns typer.Exit's code instead of raising it.
-        code = app(standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of raising it (and typer turns a
+        # KeyboardInterrupt into Exit(130)).
+        code = app(args=args, standalone_mode=False)
     except QualError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     except EngineError as exc:
         print(f"engine failure: {exc}", file=sys.stderr)
-        sys.exit(EXIT_ENGINE)
+        return EXIT_ENGINE
+    except InternalError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_INTERNAL
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = EXIT_INTERRUPTED
+    except SystemExit as exc:
+        if _broken_pipe(exc):  # typer answers EPIPE with exit 1, which means "gate failed" here
+            return EXIT_BROKEN_PIPE
+        raise
     except Exception as exc:  # click usage errors arrive as ClickException
         aborts, usage_errors = _click_exceptions()
         if isinstance(exc, aborts):
-            sys.exit(130)
-        if isinstance(exc, usage_errors):
+            code = EXIT_INTERRUPTED
+        elif isinstance(exc, usage_errors):
             print(f"error: {exc.format_message()}", file=sys.stderr)
-            sys.exit(EXIT_USAGE)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)
+            return EXIT_USAGE
+        else:
+            # Anything else is a bug in qual, never "gate failed": exit 4, the traceback kept in a file.
+            print(internal_error_line(exc, save_traceback(exc, None)), file=sys.stderr)
+            return EXIT_INTERNAL
+    code = code if isinstance(code, int) else 0
+    if code == EXIT_INTERRUPTED:
+        print("interrupted", file=sys.stderr)
+    return code
+
+
+def _broken_pipe(exc: SystemExit) -> bool:
+    cause = exc.__context__
+    return isinstance(cause, OSError) and cause.errno == errno.EPIPE
 
 
 if __name__ == "__main__":  # `python -m qual.cli.main`: run the importable module's app, where commands registered

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict, print_warnings
@@ -77,9 +78,14 @@ def run_command(
         raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
     history_file(plan.history_path)
     output_dir(plan.out_dir, "--out")
-    result = _run_with_progress(plan)
-    print_warnings(result)
-    print_verdict(result, "control", "candidate", plan.out_dir)
+    try:
+        with crash_report(plan.out_dir):  # from here on a bug's traceback goes to <out>/crash.txt
+            result = _run_with_progress(plan)
+            print_warnings(result)
+            print_verdict(result, "control", "candidate", plan.out_dir)
+    except KeyboardInterrupt:
+        print(f"finish the run with: qual run --resume {plan.out_dir}", file=sys.stderr)
+        raise
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)
 

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
 from qual.errors import EngineError, QualError
+from qual.proc import die_with_parent
 from qual.records import RequestResult
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner
-from qual.runtime.parallel import Comm, arm_hang_dump, free_port, init_comm, set_cpu_threads, shutdown_comm
+from qual.runtime.parallel import (Comm, Rendezvous, abort_comm, arm_hang_dump, init_comm, set_cpu_threads,
+                                     shutdown_comm)
 from qual.runtime.registry import ModelSpec, draft_spec, target_spec
 from qual.runtime.sampling import choose_tokens, top2_margins
 from qual.runtime.spec_decode import SpecStats
@@ -81,10 +88,47 @@ def validate(cfg: EngineConfig) -> tuple[ModelSpec, ModelSpec | None]:
     return target, draft
 
 
-def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, init_method: str) -> None:
+# The driver alone decides when ranks stop: a Ctrl-C to the terminal's process group, or a CI job's SIGTERM to the
+# run's group, reaches rank 0, which then kills the ranks. The ranks ignore both from the moment they exist.
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# Seconds to wait for ranks that were told to stop (a clean close) before they are killed.
+STOP_JOIN_S = 30.0
+# How often the driver looks at the ranks while they start.
+_START_POLL_S = 0.05
+
+
+@contextmanager
+def _ignored_by_children(signals: set) -> Iterator[None]:
+    """Processes started inside ignore these signals from their first instruction; this one keeps them.
+
+    An ignored disposition survives exec (a handler would not, and the signal mask does not survive
+    multiprocessing's spawn), so a Ctrl-C while a rank imports torch prints no KeyboardInterrupt there. The
+    signals are blocked first: one that arrives then stays pending (Linux does not discard a blocked signal,
+    ignored or not) and reaches this process's own handler once both are restored; only one in the instant
+    between blocking and ignoring is lost. Signal dispositions belong to the main thread: elsewhere the ranks
+    rely on their own first lines (_worker_main).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str, init_method: str, parent_pid: int) -> None:
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # already, from the driver (_ignored_by_children); said again here
+    die_with_parent(parent_pid)  # a killed driver (kill -9, OOM) takes its ranks with it
     try:
         arm_hang_dump()
         set_cpu_threads(cfg.parallel.world_size, cfg.threads_per_rank)
+        Path(rendezvous_dir, f"ready.{rank}").touch()  # imports done: rank 0 may enter the rendezvous now
         comm = init_comm(rank, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s, cfg.parallel.dcp_comm)
         runner = ModelRunner(cfg, comm, *specs)
         while (step := comm.broadcast_object(None)) is not None:
@@ -108,23 +152,15 @@ class LLMEngine:
         self.cfg = cfg
         specs = validate(cfg)
         self.target_cfg = specs[0].config
-        world = cfg.parallel.world_size
-        init_method = f"tcp://127.0.0.1:{free_port()}"
-        ctx = mp.get_context("spawn")
-        self.workers = [ctx.Process(target=_worker_main, args=(r, cfg, specs, init_method), daemon=True) for r in range(1, world)]
-        for p in self.workers:
-            p.start()
+        self.workers: list = []
+        self.comm: Comm | None = None
         self._prev_threads = torch.get_num_threads()
-        if world > 1:
-            arm_hang_dump()
-        if cfg.device == "cpu":
-            set_cpu_threads(world, cfg.threads_per_rank)
+        self._rendezvous = Rendezvous()
         try:
-            self.comm: Comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s, cfg.parallel.dcp_comm)
-            self.runner = ModelRunner(cfg, self.comm, *specs)
-        except Exception as exc:
-            self._kill_workers()
-            if isinstance(exc, QualError):
+            self._start(specs)
+        except BaseException as exc:  # an interrupt too: no rank may outlive a failed start
+            self.abort()
+            if isinstance(exc, (QualError, EngineError)) or not isinstance(exc, Exception):
                 raise
             raise EngineError(f"engine start failed: {exc}") from exc
         self.K = self.runner.K
@@ -133,33 +169,86 @@ class LLMEngine:
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
         self.eos = frozenset(eos if isinstance(eos, (tuple, list)) else ([] if eos is None else [eos]))
 
+    def _start(self, specs: tuple) -> None:
+        cfg, world = self.cfg, self.cfg.parallel.world_size
+        ctx = mp.get_context("spawn")
+        args = (cfg, specs, self._rendezvous.dir, self._rendezvous.init_method, os.getpid())
+        with _ignored_by_children(_STOP_SIGNALS):
+            for r in range(1, world):
+                p = ctx.Process(target=_worker_main, args=(r, *args), daemon=True)
+                p.start()
+                self.workers.append(p)
+        if world > 1:
+            arm_hang_dump()
+        if cfg.device == "cpu":
+            set_cpu_threads(world, cfg.threads_per_rank)
+        self._wait_ranks_ready()
+        self.comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, self._rendezvous.init_method, cfg.device,
+                              cfg.dist_timeout_s, cfg.parallel.dcp_comm)
+        self.runner = ModelRunner(cfg, self.comm, *specs)
+
+    def _wait_ranks_ready(self) -> None:
+        """Wait, interruptibly, until every rank reached its rendezvous; a rank that died is an EngineError now.
+
+        Rank 0 then enters a rendezvous that completes at once, instead of blocking in C++ (deaf to signals)
+        while the ranks import torch, and for the whole process-group timeout if one of them died doing so.
+        """
+        deadline = time.monotonic() + self.cfg.dist_timeout_s
+        pending = {r: p for r, p in enumerate(self.workers, 1)}
+        while pending:
+            for r, p in list(pending.items()):
+                if Path(self._rendezvous.dir, f"ready.{r}").exists():
+                    del pending[r]
+                elif p.exitcode is not None:
+                    raise EngineError(f"rank {r} exited during start (exit code {p.exitcode})")
+            if pending and time.monotonic() > deadline:
+                raise EngineError(f"ranks {sorted(pending)} did not start within {self.cfg.dist_timeout_s:.0f} s")
+            if pending:
+                time.sleep(_START_POLL_S)
+
     # -- lifecycle -------------------------------------------------------
     def close(self) -> None:
-        if getattr(self, "comm", None) is None:
+        """Stop the ranks in step with rank 0 (they must all be between steps), then release everything."""
+        if self.comm is None:
+            self.abort()
             return
         try:
             self.comm.broadcast_object(None)
             self.runner.close()
             shutdown_comm(self.comm)
-        except Exception:
-            pass
-        for p in self.workers:
-            p.join(timeout=30)
-        self._kill_workers()
-        self.comm = None
-        torch.set_num_threads(self._prev_threads)
+            self.comm = None
+            for p in self.workers:
+                p.join(timeout=STOP_JOIN_S)
+        except BaseException:
+            self.abort()
+            raise
+        self.abort()  # whatever did not stop in time; then the rendezvous and threads
 
-    def _kill_workers(self) -> None:
+    def abort(self) -> None:
+        """Kill the ranks and release this process's side without one more collective.
+
+        After an interrupt or a failure, the ranks may be inside a step's collectives: a "stop" broadcast then
+        meets an all-reduce, and every rank waits for the process-group timeout (or unpickles garbage).
+        """
         for p in self.workers:
             if p.is_alive():
                 p.kill()
-                p.join(timeout=5)
+        for p in self.workers:
+            p.join(timeout=5)
+        if self.comm is not None:
+            comm, self.comm = self.comm, None
+            abort_comm(comm)
+        self._rendezvous.close()
+        torch.set_num_threads(self._prev_threads)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:  # the ranks may be anywhere in a step
+            self.abort()
 
     def graph_capture(self) -> dict:
         """Rank 0's CUDA-graph record (every rank captures the same sizes in lock-step)."""

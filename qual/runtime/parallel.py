@@ -3,19 +3,40 @@
 from __future__ import annotations
 
 import os
-import socket
+import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+# The ranks' own TCP links (gloo pairs, NCCL bootstrap) bind this interface: every rank is on one host, and the
+# libraries' default (the address the host name resolves to) can be one the network reaches.
+LOOPBACK_IFNAME = "lo" if sys.platform.startswith("linux") else "lo0"
+_LOOPBACK_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now (for the rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+
+class Rendezvous:
+    """Where the ranks of one engine meet: a torch.distributed FileStore in a private (0700) temporary directory.
+
+    A file, not a TCP store: nothing listens for it, and only this user can reach the objects the ranks pickle
+    to one another through the process group it sets up.
+    """
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="qual-rdzv-")  # mode 0700
+        self.init_method = f"file://{os.path.join(self.dir, 'store')}"
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def bind_loopback() -> None:
+    """Make this process's gloo and NCCL sockets bind the loopback interface (read when a group is created)."""
+    for name in _LOOPBACK_ENV:
+        os.environ[name] = LOOPBACK_IFNAME
 
 
 @dataclass
@@ -97,6 +118,7 @@ def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: 
     if tp_size == 1:
         return Comm(device=dev, dcp_comm=dcp_comm)
     backend = "nccl" if dev.type == "cuda" else "gloo"
+    bind_loopback()
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=tp_size, timeout=timedelta(seconds=timeout_s)
     )
@@ -110,6 +132,17 @@ def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: 
 
 def shutdown_comm(comm: Comm) -> None:
     if comm.tp_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def abort_comm(comm: Comm) -> None:
+    """Leave the process group after its peers were killed: nothing waits for them (NCCL aborts its comms)."""
+    if comm.tp_size == 1 or not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if comm.device.type == "cuda" and abort is not None:
+        abort()
+    else:
         dist.destroy_process_group()
 
 

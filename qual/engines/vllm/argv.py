@@ -22,6 +22,23 @@ DCP_COMM_BACKENDS = ("ag_rs", "a2a")
 PER_REQUEST_METRICS = ("auto", "none", "summary", "detailed")
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
 HOST = "127.0.0.1"
+# Flags qual sets itself and a profile may not: where the server listens, and the key that proves it is ours
+# (--config: a YAML file of flags, which could set any of them out of sight).
+RESERVED_FLAGS = ("--host", "--port", "--api-key", "--uds", "--config")
+# Environment qual sets itself: the server's API key, and loopback for its processes' own sockets.
+RESERVED_ENV = ("VLLM_API_KEY", "VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+LOOPBACK_ENV = {"VLLM_HOST_IP": HOST, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+def reserved_flag(arg: str) -> str | None:
+    """The reserved flag an argument spells (vLLM accepts underscores and, through argparse, unambiguous
+    prefixes: `--api_key`, `--ho`), or None."""
+    if not arg.startswith("--"):
+        return None
+    name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    if len(name) <= 2:
+        return None
+    return next((flag for flag in RESERVED_FLAGS if flag == name or (len(name) >= 4 and flag.startswith(name))), None)
 
 
 class VllmOptions(Section):
@@ -47,6 +64,25 @@ class VllmOptions(Section):
     env: dict[str, str | int] = Field(default_factory=dict)  # values passed as their text (1 -> "1")
     startup_timeout_s: PositiveFloat = 900.0
     request_timeout_s: PositiveFloat = 600.0
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_reserved_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = reserved_flag(arg)
+            if flag:
+                raise ValueError(f"{arg[:40]} is refused: qual sets {flag} itself (the server listens on {HOST} "
+                                 f"only, with a random API key)")
+        return args
+
+    @field_validator("env")
+    @classmethod
+    def _no_reserved_env(cls, env: dict) -> dict:
+        for name in env:
+            if str(name).upper() in RESERVED_ENV:
+                raise ValueError(f"{str(name)[:40]} is refused: qual sets it itself (the server's API key, and loopback "
+                                 f"for its sockets)")
+        return env
 
     @field_validator("cudagraph_mode")
     @classmethod
@@ -165,7 +201,7 @@ def cpu_thread_binding(tp: int, cores: list[int]) -> str | None:
 
 def server_env(arm: ArmConfig, options: VllmOptions, cores: list[int] | None = None) -> dict[str, str]:
     """Environment additions for the server (the caller layers them over os.environ)."""
-    env = {"HF_HUB_OFFLINE": "1"}  # checkpoints are local; never reach for a hub mid-run
+    env = {"HF_HUB_OFFLINE": "1", **LOOPBACK_ENV}  # checkpoints are local; never reach for a hub mid-run
     if arm.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the default would claim a large share of RAM
         binding = cpu_thread_binding(arm.tp, sorted(cores if cores is not None else os.sched_getaffinity(0)))

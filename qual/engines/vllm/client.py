@@ -30,21 +30,24 @@ class Completion:
 
 
 class VllmClient:
-    """Talks to one server at base_url."""
+    """Talks to one server at base_url, with its API key (sent on every request)."""
 
     def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
-        self.api_key = api_key  # sent as a bearer token (vLLM's --api-key guards /v1/*)
+        self._api_key = api_key  # sent as a bearer token (vLLM's --api-key guards /v1/*)
+
+    def __repr__(self) -> str:  # never the key
+        return f"VllmClient({self.base_url!r}, {self.model!r})"
 
     def _request(self, path: str, payload: dict | None = None) -> bytes:
         data = json.dumps(payload).encode() if payload is not None else None
         req = urllib.request.Request(self.base_url + path, data=data)
+        if self._api_key:
+            req.add_header("Authorization", f"Bearer {self._api_key}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return resp.read()

@@ -187,7 +187,7 @@ class VllmEngine(Engine):
         log_path = self._fresh_log(name, cmd)
         served = options.served_model_name or arm.model
         server = VllmServer(cmd.argv, log_path, port, env={**os.environ, **cmd.env},
-                            startup_timeout_s=options.startup_timeout_s)
+                            startup_timeout_s=options.startup_timeout_s, served_model_name=served)
         self.active_server = server
         try:
             with server:
@@ -236,7 +236,7 @@ class VllmEngine(Engine):
         """With the server healthy: its capture record, then the replay (wall time, output tokens)."""
         capture = parse_graph_capture(server.log_text(), options.requested_cudagraph_mode,
                                       options.cudagraph_capture_sizes)
-        client = VllmClient(server.base_url, served, timeout_s=options.request_timeout_s)
+        client = VllmClient(server.base_url, served, timeout_s=options.request_timeout_s, api_key=server.api_key)
         start = time.monotonic()
         output_tokens = self._replay(arm, requests, on_result, server, client)
         return capture, time.monotonic() - start, output_tokens

@@ -1,11 +1,15 @@
-"""Run `vllm serve` as a child process group: start, wait for /health, stop without leftovers."""
+"""Run `vllm serve` as a child process group: start, wait for /health, check it is ours, stop without leftovers."""
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -13,9 +17,14 @@ from pathlib import Path
 
 from qual.errors import EngineError
 from qual.engines.vllm.logparse import classify_failure
+from qual.proc import group_members, holds_socket, port_listeners
 
 # Seconds to wait after each signal before escalating (SIGINT lets uvicorn and the engine core shut down).
 STOP_GRACE_S = (10.0, 5.0, 5.0)
+# The same after an interrupt: the run is being abandoned, and a CI job's grace period is short.
+INTERRUPTED_GRACE_S = (0.0, 2.0, 5.0)
+GUARD = Path(__file__).with_name("guard.py")  # the launcher that ties the server's group to this process
+API_KEY_ENV = "VLLM_API_KEY"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -25,25 +34,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group pgid, from /proc."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the parenthesised command name: state ppid pgrp ...
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
+def exit_description(returncode: int) -> str:
+    """"exit code 1" or "killed by signal 9 (SIGKILL)"."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"killed by signal {-returncode}"
+    return f"killed by signal {-returncode} ({name})"
 
 
 class VllmServer:
-    """One `vllm serve` process group; a context manager that always stops it."""
+    """One `vllm serve` process group; a context manager that always stops it.
+
+    The server gets a random API key through its environment (never its command line, which qual logs and
+    reports), dies with this process (guard.py), and is accepted as healthy only once it proves to be the
+    process this object started.
+    """
 
     def __init__(
         self,
@@ -53,6 +61,7 @@ class VllmServer:
         host: str = "127.0.0.1",
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 600.0,
+        served_model_name: str | None = None,
     ):
         self.argv = list(argv)
         self.log_path = Path(log_path)
@@ -60,8 +69,11 @@ class VllmServer:
         self.port = port
         self.env = env
         self.startup_timeout_s = startup_timeout_s
+        self.served_model_name = served_model_name
+        self.api_key = secrets.token_urlsafe(32)
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
+        self._lifeline: int | None = None  # write end of the pipe the guard's watchdog reads
 
     @property
     def base_url(self) -> str:
@@ -71,30 +83,44 @@ class VllmServer:
         try:
             self.start()
             self.wait_healthy()
-        except BaseException:
-            self.stop()
+        except BaseException as exc:
+            self.stop(INTERRUPTED_GRACE_S if isinstance(exc, KeyboardInterrupt) else None)
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(INTERRUPTED_GRACE_S if exc_type is KeyboardInterrupt else None)
 
     def start(self) -> None:
-        """Launch the server in its own session, output appended to the log file."""
+        """Launch the server in its own session through guard.py, output appended to the log file."""
+        if shutil.which(self.argv[0]) is None:
+            raise EngineError(f"cannot start vLLM ({self.argv[0]}): no such executable", self.log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            try:
+        env = dict(os.environ if self.env is None else self.env)
+        env[API_KEY_ENV] = self.api_key
+        read_end, self._lifeline = os.pipe()  # both non-inheritable: only the guard gets the read end
+        try:
+            with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    self.argv,
+                    [sys.executable, "-I", str(GUARD), str(read_end), "--", *self.argv],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=self.env,
+                    env=env,
+                    pass_fds=(read_end,),
                     start_new_session=True,  # own process group: signals reach the engine core too
                 )
-            except OSError as exc:
-                raise EngineError(f"cannot start vLLM ({self.argv[0]}): {exc}", self.log_path) from exc
+        except OSError as exc:
+            self._close_lifeline()
+            raise EngineError(f"cannot start vLLM ({self.argv[0]}): {exc}", self.log_path) from exc
+        finally:
+            os.close(read_end)
         self.pgid = self.proc.pid
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -107,22 +133,52 @@ class VllmServer:
             return False
 
     def wait_healthy(self) -> None:
-        """Poll /health until it answers 200; the process exiting or the deadline passing is an EngineError."""
+        """Poll /health until it answers 200 and the answer is this server's; the process exiting, another
+        process answering, or the deadline passing is an EngineError."""
         assert self.proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if not self.alive():
-                raise self.failure(f"vLLM server exited during start (exit code {self.proc.returncode})")
+                raise self.failure(f"vLLM server exited during start ({exit_description(self.proc.returncode)})")
             if self.health():
+                impostor = self.not_ours()
+                if impostor:
+                    raise self.failure(f"port {self.port} answers /health, but {impostor}")
                 return
             if time.monotonic() >= deadline:
                 raise self.failure(f"vLLM server not healthy within {self.startup_timeout_s:.0f} s")
             time.sleep(0.5)
 
+    def not_ours(self) -> str | None:
+        """Why what answers on our port is not the server we started (None when it is).
+
+        /health needs no key, so anything can answer it. The listening socket must belong to a process of our
+        group (where /proc shows sockets), and /v1/models must accept our key and serve our model name.
+        """
+        sockets = {inode for addr, inode in port_listeners(self.port)}
+        if sockets and not holds_socket(group_members(self.pgid), sockets):
+            return "the socket listening there belongs to a process outside the server's group"
+        req = urllib.request.Request(self.base_url + "/v1/models", headers={"Authorization": f"Bearer {self.api_key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5.0) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return f"/v1/models refuses this server's API key (HTTP {exc.code})"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return f"/v1/models gives no model list ({exc})"
+        names = [m.get("id") for m in body.get("data", [])] if isinstance(body, dict) else []
+        if self.served_model_name is not None and self.served_model_name not in names:
+            return f"/v1/models serves {names[:5]}, not {self.served_model_name!r}"
+        return None
+
     def failure(self, what: str) -> EngineError:
-        """An EngineError naming what happened and the root cause found in the log."""
-        self.stop()
+        """An EngineError naming what happened and the root cause found in the log.
+
+        The log is read before the server is stopped: the group's survivors answer our stop signals with
+        tracebacks of their own (a KeyboardInterrupt), which are not why the server failed.
+        """
         cause = classify_failure(self.log_text())
+        self.stop()
         detail = f"{what}: {cause.kind}: {cause.line}" if cause else what
         return EngineError(detail, self.log_path)
 
@@ -132,13 +188,17 @@ class VllmServer:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        """SIGINT, then SIGTERM, then SIGKILL to the whole group; EngineError if anything survives."""
+    def stop(self, grace_s: tuple[float, float, float] | None = None) -> None:
+        """SIGINT, then SIGTERM, then SIGKILL to the whole group (a zero grace skips that signal); EngineError
+        if anything survives."""
         if self.proc is None or self.pgid is None:
+            self._close_lifeline()
             return
-        for sig, grace in zip((signal.SIGINT, signal.SIGTERM, signal.SIGKILL), STOP_GRACE_S):
+        for sig, grace in zip((signal.SIGINT, signal.SIGTERM, signal.SIGKILL), grace_s or STOP_GRACE_S):
             if not group_members(self.pgid) and self.proc.poll() is not None:
                 break
+            if grace <= 0:
+                continue
             try:
                 os.killpg(self.pgid, sig)
             except ProcessLookupError:
@@ -151,6 +211,7 @@ class VllmServer:
                 time.sleep(0.1)
         self.proc.poll()
         left = group_members(self.pgid)
+        self._close_lifeline()  # the watchdog SIGKILLs whatever is left, itself included
         pgid, self.proc, self.pgid = self.pgid, None, None
         if left:
             raise EngineError(f"vLLM processes left behind in group {pgid}: {left}", self.log_path)

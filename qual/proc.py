@@ -1,0 +1,156 @@
+"""Child processes that die with their parent, and what /proc says about processes and their listening sockets.
+
+Linux facts: the kernel's parent-death signal (prctl PR_SET_PDEATHSIG) and the socket tables in /proc/net.
+Elsewhere the functions degrade to "nothing known" (no /proc) or no-ops, and callers keep their other guards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_TCP_LISTEN = "0A"  # st column of /proc/net/tcp{,6}
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send sig to this process when its parent thread exits (True if it will).
+
+    The parent may have died before the request took effect: then this process is already an orphan and
+    exits at once instead (os.getppid() no longer names the parent).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # no prctl: not Linux
+        armed = False
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    return armed
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name: state ppid pgrp ... (None if gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group pgid, from /proc."""
+    members = []
+    for pid in _pids():
+        fields = _stat_fields(pid)
+        if fields and len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(pid)
+    return members
+
+
+def descendants(pid: int) -> list[int]:
+    """Live processes below pid (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for p in _pids():
+        fields = _stat_fields(p)
+        if fields and len(fields) >= 2 and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(p)
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """pid exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One listening TCP socket and the process holding it."""
+
+    pid: int
+    address: str  # "127.0.0.1", "::1", "0.0.0.0", "::", ...
+    port: int
+
+    @property
+    def loopback(self) -> bool:
+        ip = ipaddress.ip_address(self.address)
+        mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is IPv4 loopback
+        return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _address(hex_addr: str) -> str:
+    """/proc/net/tcp{,6} address text (host-order 32-bit words, hex) -> printable address."""
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word is little-endian
+    return str(ipaddress.ip_address(words))
+
+
+def _listening_inodes() -> dict[int, tuple[str, int]]:
+    """inode -> (address, port) of every listening TCP socket in this network namespace."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 10 or cols[3] != _TCP_LISTEN:
+                continue
+            addr, port = cols[1].rsplit(":", 1)
+            found[int(cols[9])] = (_address(addr), int(port, 16))
+    return found
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    try:
+        entries = os.scandir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    with entries:
+        for e in entries:
+            try:
+                target = os.readlink(e.path)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def listeners(pids: list[int]) -> list[Listener]:
+    """The listening TCP sockets held by these processes (those whose /proc/<pid>/fd can be read)."""
+    table = _listening_inodes()
+    out = []
+    for pid in pids:
+        for inode in _socket_inodes(pid) & table.keys():
+            out.append(Listener(pid, *table[inode]))
+    return out
+
+
+def port_listeners(port: int) -> list[tuple[str, int]]:
+    """(address, inode) of every listening TCP socket on port, whoever holds it (empty without /proc)."""
+    return [(addr, inode) for inode, (addr, p) in _listening_inodes().items() if p == port]
+
+
+def holds_socket(pids: list[int], inodes: set[int]) -> bool:
+    """Whether one of pids holds one of these socket inodes."""
+    return any(_socket_inodes(pid) & inodes for pid in pids)

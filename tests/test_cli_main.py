@@ -1,0 +1,100 @@
+"""The exit-code contract of qual/cli/main.py: 0 pass, 1 gate failed (nothing else), 2 usage/config/input,
+3 engine failure, 4 internal error (one line, the traceback kept in a file), 130 interrupted.
+
+The internal errors are real bugs injected in-process (a renderer or the planner breaks), on a DCP 1 arm pair:
+TP 1, so no rank process starts.
+"""
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoints import make_profile
+from qual.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERNAL, _register, run_app
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    _register()
+    return make_profile(tmp_path_factory.mktemp("prof"))
+
+
+def _run(profile, tmp_path, *extra):
+    return run_app(["run", "--model", str(profile), "--dcp", "1", "--limit", "2", "--max-tokens", "3",
+                    "--out", str(tmp_path / "out"), "--history", str(tmp_path / "h.sqlite"), *extra])
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_broken_renderer_is_exit_4_with_the_traceback_in_the_run_directory(profile, tmp_path, monkeypatch, capsys):
+    import qual.report.markdown
+
+    def broken(result, path):
+        raise ZeroDivisionError("injected: the markdown renderer divides by zero")
+
+    monkeypatch.setattr(qual.report.markdown, "write", broken)
+    assert _run(profile, tmp_path) == EXIT_INTERNAL
+    line = _one_line(capsys)
+    crash = tmp_path / "out" / "crash.txt"
+    assert line == f"internal error (a bug in qual): ZeroDivisionError: injected: the markdown renderer divides by zero; " \
+                   f"traceback in {crash}"
+    text = crash.read_text()
+    assert text.startswith("Traceback") and "in broken" in text and "ZeroDivisionError" in text
+    # both arms are journaled: the run is resumable once the bug is fixed; no history row claims it finished
+    for arm in ("control", "candidate"):
+        assert len((tmp_path / "out" / f"{arm}.requests.jsonl").read_text().splitlines()) == 2
+    assert _history_rows(tmp_path / "h.sqlite") == 0
+
+
+def _history_rows(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as c:
+        if not c.execute("select count(*) from sqlite_master where name = 'runs'").fetchone()[0]:
+            return 0
+        return c.execute("select count(*) from runs").fetchone()[0]
+
+
+def test_a_bug_before_the_run_directory_exists_saves_a_temporary_file(profile, tmp_path, monkeypatch, capsys):
+    import qual.harness.plan
+
+    def broken(*a, **k):
+        raise KeyError("injected")
+
+    monkeypatch.setattr(qual.harness.plan, "make_plan", broken)
+    assert _run(profile, tmp_path) == EXIT_INTERNAL
+    line = _one_line(capsys)
+    assert line.startswith("internal error (a bug in qual): KeyError: 'injected'; traceback in ")
+    saved = Path(line.rsplit("traceback in ", 1)[1])
+    try:
+        assert "KeyError: 'injected'" in saved.read_text() and not (tmp_path / "out").exists()
+    finally:
+        saved.unlink()
+
+
+def test_a_multiline_message_stays_one_bounded_line(profile, tmp_path, monkeypatch, capsys):
+    import qual.report.markdown
+
+    def broken(result, path):
+        raise RuntimeError("first line " + "x" * 500 + "\nsecond line")
+
+    monkeypatch.setattr(qual.report.markdown, "write", broken)
+    assert _run(profile, tmp_path) == EXIT_INTERNAL
+    line = _one_line(capsys)
+    assert "second line" not in line and len(line) < 400
+
+
+def test_a_closed_stdout_is_not_gate_failed(tmp_path):
+    """typer answers EPIPE with exit 1; qual says what a shell says of a process SIGPIPE ended."""
+    proc = subprocess.Popen([sys.executable, "-m", "qual", "run", "--dry-run", "--out", str(tmp_path / "o")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE, err
