@@ -226,7 +226,7 @@ def test_aux_hidden_states_are_layer_outputs():
 
     shape = ModelShape(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, head_dim=8, num_kv_heads=1,
                        intermediate_size=48, target_layer_ids=(1, 2))
-    model = build_target(shape, 0, seed=0).eval()
+    model = build_target(TrainConfig(shape=shape, seed=0), 0).eval()
     seen = {}
     hooks = [model.model.layers[i].register_forward_hook(
         lambda m, args, out, i=i: seen.__setitem__(i, out[0] if isinstance(out, tuple) else out)) for i in (1, 2)]
@@ -331,7 +331,7 @@ def test_config_overrides_parse_and_validate():
         apply_overrides(TrainConfig.full(), ["shape.target_layer_ids=1,5"])
 
 
-def test_tiny_glm5_pipeline_runs_in_the_runtime(tmp_path):
+def test_tiny_glm5_pipeline_runs_in_the_runtime(tmp_path, monkeypatch):
     """arch glm5: the same stages train a GLM-5.3-Flash-shaped target (saved as transformers writes it) and a drafter
     on its hyper-connection streams; the runtime loads the pair and decodes what transformers decodes."""
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
@@ -342,6 +342,7 @@ def test_tiny_glm5_pipeline_runs_in_the_runtime(tmp_path):
 
     work, out = tmp_path / "work", tmp_path / "out"
     _fake_wheels(work / "downloads")
+    _pin_fake_wheels(work / "downloads", monkeypatch)
     cfg = apply_overrides(TrainConfig.tiny(), ["arch=glm5", "val_every=3", "glm.q_lora_rank=32", "glm.kv_lora_rank=32",
                                                "glm.index_topk=8", "glm.moe_intermediate_size=32"])
     run(cfg, out, work, "cpu", list(STAGES), log=lambda _: None)
