@@ -85,7 +85,8 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
     # 16 GiB of KV: 8 rows of 4k tokens of the 0.6B shape take 3.7 GB
     cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=16 << 30), dtype="bfloat16", device="cuda",
-                       cuda_graph_sizes=sizes, max_model_len=max_model_len or prompt_len + new_tokens + 32, **engine_kw)
+                       cuda_graph_sizes=sizes, max_model_len=max_model_len or prompt_len + new_tokens + 32,
+                       phase_times=True, **engine_kw)
     t_init = time.perf_counter()
     g = torch.Generator().manual_seed(1)
     with LLMEngine(cfg) as engine:
@@ -100,6 +101,7 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
         out = engine.generate(reqs, sp)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
+        phases = engine.phase_times()
         rec = engine.graph_capture()
         graphs = engine.runner.graphs
         step_s = replay_seconds(graphs.graphs[batch].graph) if graphs and batch in graphs.graphs else None
@@ -111,7 +113,11 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
         kv_bytes = batch * kv_keys * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * 2
     tokens = sum(len(r.output_token_ids) for r in out)
     acc = sum(r.accepted_tokens for r in out) / max(1, sum(r.draft_tokens for r in out)) if draft else None
-    return {"tokens_per_s": tokens / wall, "wall_s": wall, "init_s": init_s, "graph_step_s": step_s, "weight_bytes_read": wbytes,
+    # The bound: tokens a decode step commits (over the whole run, prefill's first tokens excluded) per graph step
+    per_step = (tokens - len(out)) / max(1, phases["decode_steps"])
+    bound = per_step / step_s if step_s else None
+    return {"tokens_per_s": tokens / wall, "bound_tokens_per_s": bound, "tokens_per_decode_step": per_step,
+            "phase_times": phases, "wall_s": wall, "init_s": init_s, "graph_step_s": step_s, "weight_bytes_read": wbytes,
             "kv_bytes_read_per_step": kv_bytes, "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes")},
             "acceptance_rate": acc}
 
@@ -153,6 +159,32 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
 def sizes_for(batch: int, backend: str) -> tuple[int, ...]:
     # a compiled engine captures only the size it runs: each captured size is a compilation
     return (batch,) if "compiled" in backend else (1, 8)
+
+
+def end_to_end_rows(res: dict):
+    """(row, mode, batch, run record) for every engine run in res: the decode rows and both halves of a spec row."""
+    for key, r in res.items():
+        if not isinstance(r, dict) or "error" in r:
+            continue
+        name, _, batch = key.rpartition("/b")
+        if "ours" in r:
+            yield name, "plain", int(batch), r["ours"]
+        for mode in ("plain", "spec"):
+            if mode in r:
+                yield name, mode, int(batch), r[mode]
+
+
+def print_end_to_end(res: dict) -> None:
+    """End to end against the graph-replay bound, and the host's time per decode step by phase."""
+    print(f"{'model':32s} {'mode':>5s} {'batch':>5s} {'e2e tok/s':>10s} {'step ms':>8s} {'tok/step':>8s} "
+          f"{'bound':>8s} {'e2e/bound':>9s}  host ms per decode step by phase")
+    for name, mode, batch, o in end_to_end_rows(res):
+        st, bound = o["graph_step_s"], o["bound_tokens_per_s"]
+        ms = o["phase_times"]["ms_per_step"]
+        phases = " ".join(f"{p} {v:.3f}" for p, v in ms.items() if v >= 0.0005)
+        print(f"{name:32s} {mode:>5s} {batch:5d} {o['tokens_per_s']:10.0f} {1e3 * st if st else float('nan'):8.3f} "
+              f"{o['tokens_per_decode_step']:8.2f} {bound or float('nan'):8.0f} "
+              f"{100 * o['tokens_per_s'] / bound if bound else float('nan'):8.1f}%  {phases}")
 
 
 def main() -> int:
@@ -224,6 +256,7 @@ def main() -> int:
         r = res[k]
         print(f"{k} spec vs plain: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
               f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
+    print_end_to_end(res)
     print("target KV bytes per rank (1536-token prompt, TP2):", res["kv_per_rank"])
     return 0
 

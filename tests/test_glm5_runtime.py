@@ -177,3 +177,37 @@ def test_qual_generate_and_image_inputs(ckpts, control, tmp_path):
     cmd[cmd.index("--prompts") + 1] = tmp_path / "img.jsonl"
     proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "image inputs are not supported" in proc.stderr
+
+
+def cuda_run(ckpts, dtype, graphs=(1, 2, 4)):
+    cfg = EngineConfig(str(ckpts["default"]), str(ckpts["draft"]), ParallelConfig(1, 1, 1),
+                       CacheConfig(block_size=4, memory_bytes=2**26), dtype=dtype, device="cuda",
+                       cuda_graph_sizes=graphs, max_model_len=max(LENGTHS) + 20)
+    reqs = [GenerationRequest(f"r{i}", tuple(p), 12) for i, p in enumerate(prompts())]
+    with LLMEngine(cfg) as engine:
+        out = engine.generate(reqs, SamplingParams(max_tokens=12))
+        lg = engine.prompt_logits(prompts())
+        record = engine.graph_capture()
+    return out, lg.double().cpu(), record
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_decode_in_float64_equals_cpu_eager(ckpts, control):
+    """Decode steps replayed from CUDA graphs (the MoE runs every expert inside them) give the CPU's tokens and
+    proposals; prompt logits equal to 1e-9."""
+    out, lg, record = cuda_run(ckpts, "float64")
+    assert record["status"] == "captured" and record["sizes"] == [1, 2, 4], record
+    assert sum(record["replays"].values()) > 0 and record["eager_fallback_sizes"] == [], record
+    assert [(r.output_token_ids, r.draft_steps) for r in out] == [(r.output_token_ids, r.draft_steps) for r in control[0]]
+    torch.testing.assert_close(lg, control[1], rtol=0, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_float32_prompt_logits_near_transformers(ckpts):
+    _, lg, _ = cuda_run(ckpts, "float32", graphs=())
+    model = oracle(ckpts["default"])
+    worst = max(float((row - oracle_forward(model, torch.tensor(p))[-1]).abs().max()) for p, row in zip(prompts(), lg))
+    print(f"float32 on CUDA: largest |logit - transformers float64| = {worst:.2e}")
+    assert worst < 1e-3

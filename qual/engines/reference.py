@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -22,6 +23,15 @@ from qual.runtime.engine import GenerationRequest, LLMEngine, validate
 from qual.validation import Section, parse_section
 
 _ENGINE, _CACHE = EngineConfig.__dataclass_fields__, CacheConfig.__dataclass_fields__  # the defaults, defined once
+PHASE_TIMES_ENV = "QUAL_PHASE_TIMES"  # 1: record rank 0's host time by phase in arms.<arm>.extra.phase_times
+
+
+def phase_times_on() -> bool:
+    """Whether QUAL_PHASE_TIMES asks for phase times (a diagnostic: it changes nothing an arm computes)."""
+    value = os.environ.get(PHASE_TIMES_ENV, "")
+    if value not in ("", "0", "1"):
+        raise QualError(f"{PHASE_TIMES_ENV}={value[:80]!r}: expected 1 (on), or 0 or unset (off)")
+    return value == "1"
 
 
 class ReferenceOptions(Section):
@@ -64,6 +74,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         max_prefill_tokens=o.max_prefill_tokens,
         backend=o.backend,
         dsa_topk=arm.dsa_topk or "exact",
+        phase_times=phase_times_on(),
     )
 
 
@@ -122,6 +133,7 @@ class ReferenceEngine(Engine):
             memory = engine.memory()
             graphs = engine.graph_capture()
             model = engine.model_facts()
+            phases = engine.phase_times()
         wall = time.perf_counter() - start
         return ArmRunInfo(
             engine_version=self.version,
@@ -130,7 +142,7 @@ class ReferenceEngine(Engine):
             generate_seconds=generating,
             output_tokens=sum(len(r.output_token_ids) for r in results),
             extra={"kv_memory": memory, "graph_replays": graphs.get("replays"), "graph_eager_steps": graphs.get("eager_steps"),
-                   "model": model},
+                   "model": model, **({"phase_times": phases} if phases else {})},
             build=EngineBuild(name=self.name, version=qual.__version__, commit=qual_commit()[0], host=local_host(),
                               runtime_config=asdict(cfg), source="this process (qual's embedded runtime)"),
         )

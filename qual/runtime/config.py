@@ -93,6 +93,7 @@ class EngineConfig:
     # Sparse-attention (DSA) top-k under DCP, for targets that have it: "exact" = the global top-k (equals DCP 1);
     # "union" = each rank's local top-k, unioned (cheaper in the field; another attended set)
     dsa_topk: str = "exact"
+    phase_times: bool = False  # rank 0 times the host phases of generate (LLMEngine.phase_times); off: no-op laps
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:

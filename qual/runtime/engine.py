@@ -25,6 +25,7 @@ from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner
 from qual.runtime.parallel import (Comm, Rendezvous, abort_comm, arm_hang_dump, init_comm, set_cpu_threads,
                                      shutdown_comm)
+from qual.runtime.phases import OFF, PhaseTimer
 from qual.runtime.registry import ModelSpec, draft_spec, target_spec
 from qual.runtime.sampling import choose_tokens, top2_margins
 from qual.runtime.spec_decode import SpecStats
@@ -164,6 +165,7 @@ class LLMEngine:
                 raise
             raise EngineError(f"engine start failed: {exc}") from exc
         self.K = self.runner.K
+        self.phases = self.runner.phases = PhaseTimer() if cfg.phase_times else OFF
         self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, self.K + 1)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
@@ -266,6 +268,10 @@ class LLMEngine:
             facts["vision_tower"] = "skipped: the target's vision tower is not loaded (text-only replay)"
         return facts
 
+    def phase_times(self) -> dict | None:
+        """Rank 0's host time by phase over the last generate call (qual/runtime/phases.py); None when off."""
+        return self.phases.record()
+
     def memory(self) -> dict:
         """Per-rank KV bytes by cache group (block pool and live use)."""
         return self.cache.memory()
@@ -288,6 +294,7 @@ class LLMEngine:
         step.finished, self._finished_ids = self._finished_ids, []
         try:
             self.comm.broadcast_object(step)
+            self.phases.lap("send")
             return self.runner.execute(step)
         except RuntimeError as exc:
             raise EngineError(f"a rank failed during a step: {exc}") from exc
@@ -312,6 +319,7 @@ class LLMEngine:
                 raise QualError(f"request {s.req.id}: prompt {len(s.req.prompt_token_ids)} + max_tokens {s.max_tokens} exceeds max_model_len {self.cfg.max_model_len}")
         done: dict[str, RequestResult] = {}
         waiting, running = deque(seqs), []
+        self.phases.reset()
 
         def finish(s: _Seq) -> None:
             self.cache.free(s.req.id)
@@ -322,10 +330,12 @@ class LLMEngine:
 
         while waiting or running:
             admitted = self._admit(waiting, running)
+            self.phases.lap("schedule")
             if not admitted and not running:
                 raise QualError(f"request {waiting[0].req.id} does not fit the KV cache budget ({self.cfg.cache.memory_bytes} B per rank)")
             if admitted:
                 self._prefill(admitted, sampling)
+                self.phases.lap("prefill")
                 for s in admitted:
                     (finish if s.finish_reason else running.append)(s)
             if running:
@@ -333,6 +343,8 @@ class LLMEngine:
                 for s in [s for s in running if s.finish_reason]:
                     running.remove(s)
                     finish(s)
+            self.phases.lap("other")
+        self.phases.stop()
         return [done[r.id] for r in requests]
 
     def _admit(self, waiting: deque, running: list) -> list[_Seq]:
@@ -377,9 +389,11 @@ class LLMEngine:
             [s.req.id for s in seqs], [s.output[-1] for s in seqs], [s.num_committed for s in seqs],
             [s.ctx_len for s in seqs], [s.pending_commit for s in seqs], self._tables(seqs),
         )
+        self.phases.lap("schedule")
         out = self._step(step)
         chosen, margins_all = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)
         drafts = out.draft_tokens.cpu().tolist() if out.draft_tokens is not None else None
+        self.phases.lap("readback")
         for i, s in enumerate(seqs):
             n = s.num_committed
             targets, margins = chosen[i], margins_all[i]
@@ -392,6 +406,8 @@ class LLMEngine:
             for name in self.cache.groups:  # the next draft step's context: ctx_len + pending_commit
                 self.cache.release_outside_window(name, s.req.id, s.ctx_len + s.pending_commit)
             self._append(s, targets[: a + 1], margins[: a + 1], sampling)
+        self.phases.lap("commit")
+        self.phases.step()
 
     def _append(self, s: _Seq, tokens: list[int], margins: list[float], sampling: SamplingParams) -> None:
         """Commit verified tokens up to max_tokens / EOS."""

@@ -15,6 +15,7 @@ from qual.runtime.models.base import DraftMeta, TargetMeta
 from qual.runtime.cache_views import StepShape, build_view, draft_mask
 from qual.runtime.paged import Geometry, KeyView, KVStore, StateStore, VectorStore, key_view, write_slots
 from qual.runtime.parallel import Comm
+from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
@@ -42,6 +43,7 @@ class ModelRunner:
 
     def __init__(self, cfg: EngineConfig, comm: Comm, target_spec: ModelSpec, draft_spec: ModelSpec | None):
         self.cfg, self.comm = cfg, comm
+        self.phases = OFF  # the engine's timer on rank 0 when phase times are on
         dtype = TORCH_DTYPES[cfg.dtype]
         self.backend = parse_backend(cfg.backend)
         self.draft_cfg = draft_spec.config if draft_spec else None
@@ -196,16 +198,25 @@ class ModelRunner:
             inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length(), static=True)
         else:
             inp = self.decode_inputs(step)
+        self.phases.lap("inputs")
         if graphs:
             logits, drafts, aux = graphs.replay(inp)
-        else:  # compiled code only for the fixed shapes: dynamic shapes would recompile at every new width
-            logits, drafts, aux = (self.decode_fn if self.cfg.static_shapes else self.decode_compute)(inp)
+            self.phases.lap("graph")
+        elif self.cfg.static_shapes and self.decode_fn is not self.decode_compute:
+            logits, drafts, aux = self.decode_fn(inp)  # compiled code only for the fixed shapes: dynamic shapes
+            self.phases.lap("graph")  # would recompile at every new width
+        else:  # the same two halves decode_compute runs, timed apart
+            drafts = self.draft_compute(inp)
+            self.phases.lap("draft")
+            logits, drafts, aux = self.verify_compute(inp, drafts)
+            self.phases.lap("verify")
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()
         Q = 1 + self.K
         if aux is not None:
             for i, rid in enumerate(step.req_ids):  # clone: graph outputs are overwritten by the next replay
                 self.pending[rid] = aux[i * Q : (i + 1) * Q].clone()
+        self.phases.lap("commit")
         return StepOutput(logits[:R], None if drafts is None else drafts[:R])
 
     def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
@@ -266,11 +277,18 @@ class ModelRunner:
 
         Returns logits [P, Q, V], proposals [P, K] (None without a drafter), aux features [P*Q, n*H].
         """
+        return self.verify_compute(inp, self.draft_compute(inp))
+
+    def draft_compute(self, inp: DecodeInputs) -> torch.Tensor | None:
+        """The drafter's proposals [P, K] (None without a drafter)."""
+        if self.drafter is None:
+            return None
+        return spec_decode.propose(self.drafter, self.target, self.comm, self.K, inp.ctx_features, inp.last_tokens,
+                                   self.mask_tokens, inp.draft, self.stores, self.layer_slots)
+
+    def verify_compute(self, inp: DecodeInputs, drafts: torch.Tensor | None):
+        """The target over [last, drafts]: logits [P, Q, V], the proposals again, aux features [P*Q, n*H]."""
         P = inp.last_tokens.shape[0]
-        drafts = None
-        if self.drafter is not None:
-            drafts = spec_decode.propose(self.drafter, self.target, self.comm, self.K, inp.ctx_features, inp.last_tokens,
-                                         self.mask_tokens, inp.draft, self.stores, self.layer_slots)
         tokens = spec_decode.verify_tokens(inp.last_tokens, drafts)
         hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores)
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1) if self.comm.rank == 0 else hidden[:P]

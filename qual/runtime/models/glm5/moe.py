@@ -65,12 +65,30 @@ def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def moe(w: MoeWeights, x: torch.Tensor, limit: float) -> torch.Tensor:
     """Routed experts plus shared experts: [T, hidden] -> this rank's partial [T, hidden]."""
     weights, ids = route(w, x)
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    out = (every_expert if capturing else experts_hit)(w, x, weights, ids, limit)
+    if w.shared is not None:
+        out = out + mlp(w.shared, x, limit)
+    return out
+
+
+def experts_hit(w: MoeWeights, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float) -> torch.Tensor:
+    """Each expert some token chose, on those tokens: the host reads which experts were hit (a device sync)."""
     out = torch.zeros_like(x)
     for e in ids.unique().tolist():
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
         h = swiglu(F.linear(x[tok], w.gate[e]), F.linear(x[tok], w.up[e]), limit)
         y = F.linear(h, w.down[e]) * weights[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
-    if w.shared is not None:
-        out = out + mlp(w.shared, x, limit)
+    return out
+
+
+def every_expert(w: MoeWeights, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float) -> torch.Tensor:
+    """Every expert on every token, scaled by its routing weight (0 where not chosen): no host reads, so a CUDA
+    graph can hold it, at E / top_k times the expert FLOPs. Sums in the same expert order as experts_hit."""
+    combine = torch.zeros(x.shape[0], w.gate.shape[0], dtype=weights.dtype, device=x.device).scatter_add_(1, ids, weights)
+    out = torch.zeros_like(x)
+    for e in range(w.gate.shape[0]):
+        h = swiglu(F.linear(x, w.gate[e]), F.linear(x, w.up[e]), limit)
+        out += (F.linear(h, w.down[e]) * combine[:, e, None]).to(out.dtype)
     return out
