@@ -220,8 +220,9 @@ class Glm5Target:
         tail = meta.views[TAIL]
         T = positions.shape[0]
         rows = torch.arange(meta.q_index.shape[0], device=positions.device)[:, None].expand_as(meta.q_index)
-        row_of = torch.zeros(T, dtype=torch.long, device=positions.device)
-        row_of[meta.q_index[meta.q_index >= 0]] = rows[meta.q_index >= 0]
+        # each token's request row; padding (-1) scatters to a sink slot past T: no boolean indexing, no host sync
+        sink = torch.where(meta.q_index >= 0, meta.q_index, T).reshape(-1)
+        row_of = torch.zeros(T + 1, dtype=torch.long, device=positions.device).scatter_(0, sink, rows.reshape(-1))[:T]
         first = positions[meta.q_index[:, 0].clamp(min=0)]  # [R] first new position of each request
         window = positions[:, None] - (P - 1) + torch.arange(P, device=positions.device)  # [T, P] the pool's positions
         from_step = window >= first[row_of][:, None]
