@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-LIMIT = 48  # the first 48 HumanEval prompts keep CI time reasonable; `make run` replays all 164
+LIMIT = 24  # the first 24 HumanEval prompts keep CI time reasonable (sharded draft KV still falls > 5 pp); `make run` replays all 164
 
 
 def qual_run(tmp_path, *extra):
