@@ -70,11 +70,7 @@ class VllmClient:
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
         """Whether /health answers 200 now."""
-        try:
-            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout_s) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+        return answers_health(self.base_url, timeout_s)
 
     def tokenize(self, text: str) -> list[int]:
         """The server's own tokenization of a prompt (/tokenize, no special tokens added, as qual tokenizes)."""
@@ -124,3 +120,12 @@ class VllmClient:
             spec_decode=metrics.get("speculative_decoding") if isinstance(metrics, dict) else None,
             fingerprint=body.get("system_fingerprint"),
         )
+
+
+def answers_health(base_url: str, timeout_s: float) -> bool:
+    """Whether base_url's /health answers 200 now (a launched server's or an attached one's)."""
+    try:
+        with urllib.request.urlopen(base_url + "/health", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from qual.errors import EngineError
+from qual.engines.vllm.client import answers_health
 from qual.engines.vllm.logparse import classify_failure
 from qual.proc import group_members, holds_socket, port_listeners
 
@@ -126,11 +127,7 @@ class VllmServer:
         return self.proc is not None and self.proc.poll() is None
 
     def health(self, timeout: float = 2.0) -> bool:
-        try:
-            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+        return answers_health(self.base_url, timeout)
 
     def wait_healthy(self) -> None:
         """Poll /health until it answers 200 and the answer is this server's; the process exiting, another
