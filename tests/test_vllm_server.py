@@ -91,6 +91,15 @@ def test_without_proc_an_impostor_still_fails_the_api_key(impostor, tmp_path, mo
 
 # -- the real server -----------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module", autouse=True)
+def vllm_default_processes():
+    """vLLM's own process tree (api_server, EngineCore, worker) for this module: its tests are about those processes
+    (the suite elsewhere runs the engine inside the api_server: tests/conftest.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        yield
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     return build_tiny_pair(tmp_path_factory.mktemp("tiny"))
