@@ -17,20 +17,31 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _TCP_LISTEN = "0A"  # st column of /proc/net/tcp{,6}
 
 
-def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, via_server: bool = False) -> bool:
     """Ask the kernel to send sig to this process when its parent thread exits (True if it will).
 
-    The parent may have died before the request took effect: then this process is already an orphan and
-    exits at once instead (os.getppid() no longer names the parent).
+    parent_pid is this process's parent or, with via_server, its grandparent: this process was forked by a
+    server that parent_pid started and that itself dies with parent_pid (qual/runtime/rank_server.py). Either
+    may have died before the request took effect: then this process is already an orphan and exits at once
+    instead (its parent, or its parent's parent, no longer is parent_pid).
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         armed = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):  # no prctl: not Linux
         armed = False
-    if os.getppid() != parent_pid:
+    parent = os.getppid()
+    if via_server:
+        parent = _ppid(parent)
+    if parent is not None and parent != parent_pid:
         os._exit(1)
     return armed
+
+
+def _ppid(pid: int) -> int | None:
+    """pid's parent, from /proc (None where there is no /proc: nothing known)."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) >= 2 else None
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:

@@ -1,7 +1,7 @@
 """`qual run --dcp 4` as CI meets it: what it listens on, and SIGTERM / SIGINT during the candidate arm.
 
-One uninterrupted run is the reference (its sockets are read while it runs). A second run is interrupted ten
-times at different points of its candidate arm (rank start-up, prefill, decode, between requests; SIGTERM and
+One uninterrupted run is the reference (its sockets are read while it runs). A second run is interrupted eleven
+times at different points of its candidate arm (the fork server's imports, rank start-up, prefill, decode, between requests; SIGTERM and
 SIGINT, to the driver or to its whole process group as a terminal's Ctrl-C or a CI runner does), each time
 resumed from where the last one stopped; the finished run must equal the reference exactly.
 """
@@ -44,16 +44,29 @@ def _start(args) -> subprocess.Popen:
                             env=nic_env(), start_new_session=True)  # its own group: the run's processes are its members
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _servers(pid: int) -> list[int]:
+    """The driver's fork server (qual/runtime/launch.py), if it has started one."""
+    return [p for p in descendants(pid) if b"multiprocessing.forkserver" in _cmdline(p) and _ppid(p) == pid]
+
+
 def _ranks(pid: int) -> list[int]:
-    """The driver's rank processes (multiprocessing spawn children)."""
-    found = []
-    for p in descendants(pid):
-        try:
-            if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes():
-                found.append(p)
-        except OSError:
-            pass
-    return found
+    """The driver's rank processes: its fork server's children, or spawned ones."""
+    forked = [p for s in _servers(pid) for p in descendants(s)]
+    return forked + [p for p in descendants(pid) if p not in forked and b"spawn_main" in _cmdline(p)]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +109,8 @@ def _lines(path: Path) -> int:
 
 # (the point in the candidate arm, seconds after it, the signal, to the whole group?)
 KILLS = [
-    ("ranks started", 0.0, signal.SIGTERM, False),  # the ranks are importing torch
+    ("ranks started", 0.0, signal.SIGTERM, False),  # the ranks are unpickling their arguments
+    ("the fork server started", 1.0, signal.SIGINT, True),  # it is importing torch; the driver waits for it
     ("ranks started", 1.0, signal.SIGTERM, False),
     ("ranks started", 3.0, signal.SIGINT, True),  # Ctrl-C in a terminal: the whole foreground group
     ("a result", 0.0, signal.SIGTERM, False),  # between requests
@@ -122,6 +136,8 @@ def test_sigterm_during_the_candidate_arm_stops_at_once_and_resumes_exactly(setu
         before = _lines(journal)
         if point == "ranks started":
             _wait(proc, lambda: len(_ranks(proc.pid)) == 3, point)
+        elif point == "the fork server started":
+            _wait(proc, lambda: _servers(proc.pid) and not _ranks(proc.pid), point)
         else:
             _wait(proc, lambda: _lines(journal) >= before + (2 if point == "two results" else 1), point)
         time.sleep(delay)
@@ -151,7 +167,7 @@ def test_sigterm_during_the_candidate_arm_stops_at_once_and_resumes_exactly(setu
     assert len(read_journal(journal)) < REQUESTS
     resumed = subprocess.run([*QUAL, "run", "--resume", str(out)], capture_output=True, text=True, env=nic_env(), timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    print(f"ten kills and the final resume: {time.monotonic() - t0:.1f} s")
+    print(f"{len(KILLS)} kills and the final resume: {time.monotonic() - t0:.1f} s")
     got = json.loads((out / "result.json").read_text())
     want = json.loads((uninterrupted[2] / "result.json").read_text())
     for arm in ("control", "candidate"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -10,7 +9,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,6 +21,7 @@ from qual.proc import die_with_parent
 from qual.records import RequestResult
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.kv_cache import CacheManager
+from qual.runtime.launch import adopt_environment, environment, forked_by_server, rank_context
 from qual.runtime.model_runner import ModelRunner
 from qual.runtime.parallel import (Comm, Rendezvous, abort_comm, arm_hang_dump, init_comm, set_cpu_threads,
                                      shutdown_comm)
@@ -103,8 +103,9 @@ def _ignored_by_children(signals: set) -> Iterator[None]:
     """Processes started inside ignore these signals from their first instruction; this one keeps them.
 
     An ignored disposition survives exec (a handler would not, and the signal mask does not survive
-    multiprocessing's spawn), so a Ctrl-C while a rank imports torch prints no KeyboardInterrupt there. The
-    signals are blocked first: one that arrives then stays pending (Linux does not discard a blocked signal,
+    multiprocessing's spawn), so a Ctrl-C while a rank imports torch prints no KeyboardInterrupt there. The CPU
+    ranks' fork server (qual/runtime/launch.py) starts here too: it ignores both, and so does every rank it
+    forks. The signals are blocked first: one that arrives then stays pending (Linux does not discard a blocked signal,
     ignored or not) and reaches this process's own handler once both are restored; only one in the instant
     between blocking and ignoring is lost. Signal dispositions belong to the main thread: elsewhere the ranks
     rely on their own first lines (_worker_main).
@@ -122,10 +123,12 @@ def _ignored_by_children(signals: set) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str, init_method: str, parent_pid: int) -> None:
+def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str, init_method: str, driver_pid: int,
+                 via_server: bool, env: dict | None) -> None:
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # already, from the driver (_ignored_by_children); said again here
-    die_with_parent(parent_pid)  # a killed driver (kill -9, OOM) takes its ranks with it
+    die_with_parent(driver_pid, via_server=via_server)  # a killed driver (kill -9, OOM) takes its ranks with it
+    adopt_environment(env)
     try:
         arm_hang_dump()
         set_cpu_threads(cfg.parallel.world_size, cfg.threads_per_rank)
@@ -173,13 +176,7 @@ class LLMEngine:
 
     def _start(self, specs: tuple) -> None:
         cfg, world = self.cfg, self.cfg.parallel.world_size
-        ctx = mp.get_context("spawn")
-        args = (cfg, specs, self._rendezvous.dir, self._rendezvous.init_method, os.getpid())
-        with _ignored_by_children(_STOP_SIGNALS):
-            for r in range(1, world):
-                p = ctx.Process(target=_worker_main, args=(r, *args), daemon=True)
-                p.start()
-                self.workers.append(p)
+        self._start_ranks(specs)
         if world > 1:
             arm_hang_dump()
         if cfg.device == "cpu":
@@ -188,6 +185,23 @@ class LLMEngine:
         self.comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, self._rendezvous.init_method, cfg.device,
                               cfg.dist_timeout_s, cfg.parallel.dcp_comm)
         self.runner = ModelRunner(cfg, self.comm, *specs)
+
+    def _start_ranks(self, specs: tuple) -> None:
+        """Ranks 1 .. world - 1 (a one-rank engine starts no process, nor a fork server)."""
+        cfg, world = self.cfg, self.cfg.parallel.world_size
+        if world == 1:
+            return
+        with _ignored_by_children(_STOP_SIGNALS):
+            ctx = rank_context(cfg.device)  # a CPU engine's fork server starts here, ignoring them too
+        forked = forked_by_server(ctx)
+        args = (cfg, specs, self._rendezvous.dir, self._rendezvous.init_method, os.getpid(), forked, environment(ctx))
+        # Forked ranks take the server's dispositions, so they start outside: the first start waits for the server's
+        # imports, and an interrupt meanwhile is handled at once. Spawned ranks take this process's.
+        with nullcontext() if forked else _ignored_by_children(_STOP_SIGNALS):
+            for r in range(1, world):
+                p = ctx.Process(target=_worker_main, args=(r, *args), daemon=True)
+                p.start()
+                self.workers.append(p)
 
     def _wait_ranks_ready(self) -> None:
         """Wait, interruptibly, until every rank reached its rendezvous; a rank that died is an EngineError now.

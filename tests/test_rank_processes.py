@@ -1,0 +1,98 @@
+"""Where a CPU engine's rank processes come from (qual/runtime/launch.py), with real processes: one fork server per
+driver process, preloaded once and serving every engine; it and its ranks ignore the group's stop signals and die
+with the driver.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from qual.proc import alive
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals and /proc are Linux's")
+
+GONE_WITHIN_S = 5.0
+
+# A driver that builds two TP 2 engines one after the other and prints, for each, what /proc says about its rank
+# and the rank's parent; with "hold" it prints after the first engine's generate and waits there. Before the second
+# engine it sets QUAL_HANG_DUMP_S: that engine's rank prints its stacks (the server started without it).
+_DRIVER = textwrap.dedent("""
+    import json, os, sys, time
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+    from qual.runtime.engine import GenerationRequest, LLMEngine
+
+    def facts(pid):
+        status = dict(line.split(":\\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":\\t" in line)
+        return {"pid": pid, "ppid": int(status["PPid"]), "threads": int(status["Threads"]),
+                "ignored": int(status["SigIgn"], 16), "cmdline": open(f"/proc/{pid}/cmdline").read()}
+
+    def main():
+        target, draft, mode = sys.argv[1:4]
+        cfg = EngineConfig(target, draft, ParallelConfig(2, 1), CacheConfig(block_size=4, memory_bytes=2**22), dtype="float64")
+        seen = []
+        for n in range(2):
+            if n == 1:
+                os.environ["QUAL_HANG_DUMP_S"] = "0.2"
+            with LLMEngine(cfg) as engine:
+                engine.generate([GenerationRequest("r0", (1, 2, 3), 4)], SamplingParams(max_tokens=4))
+                rank = facts(engine.workers[0].pid)
+                seen.append({"rank": rank, "server": facts(rank["ppid"])})
+                if mode == "hold":
+                    print(json.dumps(seen), flush=True)
+                    time.sleep(600)
+                time.sleep(n)  # the second rank's stack dumps
+        print(json.dumps(seen), flush=True)
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def _driver(tmp_path: Path, tiny_pair, mode: str) -> subprocess.Popen:
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    # A killed driver's rank may print its peer's closed connection before its parent-death signal lands.
+    return subprocess.Popen([sys.executable, str(script), *map(str, tiny_pair), mode], stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.DEVNULL if mode == "hold" else subprocess.PIPE)
+
+
+def test_both_engines_fork_their_ranks_from_one_preloaded_server_that_ran_no_torch_operation(tmp_path, tiny_pair):
+    proc = _driver(tmp_path, tiny_pair, "report")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    first, second = json.loads(out)
+    server = first["server"]
+    assert second["server"]["pid"] == server["pid"], "the second engine started a server of its own"
+    assert server["ppid"] == proc.pid and "multiprocessing.forkserver" in server["cmdline"]
+    assert first["rank"]["pid"] != second["rank"]["pid"]
+    # Forking is safe only where no torch operation started OpenMP or MKL threads: after serving both engines the
+    # server still runs one thread (numpy's OpenBLAS pool, which its imports start, stops at the first fork).
+    assert second["server"]["threads"] == 1
+    for pid in ("rank", "server"):
+        for facts in (first[pid], second[pid]):
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                assert facts["ignored"] >> (sig - 1) & 1, f"the {pid} does not ignore {sig.name}"
+    assert "_worker_main" in err, "the second engine's rank did not take the driver's QUAL_HANG_DUMP_S"
+
+
+def test_a_killed_driver_takes_the_server_and_its_ranks_at_once(tmp_path, tiny_pair):
+    proc = _driver(tmp_path, tiny_pair, "hold")
+    try:
+        (held,) = json.loads(proc.stdout.readline())
+    finally:
+        killed = time.monotonic()
+        proc.kill()  # SIGKILL: nothing of the driver's runs
+        proc.wait()
+    pids = [held["rank"]["pid"], held["server"]["pid"]]
+    deadline = killed + GONE_WITHIN_S
+    while [p for p in pids if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [p for p in pids if alive(p)] == [], f"still alive {GONE_WITHIN_S:.0f} s after kill -9 of the driver"
+    print(f"\nserver and rank gone {time.monotonic() - killed:.2f} s after kill -9 of the driver")
