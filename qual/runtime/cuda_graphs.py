@@ -8,24 +8,33 @@ trash slot). Steps larger than every captured size run eagerly and are counted a
 from __future__ import annotations
 
 import time
+from dataclasses import fields, is_dataclass
 
 import torch
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
+def _tensors(obj) -> list[torch.Tensor]:
+    """Every tensor reachable from a decode-input object, in a fixed order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj) for t in _tensors(obj[k])]
+    if is_dataclass(obj):
+        return [t for f in fields(obj) for t in _tensors(getattr(obj, f.name))]
+    return []
+
+
 class _Graph:
-    """One captured decode step; its static inputs are a Staged: one flat device buffer plus device tensors."""
+    def __init__(self, batch_size: int, graph: torch.cuda.CUDAGraph, inputs, outputs):
+        self.batch_size, self.graph, self.inputs, self.outputs = batch_size, graph, inputs, outputs
+        self.static = [t for t in _tensors(inputs) if t.is_cuda]
 
-    def __init__(self, batch_size: int, graph: torch.cuda.CUDAGraph, staged, outputs, stager):
-        self.batch_size, self.graph, self.staged, self.outputs = batch_size, graph, staged, outputs
-        self.stager = stager
-
-    def load(self, host_inputs) -> None:
-        """A step's inputs into the static buffers: one host-to-device copy, and device-to-device for the rest."""
-        self.stager.send(host_inputs, into=self.staged)
-
-    def replay(self):
+    def replay(self, inp):
+        new = [t for t in _tensors(inp) if t.is_cuda]
+        for dst, src in zip(self.static, new, strict=True):
+            dst.copy_(src, non_blocking=True)
         self.graph.replay()
         return self.outputs
 
@@ -93,8 +102,7 @@ class DecodeGraphs:
 
     def _capture_one(self, bs: int, pool) -> _Graph:
         step, ids = self._dummy_step(bs)
-        staged = self.runner.stager.send(self.runner.host_inputs(step, pad_to=bs, static=True))
-        inp = staged.tree
+        inp = self.runner.decode_inputs(step, pad_to=bs, static=True)
         for rid in ids:
             self.runner.pending.pop(rid, None)
         stream = torch.cuda.Stream()
@@ -110,7 +118,7 @@ class DecodeGraphs:
         mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
         with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
             out = self.runner.decode_fn(inp)
-        return _Graph(bs, graph, staged, out, self.runner.stager)
+        return _Graph(bs, graph, inp, out)
 
     def _quiesce(self) -> None:
         """All ranks at the same point with no GPU or NCCL work in flight."""

@@ -27,8 +27,7 @@ from qual.runtime.parallel import (Comm, Rendezvous, abort_comm, arm_hang_dump, 
                                      shutdown_comm)
 from qual.runtime.phases import OFF, PhaseTimer
 from qual.runtime.registry import ModelSpec, draft_spec, target_spec
-from qual.runtime.sampling import choose_tokens, pack_choices, unpack_choices
-from qual.runtime.staging import Readback
+from qual.runtime.sampling import choose_tokens, top2_margins
 from qual.runtime.spec_decode import SpecStats
 from qual.runtime.steps import DecodeStep, PrefillStep
 
@@ -170,7 +169,6 @@ class LLMEngine:
             raise EngineError(f"engine start failed: {exc}") from exc
         self.K = self.runner.K
         self.phases = self.runner.phases = PhaseTimer() if cfg.phase_times else OFF
-        self.readback = Readback(self.runner.comm.device)
         self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, self.K + 1)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
@@ -379,24 +377,24 @@ class LLMEngine:
 
     def _prefill(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
         out = self._step(PrefillStep([s.req.id for s in seqs], [list(s.req.prompt_token_ids) for s in seqs], self._tables(seqs)))
-        tokens, margins, _ = self._choose(out.logits[:, None], None, seqs, [len(s.req.prompt_token_ids) for s in seqs], sampling)
+        tokens, margins = self._choose(out.logits[:, None], seqs, [len(s.req.prompt_token_ids) for s in seqs], sampling)
         for s, tok, m in zip(seqs, tokens, margins):
             s.ctx_len, s.pending_commit = len(s.req.prompt_token_ids), 0  # the prefill wrote the prompt's draft context
             self._append(s, tok, m, sampling)
 
-    def _choose(self, logits: torch.Tensor, drafts: torch.Tensor | None, seqs: list[_Seq], first_positions: list[int],
-                sampling: SamplingParams):
-        """Token choices, top-2 margins and proposals for logits [R, Q, V] and drafts [R, K], as lists per request.
+    @staticmethod
+    def _choose(logits: torch.Tensor, seqs: list[_Seq], first_positions: list[int], sampling: SamplingParams):
+        """Token choices and top-2 margins for logits [R, Q, V], as lists per request.
 
-        Greedy picks and margins happen where the logits are and cross to the host with the proposals in one copy;
+        Greedy picks happen where the logits are, so only [R, Q] numbers cross to the host;
         sampling draws its position-keyed noise on the CPU (the same text on every device).
         """
-        tokens, margins, proposals = unpack_choices(self.readback.fetch(pack_choices(logits, drafts)), logits.shape[1])
+        margins = top2_margins(logits)
         if sampling.temperature == 0:
-            return tokens, margins, proposals
+            return logits.argmax(dim=-1).tolist(), margins
         host = logits.float().cpu()
         return [choose_tokens(host[i], sampling.temperature, sampling.seed, s.req.id, n)
-                for i, (s, n) in enumerate(zip(seqs, first_positions))], margins, proposals
+                for i, (s, n) in enumerate(zip(seqs, first_positions))], margins
 
     def _decode(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
         for s in seqs:
@@ -407,7 +405,8 @@ class LLMEngine:
         )
         self.phases.lap("schedule")
         out = self._step(step)
-        chosen, margins_all, drafts = self._choose(out.logits, out.draft_tokens, seqs, [s.num_committed for s in seqs], sampling)
+        chosen, margins_all = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)
+        drafts = out.draft_tokens.cpu().tolist() if out.draft_tokens is not None else None
         self.phases.lap("readback")
         for i, s in enumerate(seqs):
             n = s.num_committed

@@ -6,8 +6,6 @@ A sharded group has a virtual block of B*N tokens; a replicated group is the N=1
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 
@@ -60,15 +58,7 @@ def local_index_positions(
 
 def local_slots(block_ids: torch.Tensor, num_local: int, block_size: int) -> torch.Tensor:
     """Physical slots of local tokens 0..num_local-1 for each request. block_ids: [R, max_blocks] -> [R, num_local]."""
-    column, offset = _local_columns(num_local, block_size, block_ids.shape[1])
-    block = block_ids[:, column]
-    slots = block * block_size + offset
-    return torch.where(block >= 0, slots, torch.full_like(slots, -1))
-
-
-@lru_cache(maxsize=64)
-def _local_columns(num_local: int, block_size: int, max_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block-table column and offset in its block of local tokens 0..num_local-1: the same every step of a static
-    width, so built once (read-only)."""
     j = torch.arange(num_local)
-    return (j // block_size).clamp(max=max_blocks - 1), j % block_size
+    block = block_ids[:, (j // block_size).clamp(max=block_ids.shape[1] - 1)]
+    slots = block * block_size + j % block_size
+    return torch.where(block >= 0, slots, torch.full_like(slots, -1))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import torch
 
@@ -13,11 +13,10 @@ from qual.runtime.geometry import blocks_needed
 from qual.runtime.kv_cache import KVCacheGroup
 from qual.runtime.models.base import DraftMeta, TargetMeta
 from qual.runtime.cache_views import StepShape, build_view, draft_mask
-from qual.runtime.paged import Geometry, KVStore, StateStore, VectorStore, key_view, write_slots
+from qual.runtime.paged import Geometry, KeyView, KVStore, StateStore, VectorStore, key_view, write_slots
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
-from qual.runtime.staging import Stager
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -89,8 +88,6 @@ class ModelRunner:
         self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
         mode = self.backend.compile_mode
         self.decode_fn = _compiled(self.decode_compute, mode) if mode else self.decode_compute
-        self.stager = Stager(comm.device)
-        self.packs = comm.device.type != "cpu" or cfg.static_shapes
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -124,21 +121,29 @@ class ModelRunner:
         """Host-side: -1 write slots to the group store's trash slot."""
         return self.stores[name].route(slots)
 
-    def _to_device(self, tree):
-        """A step's host-built tensors on the device, in one packed transfer (qual/runtime/staging.py).
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.comm.device)
 
-        On the CPU they already are where the model reads them; only static shapes pack there, so that CPU runs
-        go through the inputs path the CUDA graphs replay.
-        """
-        return self.stager.send(tree).tree if self.packs else tree
+    def _dev_view(self, view: KeyView) -> KeyView:
+        """What attention reads on the device (global positions stay host-side: masks are built there)."""
+        return KeyView(self._dev(view.slots), view.positions, self._dev(view.valid), self._dev(view.lengths))
 
     def _target_meta(self, shape: StepShape, tables, width=None, dense=False) -> TargetMeta:
-        """Target metadata (host tensors): one view per target cache group, by its kind (qual/runtime/cache_views.py)."""
+        """Target metadata: one view per target cache group, by its kind (qual/runtime/cache_views.py)."""
         views = {}
         for name in self.target_groups:
-            views[name] = build_view(self.groups_by_name[name].spec, self.geometry[name], shape, tables[name],
-                                     lambda slots, n=name: self._route(n, slots), width[name] if width else None)
-        return TargetMeta(shape.q_index, views, dense=dense)
+            view = build_view(self.groups_by_name[name].spec, self.geometry[name], shape, tables[name],
+                              lambda slots, n=name: self._route(n, slots), width[name] if width else None)
+            views[name] = self._dev_tree(view)
+        return TargetMeta(self._dev(shape.q_index), views, dense=dense)
+
+    def _dev_tree(self, view):
+        """A view's tensors on the device (a KeyView's global positions stay host-side: masks are built there)."""
+        if isinstance(view, KeyView):
+            return self._dev_view(view)
+        if is_dataclass(view):
+            return replace(view, **{f.name: self._dev_tree(getattr(view, f.name)) for f in fields(view)})
+        return self._dev(view) if isinstance(view, torch.Tensor) else view
 
     @torch.inference_mode()
     def execute(self, step) -> StepOutput | None:
@@ -175,13 +180,12 @@ class ModelRunner:
         q_index = torch.where(q[None, :] < torch.tensor(lens)[:, None], starts[:, None] + q[None, :], torch.tensor(-1))
         shape = StepShape(positions, rows, q_index, torch.tensor(lens), torch.zeros(len(lens), dtype=torch.long))
         meta = self._target_meta(shape, tables)
-        last = starts + torch.tensor(lens) - 1
-        slots = {name: self._route(name, write_slots(self.geometry[name], positions, rows, tables[name]))
-                 for name in self.draft_groups}
-        tokens, positions, meta, last, slots = self._to_device((tokens, positions, meta, last, slots))
-        hidden, aux = self.target.forward(tokens, positions, meta, self.stores)
+        hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores)
+        last = self._dev(starts + torch.tensor(lens) - 1)
         if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
-            self.drafter.write_context(aux, positions, slots, self.stores, self.layer_slots)
+            slots = {name: self._dev(self._route(name, write_slots(self.geometry[name], positions, rows, tables[name])))
+                     for name in self.draft_groups}
+            self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
         # Only rank 0 samples: the other ranks skip the LM head.
         return self.target.logits(hidden[last]) if self.comm.rank == 0 else hidden.new_zeros(len(idx), 1)
 
@@ -189,14 +193,14 @@ class ModelRunner:
         R = len(step.req_ids)
         graphs = self.graphs.for_batch(R) if self.graphs else None
         if graphs:
-            graphs.load(self.host_inputs(step, pad_to=graphs.batch_size, static=True))
+            inp = self.decode_inputs(step, pad_to=graphs.batch_size, static=True)
         elif self.cfg.static_shapes:
             inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length(), static=True)
         else:
             inp = self.decode_inputs(step)
         self.phases.lap("inputs")
         if graphs:
-            logits, drafts, aux = graphs.replay()
+            logits, drafts, aux = graphs.replay(inp)
             self.phases.lap("graph")
         elif self.cfg.static_shapes and self.decode_fn is not self.decode_compute:
             logits, drafts, aux = self.decode_fn(inp)  # compiled code only for the fixed shapes: dynamic shapes
@@ -209,19 +213,14 @@ class ModelRunner:
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()
         Q = 1 + self.K
-        if aux is not None:  # one clone for the batch: graph outputs are overwritten by the next replay
-            kept = aux[: R * Q].clone()
-            for i, rid in enumerate(step.req_ids):
-                self.pending[rid] = kept[i * Q : (i + 1) * Q]
+        if aux is not None:
+            for i, rid in enumerate(step.req_ids):  # clone: graph outputs are overwritten by the next replay
+                self.pending[rid] = aux[i * Q : (i + 1) * Q].clone()
         self.phases.lap("commit")
         return StepOutput(logits[:R], None if drafts is None else drafts[:R])
 
     def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
-        """The inputs of one decode step on the device (see host_inputs)."""
-        return self._to_device(self.host_inputs(step, pad_to, static))
-
-    def host_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
-        """Host-side metadata of one decode step (host tensors; the draft context features are on the device).
+        """Host-side metadata of one decode step, as device tensors.
 
         pad_to adds dummy requests (nothing visible, writes to the trash slot); static fixes every
         key width to the max_model_len bound: together they give the fixed shapes a CUDA graph needs.
@@ -240,20 +239,20 @@ class ModelRunner:
         commit = (torch.tensor(step.commit_counts + [0] * pad) - 1).clamp(min=0)  # state after the last accepted token
         shape = StepShape(positions, rows, q_index, seq, commit)
         target = self._target_meta(shape, tables, width=self.key_width if static else None, dense=True)
-        inp = DecodeInputs(last, positions, target)
+        inp = DecodeInputs(self._dev(last), self._dev(positions), target)
         if self.drafter is None:
             return inp
         counts = step.commit_counts
         width = len(self.draft_cfg.target_layer_ids) * self.draft_cfg.layers.hidden_size
-        feats = [self.pending[rid][:c] for rid, c in zip(step.req_ids, counts) if c]
+        feats = torch.cat([self.pending[rid][:c] for rid, c in zip(step.req_ids, counts) if c]
+                          or [torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)])
         ctx_pos = torch.cat([torch.arange(s, s + c) for s, c in zip(step.ctx_len, counts)])
         ctx_rows = torch.arange(R).repeat_interleave(torch.tensor(counts))
         if static:  # fixed number of context rows: R_pad * Q, extra rows write to the trash slot
-            extra = P * Q - ctx_pos.shape[0]
-            feats.append(torch.zeros(extra, width, dtype=self.target.dtype, device=self.comm.device))
+            extra = P * Q - feats.shape[0]
+            feats = torch.cat([feats, feats.new_zeros(extra, feats.shape[1])])
             ctx_pos = torch.cat([ctx_pos, torch.zeros(extra, dtype=torch.long)])
             ctx_rows = torch.cat([ctx_rows, torch.full((extra,), -1, dtype=torch.long)])
-        feats = torch.cat(feats or [torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)])
         new_len = torch.tensor(step.ctx_len) + torch.tensor(counts)
         new_len = torch.cat([new_len, torch.zeros(pad, dtype=torch.long)])
         block_pos = new_len[:, None] + torch.arange(Q)[None, :]
@@ -262,13 +261,14 @@ class ModelRunner:
             g, spec = self.geometry[name], self.groups_by_name[name].spec
             table = tables[name]
             w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
-            slots[name] = self._route(name, torch.where(ctx_rows >= 0, w, torch.full_like(w, -1)))
+            slots[name] = self._dev(self._route(name, torch.where(ctx_rows >= 0, w, torch.full_like(w, -1))))
             # sliding layers window each query token (vLLM); a draft_window on full layers starts at the block
             per_query = spec.attention == "sliding"
             start = None if spec.window is None or per_query else new_len - spec.window
-            views[name] = view = key_view(g, table, new_len, start, width=self.key_width[name] if static else None)
-            masks[name] = draft_mask(view, block_pos, spec.window if per_query else None, spec.causal)
-        inp.draft = DraftMeta(ctx_pos, slots, views, block_pos, masks)
+            view = key_view(g, table, new_len, start, width=self.key_width[name] if static else None)
+            masks[name] = self._dev(draft_mask(view, block_pos, spec.window if per_query else None, spec.causal))
+            views[name] = self._dev_view(view)
+        inp.draft = DraftMeta(self._dev(ctx_pos), slots, views, self._dev(block_pos), masks)
         inp.ctx_features = feats
         return inp
 

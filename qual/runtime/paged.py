@@ -6,7 +6,6 @@ Built once per step and group from rank-independent metadata, shared by every la
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -50,19 +49,11 @@ def key_view(
     local = local_seq_len(seq_lens, geo.dcp_size, geo.dcp_rank, geo.interleave)
     S = width or max(int(local.max().item()) if local.numel() else 0, 1)
     slots = local_slots(block_table, S, geo.block_size)
-    j, pos = _local_index(S, geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave)
-    pos = pos.expand(len(seq_lens), S)
-    valid = (j[None, :] < local[:, None]) & (slots >= 0)
+    pos = local_index_positions(S, geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave).expand(len(seq_lens), S)
+    valid = (torch.arange(S)[None, :] < local[:, None]) & (slots >= 0)
     if window_start is not None:
         valid &= pos >= window_start[:, None]
     return KeyView(slots.clamp(min=0), pos, valid, local.clamp(max=S).to(torch.int32))
-
-
-@lru_cache(maxsize=64)
-def _local_index(num_local: int, block_size: int, dcp_size: int, dcp_rank: int, interleave: int):
-    """Local token indices 0..num_local-1 and their global positions: the same every step of a static width, so
-    built once (read-only: the views expand them, nobody writes them)."""
-    return torch.arange(num_local), local_index_positions(num_local, block_size, dcp_size, dcp_rank, interleave)
 
 
 def causal_mask(q_positions: torch.Tensor, q_index: torch.Tensor, keys: KeyView) -> torch.Tensor:
