@@ -68,7 +68,7 @@ def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_va
 
 
 # Modules whose tests start vLLM servers or many engine processes run first: `make test` spreads modules over two
-# workers (pytest-xdist, --dist loadfile, in this order), and a long module started last would leave one worker alone
+# workers (pytest-xdist, --dist loadfile --no-loadscope-reorder: in this order), and a long module started last would leave one worker alone
 # at the end. Within a module the order stays the file's (module fixtures are set up once).
 _FIRST_MARKERS = ("vllm", "slow")
 

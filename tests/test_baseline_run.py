@@ -12,6 +12,8 @@ import pytest
 from qual.cli.main import main
 from qual.paths import GATE_DIR
 
+pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
+
 SMALL = ["--dcp", "1", "--tp", "1", "--limit", "6", "--max-tokens", "24"]
 
 

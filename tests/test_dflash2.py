@@ -16,6 +16,8 @@ from dflash_reference import check_draft_steps
 from qual.checkpoints.dflash import DFlash2Params
 from runtime_helpers import prompts, run
 
+pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
+
 K = 3
 MIXED = ("sliding_attention", "full_attention")
 

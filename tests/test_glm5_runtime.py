@@ -19,6 +19,8 @@ from qual.errors import QualError
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.runtime.engine import GenerationRequest, LLMEngine, validate
 
+pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
+
 KDA, MLA = "linear_attention", "indexed_attention"
 # Prompts of 5-41 tokens: the longest hold 10 pools of 4 where 2 are selected (index_topk 8), so sparse selection
 # drops keys; the shortest fits the top-k entirely.

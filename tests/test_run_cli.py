@@ -13,6 +13,8 @@ import pytest
 
 from checkpoints import make_profile
 
+pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
+
 QUAL = [sys.executable, "-m", "qual"]
 
 

@@ -5,6 +5,8 @@ import torch
 
 from runtime_helpers import prompts, run
 
+pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def control(tiny_pair):

