@@ -32,14 +32,14 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, via_server: b
         armed = False
     parent = os.getppid()
     if via_server:
-        parent = _ppid(parent)
+        parent = parent_of(parent)
     if parent is not None and parent != parent_pid:
         os._exit(1)
     return armed
 
 
-def _ppid(pid: int) -> int | None:
-    """pid's parent, from /proc (None where there is no /proc: nothing known)."""
+def parent_of(pid: int) -> int | None:
+    """pid's parent, from /proc (None if pid is gone or there is no /proc: nothing known)."""
     fields = _stat_fields(pid)
     return int(fields[1]) if fields and len(fields) >= 2 else None
 

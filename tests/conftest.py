@@ -10,9 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # core and worker inside the API server's process: one import of vLLM instead of three, so a start takes ~30 s
 # instead of ~75 s on two cores, and the same tokens come out (a world size of 1 on CPU runs vLLM's uniprocess
 # executor then). The tests about a server's process tree (tests/test_vllm_server.py) put vLLM's default back.
-VLLM_IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-for _key, _value in VLLM_IN_PROCESS.items():
-    os.environ.setdefault(_key, _value)
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from checkpoints import make_draft, make_target  # noqa: E402
 
@@ -68,8 +66,9 @@ def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_va
 
 
 # Modules whose tests start vLLM servers or many engine processes run first: `make test` spreads modules over two
-# workers (pytest-xdist, --dist loadfile --no-loadscope-reorder: in this order), and a long module started last would leave one worker alone
-# at the end. Within a module the order stays the file's (module fixtures are set up once).
+# workers (pytest-xdist, --dist loadfile --no-loadscope-reorder: in this order), and a long module started last
+# would leave one worker alone at the end. Within a module the order stays the file's (module fixtures are set up
+# once).
 _FIRST_MARKERS = ("vllm", "slow")
 
 

@@ -19,7 +19,7 @@ import pytest
 from checkpoints import make_profile
 from nic_env import nic_env
 from qual.harness.journal import read_journal
-from qual.proc import alive, descendants, group_members, listeners
+from qual.proc import alive, descendants, group_members, listeners, parent_of
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def _cmdline(pid: int) -> bytes:
 
 def _servers(pid: int) -> list[int]:
     """The driver's fork server (qual/runtime/launch.py), if it has started one."""
-    return [p for p in descendants(pid) if b"multiprocessing.forkserver" in _cmdline(p) and _ppid(p) == pid]
+    return [p for p in descendants(pid) if b"multiprocessing.forkserver" in _cmdline(p) and parent_of(p) == pid]
 
 
 def _ranks(pid: int) -> list[int]:
@@ -61,12 +61,6 @@ def _ranks(pid: int) -> list[int]:
     forked = [p for s in _servers(pid) for p in descendants(s)]
     return forked + [p for p in descendants(pid) if p not in forked and b"spawn_main" in _cmdline(p)]
 
-
-def _ppid(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 @pytest.fixture(scope="module")
