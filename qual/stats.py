@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-import pandas as pd
 
 from qual.records import RequestResult
 from qual.errors import QualError
@@ -315,31 +314,23 @@ def per_category(control: Sequence[RequestResult], candidate: Sequence[RequestRe
     """Ratio-of-sums rates per corpus category for both arms, sorted by category."""
     if not control:
         return []
-    df = pd.DataFrame(
-        {
-            "category": [c.category for c in control],
-            "c_acc": [c.accepted_tokens for c in control],
-            "c_tok": [c.draft_tokens for c in control],
-            "k_acc": [k.accepted_tokens for k in candidate],
-            "k_tok": [k.draft_tokens for k in candidate],
-        }
-    )
-    g = df.groupby("category", sort=True).agg(
-        n=("c_acc", "size"), c_acc=("c_acc", "sum"), c_tok=("c_tok", "sum"),
-        k_acc=("k_acc", "sum"), k_tok=("k_tok", "sum"),
-    )
+    sums: dict[str, list[int]] = {}  # category -> [n, control accepted, control drafted, candidate ...]
+    for c, k in zip(control, candidate, strict=True):
+        row = sums.setdefault(c.category, [0, 0, 0, 0, 0])
+        for i, v in enumerate((1, c.accepted_tokens, c.draft_tokens, k.accepted_tokens, k.draft_tokens)):
+            row[i] += v
     rows = []
-    for category, row in g.iterrows():
-        rc, rk = _ratio(row.c_acc, row.c_tok), _ratio(row.k_acc, row.k_tok)
+    for category, (n, c_acc, c_tok, k_acc, k_tok) in sorted(sums.items()):
+        rc, rk = _ratio(c_acc, c_tok), _ratio(k_acc, k_tok)
         rows.append(
             {
-                "category": str(category),
-                "n": int(row.n),
+                "category": category,
+                "n": n,
                 "control_rate": rc,
                 "candidate_rate": rk,
                 "delta": rk - rc if rc is not None and rk is not None else None,
-                "control_draft_tokens": int(row.c_tok),
-                "candidate_draft_tokens": int(row.k_tok),
+                "control_draft_tokens": c_tok,
+                "candidate_draft_tokens": k_tok,
             }
         )
     return rows

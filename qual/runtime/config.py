@@ -9,6 +9,8 @@ from qual.runtime.backends import parse_backend
 
 DRAFT_KV_MODES = ("replicated", "sharded")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+# Batch sizes captured as CUDA graphs by default (qual/runtime/cuda_graphs.py); a step pads to the next one.
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True, slots=True)

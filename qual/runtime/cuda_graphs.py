@@ -12,7 +12,7 @@ from dataclasses import fields, is_dataclass
 
 import torch
 
-DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+from qual.runtime.config import DEFAULT_SIZES
 
 
 def _tensors(obj) -> list[torch.Tensor]:

@@ -43,6 +43,10 @@ print("model:", verdict(DFlashQwen3Model._normalize_context_k(model, x)), flush=
 """
 
 
+# VllmInstall._probe_context_k_norm's answers in this process: (python, probe inputs) -> (stdout, stderr).
+_PROBED: dict[tuple, tuple[str, str]] = {}
+
+
 @dataclass(frozen=True)
 class Evidence:
     """A yes/no/unknown answer about an install, with the file lines that decided it."""
@@ -197,11 +201,10 @@ class VllmInstall:
             return Evidence("yes", ["qwen3_dflash.py does not normalise context keys with a stacked weight"])
         applied, marks = self.applied_patches(patches)
         try:
-            out = subprocess.run([str(self.python), "-c", CONTEXT_K_NORM_PROBE], capture_output=True, text=True,
-                                 timeout=300)
+            stdout, stderr = self._probe_context_k_norm()
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Evidence("unknown", uses + marks + [f"probe did not run: {exc}"], applied)
-        said = dict(line.split(": ", 1) for line in out.stdout.splitlines() if line.startswith(("op: ", "model: ")))
+        said = dict(line.split(": ", 1) for line in stdout.splitlines() if line.startswith(("op: ", "model: ")))
         evidence = uses + marks
         if "op" in said:
             evidence.append(f"vllm._custom_ops.rms_norm, weight [2, D], CPU tensors: {said['op']}"
@@ -209,10 +212,39 @@ class VllmInstall:
                                if said["op"] == "layer0" and said.get("model") == "per-layer" else ""))
         verdict = {"per-layer": "yes", "layer0": "no"}.get(said.get("model", ""))
         if verdict is None:
-            failure = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            failure = (stderr.strip().splitlines() or ["no output"])[-1]
             return Evidence("unknown", evidence + [f"probe failed: {said.get('model') or failure}"], applied)
         evidence.append(f"DFlashQwen3Model._normalize_context_k, 2 layers, CPU tensors: {said['model']}")
         return Evidence(verdict, evidence, applied)
+
+    def _probe_context_k_norm(self) -> tuple[str, str]:
+        """CONTEXT_K_NORM_PROBE's stdout and stderr in this install's interpreter. The probe imports vLLM (~14 s on
+        2 cores), and a run asks once per arm: an answer is kept for the life of the process, keyed by the files
+        that decide it, so a re-patched or rebuilt install is probed again. Failures are not kept."""
+        key = (str(self.python), self._probe_inputs())
+        if key not in _PROBED:
+            out = subprocess.run([str(self.python), "-c", CONTEXT_K_NORM_PROBE], capture_output=True, text=True,
+                                 timeout=300)
+            if out.returncode != 0:
+                return out.stdout, out.stderr
+            _PROBED[key] = (out.stdout, out.stderr)
+        return _PROBED[key]
+
+    def _probe_inputs(self) -> tuple:
+        """(path, size, mtime) of the files the probe's answer depends on: the model's source, the op's wrapper
+        and the compiled extensions that hold the kernel."""
+        if self.package_dir is None:
+            return ()
+        paths = [self.package_dir / "model_executor/models/qwen3_dflash.py", self.package_dir / "_custom_ops.py",
+                 *sorted(self.package_dir.glob("_C*.so"))]
+        stats = []
+        for path in paths:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            stats.append((str(path), st.st_size, st.st_mtime_ns))
+        return tuple(stats)
 
     def replicated_draft_kv(self) -> Evidence:
         """Whether a DFlash draft keeps an unsharded (replicated) KV cache under a DCP target.
