@@ -8,7 +8,7 @@ import pytest
 
 from checkpoints import make_draft, tiny_config
 from qual.checkpoints import dflash as fmt
-from qual.checkpoints.io import read_config
+from qual.checkpoints.config import read_config
 from qual.errors import QualError
 from qual.paths import DATA_DIR
 

@@ -96,3 +96,31 @@ def test_a_killed_driver_takes_the_server_and_its_ranks_at_once(tmp_path, tiny_p
         time.sleep(0.02)
     assert [p for p in pids if alive(p)] == [], f"still alive {GONE_WITHIN_S:.0f} s after kill -9 of the driver"
     print(f"\nserver and rank gone {time.monotonic() - killed:.2f} s after kill -9 of the driver")
+
+
+_PLANNER = textwrap.dedent("""
+    import json, os, sys
+    from qual.harness.plan import RunOptions, make_plan
+    from qual.proc import descendants
+
+    def servers():
+        cmd = lambda p: open(f"/proc/{p}/cmdline").read()
+        return [p for p in descendants(os.getpid()) if "multiprocessing.forkserver" in cmd(p)]
+
+    dry = make_plan(RunOptions(model="toy", dcp=2, limit=1, out=sys.argv[1]), dry_run=True)
+    after_dry = servers()
+    make_plan(RunOptions(model="toy", dcp=2, limit=1, out=sys.argv[1]))
+    after_plan = servers()
+    print(json.dumps([after_dry, after_plan]))
+""")
+
+
+def test_a_real_runs_plan_starts_the_rank_server_and_a_dry_run_does_not(tmp_path):
+    """The fork server starts when a TP > 1 CPU arm passes its preflight (its imports then overlap the driver's own
+    and the corpus's), not on a dry run, which starts nothing."""
+    script = tmp_path / "planner.py"
+    script.write_text(_PLANNER)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    after_dry, after_plan = json.loads(proc.stdout.splitlines()[-1])
+    assert after_dry == [] and len(after_plan) == 1, (after_dry, after_plan)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from qual.checkpoints.io import field, read_config, save_checkpoint
+from qual.checkpoints.config import field, read_config
+from qual.checkpoints.io import save_checkpoint
 from qual.checkpoints.qwen3 import MODEL_TYPE, Qwen3Config, layer_weight_shapes, random_layer
 from qual.errors import QualError
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from qual.checkpoints.io import field, read_config, save_checkpoint
+from qual.checkpoints.config import field, read_config
+from qual.checkpoints.io import save_checkpoint
 from qual.errors import QualError
 
 MODEL_TYPE = "qwen3"

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections import deque
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
@@ -21,7 +20,8 @@ from qual.proc import die_with_parent
 from qual.records import RequestResult
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.kv_cache import CacheManager
-from qual.runtime.launch import adopt_environment, environment, forked_by_server, rank_context
+from qual.runtime.launch import (STOP_SIGNALS, adopt_environment, environment, forked_by_server,
+                                 ignored_by_children, rank_context)
 from qual.runtime.model_runner import ModelRunner
 from qual.runtime.parallel import (Comm, Rendezvous, abort_comm, arm_hang_dump, init_comm, set_cpu_threads,
                                      shutdown_comm)
@@ -89,44 +89,16 @@ def validate(cfg: EngineConfig) -> tuple[ModelSpec, ModelSpec | None]:
     return target, draft
 
 
-# The driver alone decides when ranks stop: a Ctrl-C to the terminal's process group, or a CI job's SIGTERM to the
-# run's group, reaches rank 0, which then kills the ranks. The ranks ignore both from the moment they exist.
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # Seconds to wait for ranks that were told to stop (a clean close) before they are killed.
 STOP_JOIN_S = 30.0
 # How often the driver looks at the ranks while they start.
 _START_POLL_S = 0.05
 
 
-@contextmanager
-def _ignored_by_children(signals: set) -> Iterator[None]:
-    """Processes started inside ignore these signals from their first instruction; this one keeps them.
-
-    An ignored disposition survives exec (a handler would not, and the signal mask does not survive
-    multiprocessing's spawn), so a Ctrl-C while a rank imports torch prints no KeyboardInterrupt there. The CPU
-    ranks' fork server (qual/runtime/launch.py) starts here too: it ignores both, and so does every rank it
-    forks. The signals are blocked first: one that arrives then stays pending (Linux does not discard a blocked signal,
-    ignored or not) and reaches this process's own handler once both are restored; only one in the instant
-    between blocking and ignoring is lost. Signal dispositions belong to the main thread: elsewhere the ranks
-    rely on their own first lines (_worker_main).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
 def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str, init_method: str, driver_pid: int,
                  via_server: bool, env: dict | None) -> None:
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)  # already, from the driver (_ignored_by_children); said again here
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # already, from the driver (ignored_by_children); said again here
     die_with_parent(driver_pid, via_server=via_server)  # a killed driver (kill -9, OOM) takes its ranks with it
     adopt_environment(env)
     try:
@@ -191,13 +163,13 @@ class LLMEngine:
         cfg, world = self.cfg, self.cfg.parallel.world_size
         if world == 1:
             return
-        with _ignored_by_children(_STOP_SIGNALS):
+        with ignored_by_children(STOP_SIGNALS):
             ctx = rank_context(cfg.device)  # a CPU engine's fork server starts here, ignoring them too
         forked = forked_by_server(ctx)
         args = (cfg, specs, self._rendezvous.dir, self._rendezvous.init_method, os.getpid(), forked, environment(ctx))
         # Forked ranks take the server's dispositions, so they start outside: the first start waits for the server's
         # imports, and an interrupt meanwhile is handled at once. Spawned ranks take this process's.
-        with nullcontext() if forked else _ignored_by_children(_STOP_SIGNALS):
+        with nullcontext() if forked else ignored_by_children(STOP_SIGNALS):
             for r in range(1, world):
                 p = ctx.Process(target=_worker_main, args=(r, *args), daemon=True)
                 p.start()

@@ -13,20 +13,60 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
+import threading
+from contextlib import contextmanager
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
+from typing import Iterator
 
 from qual.runtime.registry import DRAFTERS, TARGETS
 
 _MODELS = sorted({ref.split(":")[0] for ref in (*TARGETS.values(), *DRAFTERS.values())})
 # rank_server first: the server arms its parent-death signal before the seconds the imports take.
 PRELOAD = ["qual.runtime.rank_server", "qual.runtime.engine", *_MODELS]
+# The driver alone decides when ranks stop: a Ctrl-C to the terminal's process group, or a CI job's SIGTERM to the
+# run's group, reaches rank 0, which then kills the ranks. The ranks ignore both from the moment they exist.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+@contextmanager
+def ignored_by_children(signals: set) -> Iterator[None]:
+    """Processes started inside ignore these signals from their first instruction; this one keeps them.
+
+    An ignored disposition survives exec (a handler would not, and the signal mask does not survive
+    multiprocessing's spawn), so a Ctrl-C while a rank imports torch prints no KeyboardInterrupt there. The CPU
+    ranks' fork server (rank_context) starts here too: it ignores both, and so does every rank it
+    forks. The signals are blocked first: one that arrives then stays pending (Linux does not discard a blocked signal,
+    ignored or not) and reaches this process's own handler once both are restored; only one in the instant
+    between blocking and ignoring is lost. Signal dispositions belong to the main thread: elsewhere the ranks
+    rely on their own first lines (_worker_main).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def start_rank_server(device: str) -> None:
+    """Start the CPU ranks' fork server now, so that its imports (torch and the runtime, ~2 s on 2 cores) run while
+    the driver imports its own and reads the corpus; the engines this process builds later use it. CUDA: nothing."""
+    if not device.startswith("cuda"):
+        with ignored_by_children(STOP_SIGNALS):
+            rank_context(device)
 
 
 def rank_context(device: str) -> BaseContext:
     """The multiprocessing context an engine on device starts its ranks with (for CPU, with its server started).
 
-    Call it inside engine._ignored_by_children: the server is a process of the driver's group, and keeps the
+    Call it inside ignored_by_children: the server is a process of the driver's group, and keeps the
     dispositions it starts with (its ranks too). Its parent-death signal follows the driver thread that started
     it: should that thread end, the server goes (and the ranks it forked); the next engine starts another.
     CUDA ranks keep spawn: a CUDA rank's start-up is its CUDA context and graph capture more than its imports,

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from qual.checkpoints.io import read_config
+from qual.checkpoints.config import read_config
 from qual.errors import QualError
 
 TARGETS = {
