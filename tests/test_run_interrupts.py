@@ -62,7 +62,6 @@ def _ranks(pid: int) -> list[int]:
     return forked + [p for p in descendants(pid) if p not in forked and b"spawn_main" in _cmdline(p)]
 
 
-
 @pytest.fixture(scope="module")
 def uninterrupted(setup):
     """The reference run, its listening sockets sampled every 0.1 s while it runs."""

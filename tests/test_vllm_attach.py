@@ -28,9 +28,8 @@ import pytest
 
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
 from qual.engines.vllm.server import free_port, group_members
-from qual.harness.execute import run_arm
-from qual.harness.plan import RunOptions, make_plan
 from qual.paths import DATA_DIR
+from toy_arms import acceptance_rate, differences, toy_control_arm
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
 TOY = DATA_DIR / "models" / "toy"
@@ -120,7 +119,7 @@ def deployment(tmp_path_factory):
         for s in servers.values():
             s.wait_healthy()
         # After the two are up: a third vLLM starting beside them on two cores makes all three slower (CPU threads).
-        info, launched = _arm(root / "launched", "vllm")
+        info, launched = toy_control_arm(root / "launched", "vllm", FIDELITY_LIMIT)
         print(f"\ntwo servers up and the launching engine's arm done in {time.monotonic() - t0:.0f} s")
         yield {"root": root, "servers": servers, "keys": keys, "launched": launched, "launched_info": info}
     finally:
@@ -128,18 +127,9 @@ def deployment(tmp_path_factory):
             s.kill()
 
 
-def _arm(out: Path, engine: str):
-    """The toy's DCP 1 / TP 1 control arm over the first FIDELITY_LIMIT prompts, as `qual run` runs an arm: (run
-    info, results in corpus order)."""
-    plan = make_plan(RunOptions(model="toy", dcp=1, tp=1, engine=engine, limit=FIDELITY_LIMIT, out=str(out)))
-    plan.out_dir.mkdir(parents=True)
-    info, results = run_arm(plan, "control")
-    return info, [results[r.id] for r in plan.requests]
-
-
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
-    return _arm(tmp_path_factory.mktemp("embedded") / "run", "reference")[1]
+    return toy_control_arm(tmp_path_factory.mktemp("embedded") / "run", "reference", FIDELITY_LIMIT)[1]
 
 
 def qual(deployment, *args, env=None, timeout=600, servers=None):
@@ -173,21 +163,15 @@ def attached(deployment):
     return json.loads((out / "result.json").read_text()), out
 
 
-def _differences(a, b) -> list[str]:
-    return [f"{x.id}: {f} {getattr(x, f)} vs {getattr(y, f)}" for x, y in zip(a, b, strict=True) for f in FIELDS
-            if getattr(x, f) != getattr(y, f)]
-
-
 def test_launched_patched_vllm_agrees_exactly_with_the_embedded_runtime(deployment, embedded):
     info, got = deployment["launched_info"], deployment["launched"]
     assert info.extra["qual_patches_in_build"] == [PATCH_LABEL]
     assert info.extra["dflash_context_knorm_per_layer_in_build"] == "yes"
     assert [r.id for r in got] == [r.id for r in embedded] and len(got) == FIDELITY_LIMIT
     assert all(r.drafts > 0 for r in embedded), "every request drafts: an empty comparison would prove nothing"
-    diff = _differences(embedded, got)
+    diff = differences(embedded, got, FIELDS)
     assert not diff, f"{len(diff)} differences (embedded vs vLLM), first: {diff[:5]}"
-    rate = sum(r.accepted_tokens for r in got) / sum(r.draft_tokens for r in got)
-    assert f"{rate:.2%}" == "41.82%"  # the drafter's own rate on this slice (37.33% on the first 64: README)
+    assert f"{acceptance_rate(got):.2%}" == "41.82%"  # the drafter's own rate on this slice (37.33% on the first 64: README)
 
 
 def test_attached_acceptance_equals_the_launching_engine(deployment, attached):

@@ -24,10 +24,9 @@ import yaml
 
 from qual.engines.vllm.install import REPO_ROOT, UNPATCHED_VENV
 from qual.gate import evaluate, load_gate
-from qual.harness.execute import run_arm
-from qual.harness.plan import RunOptions, make_plan
 from qual.paths import DEFAULT_GATE, GATE_DIR, PROFILE_DIR
 from qual.result import load_result
+from toy_arms import acceptance_rate, differences, toy_control_arm
 
 UNPATCHED_PYTHON = REPO_ROOT / UNPATCHED_VENV / "bin" / "python"
 LIMIT = 24
@@ -39,27 +38,6 @@ pytestmark = pytest.mark.vllm
 
 def qual(*args, timeout=900):
     return subprocess.run([sys.executable, "-m", "qual", *map(str, args)], capture_output=True, text=True, timeout=timeout)
-
-
-def _arm(tmp_path_factory, name: str, engine: str):
-    """One DCP 1 / TP 1 arm of the toy over the first LIMIT prompts, as `qual run` runs an arm: (run info, results in
-    corpus order)."""
-    out = tmp_path_factory.mktemp(name)
-    plan = make_plan(RunOptions(model="toy", dcp=1, tp=1, engine=engine, corpus="humaneval", limit=LIMIT,
-                                temperature=0.0, out=str(out / "run")))
-    assert len(plan.requests) == LIMIT and plan.arms["control"].dcp == 1 and plan.arms["control"].tp == 1
-    plan.out_dir.mkdir()
-    info, results = run_arm(plan, "control")
-    return info, [results[r.id] for r in plan.requests]
-
-
-def _rate(results) -> float:
-    return sum(r.accepted_tokens for r in results) / sum(r.draft_tokens for r in results)
-
-
-def _differences(a, b, fields) -> list[str]:
-    return [f"{x.id}: {f} {getattr(x, f)} vs {getattr(y, f)}" for x, y in zip(a, b, strict=True) for f in fields
-            if getattr(x, f) != getattr(y, f)]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +89,7 @@ def embedded_layer0_knorm(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dflash.DFlashDrafter, "__init__", layer0_knorm)
-        return _arm(tmp_path_factory, "embedded-layer0-knorm", "reference")
+        return toy_control_arm(tmp_path_factory.mktemp("embedded-layer0-knorm") / "run", "reference", LIMIT)
 
 
 def test_unpatched_vllm_shows_the_knorm_bug(embedded, unpatched):
@@ -119,18 +97,18 @@ def test_unpatched_vllm_shows_the_knorm_bug(embedded, unpatched):
     ref, (arm, got) = embedded.per_request, unpatched
     assert arm.extra["qual_patches_in_build"] == []
     assert arm.extra["dflash_context_knorm_per_layer_in_build"] == "no"
-    assert not _differences(ref, got, ("prompt_token_ids", "output_token_ids"))
-    changed = _differences(ref, got, ("accepted_per_position",))
+    assert not differences(ref, got, ("prompt_token_ids", "output_token_ids"))
+    changed = differences(ref, got, ("accepted_per_position",))
     assert len(changed) > LIMIT // 2, changed  # most requests, not a stray one
     # The drafter's own 41.82% on this slice against 36.24% through the bug (37.33% vs 31.25% on the first 64
     # prompts: README's fidelity row)
-    assert f"{_rate(got):.2%}" == "36.24%" and f"{_rate(ref):.2%}" == "41.82%"
+    assert f"{acceptance_rate(got):.2%}" == "36.24%" and f"{acceptance_rate(ref):.2%}" == "41.82%"
 
 
 def test_unpatched_vllm_is_the_embedded_runtime_with_layer0_knorm(embedded_layer0_knorm, unpatched):
     """The bug accounts for the whole gap: emulated in the embedded runtime, it reproduces vLLM as released exactly."""
     (_, emulated), (_, got) = embedded_layer0_knorm, unpatched
-    diff = _differences(emulated, got, FIELDS)
+    diff = differences(emulated, got, FIELDS)
     assert not diff, f"{len(diff)} differences (embedded with layer 0's k_norm vs unpatched vLLM), first: {diff[:5]}"
 
 

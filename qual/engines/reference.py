@@ -92,10 +92,10 @@ class ReferenceEngine(Engine):
         return parse_section(ReferenceOptions, section, where, "reference").model_dump()
 
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
-        if arm.tp > 1:  # a real run follows: its rank server imports while this process does (start_rank_server)
-            from qual.runtime.launch import start_rank_server
+        if arm.tp > 1:  # a real run follows: its CPU rank server starts now, importing while this process does
+            from qual.runtime.launch import rank_context
 
-            start_rank_server(arm.device)
+            rank_context(arm.device)
         from qual.runtime.engine import validate
 
         target, _ = validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present

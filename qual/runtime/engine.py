@@ -163,8 +163,7 @@ class LLMEngine:
         cfg, world = self.cfg, self.cfg.parallel.world_size
         if world == 1:
             return
-        with ignored_by_children(STOP_SIGNALS):
-            ctx = rank_context(cfg.device)  # a CPU engine's fork server starts here, ignoring them too
+        ctx = rank_context(cfg.device)  # a CPU engine's fork server starts here (if no preflight started it)
         forked = forked_by_server(ctx)
         args = (cfg, specs, self._rendezvous.dir, self._rendezvous.init_method, os.getpid(), forked, environment(ctx))
         # Forked ranks take the server's dispositions, so they start outside: the first start waits for the server's

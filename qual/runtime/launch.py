@@ -55,19 +55,12 @@ def ignored_by_children(signals: set) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def start_rank_server(device: str) -> None:
-    """Start the CPU ranks' fork server now, so that its imports (torch and the runtime, ~2 s on 2 cores) run while
-    the driver imports its own and reads the corpus; the engines this process builds later use it. CUDA: nothing."""
-    if not device.startswith("cuda"):
-        with ignored_by_children(STOP_SIGNALS):
-            rank_context(device)
-
-
 def rank_context(device: str) -> BaseContext:
     """The multiprocessing context an engine on device starts its ranks with (for CPU, with its server started).
 
-    Call it inside ignored_by_children: the server is a process of the driver's group, and keeps the
-    dispositions it starts with (its ranks too). Its parent-death signal follows the driver thread that started
+    The first call starts the server, inside ignored_by_children: it is a process of the driver's group, and keeps
+    the dispositions it starts with (its ranks too). A real run's preflight calls it early, so that the server's
+    imports (torch and the runtime, ~2 s on 2 cores) run while the driver imports its own and reads the corpus. Its parent-death signal follows the driver thread that started
     it: should that thread end, the server goes (and the ranks it forked); the next engine starts another.
     CUDA ranks keep spawn: a CUDA rank's start-up is its CUDA context and graph capture more than its imports,
     and ranks forked from a server that preloaded the runtime have not been run on a GPU machine.
@@ -76,7 +69,8 @@ def rank_context(device: str) -> BaseContext:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first CPU engine of this process
-    forkserver.ensure_running()
+    with ignored_by_children(STOP_SIGNALS):
+        forkserver.ensure_running()
     return ctx
 
 
