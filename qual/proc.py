@@ -10,6 +10,9 @@ import ctypes
 import ipaddress
 import os
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,25 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL, *, via_server: b
     if parent is not None and parent != parent_pid:
         os._exit(1)
     return armed
+
+
+@contextmanager
+def signals_held(signals: set) -> Iterator[None]:
+    """Hold these signals (blocked, not ignored) inside: one that arrives stays pending and reaches this thread's
+    handler as the block ends, at the first instruction after it.
+
+    For code that a handler which raises must not interrupt: importing torch calls back into Python from C++
+    through pybind11, and a KeyboardInterrupt raised there ends in std::terminate (the process aborts, exit -6)
+    instead of unwinding. Only the main thread receives Python's signal handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def parent_of(pid: int) -> int | None:
@@ -72,6 +94,15 @@ def group_members(pgid: int) -> list[int]:
 
 def descendants(pid: int) -> list[int]:
     """Live processes below pid (children, their children, ...), from /proc."""
+    if _CHILDREN_LISTED:
+        found, todo = [], [pid]
+        while todo:
+            for c in _children(todo.pop()):
+                fields = _stat_fields(c)
+                if fields and fields[0] not in ("Z", "X"):
+                    found.append(c)
+                    todo.append(c)
+        return found
     children: dict[int, list[int]] = {}
     for p in _pids():
         fields = _stat_fields(p)
@@ -83,6 +114,25 @@ def descendants(pid: int) -> list[int]:
             found.append(c)
             todo.append(c)
     return found
+
+
+def _children(pid: int) -> list[int]:
+    """pid's children: what each of its threads' /proc/<pid>/task/<tid>/children lists (a few reads for a process
+    tree, where scanning every process's stat costs ~10 ms on a busy machine, and tests poll it)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out += map(int, Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
+        except OSError:
+            continue
+    return out
+
+
+_CHILDREN_LISTED = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")  # CONFIG_PROC_CHILDREN
 
 
 def alive(pid: int) -> bool:

@@ -1,4 +1,5 @@
-"""qual.proc's parent-death request with real processes: this test is the driver, a python child its server."""
+"""qual.proc with real processes and signals: the parent-death request (this test is the driver, a python child its
+server), and signals held across code a raising handler must not interrupt."""
 
 import os
 import subprocess
@@ -32,3 +33,27 @@ def test_a_process_forked_by_a_server_of_the_driver_arms_and_stays():
 
 def test_a_process_whose_grandparent_is_not_the_driver_exits_at_once():
     assert _grandchild_exit(os.getppid()) == 1  # as if the server had died and left it to another process
+
+
+# qual's own handler (qual.cli.main.Interrupts, which raises KeyboardInterrupt) and a SIGINT sent inside the held
+# block: the block must run to its end, and the interrupt arrive right after it.
+_HELD = textwrap.dedent("""
+    import os, signal
+    from qual.cli.main import Interrupts
+    from qual.proc import signals_held
+    Interrupts().install()
+    done = []
+    try:
+        with signals_held({signal.SIGINT, signal.SIGTERM}):
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(10**6))  # bytecode on which an unheld signal's handler would have run
+            done.append("block")
+        done.append("after")
+    except KeyboardInterrupt:
+        print(",".join(done), signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set())
+""")
+
+
+def test_a_held_signal_reaches_the_handler_after_the_block_not_inside_it():
+    out = subprocess.run([sys.executable, "-c", _HELD], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["block", "True"], out.stdout + out.stderr  # not "after": raised at the block's end

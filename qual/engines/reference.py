@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -20,8 +21,18 @@ from qual.runtime.backends import parse_backend
 from qual.runtime.config import DEFAULT_SIZES, CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.validation import Section, parse_section
 
-# qual.runtime.engine (torch, ~2 s to import on 2 cores) is imported by the methods that validate or run an arm, so
-# a `qual` command refused on its options or files answers before torch loads.
+
+def _runtime():
+    """qual.runtime.engine, imported by the methods that validate or run an arm (torch, ~2 s to import on 2 cores),
+    so that a `qual` command refused on its options or files answers before torch loads. SIGINT and SIGTERM are
+    held meanwhile: a Ctrl-C or a CI job's SIGTERM during torch's import is answered right after it
+    (qual.proc.signals_held says why not during it)."""
+    from qual.proc import signals_held
+
+    with signals_held({signal.SIGINT, signal.SIGTERM}):
+        import qual.runtime.engine as engine
+    return engine
+
 
 _ENGINE, _CACHE = EngineConfig.__dataclass_fields__, CacheConfig.__dataclass_fields__  # the defaults, defined once
 PHASE_TIMES_ENV = "QUAL_PHASE_TIMES"  # 1: record rank 0's host time by phase in arms.<arm>.extra.phase_times
@@ -96,9 +107,7 @@ class ReferenceEngine(Engine):
             from qual.runtime.launch import rank_context
 
             rank_context(arm.device)
-        from qual.runtime.engine import validate
-
-        target, _ = validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
+        target, _ = _runtime().validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
         sparse = "dsa_topk" in getattr(target.model_class, "options", ())
         if "dsa_topk" in requested and not sparse:
             raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
@@ -118,8 +127,8 @@ class ReferenceEngine(Engine):
     def generate(target: str, draft: str | None, requests: list[tuple[str, list[int]]], *, tp: int, dcp: int,
                  max_tokens: int, dtype: str, temperature: float, seed: int, device: str, dsa_topk: str) -> list[dict]:
         """`qual generate`: the requests through the runtime as they are, one dict per request, in input order."""
-        from qual.runtime.engine import GenerationRequest, LLMEngine, validate
-
+        engine = _runtime()
+        GenerationRequest, LLMEngine, validate = engine.GenerationRequest, engine.LLMEngine, engine.validate
         cfg = EngineConfig(target, draft, ParallelConfig(tp, dcp), dtype=dtype, device=device, dsa_topk=dsa_topk,
                            max_model_len=max(len(ids) for _, ids in requests) + max_tokens + 64)
         if "dsa_topk" not in getattr(validate(cfg)[0].model_class, "options", ()) and dsa_topk != "exact":
@@ -131,8 +140,8 @@ class ReferenceEngine(Engine):
 
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:
-        from qual.runtime.engine import GenerationRequest, LLMEngine
-
+        runtime = _runtime()
+        GenerationRequest, LLMEngine = runtime.GenerationRequest, runtime.LLMEngine
         cfg = engine_config(arm)
         sampling = SamplingParams(temperature=arm.sampling.temperature, seed=arm.sampling.seed, max_tokens=arm.sampling.max_tokens)
         gen = [GenerationRequest(r.id, tuple(r.prompt_token_ids), r.max_tokens, r.category) for r in requests]
