@@ -6,10 +6,13 @@ from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, Sampl
 from qual.runtime.engine import GenerationRequest, LLMEngine
 
 
-def prompts(n=5, vocab=90, seed=3):
+def prompts(n=5, vocab=90, seed=3, max_tokens=20):
+    """n random prompts of fixed lengths. Each request carries its own max_tokens, which wins over the
+    SamplingParams' (as a corpus request's does): pass the length a test means here."""
     g = torch.Generator().manual_seed(seed)
     lens = [3, 17, 40, 9, 26, 11, 5, 31][:n]
-    return [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab, (L,), generator=g).tolist()), 20) for i, L in enumerate(lens)]
+    return [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab, (L,), generator=g).tolist()), max_tokens)
+            for i, L in enumerate(lens)]
 
 
 def run(target, draft, tp=1, dcp=1, interleave=1, draft_kv="replicated", dtype="float64", temperature=0.0,

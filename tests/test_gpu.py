@@ -57,7 +57,7 @@ def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):
     got = []
     for _ in range(2):
         with LLMEngine(cfg) as engine:
-            engine.generate(prompts(2), SamplingParams(max_tokens=8))
+            engine.generate(prompts(2, max_tokens=8), SamplingParams(max_tokens=8))
             got.append(engine.graph_capture()["bytes"])
     assert got[0] > 0 and abs(got[0] - got[1]) <= 0.02 * got[0], got
 

@@ -31,7 +31,7 @@ from qual.runtime.backends.fused_decode import FusedDecode
 with tempfile.TemporaryDirectory() as tmp:
     target = make_target(Path(tmp) / "t", num_hidden_layers=2, num_key_value_heads={kv}, head_dim={head_dim})
     cfg = EngineConfig(str(target), dtype="float32", cache=CacheConfig(block_size=4, memory_bytes=2**22))
-    reqs, sp = prompts(2), SamplingParams(max_tokens=3)
+    reqs, sp = prompts(3, max_tokens=3)[::2], SamplingParams(max_tokens=3)  # 3 and 40 tokens
     with LLMEngine(cfg) as engine:
         ref = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
         fused = engine.runner.target.fused = FusedDecode(engine.runner.target, programs={programs}, sync=False)
@@ -39,7 +39,7 @@ with tempfile.TemporaryDirectory() as tmp:
         got = [engine.generate([r], sp)[0].output_token_ids for r in reqs]
         fused.timeouts.fill_(1)  # as a barrier that gave up would leave it
         try:
-            engine.generate(reqs[:1], SamplingParams(max_tokens=2))  # one fused step
+            engine.generate(prompts(1, max_tokens=2), SamplingParams(max_tokens=2))  # one fused step
             raise AssertionError("a timed-out barrier went unreported")
         except QualError as exc:
             assert "grid barrier timed out" in str(exc), exc
@@ -107,7 +107,7 @@ def test_fused_decode_gives_the_per_layer_tokens(kv, head_dim, programs, key_blo
     """One kernel for all layers (run phase by phase: the interpreter has no concurrent programs) generates
     the same greedy tokens as the per-layer path, float32. head_dim 32 takes the tl.dot attention, 16 the
     broadcast one; the keys are split over 2 and 3 chunks per KV head (3: a non-power-of-2 merge), each
-    chunk walked in blocks of 16 and 4 keys (prompts of 3 and 17 tokens + 3 generated: several blocks). Two
+    chunk walked in blocks of 16 and 4 keys (prompts of 3 and 40 tokens + 3 generated: one block, then several). Two
     layers (a barrier between them) and two fused steps a prompt (the second reads the keys the first wrote)
     are the smallest run that checks all of that; the interpreter runs every program's every op in Python."""
     interpret(FUSED_DECODE.format(kv=kv, head_dim=head_dim, programs=programs, key_block=key_block))

@@ -90,7 +90,7 @@ def test_compiled_entries_go_with_their_engine(tiny_pair):
     cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4),
                        dtype="float64", static_shapes=True, max_model_len=128, backend="compiled")
     with LLMEngine(cfg) as engine:
-        engine.generate(prompts()[1:2], SamplingParams(max_tokens=6))
+        engine.generate(prompts(2, max_tokens=6)[1:], SamplingParams(max_tokens=6))
         assert len(_debug_get_cache_entry_list(code)) >= 1  # rank 0 runs in this process
     assert _debug_get_cache_entry_list(code) == []
     assert torch._dynamo.config.fail_on_recompile_limit_hit  # a limit hit is an error, never a silent fallback
