@@ -26,3 +26,9 @@ def source_checkout() -> Path | None:
     """The git checkout qual is imported from (an editable install), or None for an installed wheel."""
     top = Path(__file__).resolve().parents[1]
     return top if (top / "pyproject.toml").is_file() and (top / "qual").is_dir() else None
+
+
+def cache_dir() -> Path:
+    """What qual keeps between runs that it can always recompute (answers about installs): $XDG_CACHE_HOME/qual,
+    else ~/.cache/qual."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qual"

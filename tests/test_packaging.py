@@ -29,8 +29,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path):
     venv = tmp_path / "venv"
     sh(sys.executable, "-m", "venv", venv)
     py = venv / "bin" / "python"
-    sh(py, "-m", "pip", "install", "-q", TORCH)  # CPU torch first: an unpinned torch would pull a CUDA build
-    sh(py, "-m", "pip", "install", "-q", wheel)
+    # --no-compile: pip would byte-compile every module of torch and the dependencies (~30 s of two cores' time);
+    # Python compiles what the run imports anyway.
+    sh(py, "-m", "pip", "install", "-q", "--no-compile", TORCH)  # CPU torch first: an unpinned torch pulls CUDA
+    sh(py, "-m", "pip", "install", "-q", "--no-compile", wheel)
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "QUAL_ROOT")}

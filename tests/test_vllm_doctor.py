@@ -71,9 +71,14 @@ def test_patch_markers_decide_applied(tmp_path):
         assert got == applied and said in evidence[0], (text, evidence)
 
 
-def test_the_k_norm_probe_runs_once_per_install_state(tmp_path):
-    """The probe (an import of vLLM in its interpreter) answers once per process for an unchanged install; editing
-    the model's source or the kernel's library asks again, and a failed probe is never kept."""
+def test_the_k_norm_probe_runs_once_per_install_state(tmp_path, monkeypatch):
+    """The probe (an import of vLLM in its interpreter) answers once for an unchanged install, in this process and
+    in the next one (the answer on disk); editing the model's source or the kernel's library asks again, and a
+    failed probe is never kept."""
+    from qual.engines.vllm import install as module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(module, "_PROBED", {})  # as a new process starts
     rel = "model_executor/models/qwen3_dflash.py"
     inst = _package(tmp_path, {rel: "        self._k_norm_weights,\n", "_C.abi3.so": "kernel"})
     runs = tmp_path / "runs"
@@ -84,6 +89,9 @@ def test_the_k_norm_probe_runs_once_per_install_state(tmp_path):
     python.chmod(0o755)
     assert [inst.dflash_context_k_norm([]).verdict for _ in range(3)] == ["no"] * 3
     assert runs.read_text().count("run") == 1
+    module._PROBED.clear()  # a later process: the answer comes from the disk
+    assert inst.dflash_context_k_norm([]).verdict == "no" and runs.read_text().count("run") == 1
+    assert len(list((tmp_path / "cache" / "qual" / "vllm-probes").glob("*.json"))) == 1
     (inst.package_dir / "_C.abi3.so").write_text("rebuilt kernel")
     answer.write_text("model: per-layer")
     assert inst.dflash_context_k_norm([]).verdict == "yes" and runs.read_text().count("run") == 2
@@ -91,6 +99,8 @@ def test_the_k_norm_probe_runs_once_per_install_state(tmp_path):
     python.write_text(f"#!/bin/sh\necho run >> {runs}\nexit 1\n")
     assert [inst.dflash_context_k_norm([]).verdict for _ in range(2)] == ["unknown"] * 2
     assert runs.read_text().count("run") == 4
+    module._PROBED.clear()  # nor on disk
+    assert inst.dflash_context_k_norm([]).verdict == "unknown" and runs.read_text().count("run") == 5
 
 
 def test_shipped_patches_parse():

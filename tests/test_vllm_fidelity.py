@@ -50,7 +50,11 @@ def nights(tmp_path_factory):
     baseline = qual("run", *SLICE, "--out", root / "reference", "--history", db)
     assert baseline.returncode == 0, baseline.stdout + baseline.stderr
     profile = yaml.safe_load((PROFILE_DIR / "toy.yaml").read_text())
-    profile["vllm"] = {**(profile.get("vllm") or {}), "python": str(UNPATCHED_PYTHON)}  # same name: toy
+    # vLLM keeps one model-info cache entry per model class, keyed by its source's hash: this build's
+    # qwen3_dflash.py differs from the patched one, so a shared cache would be stale at every switch between
+    # the builds, and each stale start re-inspects the class in a fresh interpreter (~15 s on two cores).
+    profile["vllm"] = {**(profile.get("vllm") or {}), "python": str(UNPATCHED_PYTHON),  # same name: toy
+                       "env": {"VLLM_CACHE_ROOT": str(UNPATCHED_PYTHON.parents[1] / "vllm-cache")}}
     path = root / "toy-vllm-unpatched.yaml"
     path.write_text(yaml.safe_dump(profile))
     tonight = qual("run", *SLICE, "--engine", "vllm", "--model", path, "--gate", GATE_DIR / "nightly-baseline.yaml",

@@ -3,7 +3,10 @@ question its files cannot answer (how an op computes) is run in its own interpre
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -11,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+
+from qual.paths import cache_dir
 
 # Where `make vllm-venv` puts it, relative to the repository root.
 DEFAULT_VENV = ".venv-vllm"
@@ -43,8 +48,34 @@ print("model:", verdict(DFlashQwen3Model._normalize_context_k(model, x)), flush=
 """
 
 
-# VllmInstall._probe_context_k_norm's answers in this process: (python, probe inputs) -> (stdout, stderr).
+# VllmInstall._probe_context_k_norm's answers in this process: (python, probe inputs) -> (stdout, stderr); on disk
+# under cache_dir()/vllm-probes, one file per answer (named by the key and the probe's own text), for later processes.
 _PROBED: dict[tuple, tuple[str, str]] = {}
+
+
+def _stored_probe_path(key: tuple) -> Path:
+    name = hashlib.sha256(json.dumps([CONTEXT_K_NORM_PROBE, *key]).encode()).hexdigest()[:32]
+    return cache_dir() / "vllm-probes" / f"{name}.json"
+
+
+def _stored_probe(key: tuple) -> tuple[str, str] | None:
+    try:
+        data = json.loads(_stored_probe_path(key).read_text())
+        return (data["stdout"], data["stderr"]) if data.get("key") == json.loads(json.dumps(key)) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _store_probe(key: tuple, answer: tuple[str, str]) -> None:
+    """Best effort: an unwritable cache only means the next process probes again."""
+    path = _stored_probe_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "stdout": answer[0], "stderr": answer[1]}))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -219,15 +250,21 @@ class VllmInstall:
 
     def _probe_context_k_norm(self) -> tuple[str, str]:
         """CONTEXT_K_NORM_PROBE's stdout and stderr in this install's interpreter. The probe imports vLLM (~14 s on
-        2 cores), and a run asks once per arm: an answer is kept for the life of the process, keyed by the files
-        that decide it, so a re-patched or rebuilt install is probed again. Failures are not kept."""
+        2 cores), and every `qual run --engine vllm` asks, once per arm: an answer is kept, in this process and on
+        disk, keyed by the files that decide it (and the probe's text), so a re-patched or rebuilt install is
+        probed again. Failures are not kept; nor is an answer about an install whose files were not found."""
         key = (str(self.python), self._probe_inputs())
         if key not in _PROBED:
-            out = subprocess.run([str(self.python), "-c", CONTEXT_K_NORM_PROBE], capture_output=True, text=True,
-                                 timeout=300)
-            if out.returncode != 0:
-                return out.stdout, out.stderr
-            _PROBED[key] = (out.stdout, out.stderr)
+            stored = _stored_probe(key) if key[1] else None
+            if stored is None:
+                out = subprocess.run([str(self.python), "-c", CONTEXT_K_NORM_PROBE], capture_output=True, text=True,
+                                     timeout=300)
+                if out.returncode != 0:
+                    return out.stdout, out.stderr
+                stored = (out.stdout, out.stderr)
+                if key[1]:
+                    _store_probe(key, stored)
+            _PROBED[key] = stored
         return _PROBED[key]
 
     def _probe_inputs(self) -> tuple:
