@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from qual.runtime.geometry import local_seq_len
 from qual.runtime.kv_cache import KVCacheSpec
 from qual.runtime.models.base import AttentionView
-from qual.runtime.paged import Geometry, causal_mask, key_view, write_slots
+from qual.runtime.paged import Geometry, KeyIndex, causal_mask, key_view, write_slots
 
 
 @dataclass
@@ -45,7 +46,7 @@ def pool_geometry(geo: Geometry, pool: int) -> Geometry:
 
 @dataclass
 class StepShape:
-    """Rank-independent metadata of one forward, as every view needs it (host tensors)."""
+    """Rank-independent metadata of one forward, as every view needs it (where the views are built)."""
 
     positions: torch.Tensor  # [T] global positions of the new tokens
     rows: torch.Tensor  # [T] request row of each new token
@@ -54,14 +55,30 @@ class StepShape:
     commit: torch.Tensor  # [R] per-position state to commit (state groups)
 
 
-def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.Tensor, route, width: int | None):
-    """The view of one group on this rank (host tensors; the runner moves them to the device).
+def view_geometry(spec: KVCacheSpec, geo: Geometry) -> Geometry:
+    """The geometry a group's key view is laid out in: pools for a pooled group, tokens otherwise."""
+    return pool_geometry(geo, spec.pool) if spec.kind == "pooled" else geo
 
-    route maps -1 write slots to the group store's trash slot; width fixes the key dimension (graph shapes).
+
+def view_width(spec: KVCacheSpec, geo: Geometry, seq_lens: torch.Tensor) -> int:
+    """The key width a view of sequences seq_lens [R] needs here: the longest local sequence (key_view's default),
+    reckoned from host lengths so that a device never syncs for it."""
+    g = view_geometry(spec, geo)
+    local = local_seq_len(seq_lens // spec.pool if spec.kind == "pooled" else seq_lens, g.dcp_size, g.dcp_rank,
+                          g.interleave)
+    return max(int(local.max()) if local.numel() else 0, 1)
+
+
+def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.Tensor, route, width: int | None,
+               index: KeyIndex | None = None):
+    """The view of one group on this rank, built where the step's tensors are (no host sync given a width).
+
+    route maps -1 write slots to the group store's trash slot; width fixes the key dimension (graph shapes), and
+    index, where given, is that width's KeyIndex in view_geometry (built once).
     """
     q_pos = step.positions[step.q_index.clamp(min=0)]  # [R, Q]
     if spec.kind in ("gqa", "latent"):
-        keys = key_view(geo, table, step.seq_lens, width=width)
+        keys = key_view(geo, table, step.seq_lens, width=width, index=index)
         mask = causal_mask(q_pos, step.q_index, keys)
         positions = keys.positions.clone() if spec.kind == "latent" else None
         return AttentionView(route(write_slots(geo, step.positions, step.rows, table)), keys, mask, positions)
@@ -70,15 +87,14 @@ def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.T
         completes = (step.positions + 1) % spec.pool == 0
         pools = torch.where(completes, step.positions // spec.pool, 0)  # others are never written (nor mapped)
         slots = write_slots(pgeo, pools, step.rows, table)
-        slots = torch.where(completes, slots, torch.full_like(slots, -1))
-        keys = key_view(pgeo, table, step.seq_lens // spec.pool, width=width)
+        slots = torch.where(completes, slots, -1)
+        keys = key_view(pgeo, table, step.seq_lens // spec.pool, width=width, index=index)
         visible = (keys.positions[:, None, :] + 1) * spec.pool - 1 <= q_pos[:, :, None]
         mask = keys.valid[:, None, :] & visible & (step.q_index >= 0)[:, :, None]
         return PooledView(route(slots), keys, mask, keys.positions[0].clone())
     if spec.kind == "ring":
         base = table[:, 0].clamp(min=0) * spec.ring
-        slots = torch.where(table[step.rows, 0] >= 0, base[step.rows] + step.positions % spec.ring,
-                            torch.full_like(step.positions, -1))
+        slots = torch.where(table[step.rows, 0] >= 0, base[step.rows] + step.positions % spec.ring, -1)
         return RingView(route(slots), base, spec.ring)
     if spec.kind == "state":
         return StateView(route(table[:, 0]), step.commit)
@@ -86,7 +102,7 @@ def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.T
 
 
 def draft_mask(keys, block_positions: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor:
-    """[R, Q, S + Q]: which [context ; block] keys each draft-block query sees (host tensors).
+    """[R, Q, S + Q]: which [context ; block] keys each draft-block query sees (on the inputs' device).
 
     A query at position p sees a stored context key at c if the view holds it and, in a windowed layer, p - c <
     window; a block key at q always in a non-causal layer, q <= p in a causal one, and in a windowed layer only
@@ -99,7 +115,7 @@ def draft_mask(keys, block_positions: torch.Tensor, window: int | None, causal: 
     if window is not None:
         ctx = ctx & (p - keys.positions[:, None, :] < window)
     d = p - block_positions[:, None, :]  # [R, Q, Q] query position minus key position
-    own = torch.ones(R, Q, Q, dtype=torch.bool)
+    own = torch.ones(R, Q, Q, dtype=torch.bool, device=block_positions.device)
     if causal:
         own &= d >= 0
     if window is not None:

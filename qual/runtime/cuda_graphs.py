@@ -8,33 +8,27 @@ trash slot). Steps larger than every captured size run eagerly and are counted a
 from __future__ import annotations
 
 import time
-from dataclasses import fields, is_dataclass
 
 import torch
 
 from qual.runtime.config import DEFAULT_SIZES
 
 
-def _tensors(obj) -> list[torch.Tensor]:
-    """Every tensor reachable from a decode-input object, in a fixed order."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for k in sorted(obj) for t in _tensors(obj[k])]
-    if is_dataclass(obj):
-        return [t for f in fields(obj) for t in _tensors(getattr(obj, f.name))]
-    return []
-
-
 class _Graph:
-    def __init__(self, batch_size: int, graph: torch.cuda.CUDAGraph, inputs, outputs):
-        self.batch_size, self.graph, self.inputs, self.outputs = batch_size, graph, inputs, outputs
-        self.static = [t for t in _tensors(inputs) if t.is_cuda]
+    """One captured decode step. Its static inputs are the step's StepArgs (one flat int64 buffer: the views are
+    built from them inside the graph) and its draft context features."""
 
-    def replay(self, inp):
-        new = [t for t in _tensors(inp) if t.is_cuda]
-        for dst, src in zip(self.static, new, strict=True):
-            dst.copy_(src, non_blocking=True)
+    def __init__(self, batch_size: int, graph: torch.cuda.CUDAGraph, flat: torch.Tensor, feats, outputs, stager):
+        self.batch_size, self.graph, self.flat, self.feats, self.outputs = batch_size, graph, flat, feats, outputs
+        self.stager = stager
+
+    def replay(self, args, feats):
+        """Refill the static inputs (one host-to-device copy and one device copy) and replay."""
+        if args.numel != self.flat.numel():
+            raise ValueError(f"step arguments of {args.numel} numbers for a graph captured with {self.flat.numel()}")
+        self.stager.send(args, into=self.flat)
+        if feats is not None:
+            self.feats.copy_(feats, non_blocking=True)
         self.graph.replay()
         return self.outputs
 
@@ -101,15 +95,22 @@ class DecodeGraphs:
         torch.cuda.empty_cache()
 
     def _capture_one(self, bs: int, pool) -> _Graph:
+        runner = self.runner
         step, ids = self._dummy_step(bs)
-        inp = self.runner.decode_inputs(step, pad_to=bs, static=True)
+        args, feats = runner.step_args(step, pad_to=bs, static=True)
         for rid in ids:
-            self.runner.pending.pop(rid, None)
+            runner.pending.pop(rid, None)
+        flat = torch.empty(args.numel, dtype=torch.long, device=runner.comm.device)
+        args = runner.stager.send(args, into=flat)
+
+        def step_fn():  # the views from the arguments, then draft + verify: all of it replays
+            return runner.decode_fn(runner.build_inputs(args, feats, static=True))
+
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator, cuBLAS handles, NCCL communicators
-                self.runner.decode_fn(inp)
+                step_fn()
         torch.cuda.current_stream().wait_stream(stream)
         self._quiesce()
         graph = torch.cuda.CUDAGraph()
@@ -117,8 +118,8 @@ class DecodeGraphs:
         # "thread_local" keeps other threads' calls from invalidating this capture.
         mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
         with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
-            out = self.runner.decode_fn(inp)
-        return _Graph(bs, graph, inp, out)
+            out = step_fn()
+        return _Graph(bs, graph, flat, feats, out, runner.stager)
 
     def _quiesce(self) -> None:
         """All ranks at the same point with no GPU or NCCL work in flight."""

@@ -28,7 +28,7 @@ from qual.runtime.parallel import (Comm, Rendezvous, abort_comm, arm_hang_dump, 
 from qual.runtime.phases import OFF, PhaseTimer
 from qual.runtime.registry import ModelSpec, draft_spec, target_spec
 from qual.runtime.sampling import choose_tokens, top2_margins
-from qual.runtime.spec_decode import SpecStats
+from qual.runtime.spec_decode import SpecStats, pack_choices, unpack_choices
 from qual.runtime.steps import DecodeStep, PrefillStep
 
 
@@ -360,9 +360,10 @@ class LLMEngine:
         Greedy picks happen where the logits are, so only [R, Q] numbers cross to the host;
         sampling draws its position-keyed noise on the CPU (the same text on every device).
         """
-        margins = top2_margins(logits)
-        if sampling.temperature == 0:
-            return logits.argmax(dim=-1).tolist(), margins
+        if sampling.temperature == 0:  # tokens and margins in one copy
+            tokens, margins, _ = unpack_choices(pack_choices(logits, None).cpu(), logits.shape[1])
+            return tokens, margins
+        margins = top2_margins(logits).tolist()
         host = logits.float().cpu()
         return [choose_tokens(host[i], sampling.temperature, sampling.seed, s.req.id, n)
                 for i, (s, n) in enumerate(zip(seqs, first_positions))], margins
@@ -376,8 +377,10 @@ class LLMEngine:
         )
         self.phases.lap("schedule")
         out = self._step(step)
-        chosen, margins_all = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)
-        drafts = out.draft_tokens.cpu().tolist() if out.draft_tokens is not None else None
+        # Greedy: the step's tokens, margins and proposals cross to the host in one copy (pack_choices).
+        chosen, margins_all, drafts = unpack_choices(out.choices.cpu(), self.K + 1)
+        if sampling.temperature > 0:
+            chosen = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)[0]
         self.phases.lap("readback")
         for i, s in enumerate(seqs):
             n = s.num_committed

@@ -36,7 +36,7 @@ def slot_mapping(
     local_off = (off // (dcp_size * interleave)) * interleave + off % interleave
     block = torch.gather(block_ids, 1, vblk.unsqueeze(1)).squeeze(1)
     slots = block * block_size + local_off
-    return torch.where(local & (block >= 0), slots, torch.full_like(slots, -1))
+    return torch.where(local & (block >= 0), slots, -1)
 
 
 def local_seq_len(seq_lens: torch.Tensor, dcp_size: int, dcp_rank: int, interleave: int) -> torch.Tensor:
@@ -47,10 +47,10 @@ def local_seq_len(seq_lens: torch.Tensor, dcp_size: int, dcp_rank: int, interlea
 
 
 def local_index_positions(
-    num_local: int, block_size: int, dcp_size: int, dcp_rank: int, interleave: int
+    num_local: int, block_size: int, dcp_size: int, dcp_rank: int, interleave: int, device=None
 ) -> torch.Tensor:
     """Global position of this rank's j-th local token, j = 0..num_local-1 (inverse of the slot map)."""
-    j = torch.arange(num_local)
+    j = torch.arange(num_local, device=device)
     vblk, lo = j // block_size, j % block_size
     off = (lo // interleave) * (dcp_size * interleave) + dcp_rank * interleave + lo % interleave
     return vblk * block_size * dcp_size + off
@@ -58,7 +58,12 @@ def local_index_positions(
 
 def local_slots(block_ids: torch.Tensor, num_local: int, block_size: int) -> torch.Tensor:
     """Physical slots of local tokens 0..num_local-1 for each request. block_ids: [R, max_blocks] -> [R, num_local]."""
-    j = torch.arange(num_local)
-    block = block_ids[:, (j // block_size).clamp(max=block_ids.shape[1] - 1)]
-    slots = block * block_size + j % block_size
-    return torch.where(block >= 0, slots, torch.full_like(slots, -1))
+    j = torch.arange(num_local, device=block_ids.device)
+    return slots_at(block_ids, (j // block_size).clamp(max=block_ids.shape[1] - 1), j % block_size, block_size)
+
+
+def slots_at(block_ids: torch.Tensor, column: torch.Tensor, offset: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Physical slots of the local tokens in block-table columns column [S] at offsets offset [S]: [R, S], -1 where
+    the block is not allocated."""
+    block = block_ids[:, column]
+    return torch.where(block >= 0, block * block_size + offset, -1)

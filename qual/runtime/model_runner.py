@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -12,11 +12,12 @@ from qual.runtime.config import EngineConfig
 from qual.runtime.geometry import blocks_needed
 from qual.runtime.kv_cache import KVCacheGroup
 from qual.runtime.models.base import DraftMeta, TargetMeta
-from qual.runtime.cache_views import StepShape, build_view, draft_mask
-from qual.runtime.paged import Geometry, KeyView, KVStore, StateStore, VectorStore, key_view, write_slots
+from qual.runtime.cache_views import StepShape, build_view, draft_mask, view_geometry, view_width
+from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorStore, key_view, write_slots
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
+from qual.runtime.step_args import StepArgs, Stager, context_rows
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -86,8 +87,13 @@ class ModelRunner:
         self.max_blocks = {g.name: blocks_needed(g.spec.entries(cfg.max_model_len), B, self.geometry[g.name].dcp_size)
                            for g in self.groups}
         self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
+        # The static widths' key indices, built once: graph steps then build only the step-dependent half of a view.
+        self.key_index = {g.name: KeyIndex.build(view_geometry(g.spec, self.geometry[g.name]), self.key_width[g.name],
+                                                 self.max_blocks[g.name], comm.device) for g in self.groups}
+        self._row_index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # P -> (rows, q_index) of a decode step
         mode = self.backend.compile_mode
         self.decode_fn = _compiled(self.decode_compute, mode) if mode else self.decode_compute
+        self.stager = Stager(comm.device)
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -124,26 +130,17 @@ class ModelRunner:
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.comm.device)
 
-    def _dev_view(self, view: KeyView) -> KeyView:
-        """What attention reads on the device (global positions stay host-side: masks are built there)."""
-        return KeyView(self._dev(view.slots), view.positions, self._dev(view.valid), self._dev(view.lengths))
-
-    def _target_meta(self, shape: StepShape, tables, width=None, dense=False) -> TargetMeta:
-        """Target metadata: one view per target cache group, by its kind (qual/runtime/cache_views.py)."""
+    def _target_meta(self, shape: StepShape, tables, widths: dict | None = None, static: bool = False,
+                     dense: bool = False) -> TargetMeta:
+        """Target metadata: one view per target cache group, by its kind (qual/runtime/cache_views.py), built where
+        shape and tables are. static: at the key widths of a full table (graph shapes); else at widths (by group)."""
         views = {}
         for name in self.target_groups:
-            view = build_view(self.groups_by_name[name].spec, self.geometry[name], shape, tables[name],
-                              lambda slots, n=name: self._route(n, slots), width[name] if width else None)
-            views[name] = self._dev_tree(view)
-        return TargetMeta(self._dev(shape.q_index), views, dense=dense)
-
-    def _dev_tree(self, view):
-        """A view's tensors on the device (a KeyView's global positions stay host-side: masks are built there)."""
-        if isinstance(view, KeyView):
-            return self._dev_view(view)
-        if is_dataclass(view):
-            return replace(view, **{f.name: self._dev_tree(getattr(view, f.name)) for f in fields(view)})
-        return self._dev(view) if isinstance(view, torch.Tensor) else view
+            width = self.key_width[name] if static else (widths or {}).get(name)
+            views[name] = build_view(self.groups_by_name[name].spec, self.geometry[name], shape, tables[name],
+                                     lambda slots, n=name: self._route(n, slots), width,
+                                     self.key_index[name] if static else None)
+        return TargetMeta(shape.q_index, views, dense=dense)
 
     @torch.inference_mode()
     def execute(self, step) -> StepOutput | None:
@@ -170,7 +167,7 @@ class ModelRunner:
 
     def _prefill_chunk(self, step: PrefillStep, idx: list[int]) -> torch.Tensor:
         prompts = [step.prompts[i] for i in idx]
-        tables = {name: t[idx] for name, t in step.tables.items()}
+        tables = {name: self._dev(t[idx]) for name, t in step.tables.items()}
         lens = [len(p) for p in prompts]
         tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lens])
@@ -178,14 +175,19 @@ class ModelRunner:
         starts = torch.tensor([0] + lens[:-1]).cumsum(0)
         q = torch.arange(max(lens))
         q_index = torch.where(q[None, :] < torch.tensor(lens)[:, None], starts[:, None] + q[None, :], torch.tensor(-1))
-        shape = StepShape(positions, rows, q_index, torch.tensor(lens), torch.zeros(len(lens), dtype=torch.long))
-        meta = self._target_meta(shape, tables)
-        hidden, aux = self.target.forward(self._dev(tokens), self._dev(positions), meta, self.stores)
-        last = self._dev(starts + torch.tensor(lens) - 1)
+        seq_lens = torch.tensor(lens)
+        last = starts + seq_lens - 1
+        widths = {name: view_width(self.groups_by_name[name].spec, self.geometry[name], seq_lens)
+                  for name in self.target_groups}
+        tokens, positions, rows, q_index, seq_lens, last = (self._dev(t) for t in (
+            tokens, positions, rows, q_index, seq_lens, last))
+        shape = StepShape(positions, rows, q_index, seq_lens, torch.zeros_like(seq_lens))
+        meta = self._target_meta(shape, tables, widths)
+        hidden, aux = self.target.forward(tokens, positions, meta, self.stores)
         if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
-            slots = {name: self._dev(self._route(name, write_slots(self.geometry[name], positions, rows, tables[name])))
+            slots = {name: self._route(name, write_slots(self.geometry[name], positions, rows, tables[name]))
                      for name in self.draft_groups}
-            self.drafter.write_context(aux, self._dev(positions), slots, self.stores, self.layer_slots)
+            self.drafter.write_context(aux, positions, slots, self.stores, self.layer_slots)
         # Only rank 0 samples: the other ranks skip the LM head.
         return self.target.logits(hidden[last]) if self.comm.rank == 0 else hidden.new_zeros(len(idx), 1)
 
@@ -193,89 +195,116 @@ class ModelRunner:
         R = len(step.req_ids)
         graphs = self.graphs.for_batch(R) if self.graphs else None
         if graphs:
-            inp = self.decode_inputs(step, pad_to=graphs.batch_size, static=True)
-        elif self.cfg.static_shapes:
-            inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length(), static=True)
-        else:
-            inp = self.decode_inputs(step)
-        self.phases.lap("inputs")
-        if graphs:
-            logits, drafts, aux = graphs.replay(inp)
+            args, feats = self.step_args(step, pad_to=graphs.batch_size, static=True)
+            self.phases.lap("inputs")
+            logits, drafts, aux, choices = graphs.replay(args, feats)
             self.phases.lap("graph")
-        elif self.cfg.static_shapes and self.decode_fn is not self.decode_compute:
-            logits, drafts, aux = self.decode_fn(inp)  # compiled code only for the fixed shapes: dynamic shapes
-            self.phases.lap("graph")  # would recompile at every new width
-        else:  # the same two halves decode_compute runs, timed apart
-            drafts = self.draft_compute(inp)
-            self.phases.lap("draft")
-            logits, drafts, aux = self.verify_compute(inp, drafts)
-            self.phases.lap("verify")
+        else:
+            static = self.cfg.static_shapes
+            inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length() if static else None, static=static)
+            self.phases.lap("inputs")
+            if static and self.decode_fn is not self.decode_compute:
+                logits, drafts, aux, choices = self.decode_fn(inp)  # compiled code only for the fixed shapes:
+                self.phases.lap("graph")  # dynamic shapes would recompile at every new width
+            else:  # the same two halves decode_compute runs, timed apart
+                drafts = self.draft_compute(inp)
+                self.phases.lap("draft")
+                logits, drafts, aux, choices = self.verify_compute(inp, drafts)
+                self.phases.lap("verify")
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()
         Q = 1 + self.K
-        if aux is not None:
-            for i, rid in enumerate(step.req_ids):  # clone: graph outputs are overwritten by the next replay
-                self.pending[rid] = aux[i * Q : (i + 1) * Q].clone()
+        if aux is not None:  # one clone for the batch: graph outputs are overwritten by the next replay
+            kept = aux[: R * Q].clone()
+            for i, rid in enumerate(step.req_ids):
+                self.pending[rid] = kept[i * Q : (i + 1) * Q]
         self.phases.lap("commit")
-        return StepOutput(logits[:R], None if drafts is None else drafts[:R])
+        return StepOutput(logits[:R], None if drafts is None else drafts[:R], None if choices is None else choices[:R])
 
-    def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
-        """Host-side metadata of one decode step, as device tensors.
+    def step_args(self, step: DecodeStep, pad_to: int | None = None, static: bool = False):
+        """The host-built part of a decode step: its per-request numbers and block tables (qual/runtime/step_args.py),
+        and the draft context features of the tokens accepted last step (already on the device).
 
-        pad_to adds dummy requests (nothing visible, writes to the trash slot); static fixes every
-        key width to the max_model_len bound: together they give the fixed shapes a CUDA graph needs.
+        pad_to adds dummy requests (nothing visible, writes to the trash slot); static fixes the tables' width and
+        the context rows (P * Q) to their max_model_len bounds: together the fixed shapes a CUDA graph needs.
         """
         R = len(step.req_ids)
         P = pad_to or R
         Q = 1 + self.K
-        pad = P - R
-        n = torch.tensor(step.num_committed + [1] * pad)
-        last = torch.tensor(step.last_tokens + [0] * pad, dtype=torch.long)
+        pad = [0] * (P - R)
+        numbers = torch.tensor([
+            step.last_tokens + pad,
+            step.num_committed + [1] * (P - R),
+            [n + self.K for n in step.num_committed] + pad,  # sequence length once this step's tokens are in
+            step.commit_counts + pad,
+            step.ctx_len + pad,
+        ], dtype=torch.long)
         tables = {name: _pad_rows(t, P, self.max_blocks[name] if static else None) for name, t in step.tables.items()}
-        positions = ((n - 1)[:, None] + torch.arange(Q)[None, :]).reshape(-1)
-        rows = torch.arange(P).repeat_interleave(Q)
-        q_index = torch.arange(P * Q).view(P, Q)
-        seq = torch.cat([n[:R] - 1 + Q, torch.zeros(pad, dtype=torch.long)])
-        commit = (torch.tensor(step.commit_counts + [0] * pad) - 1).clamp(min=0)  # state after the last accepted token
-        shape = StepShape(positions, rows, q_index, seq, commit)
-        target = self._target_meta(shape, tables, width=self.key_width if static else None, dense=True)
-        inp = DecodeInputs(self._dev(last), self._dev(positions), target)
+        counts = step.commit_counts
+        num_ctx = P * Q if static else sum(counts)
+        feats = None
+        if self.drafter is not None:
+            width = len(self.draft_cfg.target_layer_ids) * self.draft_cfg.layers.hidden_size
+            parts = [self.pending[rid][:c] for rid, c in zip(step.req_ids, counts) if c]
+            if num_ctx > sum(counts):  # static: fixed number of context rows, the extra ones write to the trash slot
+                parts.append(torch.zeros(num_ctx - sum(counts), width, dtype=self.target.dtype, device=self.comm.device))
+            feats = torch.cat(parts) if parts else torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)
+        return StepArgs(numbers, tables, num_ctx), feats
+
+    def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
+        """A decode step's inputs on the device: its step_args sent there, and the views built from them."""
+        args, feats = self.step_args(step, pad_to, static)
+        return self.build_inputs(self.stager.send(args), feats, static)
+
+    def build_inputs(self, args: StepArgs, feats: torch.Tensor | None, static: bool) -> DecodeInputs:
+        """Every slot, view and mask of a decode step from its StepArgs, where they are (captured into the CUDA
+        graph there: no host sync given static widths)."""
+        P, Q, dev = args.numbers.shape[1], 1 + self.K, args.numbers.device
+        n = args.number("num_committed")
+        rows, q_index = self._rows(P, dev)
+        positions = ((n - 1)[:, None] + q_index[0][None, :]).reshape(-1)
+        counts = args.number("commit_counts")
+        commit = (counts - 1).clamp(min=0)  # state after the last accepted token
+        shape = StepShape(positions, rows, q_index, args.number("seq_lens"), commit)
+        target = self._target_meta(shape, args.tables, static=static, dense=True)
+        inp = DecodeInputs(args.number("last_tokens"), positions, target)
         if self.drafter is None:
             return inp
-        counts = step.commit_counts
-        width = len(self.draft_cfg.target_layer_ids) * self.draft_cfg.layers.hidden_size
-        feats = torch.cat([self.pending[rid][:c] for rid, c in zip(step.req_ids, counts) if c]
-                          or [torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)])
-        ctx_pos = torch.cat([torch.arange(s, s + c) for s, c in zip(step.ctx_len, counts)])
-        ctx_rows = torch.arange(R).repeat_interleave(torch.tensor(counts))
-        if static:  # fixed number of context rows: R_pad * Q, extra rows write to the trash slot
-            extra = P * Q - feats.shape[0]
-            feats = torch.cat([feats, feats.new_zeros(extra, feats.shape[1])])
-            ctx_pos = torch.cat([ctx_pos, torch.zeros(extra, dtype=torch.long)])
-            ctx_rows = torch.cat([ctx_rows, torch.full((extra,), -1, dtype=torch.long)])
-        new_len = torch.tensor(step.ctx_len) + torch.tensor(counts)
-        new_len = torch.cat([new_len, torch.zeros(pad, dtype=torch.long)])
-        block_pos = new_len[:, None] + torch.arange(Q)[None, :]
+        ctx_len = args.number("ctx_len")
+        ctx_pos, ctx_rows = context_rows(counts, ctx_len, args.num_ctx)
+        new_len = ctx_len + counts
+        block_pos = new_len[:, None] + q_index[0][None, :]
         slots, views, masks = {}, {}, {}
         for name in self.draft_groups:
             g, spec = self.geometry[name], self.groups_by_name[name].spec
-            table = tables[name]
+            table = args.tables[name]
             w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
-            slots[name] = self._dev(self._route(name, torch.where(ctx_rows >= 0, w, torch.full_like(w, -1))))
+            slots[name] = self._route(name, torch.where(ctx_rows >= 0, w, -1))
             # sliding layers window each query token (vLLM); a draft_window on full layers starts at the block
             per_query = spec.attention == "sliding"
             start = None if spec.window is None or per_query else new_len - spec.window
-            view = key_view(g, table, new_len, start, width=self.key_width[name] if static else None)
-            masks[name] = self._dev(draft_mask(view, block_pos, spec.window if per_query else None, spec.causal))
-            views[name] = self._dev_view(view)
-        inp.draft = DraftMeta(self._dev(ctx_pos), slots, views, self._dev(block_pos), masks)
+            views[name] = view = key_view(g, table, new_len, start, index=self.key_index[name] if static else None)
+            masks[name] = draft_mask(view, block_pos, spec.window if per_query else None, spec.causal)
+        inp.draft = DraftMeta(ctx_pos, slots, views, block_pos, masks)
         inp.ctx_features = feats
         return inp
+
+    def _rows(self, P: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A P-request decode step's request row of each token [P*Q] and flat token index [P, Q] (kept per P; never
+        first made inside a graph capture, where a new tensor would hold values only once the graph replays)."""
+        if P in self._row_index:
+            return self._row_index[P]
+        Q = 1 + self.K
+        made = (torch.arange(P, device=device).repeat_interleave(Q), torch.arange(P * Q, device=device).view(P, Q))
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self._row_index[P] = made
+        return made
 
     def decode_compute(self, inp: DecodeInputs):
         """Device work of a decode step (what a CUDA graph captures): propose, then verify.
 
-        Returns logits [P, Q, V], proposals [P, K] (None without a drafter), aux features [P*Q, n*H].
+        Returns logits [P, Q, V], proposals [P, K] (None without a drafter), aux features [P*Q, n*H], and rank 0's
+        greedy choices (spec_decode.pack_choices; None on the other ranks).
         """
         return self.verify_compute(inp, self.draft_compute(inp))
 
@@ -287,12 +316,14 @@ class ModelRunner:
                                    self.mask_tokens, inp.draft, self.stores, self.layer_slots)
 
     def verify_compute(self, inp: DecodeInputs, drafts: torch.Tensor | None):
-        """The target over [last, drafts]: logits [P, Q, V], the proposals again, aux features [P*Q, n*H]."""
+        """The target over [last, drafts]: logits [P, Q, V], the proposals again, aux features [P*Q, n*H], choices."""
         P = inp.last_tokens.shape[0]
         tokens = spec_decode.verify_tokens(inp.last_tokens, drafts)
         hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores)
-        logits = self.target.logits(hidden).view(P, tokens.shape[1], -1) if self.comm.rank == 0 else hidden[:P]
-        return logits, drafts, aux
+        if self.comm.rank != 0:  # only rank 0 chooses: the other ranks skip the LM head
+            return hidden[:P], drafts, aux, None
+        logits = self.target.logits(hidden).view(P, tokens.shape[1], -1)
+        return logits, drafts, aux, spec_decode.pack_choices(logits, drafts)
 
 
 def _compiled(fn, mode: str):

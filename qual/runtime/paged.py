@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qual.runtime.geometry import local_index_positions, local_seq_len, local_slots, slot_mapping
+from qual.runtime.geometry import local_index_positions, local_seq_len, slot_mapping, slots_at
 
 
 @dataclass
@@ -39,18 +39,40 @@ def write_slots(geo: Geometry, positions: torch.Tensor, rows: torch.Tensor, bloc
     return slot_mapping(positions, block_table[rows], geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave)
 
 
+@dataclass(frozen=True)
+class KeyIndex:
+    """The step-independent half of a key view of width S on this rank (local token j = 0..S-1): where each local
+    token lies in the block table and its global position. A fixed width (graph shapes) builds it once."""
+
+    j: torch.Tensor  # [S]
+    positions: torch.Tensor  # [S] global position of local token j
+    column: torch.Tensor  # [S] its block-table column (clamped to the table's width)
+    offset: torch.Tensor  # [S] its offset in that block
+
+    @classmethod
+    def build(cls, geo: Geometry, width: int, max_blocks: int, device=None) -> "KeyIndex":
+        j = torch.arange(width, device=device)
+        positions = local_index_positions(width, geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave, device)
+        return cls(j, positions, (j // geo.block_size).clamp(max=max_blocks - 1), j % geo.block_size)
+
+
 def key_view(
-    geo: Geometry, block_table: torch.Tensor, seq_lens: torch.Tensor, window_start: torch.Tensor | None = None, width: int | None = None
+    geo: Geometry, block_table: torch.Tensor, seq_lens: torch.Tensor, window_start: torch.Tensor | None = None,
+    width: int | None = None, index: KeyIndex | None = None,
 ) -> KeyView:
     """Keys at global positions < seq_lens [R] held by this rank (positions >= window_start where given).
 
-    width fixes the key dimension S (static shapes for CUDA graphs); default: the longest local sequence.
+    width fixes the key dimension S (static shapes for CUDA graphs), index gives that width's KeyIndex built
+    beforehand; default: the longest local sequence.
     """
     local = local_seq_len(seq_lens, geo.dcp_size, geo.dcp_rank, geo.interleave)
-    S = width or max(int(local.max().item()) if local.numel() else 0, 1)
-    slots = local_slots(block_table, S, geo.block_size)
-    pos = local_index_positions(S, geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave).expand(len(seq_lens), S)
-    valid = (torch.arange(S)[None, :] < local[:, None]) & (slots >= 0)
+    if index is None:
+        S = width or max(int(local.max().item()) if local.numel() else 0, 1)
+        index = KeyIndex.build(geo, S, block_table.shape[1], block_table.device)
+    S = index.j.shape[0]
+    slots = slots_at(block_table, index.column, index.offset, geo.block_size)
+    pos = index.positions.expand(len(seq_lens), S)
+    valid = (index.j[None, :] < local[:, None]) & (slots >= 0)
     if window_start is not None:
         valid &= pos >= window_start[:, None]
     return KeyView(slots.clamp(min=0), pos, valid, local.clamp(max=S).to(torch.int32))
@@ -78,7 +100,7 @@ class KVStore:
 
     def route(self, slots: torch.Tensor) -> torch.Tensor:
         """Slots as write() takes them: -1 (not stored here) goes to the trash slot."""
-        return torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
+        return torch.where(slots >= 0, slots, self.trash)
 
     def write(self, layer: int, routed: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, kv_heads, D] into slots `routed` (see route(); done once per step, not per layer)."""
@@ -104,7 +126,7 @@ class VectorStore:
         self.layers = list(self.all.unbind(0))
 
     def route(self, slots: torch.Tensor) -> torch.Tensor:
-        return torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
+        return torch.where(slots >= 0, slots, self.trash)
 
     def write(self, layer: int, routed: torch.Tensor, x: torch.Tensor) -> None:
         """x [T, width] into slots `routed`."""
@@ -131,7 +153,7 @@ class StateStore:
                       for name, (shape, dtype) in parts.items()}
 
     def route(self, slots: torch.Tensor) -> torch.Tensor:
-        return torch.where(slots >= 0, slots, torch.full_like(slots, self.trash))
+        return torch.where(slots >= 0, slots, self.trash)
 
     def read(self, layer: int, slots: torch.Tensor, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """The state after position index[r] of the last step, for request slots [R] -> {part: [R, *shape]}."""

@@ -27,7 +27,7 @@ def choose_tokens(logits: torch.Tensor, temperature: float, seed: int, request_k
     return out
 
 
-def top2_margins(logits: torch.Tensor) -> list:
-    """Top-1 minus top-2 logit per row of [..., V] (small = near tie), as nested lists."""
+def top2_margins(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 logit per row of [..., V] (small = near tie), float32."""
     top = logits.topk(2, dim=-1).values.float()
-    return (top[..., 0] - top[..., 1]).tolist()
+    return top[..., 0] - top[..., 1]

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from qual.runtime.sampling import top2_margins
+
 
 def propose(drafter, target, comm, k: int, ctx_features, last_tokens: torch.Tensor, mask_token: torch.Tensor, meta,
             stores, layer_slots) -> torch.Tensor:
@@ -49,6 +51,24 @@ def candidate_walk(candidates: torch.Tensor, scores: torch.Tensor) -> torch.Tens
 def verify_tokens(last_tokens: torch.Tensor, drafts: torch.Tensor | None) -> torch.Tensor:
     """The target's input of a step, [P, Q]: [last, d1..dK] (Q = K + 1), or [last] without a drafter."""
     return last_tokens[:, None] if drafts is None else torch.cat([last_tokens[:, None], drafts], dim=1)
+
+
+def pack_choices(logits: torch.Tensor, drafts: torch.Tensor | None) -> torch.Tensor:
+    """Greedy tokens, top-2 margins and proposals of a step, [P, 2Q + K] float64, computed where the logits are so
+    that one copy brings them to the host (unpack_choices). float64 holds token ids and float32 margins exactly."""
+    parts = [logits.argmax(dim=-1).double(), top2_margins(logits).double()]
+    if drafts is not None:
+        parts.append(drafts.double())
+    return torch.cat(parts, dim=1)
+
+
+def unpack_choices(host: torch.Tensor, q: int) -> tuple[list, list, list | None]:
+    """(tokens [R][Q], margins [R][Q], proposals [R][K] or None) from pack_choices' [R, 2Q + K] on the host."""
+    rows = host.tolist()
+    tokens = [[int(x) for x in row[:q]] for row in rows]
+    margins = [row[q : 2 * q] for row in rows]
+    proposals = [[int(x) for x in row[2 * q :]] for row in rows] if host.shape[1] > 2 * q else None
+    return tokens, margins, proposals
 
 
 def accept(drafts: list[int], targets: list[int]) -> int:

@@ -36,3 +36,4 @@ class StepOutput:
 
     logits: torch.Tensor  # prefill: [R, V]; plain decode: [R, 1, V]; spec decode: [R, K+1, V]
     draft_tokens: torch.Tensor | None = None  # [R, K]
+    choices: torch.Tensor | None = None  # decode: greedy tokens, margins and proposals in one [R, 2Q + K] (pack_choices)

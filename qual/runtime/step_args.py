@@ -1,0 +1,102 @@
+"""A decode step's per-request numbers, the only host-built input of the step, and their trip to the device.
+
+Every slot, key view and mask of a decode step is a function of a few integers per request (last token, committed
+length, sequence length, accepted count, draft context length) and the block tables. The host builds just those
+([P]-sized, plus the tables [P, blocks]); the views are built from them where they land (model_runner's
+`build_inputs`), on the device inside the CUDA graph for graph steps. The host's work per step is then O(P), not
+O(P * key width), and the numbers cross in one copy from page-locked memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# The [P] rows of StepArgs.numbers, in order.
+NUMBERS = ("last_tokens", "num_committed", "seq_lens", "commit_counts", "ctx_len")
+
+
+@dataclass
+class StepArgs:
+    """numbers [5, P] int64 (NUMBERS), tables {group: [P, blocks]} int64; num_ctx: draft context rows (static: P*Q)."""
+
+    numbers: torch.Tensor
+    tables: dict[str, torch.Tensor]
+    num_ctx: int
+
+    def number(self, name: str) -> torch.Tensor:
+        """One row of numbers, [P]."""
+        return self.numbers[NUMBERS.index(name)]
+
+    def leaves(self) -> list[torch.Tensor]:
+        """The tensors in a fixed order: numbers, then the tables by group name."""
+        return [self.numbers] + [self.tables[k] for k in sorted(self.tables)]
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel() for t in self.leaves())
+
+
+def context_rows(counts: torch.Tensor, ctx_len: torch.Tensor, num_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position and request row of each of num_ctx draft context rows: request i's counts[i] accepted tokens, at
+    positions ctx_len[i].., packed request after request; rows past the total are padding (position 0, row -1).
+
+    Row r belongs to the request whose running count first exceeds r: a search, not a host loop, so that it runs
+    on the device inside a graph.
+    """
+    ends = counts.cumsum(0)
+    r = torch.arange(num_ctx, device=counts.device)
+    owner = torch.searchsorted(ends, r, right=True)
+    real = owner < counts.shape[0]
+    owner = owner.clamp(max=counts.shape[0] - 1)
+    positions = torch.where(real, ctx_len[owner] + r - (ends - counts)[owner], 0)
+    return positions, torch.where(real, owner, -1)
+
+
+def flat_views(flat: torch.Tensor, like: StepArgs) -> StepArgs:
+    """A StepArgs of like's shapes whose tensors are views of the int64 buffer flat (leaves() order)."""
+    views, at = [], 0
+    for t in like.leaves():
+        views.append(flat[at : at + t.numel()].view(t.shape))
+        at += t.numel()
+    names = sorted(like.tables)
+    return StepArgs(views[0], dict(zip(names, views[1:])), like.num_ctx)
+
+
+class Stager:
+    """StepArgs to the device in one host-to-device copy.
+
+    On CUDA the host packs the leaves into a page-locked buffer and copies it without blocking. Before the buffer
+    is packed again the host waits for the event of its last copy: a step's copy may not have left yet when the
+    host builds the next (the prefill between two decode steps never waits on the device). On the CPU the
+    arguments already are where the step reads them.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._host: torch.Tensor | None = None
+        self._event = torch.cuda.Event() if self.cuda else None
+        self._pending = False
+
+    def send(self, args: StepArgs, into: torch.Tensor | None = None) -> StepArgs:
+        """args on the device: in `into` (an int64 device buffer of args.numel, a graph's static inputs) or a new one."""
+        if not self.cuda:
+            if into is None:
+                return args
+            torch.cat([t.reshape(-1) for t in args.leaves()], out=into)
+            return flat_views(into, args)
+        n = args.numel
+        if self._pending:
+            self._event.synchronize()  # the last copy out of the page-locked buffer has finished
+        if self._host is None or self._host.numel() < n:
+            self._host = torch.empty(max(n, 2 * (0 if self._host is None else self._host.numel()), 1024),
+                                     dtype=torch.long, pin_memory=True)
+        host = self._host[:n]
+        torch.cat([t.reshape(-1) for t in args.leaves()], out=host)
+        flat = into if into is not None else torch.empty(n, dtype=torch.long, device=self.device)
+        flat.copy_(host, non_blocking=True)
+        self._event.record()
+        self._pending = True
+        return flat_views(flat, args)

@@ -1,0 +1,49 @@
+"""A decode step's host-built numbers (qual/runtime/step_args.py) and its one-copy readback (spec_decode)."""
+
+import torch
+
+from qual.runtime.sampling import top2_margins
+from qual.runtime.spec_decode import pack_choices, unpack_choices
+from qual.runtime.step_args import StepArgs, Stager, context_rows, flat_views
+
+
+def test_context_rows_pack_each_requests_accepted_tokens_in_order():
+    g = torch.Generator().manual_seed(0)
+    for P, Q in [(1, 8), (5, 4), (16, 8)]:
+        for _ in range(20):
+            counts = torch.randint(0, Q + 1, (P,), generator=g)
+            ctx_len = torch.randint(0, 300, (P,), generator=g)
+            for num_ctx in (int(counts.sum()), P * Q):  # as eager steps pack them, and padded (graphs)
+                pos, rows = context_rows(counts, ctx_len, num_ctx)
+                want_pos = [int(s) + j for s, c in zip(ctx_len, counts) for j in range(int(c))]
+                want_rows = [i for i, c in enumerate(counts) for _ in range(int(c))]
+                pad = num_ctx - len(want_pos)
+                assert pos.tolist() == want_pos + [0] * pad
+                assert rows.tolist() == want_rows + [-1] * pad
+
+
+def test_flat_views_and_the_cpu_stager_keep_every_number():
+    numbers = torch.arange(15).view(5, 3)
+    tables = {"target": torch.tensor([[4, 5], [6, -1], [-1, -1]]), "draft": torch.tensor([[1], [2], [3]])}
+    args = StepArgs(numbers, tables, num_ctx=7)
+    stager = Stager(torch.device("cpu"))
+    assert stager.send(args) is args  # on the CPU the numbers already are where the step reads them
+    flat = torch.empty(args.numel, dtype=torch.long)
+    got = stager.send(args, into=flat)  # a graph's static inputs: one flat buffer, refilled in place
+    assert torch.equal(got.numbers, numbers) and got.num_ctx == 7
+    assert all(torch.equal(got.tables[k], tables[k]) for k in tables)
+    assert got.numbers.data_ptr() == flat.data_ptr()
+    again = flat_views(flat, args)
+    assert torch.equal(again.number("commit_counts"), numbers[3])
+
+
+def test_packed_choices_are_the_greedy_tokens_margins_and_proposals():
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        logits = torch.randn(3, 4, 50, generator=g).to(dtype)
+        drafts = torch.randint(0, 50, (3, 3), generator=g)
+        tokens, margins, proposals = unpack_choices(pack_choices(logits, drafts), 4)
+        assert tokens == logits.argmax(dim=-1).tolist()
+        assert margins == top2_margins(logits).tolist()  # float32 values, exactly
+        assert proposals == drafts.tolist()
+        assert unpack_choices(pack_choices(logits, None), 4)[2] is None
