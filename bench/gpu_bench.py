@@ -96,12 +96,14 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
                            for i in range(batch)]
         sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
         engine.generate(reqs, sp)  # warm-up
+        ahead = engine.steps_ahead
         torch.cuda.synchronize()
         t = time.perf_counter()
         out = engine.generate(reqs, sp)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
         phases = engine.phase_times()
+        phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
         rec = engine.graph_capture()
         graphs = engine.runner.graphs
         step_s = replay_seconds(graphs.graphs[batch].graph) if graphs and batch in graphs.graphs else None
@@ -177,14 +179,15 @@ def end_to_end_rows(res: dict):
 def print_end_to_end(res: dict) -> None:
     """End to end against the graph-replay bound, and the host's time per decode step by phase."""
     print(f"{'model':32s} {'mode':>5s} {'batch':>5s} {'e2e tok/s':>10s} {'step ms':>8s} {'tok/step':>8s} "
-          f"{'bound':>8s} {'e2e/bound':>9s}  host ms per decode step by phase")
+          f"{'bound':>8s} {'e2e/bound':>9s} {'ahead':>6s}  host ms per decode step by phase")
     for name, mode, batch, o in end_to_end_rows(res):
         st, bound = o["graph_step_s"], o["bound_tokens_per_s"]
         ms = o["phase_times"]["ms_per_step"]
         phases = " ".join(f"{p} {v:.3f}" for p, v in ms.items() if v >= 0.0005)
         print(f"{name:32s} {mode:>5s} {batch:5d} {o['tokens_per_s']:10.0f} {1e3 * st if st else float('nan'):8.3f} "
               f"{o['tokens_per_decode_step']:8.2f} {bound or float('nan'):8.0f} "
-              f"{100 * o['tokens_per_s'] / bound if bound else float('nan'):8.1f}%  {phases}")
+              f"{100 * o['tokens_per_s'] / bound if bound else float('nan'):8.1f}% "
+              f"{o['phase_times']['steps_ahead'] / max(1, o['phase_times']['decode_steps']):6.0%}  {phases}")
 
 
 def main() -> int:

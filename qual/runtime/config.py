@@ -96,6 +96,10 @@ class EngineConfig:
     # "union" = each rank's local top-k, unioned (cheaper in the field; another attended set)
     dsa_topk: str = "exact"
     phase_times: bool = False  # rank 0 times the host phases of generate (LLMEngine.phase_times); off: no-op laps
+    # Greedy decode steps of an unchanged batch are launched before the last one's results are read, the device
+    # advancing the step's inputs itself (docs/PERFORMANCE.md). Taken where decode runs at static shapes on one
+    # rank (CUDA graphs, or static_shapes); elsewhere every step waits for the one before (LLMEngine.async_decode).
+    async_decode: bool = True
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from qual.runtime import spec_decode
 from qual.runtime.config import DEFAULT_SIZES
 
 
@@ -22,12 +23,13 @@ class _Graph:
         self.batch_size, self.graph, self.flat, self.feats, self.outputs = batch_size, graph, flat, feats, outputs
         self.stager = stager
 
-    def replay(self, args, feats):
-        """Refill the static inputs (one host-to-device copy and one device copy) and replay."""
+    def replay(self, args, feats, advanced: bool = False):
+        """Refill the static inputs (one host-to-device copy and one device copy) and replay. advanced: the graph's
+        last replay advanced its numbers and draft context itself (async decode): only the tables are sent."""
         if args.numel != self.flat.numel():
             raise ValueError(f"step arguments of {args.numel} numbers for a graph captured with {self.flat.numel()}")
-        self.stager.send(args, into=self.flat)
-        if feats is not None:
+        self.stager.send(args, into=self.flat, tables_only=advanced)
+        if feats is not None and not advanced:
             self.feats.copy_(feats, non_blocking=True)
         self.graph.replay()
         return self.outputs
@@ -97,14 +99,17 @@ class DecodeGraphs:
     def _capture_one(self, bs: int, pool) -> _Graph:
         runner = self.runner
         step, ids = self._dummy_step(bs)
-        args, feats = runner.step_args(step, pad_to=bs, static=True)
+        host, feats = runner.step_args(step, pad_to=bs, static=True)
         for rid in ids:
             runner.pending.pop(rid, None)
-        flat = torch.empty(args.numel, dtype=torch.long, device=runner.comm.device)
-        args = runner.stager.send(args, into=flat)
+        flat = torch.empty(host.numel, dtype=torch.long, device=runner.comm.device)
+        args = runner.stager.send(host, into=flat)
 
-        def step_fn():  # the views from the arguments, then draft + verify: all of it replays
-            return runner.decode_fn(runner.build_inputs(args, feats, static=True))
+        def step_fn():  # the views from the arguments, draft + verify, and (async decode) the next step's inputs
+            out = runner.decode_fn(runner.build_inputs(args, feats, static=True))
+            if runner.async_decode:
+                spec_decode.advance(args, out[3], out[2], feats, runner.K)
+            return out
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -112,6 +117,7 @@ class DecodeGraphs:
             for _ in range(2):  # warm-up: allocator, cuBLAS handles, NCCL communicators
                 step_fn()
         torch.cuda.current_stream().wait_stream(stream)
+        runner.stager.send(host, into=flat)  # the dummy numbers again: async decode advanced them
         self._quiesce()
         graph = torch.cuda.CUDAGraph()
         # With peers, c10d's NCCL watchdog thread queries events while we capture;
@@ -145,6 +151,10 @@ class DecodeGraphs:
             g.graph.reset()
         self.graphs.clear()
         torch.cuda.synchronize()
+
+    def holds(self, batch_size: int) -> bool:
+        """Whether a captured graph holds batch_size requests (nothing counted)."""
+        return any(s >= batch_size for s in self.graphs)
 
     def for_batch(self, batch_size: int) -> _Graph | None:
         """The smallest captured graph that holds batch_size requests (None: run eagerly)."""

@@ -141,7 +141,11 @@ class LLMEngine:
             raise EngineError(f"engine start failed: {exc}") from exc
         self.K = self.runner.K
         self.phases = self.runner.phases = PhaseTimer() if cfg.phase_times else OFF
-        self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, self.K + 1)
+        self.async_decode = self.runner.async_decode  # greedy steps launched ahead (_decode)
+        self.steps_ahead = 0  # decode steps launched before the last one's results were read
+        # Tokens written past the committed length: the verify block, and with async decode the step launched ahead.
+        lookahead = (self.K + 1) * (2 if self.async_decode else 1)
+        self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, lookahead)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
         self.eos = frozenset(eos if isinstance(eos, (tuple, list)) else ([] if eos is None else [eos]))
@@ -324,7 +328,7 @@ class LLMEngine:
                 for s in admitted:
                     (finish if s.finish_reason else running.append)(s)
             if running:
-                self._decode(running, sampling)
+                self._decode(running, sampling, waiting)
                 for s in [s for s in running if s.finish_reason]:
                     running.remove(s)
                     finish(s)
@@ -368,21 +372,58 @@ class LLMEngine:
         return [choose_tokens(host[i], sampling.temperature, sampling.seed, s.req.id, n)
                 for i, (s, n) in enumerate(zip(seqs, first_positions))], margins
 
-    def _decode(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
+    def _decode(self, seqs: list[_Seq], sampling: SamplingParams, waiting: deque) -> None:
+        """Decode steps of one batch: one step, or with async decode a run of them, each launched before the results
+        of the one before are read, so that the host's commit and the next launch overlap the device's step.
+
+        Launching ahead needs a batch that cannot change before the next step (full, or nothing waiting), greedy
+        choices (the device accepts: spec_decode.advance) and room inside every request's reservation. A request
+        that finishes is known one step late: the step launched meanwhile is read for the others, and its rows for
+        the finished one are dropped.
+        """
+        ahead = (sampling.temperature == 0 and self.runner.can_advance(len(seqs))
+                 and (not waiting or len(seqs) >= self.cfg.max_num_seqs))
+        out = self._launch(seqs)
+        while True:
+            nxt = self._launch(seqs, advanced=True) if ahead and self._fits_ahead(seqs) else None
+            self._commit(seqs, out, sampling)
+            if nxt is None:
+                return
+            if any(s.finish_reason for s in seqs):
+                self._commit(seqs, nxt, sampling)
+                return
+            out = nxt
+
+    def _fits_ahead(self, seqs: list[_Seq]) -> bool:
+        """Whether a step launched before the last one is read stays inside every request's reservation (admitted
+        at prompt + max_tokens + K + 1 tokens): it writes up to K + 1 positions past that step's."""
+        return all(s.num_committed + self.K <= len(s.req.prompt_token_ids) + s.max_tokens for s in seqs)
+
+    def _launch(self, seqs: list[_Seq], advanced: bool = False):
+        """Send one decode step of seqs. advanced: launched before the last step's results were read; the device
+        advanced that step's inputs, and each request's blocks cover the longest it can have grown to."""
+        reach = 2 * self.K + 1 if advanced else self.K  # positions written past the committed length
+        self.steps_ahead += advanced
         for s in seqs:
-            self.cache.ensure(s.req.id, s.num_committed + self.K)
+            self.cache.ensure(s.req.id, s.num_committed + reach)
         step = DecodeStep(
             [s.req.id for s in seqs], [s.output[-1] for s in seqs], [s.num_committed for s in seqs],
-            [s.ctx_len for s in seqs], [s.pending_commit for s in seqs], self._tables(seqs),
+            [s.ctx_len for s in seqs], [s.pending_commit for s in seqs], self._tables(seqs), advanced=advanced,
         )
         self.phases.lap("schedule")
-        out = self._step(step)
+        return self._step(step)
+
+    def _commit(self, seqs: list[_Seq], out, sampling: SamplingParams) -> None:
+        """Read one step's results and commit them: acceptance, tokens, the next step's draft context. Requests
+        that finished before this step's results were read (async decode) are left as they are."""
         # Greedy: the step's tokens, margins and proposals cross to the host in one copy (pack_choices).
-        chosen, margins_all, drafts = unpack_choices(out.choices.cpu(), self.K + 1)
+        chosen, margins_all, drafts = unpack_choices(out.choices.wait(), self.K + 1)
         if sampling.temperature > 0:
             chosen = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)[0]
         self.phases.lap("readback")
         for i, s in enumerate(seqs):
+            if s.finish_reason:
+                continue
             n = s.num_committed
             targets, margins = chosen[i], margins_all[i]
             if drafts is None:

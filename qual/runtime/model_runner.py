@@ -17,7 +17,7 @@ from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorSt
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import StepArgs, Stager, context_rows
+from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -94,6 +94,11 @@ class ModelRunner:
         mode = self.backend.compile_mode
         self.decode_fn = _compiled(self.decode_compute, mode) if mode else self.decode_compute
         self.stager = Stager(comm.device)
+        self.readback = Readback(comm.device)
+        # One rank: the proposals' agreement with the target's choices (rank 0's alone) is known where the step ran.
+        static = cfg.static_shapes or bool(cfg.cuda_graph_sizes and comm.device.type == "cuda")
+        self.async_decode = cfg.async_decode and static and comm.tp_size == 1
+        self._static_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # P -> (numbers, feats)
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -193,15 +198,22 @@ class ModelRunner:
 
     def _decode(self, step: DecodeStep) -> StepOutput:
         R = len(step.req_ids)
-        graphs = self.graphs.for_batch(R) if self.graphs else None
-        if graphs:
-            args, feats = self.step_args(step, pad_to=graphs.batch_size, static=True)
+        graph = self.graphs.for_batch(R) if self.graphs else None
+        static = graph is not None or self.cfg.static_shapes
+        if step.advanced and not (static and self.async_decode):
+            raise ValueError("an advanced decode step needs async decode at static shapes")
+        if graph:
+            args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
             self.phases.lap("inputs")
-            logits, drafts, aux, choices = graphs.replay(args, feats)
+            logits, drafts, aux, choices = graph.replay(args, feats, step.advanced)
             self.phases.lap("graph")
         else:
-            static = self.cfg.static_shapes
-            inp = self.decode_inputs(step, pad_to=1 << (R - 1).bit_length() if static else None, static=static)
+            if static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
+                P = 1 << (R - 1).bit_length()
+                args, feats = self._load_static(*self.step_args(step, P, static=True), step.advanced)
+                inp = self.build_inputs(args, feats, static=True)
+            else:
+                inp = self.decode_inputs(step)
             self.phases.lap("inputs")
             if static and self.decode_fn is not self.decode_compute:
                 logits, drafts, aux, choices = self.decode_fn(inp)  # compiled code only for the fixed shapes:
@@ -211,6 +223,8 @@ class ModelRunner:
                 self.phases.lap("draft")
                 logits, drafts, aux, choices = self.verify_compute(inp, drafts)
                 self.phases.lap("verify")
+            if static and self.async_decode:
+                spec_decode.advance(args, choices, aux, feats, self.K)
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()
         Q = 1 + self.K
@@ -218,8 +232,26 @@ class ModelRunner:
             kept = aux[: R * Q].clone()
             for i, rid in enumerate(step.req_ids):
                 self.pending[rid] = kept[i * Q : (i + 1) * Q]
+        # Started now, read when the engine commits the step: with async decode, after the next step is launched
+        read = self.readback.start(choices[:R]) if choices is not None else None
         self.phases.lap("commit")
-        return StepOutput(logits[:R], None if drafts is None else drafts[:R], None if choices is None else choices[:R])
+        return StepOutput(logits[:R], None if drafts is None else drafts[:R], read)
+
+    def can_advance(self, batch_size: int) -> bool:
+        """Whether a decode step of batch_size requests can be launched ahead (async decode): it runs at static
+        shapes, from a graph or eagerly."""
+        return self.async_decode and (self.cfg.static_shapes or (self.graphs is not None and self.graphs.holds(batch_size)))
+
+    def _load_static(self, args: StepArgs, feats, advanced: bool) -> tuple[StepArgs, torch.Tensor | None]:
+        """A static-shape eager step's inputs in buffers kept per padded size, as a graph keeps its own: an advanced
+        step refills only the tables."""
+        if args.numel not in self._static_inputs:
+            self._static_inputs[args.numel] = (torch.empty(args.numel, dtype=torch.long, device=self.comm.device),
+                                               None if feats is None else torch.empty_like(feats))
+        flat, kept = self._static_inputs[args.numel]
+        if kept is not None and not advanced:
+            kept.copy_(feats)
+        return self.stager.send(args, into=flat, tables_only=advanced), kept
 
     def step_args(self, step: DecodeStep, pad_to: int | None = None, static: bool = False):
         """The host-built part of a decode step: its per-request numbers and block tables (qual/runtime/step_args.py),
@@ -243,7 +275,7 @@ class ModelRunner:
         counts = step.commit_counts
         num_ctx = P * Q if static else sum(counts)
         feats = None
-        if self.drafter is not None:
+        if self.drafter is not None and not step.advanced:  # an advanced step's context is on the device already
             width = len(self.draft_cfg.target_layer_ids) * self.draft_cfg.layers.hidden_size
             parts = [self.pending[rid][:c] for rid, c in zip(step.req_ids, counts) if c]
             if num_ctx > sum(counts):  # static: fixed number of context rows, the extra ones write to the trash slot

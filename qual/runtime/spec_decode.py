@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qual.runtime.sampling import top2_margins
+from qual.runtime.step_args import context_sources
 
 
 def propose(drafter, target, comm, k: int, ctx_features, last_tokens: torch.Tensor, mask_token: torch.Tensor, meta,
@@ -69,6 +70,34 @@ def unpack_choices(host: torch.Tensor, q: int) -> tuple[list, list, list | None]
     margins = [row[q : 2 * q] for row in rows]
     proposals = [[int(x) for x in row[2 * q :]] for row in rows] if host.shape[1] > 2 * q else None
     return tokens, margins, proposals
+
+
+def advance(args, choices: torch.Tensor, aux: torch.Tensor | None, feats: torch.Tensor | None, k: int) -> None:
+    """The next decode step's inputs from this one's results, in place and on the device (async decode): what the
+    host would send after committing the step with accept(), for requests that go on.
+
+    args: the step's StepArgs (its numbers are overwritten); choices: pack_choices' [P, 2Q + K]; aux [P*Q, n*H]
+    and feats [num_ctx, n*H]: the accepted tokens' aux features become the next step's draft context, packed
+    request after request as the host packs them (context_rows). Pad rows (sequence length 0) stay pad rows.
+    """
+    q = k + 1
+    tokens = choices[:, :q].long()  # [P, Q]
+    if k:
+        agree = (choices[:, 2 * q :].long() == tokens[:, :k]).long()  # proposal j equals the target's choice j
+        accepted = agree.cumprod(dim=1).sum(dim=1)  # [P] the longest agreeing prefix
+    else:
+        accepted = torch.zeros_like(tokens[:, 0])
+    last, committed, seq_lens, counts, ctx_len = args.numbers.unbind(0)
+    real = seq_lens > 0
+    new_committed = committed + accepted + 1
+    # Without a drafter there is no draft context to commit: those two rows stay as the host sends them.
+    nxt = torch.stack([tokens.gather(1, accepted[:, None]).squeeze(1), new_committed, new_committed + k,
+                       accepted + 1 if k else counts, ctx_len + counts if k else ctx_len])
+    new_counts = torch.where(real, accepted + 1, 0)
+    if feats is not None:
+        rows, offset = context_sources(new_counts, feats.shape[0])
+        feats.copy_(torch.where((rows >= 0)[:, None], aux[rows.clamp(min=0) * q + offset], 0))
+    args.numbers.copy_(torch.where(real, nxt, args.numbers))
 
 
 def accept(drafts: list[int], targets: list[int]) -> int:

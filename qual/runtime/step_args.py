@@ -45,13 +45,20 @@ def context_rows(counts: torch.Tensor, ctx_len: torch.Tensor, num_ctx: int) -> t
     Row r belongs to the request whose running count first exceeds r: a search, not a host loop, so that it runs
     on the device inside a graph.
     """
+    rows, offset = context_sources(counts, num_ctx)
+    real = rows >= 0
+    return torch.where(real, ctx_len[rows.clamp(min=0)] + offset, 0), rows
+
+
+def context_sources(counts: torch.Tensor, num_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of num_ctx packed context rows: its request (-1: padding) and its index among that request's
+    counts[i] tokens. Row r belongs to the request whose running count first exceeds r."""
     ends = counts.cumsum(0)
     r = torch.arange(num_ctx, device=counts.device)
     owner = torch.searchsorted(ends, r, right=True)
     real = owner < counts.shape[0]
     owner = owner.clamp(max=counts.shape[0] - 1)
-    positions = torch.where(real, ctx_len[owner] + r - (ends - counts)[owner], 0)
-    return positions, torch.where(real, owner, -1)
+    return torch.where(real, owner, -1), torch.where(real, r - (ends - counts)[owner], 0)
 
 
 def flat_views(flat: torch.Tensor, like: StepArgs) -> StepArgs:
@@ -80,23 +87,66 @@ class Stager:
         self._event = torch.cuda.Event() if self.cuda else None
         self._pending = False
 
-    def send(self, args: StepArgs, into: torch.Tensor | None = None) -> StepArgs:
-        """args on the device: in `into` (an int64 device buffer of args.numel, a graph's static inputs) or a new one."""
+    def send(self, args: StepArgs, into: torch.Tensor | None = None, tables_only: bool = False) -> StepArgs:
+        """args on the device: in `into` (an int64 device buffer of args.numel, a graph's static inputs) or a new one.
+
+        tables_only: refill only the tables of `into`; its numbers stay as the device advanced them (async decode).
+        """
+        leaves = args.leaves()[1:] if tables_only else args.leaves()
+        skip = args.numbers.numel() if tables_only else 0
+        n = args.numel - skip
         if not self.cuda:
             if into is None:
                 return args
-            torch.cat([t.reshape(-1) for t in args.leaves()], out=into)
+            torch.cat([t.reshape(-1) for t in leaves], out=into[skip:])
             return flat_views(into, args)
-        n = args.numel
         if self._pending:
             self._event.synchronize()  # the last copy out of the page-locked buffer has finished
         if self._host is None or self._host.numel() < n:
             self._host = torch.empty(max(n, 2 * (0 if self._host is None else self._host.numel()), 1024),
                                      dtype=torch.long, pin_memory=True)
         host = self._host[:n]
-        torch.cat([t.reshape(-1) for t in args.leaves()], out=host)
-        flat = into if into is not None else torch.empty(n, dtype=torch.long, device=self.device)
-        flat.copy_(host, non_blocking=True)
+        torch.cat([t.reshape(-1) for t in leaves], out=host)
+        flat = into if into is not None else torch.empty(args.numel, dtype=torch.long, device=self.device)
+        flat[skip:].copy_(host, non_blocking=True)
         self._event.record()
         self._pending = True
         return flat_views(flat, args)
+
+
+class Readback:
+    """A step's packed choices on the host without waiting for them: a copy into one of two page-locked buffers,
+    started when the step is launched and waited for when its results are read. Two, because with async decode
+    the next step's copy starts before this one's is read (a graph's outputs are overwritten by its next replay,
+    hence the copy). On the CPU the step is done when it returns: a plain copy."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._slots: list[list] = [[None, torch.cuda.Event() if self.cuda else None] for _ in range(2)]
+        self._next = 0
+
+    def start(self, t: torch.Tensor) -> "Pending":
+        if not self.cuda:
+            return Pending(t.clone(), None)
+        slot = self._slots[self._next]
+        self._next ^= 1
+        slot[1].synchronize()  # the copy two steps back was read before this slot is written again
+        if slot[0] is None or slot[0].numel() < t.numel():
+            slot[0] = torch.empty(max(t.numel(), 4096), dtype=t.dtype, pin_memory=True)
+        host = slot[0][: t.numel()].view(t.shape)
+        host.copy_(t, non_blocking=True)
+        slot[1].record()
+        return Pending(host, slot[1])
+
+
+@dataclass
+class Pending:
+    """A readback under way: wait() gives the host tensor once its copy is done (valid until two more start)."""
+
+    host: torch.Tensor
+    event: object
+
+    def wait(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host

@@ -28,6 +28,9 @@ class DecodeStep:
     commit_counts: list[int]  # pending features that become draft context now
     tables: dict[str, torch.Tensor]
     finished: list[str] = field(default_factory=list)
+    # Async decode: the same requests as the last step, launched before its results were read; the device advanced
+    # that step's numbers itself (spec_decode.advance), so only the tables are new and the lists above are stale.
+    advanced: bool = False
 
 
 @dataclass
@@ -36,4 +39,4 @@ class StepOutput:
 
     logits: torch.Tensor  # prefill: [R, V]; plain decode: [R, 1, V]; spec decode: [R, K+1, V]
     draft_tokens: torch.Tensor | None = None  # [R, K]
-    choices: torch.Tensor | None = None  # decode: greedy tokens, margins and proposals in one [R, 2Q + K] (pack_choices)
+    choices: object = None  # decode: step_args.Pending of pack_choices' [R, 2Q + K] (tokens, margins, proposals)

@@ -1,0 +1,69 @@
+"""Async decode (a greedy step launched before the last one's results are read, the device advancing its inputs:
+spec_decode.advance) computes what step-by-step decoding computes, request for request. Run here eagerly at the
+CUDA graphs' static shapes, the path the graphs replay; tests/test_gpu.py replays it from graphs."""
+
+from dataclasses import replace
+
+import pytest
+
+from checkpoints import make_draft
+from glm5_checkpoints import make_glm5, tiny_text
+from runtime_helpers import prompts
+from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
+from qual.runtime.engine import LLMEngine
+
+pytestmark = pytest.mark.slow
+
+
+def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0):
+    cfg = EngineConfig(str(target), str(draft) if draft else None, cache=CacheConfig(block_size=4, memory_bytes=2**22),
+                       dtype="float64", static_shapes=True, max_model_len=128, max_num_seqs=max_num_seqs,
+                       async_decode=async_decode)
+    # Lengths differ, so requests finish at different steps (and some at EOS): batches change mid-run.
+    reqs = requests or [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
+    with LLMEngine(cfg) as engine:
+        out = engine.generate(reqs, SamplingParams(temperature=temperature, seed=7, max_tokens=20))
+        return out, engine.steps_ahead
+
+
+def same(a, b):
+    keys = ("output_token_ids", "draft_steps", "accepted_per_position", "top2_margins", "finish_reason")
+    return [[getattr(r, k) for k in keys] for r in a] == [[getattr(r, k) for k in keys] for r in b]
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 3])  # all at once; a full batch that admits as requests finish
+def test_speculative_decoding_ahead_equals_step_by_step(tiny_pair, max_num_seqs):
+    sync, ahead_sync = decode(*tiny_pair, async_decode=False, max_num_seqs=max_num_seqs)
+    out, ahead = decode(*tiny_pair, async_decode=True, max_num_seqs=max_num_seqs)
+    assert ahead_sync == 0 and ahead >= 5  # it did launch ahead
+    assert same(out, sync)
+
+
+def test_plain_decoding_ahead_equals_step_by_step(tiny_pair):
+    sync, _ = decode(tiny_pair[0], None, async_decode=False)
+    out, ahead = decode(tiny_pair[0], None, async_decode=True)
+    assert ahead > 10 and same(out, sync)
+
+
+def test_sampling_never_launches_ahead(tiny_pair):
+    """The host draws sampled tokens (seeded noise on the CPU): the device cannot know them to advance."""
+    sync, _ = decode(*tiny_pair, async_decode=False, temperature=0.8)
+    out, ahead = decode(*tiny_pair, async_decode=True, temperature=0.8)
+    assert ahead == 0 and same(out, sync)
+
+
+def test_glm_target_with_a_dflash2_drafter_ahead_equals_step_by_step(tmp_path):
+    """The GLM geometry's caches (KDA state committed at the accepted position, MLA latents, DSA pooled index keys
+    and their ring) and a DFlash2 drafter with a sliding layer, advanced on the device."""
+    from qual.checkpoints.dflash import DFlash2Params
+
+    target = make_glm5(tmp_path / "glm", tiny_text())
+    draft = make_draft(tmp_path / "d2", vocab_size=97, hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
+                       head_dim=8, intermediate_size=48, target_layer_ids=(0, 2), block_size=4,
+                       layer_types=("sliding_attention", "full_attention"), sliding_window=3,
+                       options={"dflash2": DFlash2Params(conv_kernel_size=3, conv_group_size=8, selector_rank=4,
+                                                         selector_top_k=4)})
+    reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(5, vocab=96), (12, 5, 12, 9, 12))]
+    sync, _ = decode(target, draft, async_decode=False, requests=reqs)
+    out, ahead = decode(target, draft, async_decode=True, requests=reqs)
+    assert ahead >= 3 and same(out, sync)
