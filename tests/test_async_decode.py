@@ -15,14 +15,15 @@ from qual.runtime.engine import LLMEngine
 pytestmark = pytest.mark.slow
 
 
-def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0):
+def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0, static_shapes=True):
     cfg = EngineConfig(str(target), str(draft) if draft else None, cache=CacheConfig(block_size=4, memory_bytes=2**22),
-                       dtype="float64", static_shapes=True, max_model_len=128, max_num_seqs=max_num_seqs,
+                       dtype="float64", static_shapes=static_shapes, max_model_len=128, max_num_seqs=max_num_seqs,
                        async_decode=async_decode)
     # Lengths differ, so requests finish at different steps (and some at EOS): batches change mid-run.
     reqs = requests or [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
     with LLMEngine(cfg) as engine:
         out = engine.generate(reqs, SamplingParams(temperature=temperature, seed=7, max_tokens=20))
+        assert engine.decode_record() == {"async": async_decode and static_shapes, "steps_ahead": engine.steps_ahead}
         return out, engine.steps_ahead
 
 
@@ -43,6 +44,14 @@ def test_plain_decoding_ahead_equals_step_by_step(tiny_pair):
     sync, _ = decode(tiny_pair[0], None, async_decode=False)
     out, ahead = decode(tiny_pair[0], None, async_decode=True)
     assert ahead > 10 and same(out, sync)
+
+
+def test_dynamic_shapes_never_launch_ahead_and_say_so(tiny_pair):
+    """The CPU's default decode (widths of each step's own): asked for, async decode is not taken, and the engine's
+    record (result.json: arms.<arm>.extra.decode) says so."""
+    out, ahead = decode(*tiny_pair, async_decode=True, static_shapes=False)
+    sync, _ = decode(*tiny_pair, async_decode=False)
+    assert ahead == 0 and same(out, sync)
 
 
 def test_sampling_never_launches_ahead(tiny_pair):

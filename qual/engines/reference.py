@@ -154,6 +154,7 @@ class ReferenceEngine(Engine):
             graphs = engine.graph_capture()
             model = engine.model_facts()
             phases = engine.phase_times()
+            decode = engine.decode_record()
         wall = time.perf_counter() - start
         return ArmRunInfo(
             engine_version=self.version,
@@ -162,7 +163,7 @@ class ReferenceEngine(Engine):
             generate_seconds=generating,
             output_tokens=sum(len(r.output_token_ids) for r in results),
             extra={"kv_memory": memory, "graph_replays": graphs.get("replays"), "graph_eager_steps": graphs.get("eager_steps"),
-                   "model": model, **({"phase_times": phases} if phases else {})},
+                   "model": model, "decode": decode, **({"phase_times": phases} if phases else {})},
             build=EngineBuild(name=self.name, version=qual.__version__, commit=qual_commit()[0], host=local_host(),
                               runtime_config=asdict(cfg), source="this process (qual's embedded runtime)"),
         )

@@ -257,6 +257,11 @@ class LLMEngine:
             facts["vision_tower"] = "skipped: the target's vision tower is not loaded (text-only replay)"
         return facts
 
+    def decode_record(self) -> dict:
+        """Whether async decode was taken (EngineConfig.async_decode asks; the runner decides) and how many decode
+        steps ran ahead of the last one's readback, over this engine's life."""
+        return {"async": self.async_decode, "steps_ahead": self.steps_ahead}
+
     def phase_times(self) -> dict | None:
         """Rank 0's host time by phase over the last generate call (qual/runtime/phases.py); None when off."""
         return self.phases.record()
