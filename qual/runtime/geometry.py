@@ -29,6 +29,9 @@ def slot_mapping(
     interleave: int,
 ) -> torch.Tensor:
     """Physical slot of each token on this rank, -1 where the token is not local."""
+    if dcp_size == 1:  # every token is local, in order within its block: the formula below reduces to this
+        block = torch.gather(block_ids, 1, (positions // block_size).unsqueeze(1)).squeeze(1)
+        return torch.where(block >= 0, block * block_size + positions % block_size, -1)
     span = block_size * dcp_size
     vblk = positions // span
     off = positions % span
@@ -41,6 +44,8 @@ def slot_mapping(
 
 def local_seq_len(seq_lens: torch.Tensor, dcp_size: int, dcp_rank: int, interleave: int) -> torch.Tensor:
     """Number of a sequence's first L tokens stored on this rank."""
+    if dcp_size == 1:
+        return seq_lens
     base = (seq_lens // (interleave * dcp_size)) * interleave
     rest = seq_lens - base * dcp_size - dcp_rank * interleave
     return base + rest.clamp(0, interleave)
