@@ -12,6 +12,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 # tokens come out. The tests about a server's process tree (tests/test_vllm_server.py) put vLLM's default back.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+# OpenMP threads that finish a parallel region sleep at once instead of spinning (libgomp's default spins a while):
+# `make test` runs two workers' process trees (engines, ranks, vLLM servers, each with an OpenMP team as wide as the
+# machine) on the machine's cores, where a spinning thread holds a core that another process waits for. On the 2-core
+# machine, tests/test_vllm_attach.py and tests/test_vllm_fidelity.py on two workers took 319 s (635 busy core-seconds)
+# spinning and 147 s (291) sleeping, and the whole suite 830 s and 484 s, all measured with other work beside them.
+# Only where a thread waits changes, not how the work is split, so every process computes the same numbers. The
+# OpenMP runtime reads it when it loads (torch's import): set before any import of torch, inherited by every process
+# the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from checkpoints import make_draft, make_target  # noqa: E402
 
 
