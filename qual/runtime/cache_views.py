@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qual.runtime.geometry import local_seq_len
+from qual.runtime.geometry import local_seq_len, longest_local
 from qual.runtime.kv_cache import KVCacheSpec
 from qual.runtime.models.base import AttentionView
 from qual.runtime.paged import Geometry, KeyIndex, causal_mask, key_view, write_slots
@@ -66,7 +66,7 @@ def view_width(spec: KVCacheSpec, geo: Geometry, seq_lens: torch.Tensor) -> int:
     g = view_geometry(spec, geo)
     local = local_seq_len(seq_lens // spec.pool if spec.kind == "pooled" else seq_lens, g.dcp_size, g.dcp_rank,
                           g.interleave)
-    return max(int(local.max()) if local.numel() else 0, 1)
+    return longest_local(local)
 
 
 def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.Tensor, route, width: int | None,

@@ -152,17 +152,21 @@ class DecodeGraphs:
         self.graphs.clear()
         torch.cuda.synchronize()
 
+    def _fit(self, batch_size: int) -> int | None:
+        """The smallest captured size that holds batch_size requests."""
+        return min((s for s in self.graphs if s >= batch_size), default=None)
+
     def holds(self, batch_size: int) -> bool:
         """Whether a captured graph holds batch_size requests (nothing counted)."""
-        return any(s >= batch_size for s in self.graphs)
+        return self._fit(batch_size) is not None
 
     def for_batch(self, batch_size: int) -> _Graph | None:
         """The smallest captured graph that holds batch_size requests (None: run eagerly)."""
-        fits = [s for s in self.graphs if s >= batch_size]
-        if not fits:
+        size = self._fit(batch_size)
+        if size is None:
             self.eager_steps[batch_size] = self.eager_steps.get(batch_size, 0) + 1
             return None
-        g = self.graphs[min(fits)]
+        g = self.graphs[size]
         self.replays[g.batch_size] = self.replays.get(g.batch_size, 0) + 1
         return g
 

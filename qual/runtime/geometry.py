@@ -61,10 +61,21 @@ def local_index_positions(
     return vblk * block_size * dcp_size + off
 
 
+def longest_local(local_lens: torch.Tensor) -> int:
+    """The key width that holds every request's local tokens (at least 1)."""
+    return max(int(local_lens.max()) if local_lens.numel() else 0, 1)
+
+
+def local_columns(num_local: int, block_size: int, max_blocks: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-table column (clamped to the table's width) and offset in its block of local tokens 0..num_local-1."""
+    j = torch.arange(num_local, device=device)
+    return (j // block_size).clamp(max=max_blocks - 1), j % block_size
+
+
 def local_slots(block_ids: torch.Tensor, num_local: int, block_size: int) -> torch.Tensor:
     """Physical slots of local tokens 0..num_local-1 for each request. block_ids: [R, max_blocks] -> [R, num_local]."""
-    j = torch.arange(num_local, device=block_ids.device)
-    return slots_at(block_ids, (j // block_size).clamp(max=block_ids.shape[1] - 1), j % block_size, block_size)
+    column, offset = local_columns(num_local, block_size, block_ids.shape[1], block_ids.device)
+    return slots_at(block_ids, column, offset, block_size)
 
 
 def slots_at(block_ids: torch.Tensor, column: torch.Tensor, offset: torch.Tensor, block_size: int) -> torch.Tensor:

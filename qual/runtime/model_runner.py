@@ -98,7 +98,8 @@ class ModelRunner:
         # One rank: the proposals' agreement with the target's choices (rank 0's alone) is known where the step ran.
         static = cfg.static_shapes or bool(cfg.cuda_graph_sizes and comm.device.type == "cuda")
         self.async_decode = cfg.async_decode and static and comm.tp_size == 1
-        self._static_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # P -> (numbers, feats)
+        # Static-shape eager steps' input buffers by their size in numbers (one per padded batch): (flat, feats)
+        self._static_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qual.runtime.geometry import local_index_positions, local_seq_len, slot_mapping, slots_at
+from qual.runtime.geometry import (local_columns, local_index_positions, local_seq_len, longest_local, slot_mapping,
+                                   slots_at)
 
 
 @dataclass
@@ -51,9 +52,8 @@ class KeyIndex:
 
     @classmethod
     def build(cls, geo: Geometry, width: int, max_blocks: int, device=None) -> "KeyIndex":
-        j = torch.arange(width, device=device)
         positions = local_index_positions(width, geo.block_size, geo.dcp_size, geo.dcp_rank, geo.interleave, device)
-        return cls(j, positions, (j // geo.block_size).clamp(max=max_blocks - 1), j % geo.block_size)
+        return cls(torch.arange(width, device=device), positions, *local_columns(width, geo.block_size, max_blocks, device))
 
 
 def key_view(
@@ -67,7 +67,7 @@ def key_view(
     """
     local = local_seq_len(seq_lens, geo.dcp_size, geo.dcp_rank, geo.interleave)
     if index is None:
-        S = width or max(int(local.max().item()) if local.numel() else 0, 1)
+        S = width or longest_local(local)
         index = KeyIndex.build(geo, S, block_table.shape[1], block_table.device)
     S = index.j.shape[0]
     slots = slots_at(block_table, index.column, index.offset, geo.block_size)

@@ -87,8 +87,8 @@ def advance(args, choices: torch.Tensor, aux: torch.Tensor | None, feats: torch.
         accepted = agree.cumprod(dim=1).sum(dim=1)  # [P] the longest agreeing prefix
     else:
         accepted = torch.zeros_like(tokens[:, 0])
-    last, committed, seq_lens, counts, ctx_len = args.numbers.unbind(0)
-    real = seq_lens > 0
+    committed, counts, ctx_len = (args.number(n) for n in ("num_committed", "commit_counts", "ctx_len"))
+    real = args.number("seq_lens") > 0
     new_committed = committed + accepted + 1
     # Without a drafter there is no draft context to commit: those two rows stay as the host sends them.
     nxt = torch.stack([tokens.gather(1, accepted[:, None]).squeeze(1), new_committed, new_committed + k,

@@ -118,7 +118,7 @@ class Readback:
     """A step's packed choices on the host without waiting for them: a copy into one of two page-locked buffers,
     started when the step is launched and waited for when its results are read. Two, because with async decode
     the next step's copy starts before this one's is read (a graph's outputs are overwritten by its next replay,
-    hence the copy). On the CPU the step is done when it returns: a plain copy."""
+    hence the copy). On the CPU the step is done when it returns, and its outputs are its own: nothing to copy."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -127,7 +127,7 @@ class Readback:
 
     def start(self, t: torch.Tensor) -> "Pending":
         if not self.cuda:
-            return Pending(t.clone(), None)
+            return Pending(t, None)
         slot = self._slots[self._next]
         self._next ^= 1
         slot[1].synchronize()  # the copy two steps back was read before this slot is written again
