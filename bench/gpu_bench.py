@@ -130,7 +130,7 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
     bound = per_step / step_s if step_s else None
     return {"tokens_per_s": tokens / wall, "bound_tokens_per_s": bound, "tokens_per_decode_step": per_step,
             "phase_times": phases, "wall_s": wall, "init_s": init_s, "graph_step_s": step_s, "weight_bytes_read": wbytes,
-            "kv_bytes_read_per_step": kv_bytes, "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes")},
+            "kv_bytes_read_per_step": kv_bytes, "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes", "prefill")},
             "acceptance_rate": acc}
 
 

@@ -178,6 +178,7 @@ class GraphCapture:
     eager_fallback_sizes: list[int] = field(default_factory=list)
     detail: str | None = None
     backend: dict | None = None  # the engine's kernel backend and the steps each part serves, where it says
+    prefill: dict | None = None  # prefill at padded shapes / CUDA graphs (buckets, replays, eager chunks), where it says
 
 
 # An attached server's start-up (where vLLM captures its graphs) happened before qual saw it: its capture is not

@@ -35,11 +35,14 @@ def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend):
                        dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256,
                        backend=backend)
     with LLMEngine(cfg) as engine:
-        out = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))
+        first = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))  # captures the prefill's bucket
+        out = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))  # replays it
         record = engine.graph_capture()
         ahead = engine.steps_ahead
     assert ahead > 0  # async decode: graph steps launched before the last one was read, advanced on the device
-    assert outputs(out) == outputs(cpu_control)
+    assert outputs(first) == outputs(out) == outputs(cpu_control)
+    prefill = record["prefill"]
+    assert prefill["status"] == "captured" and prefill["replays"] >= 1 and prefill["eager_chunks"] == 0, prefill
     assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
     assert record["status"] == "captured" and record["sizes"] == list(GRAPHS), record
     assert sum(record["replays"].values()) > 0 and record["eager_fallback_sizes"] == []

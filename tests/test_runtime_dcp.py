@@ -86,7 +86,7 @@ def test_compiled_entries_go_with_their_engine(tiny_pair):
     from qual.runtime.engine import LLMEngine
     from qual.runtime.model_runner import ModelRunner
 
-    code = ModelRunner.decode_compute.__code__
+    code = ModelRunner.static_step.__code__
     cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4),
                        dtype="float64", static_shapes=True, max_model_len=128, backend="compiled")
     with LLMEngine(cfg) as engine:

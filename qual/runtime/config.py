@@ -100,6 +100,10 @@ class EngineConfig:
     # advancing the step's inputs itself (docs/PERFORMANCE.md). Taken where decode runs at static shapes on one
     # rank (CUDA graphs, or static_shapes); elsewhere every step waits for the one before (LLMEngine.async_decode).
     async_decode: bool = True
+    # Prefill chunks of up to this many padded tokens (prompts x longest prompt, each rounded up to a power of two)
+    # run at padded shapes, replayed from CUDA graphs where decode graphs are captured (qual/runtime/prefill_graphs.py);
+    # 0: every prefill runs eagerly.
+    prefill_graph_tokens: int = 4096
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -116,6 +120,8 @@ class EngineConfig:
         parse_backend(self.backend).check(self.device, self.dtype, self.parallel.tp)
         if self.dsa_topk not in ("exact", "union"):
             raise QualError(f"dsa_topk must be exact or union (got {self.dsa_topk!r})")
+        if self.prefill_graph_tokens < 0:
+            raise QualError(f"prefill_graph_tokens must be >= 0 (got {self.prefill_graph_tokens})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
 

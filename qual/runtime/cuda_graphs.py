@@ -11,7 +11,6 @@ import time
 
 import torch
 
-from qual.runtime import spec_decode
 from qual.runtime.config import DEFAULT_SIZES
 
 
@@ -105,11 +104,10 @@ class DecodeGraphs:
         flat = torch.empty(host.numel, dtype=torch.long, device=runner.comm.device)
         args = runner.stager.send(host, into=flat)
 
+        runner.rows(bs)  # made outside the capture (and outside a compiled function's first trace)
+
         def step_fn():  # the views from the arguments, draft + verify, and (async decode) the next step's inputs
-            out = runner.decode_fn(runner.build_inputs(args, feats, static=True))
-            if runner.async_decode:
-                spec_decode.advance(args, out[3], out[2], feats, runner.K)
-            return out
+            return runner.step_fn(args, feats)
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

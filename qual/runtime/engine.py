@@ -244,11 +244,12 @@ class LLMEngine:
     def graph_capture(self) -> dict:
         """Rank 0's CUDA-graph record (every rank captures the same sizes in lock-step)."""
         backend = self.runner.backend.record()
+        prefill = self.runner.prefill_graphs.record() if self.runner.prefill_graphs else None
         if self.runner.graphs is None:
             why = "CUDA graphs need a CUDA device" if self.cfg.device == "cpu" else "CUDA graphs disabled (no capture sizes)"
             return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why,
-                    "backend": backend}
-        return {**self.runner.graphs.record(), "backend": backend}
+                    "backend": backend, "prefill": prefill}
+        return {**self.runner.graphs.record(), "backend": backend, "prefill": prefill}
 
     def model_facts(self) -> dict:
         """What the run should record about the checkpoints beyond their paths (e.g. a vision tower not loaded)."""

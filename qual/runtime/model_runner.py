@@ -92,7 +92,9 @@ class ModelRunner:
                                                  self.max_blocks[g.name], comm.device) for g in self.groups}
         self._row_index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # P -> (rows, q_index) of a decode step
         mode = self.backend.compile_mode
-        self.decode_fn = _compiled(self.decode_compute, mode) if mode else self.decode_compute
+        # A static-shape step whole (views, draft + verify, the next step's inputs): compiled, its ~100 small view
+        # kernels fuse with the model's elementwise work
+        self.step_fn = _compiled(self.static_step, mode) if mode else self.static_step
         self.stager = Stager(comm.device)
         self.readback = Readback(comm.device)
         # One rank: the proposals' agreement with the target's choices (rank 0's alone) is known where the step ran.
@@ -105,11 +107,20 @@ class ModelRunner:
             from qual.runtime.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, cfg.cuda_graph_sizes)
+        # Prefill at padded shapes: captured where the decode graphs are, run eagerly at those shapes under
+        # static_shapes (the CPU tests' view of what the graphs run)
+        self.prefill_graphs = None
+        if self.graphs is not None or cfg.static_shapes:
+            from qual.runtime.prefill_graphs import PrefillGraphs
+
+            self.prefill_graphs = PrefillGraphs(self, cfg.prefill_graph_tokens, capture=self.graphs is not None)
 
     def close(self) -> None:
         """Release what must go before the process group does (CUDA graphs holding NCCL kernels)."""
         if self.graphs is not None:
             self.graphs.release()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
         if self.backend.compile_mode:
             torch._dynamo.reset()  # this runner's compiled entries would count against the next one's limit
 
@@ -173,6 +184,10 @@ class ModelRunner:
 
     def _prefill_chunk(self, step: PrefillStep, idx: list[int]) -> torch.Tensor:
         prompts = [step.prompts[i] for i in idx]
+        if self.prefill_graphs is not None:
+            logits = self.prefill_graphs.run(prompts, {name: t[idx] for name, t in step.tables.items()})
+            if logits is not None:
+                return logits
         tables = {name: self._dev(t[idx]) for name, t in step.tables.items()}
         lens = [len(p) for p in prompts]
         tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
@@ -208,6 +223,13 @@ class ModelRunner:
             self.phases.lap("inputs")
             logits, drafts, aux, choices = graph.replay(args, feats, step.advanced)
             self.phases.lap("graph")
+        elif static and self.step_fn is not self.static_step:  # compiled code only for the fixed shapes: dynamic
+            P = 1 << (R - 1).bit_length()  # shapes would recompile at every new width
+            args, feats = self._load_static(*self.step_args(step, P, static=True), step.advanced)
+            self.rows(P)
+            self.phases.lap("inputs")
+            logits, drafts, aux, choices = self.step_fn(args, feats)
+            self.phases.lap("graph")
         else:
             if static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
                 P = 1 << (R - 1).bit_length()
@@ -216,14 +238,11 @@ class ModelRunner:
             else:
                 inp = self.decode_inputs(step)
             self.phases.lap("inputs")
-            if static and self.decode_fn is not self.decode_compute:
-                logits, drafts, aux, choices = self.decode_fn(inp)  # compiled code only for the fixed shapes:
-                self.phases.lap("graph")  # dynamic shapes would recompile at every new width
-            else:  # the same two halves decode_compute runs, timed apart
-                drafts = self.draft_compute(inp)
-                self.phases.lap("draft")
-                logits, drafts, aux, choices = self.verify_compute(inp, drafts)
-                self.phases.lap("verify")
+            # the two halves static_step runs, timed apart
+            drafts = self.draft_compute(inp)
+            self.phases.lap("draft")
+            logits, drafts, aux, choices = self.verify_compute(inp, drafts)
+            self.phases.lap("verify")
             if static and self.async_decode:
                 spec_decode.advance(args, choices, aux, feats, self.K)
         if getattr(self.target, "fused", None) is not None:
@@ -292,9 +311,9 @@ class ModelRunner:
     def build_inputs(self, args: StepArgs, feats: torch.Tensor | None, static: bool) -> DecodeInputs:
         """Every slot, view and mask of a decode step from its StepArgs, where they are (captured into the CUDA
         graph there: no host sync given static widths)."""
-        P, Q, dev = args.numbers.shape[1], 1 + self.K, args.numbers.device
+        P, Q = args.numbers.shape[1], 1 + self.K
         n = args.number("num_committed")
-        rows, q_index = self._rows(P, dev)
+        rows, q_index = self.rows(P)
         positions = ((n - 1)[:, None] + q_index[0][None, :]).reshape(-1)
         counts = args.number("commit_counts")
         commit = (counts - 1).clamp(min=0)  # state after the last accepted token
@@ -322,16 +341,26 @@ class ModelRunner:
         inp.ctx_features = feats
         return inp
 
-    def _rows(self, P: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """A P-request decode step's request row of each token [P*Q] and flat token index [P, Q] (kept per P; never
-        first made inside a graph capture, where a new tensor would hold values only once the graph replays)."""
+    def rows(self, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A P-request decode step's request row of each token [P*Q] and flat token index [P, Q], kept per P. Made
+        before a graph is captured (a tensor first made inside a capture holds values only once the graph replays)
+        and before a compiled step is first traced (which would otherwise trace both the making and the lookup)."""
         if P in self._row_index:
             return self._row_index[P]
-        Q = 1 + self.K
+        Q, device = 1 + self.K, self.comm.device
         made = (torch.arange(P, device=device).repeat_interleave(Q), torch.arange(P * Q, device=device).view(P, Q))
         if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             self._row_index[P] = made
         return made
+
+    def static_step(self, args: StepArgs, feats: torch.Tensor | None):
+        """A decode step at static shapes from its arguments on the device: the views, draft + verify, and with async
+        decode the next step's inputs advanced in place. What a CUDA graph captures (one compiled function under a
+        compiled backend); returns decode_compute's outputs."""
+        out = self.decode_compute(self.build_inputs(args, feats, static=True))
+        if self.async_decode:
+            spec_decode.advance(args, out[3], out[2], feats, self.K)
+        return out
 
     def decode_compute(self, inp: DecodeInputs):
         """Device work of a decode step (what a CUDA graph captures): propose, then verify.

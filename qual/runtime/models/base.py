@@ -34,6 +34,7 @@ class TargetMeta:
     q_index: torch.Tensor  # [R, Q] flat token index, -1 = padding
     views: dict[str, AttentionView] = field(default_factory=dict)  # by cache group
     dense: bool = False  # every request has exactly Q query tokens (decode): no padding to strip
+    prefill: bool = False  # prompt tokens (dense in a padded prefill): the decode-only kernels do not apply
 
 
 @dataclass

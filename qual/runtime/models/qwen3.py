@@ -99,7 +99,7 @@ class Qwen3Target:
         qg = comm.all_gather_dcp(q).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, D)
         # Step 2: attend over the local KV shard only, keeping the LSE.
         q_pad = pad_queries(qg, meta.q_index, meta.dense)
-        if self.paged_attention is not None and meta.dense:  # decode: one kernel reads the paged store in place
+        if self.paged_attention is not None and meta.dense and not meta.prefill:  # decode: one kernel reads the paged store in place
             out, lse = self.paged_attention(q_pad, store.k[i], store.v[i], view.keys.slots, view.mask, self.scale,
                                             view.keys.lengths)
         else:

@@ -1,0 +1,197 @@
+"""Small prefill chunks at padded, bucketed shapes, replayed from CUDA graphs.
+
+Why: an eager prefill of the toy target and its drafter is ~650 small operators, ~12 ms of host time on an H200
+host for a 130-token prompt, as long as ten speculative decode steps (docs/PERFORMANCE.md). Replayed from a graph
+the same work is one launch.
+
+A chunk of n prompts, the longest L tokens long, runs as a rectangle of P x L' tokens: P = n and L' = L, each
+rounded up to a power of two (L' at least MIN_LENGTH), so a few shapes serve every chunk; padding rows have length 0. Row r holds prompt r at positions
+0..len-1 and padding after it; padding tokens are never written to a cache (their write slots are the trash slot)
+and their outputs are dropped, so the real tokens compute what the eager prefill computes (graphs equal eager:
+tests/test_prefill_graphs.py). Every row has L' query tokens in order, so the attention needs no un-padding
+(`TargetMeta.dense`) and no step does a host sync.
+
+A bucket is captured the first time a chunk needs it: that chunk runs eagerly on a side stream (the capture's
+warm-up, and its result), then the same function is captured and later chunks of the bucket replay it. Chunks
+above `EngineConfig.prefill_graph_tokens` padded tokens run eagerly, counted; so do all chunks where the layout
+cannot be padded this way (cache groups other than paged K/V: a recurrent state would read the padding) or where
+the graphs are off (tp > 1, or no decode graphs). On the CPU, `static_shapes` runs the same padded function eagerly,
+so that the CPU tests cover what the graphs capture.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from qual.runtime.cache_views import StepShape, build_view, view_geometry
+from qual.runtime.geometry import blocks_needed
+from qual.runtime.models.base import TargetMeta
+from qual.runtime.paged import KeyIndex, write_slots
+
+MIN_LENGTH = 16  # shortest padded prompt length: a bucket per power of two from here
+
+
+def bucket(num_prompts: int, longest: int) -> tuple[int, int]:
+    """(rows, padded length) of a chunk of num_prompts prompts, the longest `longest` tokens: both powers of two,
+    so that a few captures serve every chunk."""
+    return 1 << (num_prompts - 1).bit_length(), max(MIN_LENGTH, 1 << (longest - 1).bit_length())
+
+
+@dataclass
+class _Bucket:
+    """One padded shape: its static input buffer (tokens [P*L], lengths [P], then each group's table [P, W] in
+    sorted group order), the key indices of its width, and, once captured, the graph and its output."""
+
+    rows: int
+    length: int
+    widths: dict[str, int]  # block-table columns per group
+    flat: torch.Tensor
+    index: dict[str, KeyIndex]
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        P, L = self.rows, self.length
+        tokens, lens = self.flat[: P * L], self.flat[P * L : P * L + P]
+        tables, at = {}, P * L + P
+        for name in sorted(self.widths):
+            n = P * self.widths[name]
+            tables[name] = self.flat[at : at + n].view(P, self.widths[name])
+            at += n
+        return tokens, lens, tables
+
+
+class PrefillGraphs:
+    """The padded prefill of one rank, and its record."""
+
+    def __init__(self, runner, max_tokens: int, capture: bool):
+        self.runner = runner
+        self.max_tokens = max_tokens
+        self.capture = capture  # CUDA: capture graphs; else run the padded function eagerly (static_shapes on CPU)
+        self.buckets: dict[tuple[int, int], _Bucket] = {}
+        self.padded_chunks = 0  # chunks run at a bucket's shapes (captured, replayed, or eagerly under static_shapes)
+        self.replays = 0
+        self.eager_chunks = 0  # chunks above max_tokens: the eager prefill
+        self.seconds = 0.0
+        self.pool = None
+        self.reason = unsupported(runner)
+
+    @property
+    def active(self) -> bool:
+        return self.reason is None and self.max_tokens > 0
+
+    def run(self, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Target logits at each prompt's last token [n, V] (the draft context written), or None: the chunk is
+        larger than max_tokens padded tokens and runs eagerly."""
+        P, L = bucket(len(prompts), max(map(len, prompts)))
+        if not self.active or P * L > self.max_tokens:
+            self.eager_chunks += 1
+            return None
+        b = self.buckets.get((P, L)) or self._bucket(P, L)
+        self.padded_chunks += 1
+        b.flat.copy_(self._host_inputs(b, prompts, tables))
+        if not self.capture:
+            return self._compute(b)[: len(prompts)]
+        if b.graph is None:
+            return self._capture(b)[: len(prompts)]
+        b.graph.replay()
+        self.replays += 1
+        # The next replay of another bucket may reuse this output's memory (one pool): the caller's own copy.
+        return b.logits[: len(prompts)].clone()
+
+    def _bucket(self, P: int, L: int) -> _Bucket:
+        r = self.runner
+        dev = r.comm.device
+        widths = {name: blocks_needed(L, r.cfg.cache.block_size, 1) for name in r.geometry}
+        index = {g.name: KeyIndex.build(view_geometry(g.spec, r.geometry[g.name]), L, widths[g.name], dev)
+                 for g in r.groups}
+        size = P * L + P + sum(P * w for w in widths.values())
+        b = self.buckets[(P, L)] = _Bucket(P, L, widths, torch.empty(size, dtype=torch.long, device=dev), index)
+        return b
+
+    @staticmethod
+    def _host_inputs(b: _Bucket, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The chunk in the bucket's layout: padding tokens 0, padding rows of length 0, tables cut or padded with
+        -1 to the bucket's width (columns past the padded length hold nothing a prompt reaches)."""
+        P, L = b.rows, b.length
+        tokens = torch.zeros(P, L, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            tokens[i, : len(p)] = torch.tensor(p)
+        lens = torch.zeros(P, dtype=torch.long)
+        lens[: len(prompts)] = torch.tensor([len(p) for p in prompts])
+        parts = [tokens.reshape(-1), lens]
+        for name in sorted(b.widths):
+            t, w = tables[name], b.widths[name]
+            padded = torch.full((P, w), -1, dtype=torch.long)
+            padded[: t.shape[0], : min(w, t.shape[1])] = t[:, :w]
+            parts.append(padded.reshape(-1))
+        return torch.cat(parts)
+
+    def _compute(self, b: _Bucket) -> torch.Tensor:
+        """The padded prefill from the bucket's inputs: target forward, draft context, logits at each row's last
+        token [P, V]. What a graph captures: device work only, shapes fixed by the bucket."""
+        r = self.runner
+        P, L = b.rows, b.length
+        tokens, lens, tables = b.inputs()
+        flat = torch.arange(P * L, device=tokens.device)
+        positions, rows = flat % L, flat // L
+        real = positions < lens[rows]  # padding tokens are written to no cache
+        shape = StepShape(positions, rows, flat.view(P, L), lens, torch.zeros_like(lens))
+        views = {}
+        for name in r.target_groups:
+            g = r.groups_by_name[name]
+            views[name] = build_view(g.spec, r.geometry[name], shape, tables[name],
+                                     lambda slots, n=name: r._route(n, torch.where(real, slots, -1)), L, b.index[name])
+        hidden, aux = r.target.forward(tokens, positions, TargetMeta(shape.q_index, views, dense=True, prefill=True),
+                                       r.stores)
+        if r.drafter is not None:
+            slots = {name: r._route(name, torch.where(real, write_slots(r.geometry[name], positions, rows, tables[name]), -1))
+                     for name in r.draft_groups}
+            r.drafter.write_context(aux, positions, slots, r.stores, r.layer_slots)
+        last = torch.arange(P, device=tokens.device) * L + (lens - 1).clamp(min=0)
+        return r.target.logits(hidden[last])
+
+    def _capture(self, b: _Bucket) -> torch.Tensor:
+        """Run the chunk eagerly on a side stream (its result, and the capture's warm-up), then capture the bucket."""
+        start = time.perf_counter()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            result = self._compute(b)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            b.logits = self._compute(b)
+        b.graph = graph
+        self.seconds += time.perf_counter() - start
+        return result
+
+    def release(self) -> None:
+        for b in self.buckets.values():
+            if b.graph is not None:
+                b.graph.reset()
+        self.buckets.clear()
+
+    def record(self) -> dict:
+        """What the capture record says of prefill: the buckets captured, replays, chunks that ran eagerly."""
+        captured = sorted(k for k, b in self.buckets.items() if b.graph is not None)
+        status = ("unsupported" if self.reason else "off" if self.max_tokens == 0 else
+                  "captured" if captured else "not_captured")  # not_captured: eager at padded shapes, or no chunk fit
+        return {"status": status, "max_tokens": self.max_tokens, "buckets": [f"{p}x{n}" for p, n in captured],
+                "padded_chunks": self.padded_chunks, "replays": self.replays, "eager_chunks": self.eager_chunks, "seconds": round(self.seconds, 3),
+                "detail": self.reason}
+
+
+def unsupported(runner) -> str | None:
+    """Why this rank's prefill cannot run at padded shapes (None: it can)."""
+    if runner.comm.tp_size > 1:
+        return "prefill graphs run on one rank (tp 1)"
+    kinds = sorted({g.spec.kind for g in runner.groups} - {"gqa"})
+    if kinds:  # a recurrent state or a pooled / ring cache would take the padding in
+        return f"prefill graphs need paged K/V caches only (this pair has {', '.join(kinds)})"
+    return None

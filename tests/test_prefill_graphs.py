@@ -1,0 +1,81 @@
+"""Prefill at padded, bucketed shapes (what the prefill CUDA graphs capture: qual/runtime/prefill_graphs.py) computes
+what the eager prefill computes: the same prompt logits, the same draft context (hence the same proposals and
+acceptance), the same text. Run here eagerly under static_shapes; tests/test_gpu.py replays it from graphs."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from glm5_checkpoints import make_glm5, tiny_text
+from runtime_helpers import prompts
+from qual.errors import QualError
+from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
+from qual.runtime.engine import LLMEngine
+from qual.runtime.prefill_graphs import bucket
+
+pytestmark = pytest.mark.slow
+
+
+def engine_config(target, draft, prefill_graph_tokens, max_num_seqs=8):
+    return EngineConfig(str(target), str(draft) if draft else None, cache=CacheConfig(block_size=4, memory_bytes=2**22),
+                        dtype="float64", static_shapes=True, max_model_len=128, max_num_seqs=max_num_seqs,
+                        prefill_graph_tokens=prefill_graph_tokens)
+
+
+def generate(target, draft, prefill_graph_tokens, requests, **kw):
+    with LLMEngine(engine_config(target, draft, prefill_graph_tokens, **kw)) as engine:
+        out = engine.generate(requests, SamplingParams(max_tokens=20))
+        return out, engine.graph_capture()["prefill"]
+
+
+def same(a, b):
+    keys = ("output_token_ids", "draft_steps", "accepted_per_position", "finish_reason")
+    return [[getattr(r, k) for k in keys] for r in a] == [[getattr(r, k) for k in keys] for r in b]
+
+
+def test_buckets_are_powers_of_two():
+    assert bucket(1, 1) == (1, 16) and bucket(3, 17) == (4, 32) and bucket(8, 32) == (8, 32) and bucket(5, 33) == (8, 64)
+
+
+def test_padded_prefill_gives_the_eager_prompt_logits(tiny_pair):
+    ps = [list(r.prompt_token_ids) for r in prompts(5)]  # 3..40 tokens: rows of length 0 and tails of padding
+    with LLMEngine(engine_config(*tiny_pair, 0)) as engine:
+        eager = engine.prompt_logits(ps)
+    with LLMEngine(engine_config(*tiny_pair, 4096)) as engine:
+        padded = engine.prompt_logits(ps)
+        record = engine.graph_capture()["prefill"]
+    assert record["padded_chunks"] == 1 and record["eager_chunks"] == 0
+    torch.testing.assert_close(padded, eager, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 3])  # one chunk; chunks of one or two as requests finish
+def test_speculative_decoding_after_a_padded_prefill_is_unchanged(tiny_pair, max_num_seqs):
+    """The draft context written by the padded prefill is the eager one: proposals and acceptance agree."""
+    reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
+    eager, off = generate(*tiny_pair, 0, reqs, max_num_seqs=max_num_seqs)
+    padded, on = generate(*tiny_pair, 4096, reqs, max_num_seqs=max_num_seqs)
+    assert off["status"] == "off" and off["eager_chunks"] > 0 and off["padded_chunks"] == 0
+    assert on["padded_chunks"] == off["eager_chunks"] and on["eager_chunks"] == 0
+    assert same(padded, eager)
+
+
+def test_a_chunk_above_the_limit_runs_eagerly_and_is_counted(tiny_pair):
+    reqs = prompts(8)  # one chunk of 8 prompts up to 40 tokens: 8 x 64 padded tokens
+    eager, _ = generate(*tiny_pair, 0, reqs)
+    out, record = generate(*tiny_pair, 8 * 64 - 1, reqs)
+    assert record["eager_chunks"] == 1 and record["padded_chunks"] == 0 and same(out, eager)
+
+
+def test_a_recurrent_state_cache_is_refused_by_name(tmp_path):
+    """The GLM geometry (KDA state, MLA latents, DSA pooled keys and ring): padding would enter the state; the
+    record says why its prefill stays eager."""
+    target = make_glm5(tmp_path / "glm", tiny_text())
+    out, record = generate(target, None, 4096, [replace(r, max_tokens=4) for r in prompts(3, vocab=96)])
+    assert record["status"] == "unsupported" and "state" in record["detail"] and record["eager_chunks"] >= 1
+    assert record["padded_chunks"] == 0
+
+
+def test_a_negative_limit_is_refused(tiny_pair):
+    with pytest.raises(QualError, match="prefill_graph_tokens"):
+        engine_config(*tiny_pair, -1)
