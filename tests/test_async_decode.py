@@ -15,7 +15,8 @@ from qual.runtime.engine import LLMEngine
 pytestmark = pytest.mark.slow
 
 
-def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0, static_shapes=True):
+def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0, static_shapes=True,
+           rows_retired=None):
     cfg = EngineConfig(str(target), str(draft) if draft else None, cache=CacheConfig(block_size=4, memory_bytes=2**22),
                        dtype="float64", static_shapes=static_shapes, max_model_len=128, max_num_seqs=max_num_seqs,
                        async_decode=async_decode)
@@ -23,8 +24,10 @@ def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperatu
     reqs = requests or [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
     with LLMEngine(cfg) as engine:
         out = engine.generate(reqs, SamplingParams(temperature=temperature, seed=7, max_tokens=20))
-        assert engine.decode_record() == {"async": async_decode and static_shapes, "steps_ahead": engine.steps_ahead}
-        return out, engine.steps_ahead
+        record = engine.decode_record()
+        assert record == {"async": async_decode and static_shapes, "steps_ahead": engine.steps_ahead,
+                          "rows_retired": engine.rows_retired}
+        return out, engine.steps_ahead if rows_retired is None else (engine.steps_ahead, engine.rows_retired)
 
 
 def same(a, b):
@@ -37,6 +40,35 @@ def test_speculative_decoding_ahead_equals_step_by_step(tiny_pair, max_num_seqs)
     sync, ahead_sync = decode(*tiny_pair, async_decode=False, max_num_seqs=max_num_seqs)
     out, ahead = decode(*tiny_pair, async_decode=True, max_num_seqs=max_num_seqs)
     assert ahead_sync == 0 and ahead >= 5  # it did launch ahead
+    assert same(out, sync)
+
+
+def test_a_finished_request_leaves_a_padding_row_and_the_run_goes_on(tiny_pair):
+    """Eight requests of different lengths at once, nothing waiting: as each finishes, its row in the steps already
+    launched runs for nothing and is then retired (padding: step_args.retire), and the others go on ahead."""
+    sync, _ = decode(*tiny_pair, async_decode=False)
+    out, (ahead, retired) = decode(*tiny_pair, async_decode=True, rows_retired=True)
+    assert retired >= 3 and ahead >= 10
+    assert same(out, sync)
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 3])
+def test_a_first_decode_step_launched_behind_its_prefill_equals_step_by_step(tiny_pair, monkeypatch, max_num_seqs):
+    """The first decode step of newly admitted requests goes out before their first tokens are read, the device
+    putting in the prefill's greedy choices (DecodeStep.first_rows): at the start, and (a full batch with requests
+    waiting) each time one is admitted."""
+    launched = []
+    send = LLMEngine._step
+
+    def spy(self, step):
+        launched.extend(getattr(step, "first_rows", ()))
+        return send(self, step)
+
+    sync, _ = decode(*tiny_pair, async_decode=False, max_num_seqs=max_num_seqs)
+    assert launched == []
+    monkeypatch.setattr(LLMEngine, "_step", spy)
+    out, _ = decode(*tiny_pair, async_decode=True, max_num_seqs=max_num_seqs)
+    assert len(launched) >= (8 if max_num_seqs == 8 else 4)
     assert same(out, sync)
 
 

@@ -3,8 +3,8 @@
 import torch
 
 from qual.runtime.sampling import top2_margins
-from qual.runtime.spec_decode import pack_choices, unpack_choices
-from qual.runtime.step_args import StepArgs, Stager, context_rows, flat_views
+from qual.runtime.spec_decode import advance, pack_choices, unpack_choices
+from qual.runtime.step_args import StepArgs, Stager, context_rows, flat_views, retire
 
 
 def test_context_rows_pack_each_requests_accepted_tokens_in_order():
@@ -47,3 +47,31 @@ def test_packed_choices_are_the_greedy_tokens_margins_and_proposals():
         assert margins == top2_margins(logits).tolist()  # float32 values, exactly
         assert proposals == drafts.tolist()
         assert unpack_choices(pack_choices(logits, None), 4)[2] is None
+
+
+def test_a_retired_row_stops_advancing_and_commits_no_context():
+    """step_args.retire makes a row padding: spec_decode.advance then leaves its numbers where they are (a finished
+    request's row must not walk past its block table) and gives it no draft context next step, while the rows
+    around it advance as before."""
+    K, Q = 3, 4
+    # rows: last token, committed, sequence length, commit count, context length (step_args.NUMBERS)
+    numbers = torch.tensor([[11, 12, 13], [20, 30, 40], [23, 33, 43], [2, 3, 1], [15, 25, 35]])
+    proposals = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7]])
+    targets = torch.tensor([[5, 6, 9, 1], [5, 6, 7, 8], [9, 1, 1, 1]])  # accepts 2, 3 and 0 proposals
+    logits = torch.nn.functional.one_hot(targets, 50).double()
+    aux = torch.arange(3 * Q * 2, dtype=torch.float64).view(3 * Q, 2)
+    before = numbers.clone()
+    for retired in ([], [1]):
+        args = StepArgs(numbers.clone(), {}, num_ctx=3 * Q)
+        retire(args.numbers, retired)
+        feats = torch.zeros(3 * Q, 2, dtype=torch.float64)
+        advance(args, pack_choices(logits, proposals), aux, feats, K)
+        got = args.numbers
+        assert got[:, 0].tolist() == [9, 23, 26, 3, 17] and got[:, 2].tolist() == [9, 41, 44, 1, 36]
+        if retired:
+            assert got[:, 1].tolist() == [12, 30, 0, 0, 25]  # where it was; sequence length 0; no context
+            assert torch.equal(feats[3:4], aux[8:9]) and not feats[4:].any()  # row 2's one token follows row 0's
+        else:
+            assert got[:, 1].tolist() == [8, 34, 37, 4, 28]
+            assert torch.equal(feats[3:7], aux[4:8])
+    assert torch.equal(numbers, before)

@@ -22,14 +22,18 @@ class _Graph:
         self.batch_size, self.graph, self.flat, self.feats, self.outputs = batch_size, graph, flat, feats, outputs
         self.stager = stager
 
-    def replay(self, args, feats, advanced: bool = False):
-        """Refill the static inputs (one host-to-device copy and one device copy) and replay. advanced: the graph's
-        last replay advanced its numbers and draft context itself (async decode): only the tables are sent."""
+    def load(self, args, feats, advanced: bool = False):
+        """Refill the static inputs (one host-to-device copy and one device copy); returns the step's arguments as
+        views of them. advanced: the graph's last replay advanced its numbers and draft context itself (async
+        decode): only the tables are sent."""
         if args.numel != self.flat.numel():
             raise ValueError(f"step arguments of {args.numel} numbers for a graph captured with {self.flat.numel()}")
-        self.stager.send(args, into=self.flat, tables_only=advanced)
+        sent = self.stager.send(args, into=self.flat, tables_only=advanced)
         if feats is not None and not advanced:
             self.feats.copy_(feats, non_blocking=True)
+        return sent
+
+    def replay(self):
         self.graph.replay()
         return self.outputs
 
@@ -150,17 +154,17 @@ class DecodeGraphs:
         self.graphs.clear()
         torch.cuda.synchronize()
 
-    def _fit(self, batch_size: int) -> int | None:
+    def fit(self, batch_size: int) -> int | None:
         """The smallest captured size that holds batch_size requests."""
         return min((s for s in self.graphs if s >= batch_size), default=None)
 
     def holds(self, batch_size: int) -> bool:
         """Whether a captured graph holds batch_size requests (nothing counted)."""
-        return self._fit(batch_size) is not None
+        return self.fit(batch_size) is not None
 
     def for_batch(self, batch_size: int) -> _Graph | None:
         """The smallest captured graph that holds batch_size requests (None: run eagerly)."""
-        size = self._fit(batch_size)
+        size = self.fit(batch_size)
         if size is None:
             self.eager_steps[batch_size] = self.eager_steps.get(batch_size, 0) + 1
             return None

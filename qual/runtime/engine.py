@@ -143,8 +143,12 @@ class LLMEngine:
         self.phases = self.runner.phases = PhaseTimer() if cfg.phase_times else OFF
         self.async_decode = self.runner.async_decode  # greedy steps launched ahead (_decode)
         self.steps_ahead = 0  # decode steps launched before the last one's results were read
+        self.rows_retired = 0  # rows of finished requests run as padding so that a run of steps ahead went on
         # Tokens written past the committed length: the verify block, and with async decode the step launched ahead.
         lookahead = (self.K + 1) * (2 if self.async_decode else 1)
+        # Tokens a request's reservation holds past prompt + max_tokens: a verify block, and under async decode the
+        # block of a step launched ahead of the one in flight too (LLMEngine._fits_ahead)
+        self.tail = 2 * self.K + 1 if self.async_decode else self.K + 1
         self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, lookahead)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
@@ -259,9 +263,10 @@ class LLMEngine:
         return facts
 
     def decode_record(self) -> dict:
-        """Whether async decode was taken (EngineConfig.async_decode asks; the runner decides) and how many decode
-        steps ran ahead of the last one's readback, over this engine's life."""
-        return {"async": self.async_decode, "steps_ahead": self.steps_ahead}
+        """Whether async decode was taken (EngineConfig.async_decode asks; the runner decides), how many decode steps
+        ran ahead of the last one's readback and how many finished requests' rows ran on as padding meanwhile, over
+        this engine's life."""
+        return {"async": self.async_decode, "steps_ahead": self.steps_ahead, "rows_retired": self.rows_retired}
 
     def phase_times(self) -> dict | None:
         """Rank 0's host time by phase over the last generate call (qual/runtime/phases.py); None when off."""
@@ -328,13 +333,19 @@ class LLMEngine:
             self.phases.lap("schedule")
             if not admitted and not running:
                 raise QualError(f"request {waiting[0].req.id} does not fit the KV cache budget ({self.cfg.cache.memory_bytes} B per rank)")
+            chained = None
             if admitted:
-                self._prefill(admitted, sampling)
+                out = self._send_prefill(admitted)
+                if self._chains(running + admitted, admitted, sampling, waiting):
+                    chained = (admitted, out)  # committed once the first decode step is launched behind it
+                    running.extend(admitted)
+                else:
+                    self._commit_prefill(admitted, out, sampling)
+                    for s in admitted:
+                        (finish if s.finish_reason else running.append)(s)
                 self.phases.lap("prefill")
-                for s in admitted:
-                    (finish if s.finish_reason else running.append)(s)
             if running:
-                self._decode(running, sampling, waiting)
+                self._decode(running, sampling, waiting, chained)
                 for s in [s for s in running if s.finish_reason]:
                     running.remove(s)
                     finish(s)
@@ -347,21 +358,38 @@ class LLMEngine:
         while waiting and len(running) + len(admitted) < self.cfg.max_num_seqs:
             s = waiting[0]
             n = len(s.req.prompt_token_ids)
-            if (admitted and n > budget) or not self.cache.can_admit(n + s.max_tokens + self.K + 1):
+            if (admitted and n > budget) or not self.cache.can_admit(n + s.max_tokens + self.tail):
                 break
             waiting.popleft()
-            self.cache.admit(s.req.id, n + s.max_tokens + self.K + 1)
+            self.cache.admit(s.req.id, n + s.max_tokens + self.tail)
             self.cache.ensure(s.req.id, n)
             admitted.append(s)
             budget -= n
         return admitted
 
-    def _prefill(self, seqs: list[_Seq], sampling: SamplingParams) -> None:
-        out = self._step(PrefillStep([s.req.id for s in seqs], [list(s.req.prompt_token_ids) for s in seqs], self._tables(seqs)))
-        tokens, margins = self._choose(out.logits[:, None], seqs, [len(s.req.prompt_token_ids) for s in seqs], sampling)
+    def _send_prefill(self, seqs: list[_Seq]):
+        for s in seqs:
+            s.ctx_len, s.pending_commit = len(s.req.prompt_token_ids), 0  # the prefill writes the prompt's draft context
+        return self._step(PrefillStep([s.req.id for s in seqs], [list(s.req.prompt_token_ids) for s in seqs], self._tables(seqs)))
+
+    def _commit_prefill(self, seqs: list[_Seq], out, sampling: SamplingParams) -> None:
+        """Each request's first token, from the prefill's greedy choices (read without another copy) or sampled."""
+        if sampling.temperature == 0:
+            tokens, margins, _ = unpack_choices(out.choices.wait(), 1)
+        else:
+            tokens, margins = self._choose(out.logits[:, None], seqs, [len(s.req.prompt_token_ids) for s in seqs], sampling)
         for s, tok, m in zip(seqs, tokens, margins):
-            s.ctx_len, s.pending_commit = len(s.req.prompt_token_ids), 0  # the prefill wrote the prompt's draft context
             self._append(s, tok, m, sampling)
+
+    def _chains(self, batch: list[_Seq], admitted: list[_Seq], sampling: SamplingParams, waiting: deque) -> bool:
+        """Whether the first decode step of batch can be launched right behind the prefill of admitted, before its
+        first tokens are read (the device puts them in): when the step could be launched ahead at all (_decode), and
+        each admitted request wants a second token."""
+        return self._ahead(batch, sampling, waiting) and all(s.max_tokens > 1 for s in admitted)
+
+    def _ahead(self, seqs: list[_Seq], sampling: SamplingParams, waiting: deque) -> bool:
+        return (sampling.temperature == 0 and self.runner.can_advance(len(seqs))
+                and (not waiting or len(seqs) >= self.cfg.max_num_seqs))
 
     @staticmethod
     def _choose(logits: torch.Tensor, seqs: list[_Seq], first_positions: list[int], sampling: SamplingParams):
@@ -378,43 +406,71 @@ class LLMEngine:
         return [choose_tokens(host[i], sampling.temperature, sampling.seed, s.req.id, n)
                 for i, (s, n) in enumerate(zip(seqs, first_positions))], margins
 
-    def _decode(self, seqs: list[_Seq], sampling: SamplingParams, waiting: deque) -> None:
+    def _decode(self, seqs: list[_Seq], sampling: SamplingParams, waiting: deque, chained=None) -> None:
         """Decode steps of one batch: one step, or with async decode a run of them, each launched before the results
         of the one before are read, so that the host's commit and the next launch overlap the device's step.
 
         Launching ahead needs a batch that cannot change before the next step (full, or nothing waiting), greedy
         choices (the device accepts: spec_decode.advance) and room inside every request's reservation. A request
         that finishes is known one step late: the step launched meanwhile is read for the others, and its rows for
-        the finished one are dropped.
+        the finished one are dropped. The run then goes on with the finished request's row as padding (retired)
+        while nothing waits and the others still need a step of the same padded size; else it ends there.
+
+        chained: (admitted, prefill output) of a prefill whose first tokens were not read yet (LLMEngine._chains): the
+        first step takes them on the device, and the prefill is committed while that step runs.
         """
-        ahead = (sampling.temperature == 0 and self.runner.can_advance(len(seqs))
-                 and (not waiting or len(seqs) >= self.cfg.max_num_seqs))
-        out = self._launch(seqs)
+        ahead = self._ahead(seqs, sampling, waiting)
+        size = self.runner.padded_size(len(seqs))
+        retired: set[int] = set()  # rows whose requests finished, padding in the steps after
+        out = self._launch(seqs, first=chained[0] if chained else ())
+        if chained:
+            self._commit_prefill(*chained, sampling)
         while True:
-            nxt = self._launch(seqs, advanced=True) if ahead and self._fits_ahead(seqs) else None
+            live = [s for s in seqs if not s.finish_reason]
+            nxt = self._launch(seqs, advanced=True, retired=retired) if ahead and self._fits_ahead(live) else None
             self._commit(seqs, out, sampling)
             if nxt is None:
                 return
-            if any(s.finish_reason for s in seqs):
+            live = [s for s in seqs if not s.finish_reason]
+            if len(live) < len(seqs) - len(retired) and not (live and not waiting and self.runner.padded_size(len(live)) == size):
                 self._commit(seqs, nxt, sampling)
                 return
             out = nxt
 
     def _fits_ahead(self, seqs: list[_Seq]) -> bool:
-        """Whether a step launched before the last one is read stays inside every request's reservation (admitted
-        at prompt + max_tokens + K + 1 tokens): it writes up to K + 1 positions past that step's."""
-        return all(s.num_committed + self.K <= len(s.req.prompt_token_ids) + s.max_tokens for s in seqs)
+        """Whether a step launched before the last one is read fits and is worth it. It writes up to 2K + 1 positions
+        past each request's committed length: inside the request's reservation (admitted with that tail) and the
+        static width of max_model_len. And some request must still need it: one within K tokens of its end may
+        finish in the step in flight (its row of the next step then runs for nothing; a batch of it alone would)."""
+        room = all(s.num_committed + 2 * self.K + 1 <= self.cfg.max_model_len for s in seqs)
+        return room and any(s.num_committed + self.K <= len(s.req.prompt_token_ids) + s.max_tokens for s in seqs)
 
-    def _launch(self, seqs: list[_Seq], advanced: bool = False):
+    def _launch(self, seqs: list[_Seq], advanced: bool = False, retired: set[int] | None = None, first=()):
         """Send one decode step of seqs. advanced: launched before the last step's results were read; the device
-        advanced that step's inputs, and each request's blocks cover the longest it can have grown to."""
+        advanced that step's inputs, and each request's blocks cover the longest it can have grown to. retired (an
+        advanced step's): rows already padding; rows of requests finished since become padding now (added). first:
+        requests of the prefill launched just before, whose first tokens the device puts in."""
         reach = 2 * self.K + 1 if advanced else self.K  # positions written past the committed length
-        self.steps_ahead += advanced
-        for s in seqs:
-            self.cache.ensure(s.req.id, s.num_committed + reach)
+        self.steps_ahead += advanced or bool(first)
+        # A request whose first token is not read yet: it is one past its prompt, its last token a placeholder
+        first_rows = {id(s): j for j, s in enumerate(first)}
+        pending = [1 if id(s) in first_rows else 0 for s in seqs]
+        for s, extra in zip(seqs, pending):
+            if not s.finish_reason:
+                self.cache.ensure(s.req.id, s.num_committed + extra + reach)
+        newly = [i for i, s in enumerate(seqs) if s.finish_reason and i not in retired] if advanced else []
+        tables = self._tables(seqs)
+        if advanced and (retired or newly):
+            retired.update(newly)
+            self.rows_retired += len(newly)
+            rows = torch.tensor(sorted(retired))
+            for t in tables.values():  # a retired row writes and reads nothing (its blocks go when the run ends)
+                t[rows] = -1
         step = DecodeStep(
-            [s.req.id for s in seqs], [s.output[-1] for s in seqs], [s.num_committed for s in seqs],
-            [s.ctx_len for s in seqs], [s.pending_commit for s in seqs], self._tables(seqs), advanced=advanced,
+            [s.req.id for s in seqs], [s.output[-1] if s.output else 0 for s in seqs],
+            [s.num_committed + extra for s, extra in zip(seqs, pending)], [s.ctx_len for s in seqs],
+            [s.pending_commit for s in seqs], tables, advanced=advanced, retired=newly,
+            first_rows=[(i, first_rows[id(s)]) for i, s in enumerate(seqs) if id(s) in first_rows],
         )
         self.phases.lap("schedule")
         return self._step(step)

@@ -17,7 +17,7 @@ from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorSt
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows
+from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows, put_last_tokens, retire
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -81,6 +81,7 @@ class ModelRunner:
                 self.layer_slots.append((int(layer.split(".")[1]), g.name, j))
         self.layer_slots = [(name, j) for _, name, j in sorted(self.layer_slots)]
         self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
+        self.first_tokens: torch.Tensor | None = None  # [n] the last prefill's greedy choices (rank 0)
         if self.draft_cfg:
             self.mask_tokens = torch.full((1,), self.draft_cfg.mask_token_id, dtype=torch.long, device=comm.device)
         # Static key widths / table widths for graph-shaped steps: bounded by max_model_len.
@@ -180,7 +181,14 @@ class ModelRunner:
                 chunk = []
             if i is not None:
                 chunk.append(i)
-        return StepOutput(torch.stack(logits))
+        logits = torch.stack(logits)
+        if self.comm.rank != 0:
+            return StepOutput(logits)
+        # Greedy choices where the logits are: read by the host without waiting, and kept here, where a decode step
+        # launched before the host has read them takes them as its last tokens (DecodeStep.first_rows)
+        choices = spec_decode.pack_choices(logits[:, None], None)
+        self.first_tokens = choices[:, 0].long()
+        return StepOutput(logits, None, self.readback.start(choices))
 
     def _prefill_chunk(self, step: PrefillStep, idx: list[int]) -> torch.Tensor:
         prompts = [step.prompts[i] for i in idx]
@@ -216,16 +224,17 @@ class ModelRunner:
         R = len(step.req_ids)
         graph = self.graphs.for_batch(R) if self.graphs else None
         static = graph is not None or self.cfg.static_shapes
-        if step.advanced and not (static and self.async_decode):
-            raise ValueError("an advanced decode step needs async decode at static shapes")
+        if (step.advanced or step.first_rows) and not (static and self.async_decode):
+            raise ValueError("a decode step launched ahead needs async decode at static shapes")
         if graph:
             args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
             self.phases.lap("inputs")
-            logits, drafts, aux, choices = graph.replay(args, feats, step.advanced)
+            self._amend(graph.load(args, feats, step.advanced).numbers, step)
+            logits, drafts, aux, choices = graph.replay()
             self.phases.lap("graph")
         elif static and self.step_fn is not self.static_step:  # compiled code only for the fixed shapes: dynamic
             P = 1 << (R - 1).bit_length()  # shapes would recompile at every new width
-            args, feats = self._load_static(*self.step_args(step, P, static=True), step.advanced)
+            args, feats = self._load_static(*self.step_args(step, P, static=True), step)
             self.rows(P)
             self.phases.lap("inputs")
             logits, drafts, aux, choices = self.step_fn(args, feats)
@@ -233,7 +242,7 @@ class ModelRunner:
         else:
             if static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
                 P = 1 << (R - 1).bit_length()
-                args, feats = self._load_static(*self.step_args(step, P, static=True), step.advanced)
+                args, feats = self._load_static(*self.step_args(step, P, static=True), step)
                 inp = self.build_inputs(args, feats, static=True)
             else:
                 inp = self.decode_inputs(step)
@@ -257,21 +266,39 @@ class ModelRunner:
         self.phases.lap("commit")
         return StepOutput(logits[:R], None if drafts is None else drafts[:R], read)
 
+    def padded_size(self, batch_size: int) -> int:
+        """The batch a decode step of batch_size requests runs at: its graph's size, or the static shapes' power of
+        two (steps of one padded size can follow one another ahead)."""
+        fit = self.graphs.fit(batch_size) if self.graphs is not None else None
+        return fit or 1 << (batch_size - 1).bit_length()
+
     def can_advance(self, batch_size: int) -> bool:
         """Whether a decode step of batch_size requests can be launched ahead (async decode): it runs at static
         shapes, from a graph or eagerly."""
         return self.async_decode and (self.cfg.static_shapes or (self.graphs is not None and self.graphs.holds(batch_size)))
 
-    def _load_static(self, args: StepArgs, feats, advanced: bool) -> tuple[StepArgs, torch.Tensor | None]:
+    def _load_static(self, args: StepArgs, feats, step: DecodeStep) -> tuple[StepArgs, torch.Tensor | None]:
         """A static-shape eager step's inputs in buffers kept per padded size, as a graph keeps its own: an advanced
-        step refills only the tables."""
+        step refills only the tables, and its retired rows become padding."""
+        advanced = step.advanced
         if args.numel not in self._static_inputs:
             self._static_inputs[args.numel] = (torch.empty(args.numel, dtype=torch.long, device=self.comm.device),
                                                None if feats is None else torch.empty_like(feats))
         flat, kept = self._static_inputs[args.numel]
         if kept is not None and not advanced:
             kept.copy_(feats)
-        return self.stager.send(args, into=flat, tables_only=advanced), kept
+        sent = self.stager.send(args, into=flat, tables_only=advanced)
+        self._amend(sent.numbers, step)
+        return sent, kept
+
+    def _amend(self, numbers: torch.Tensor, step: DecodeStep) -> None:
+        """What the host could not write into a static step's numbers, on the device: rows retired (padding from
+        now on), and last tokens that are the last prefill's greedy choices (the step launched before they were
+        read)."""
+        retire(numbers, step.retired)
+        if step.first_rows:
+            rows, picks = zip(*step.first_rows)
+            put_last_tokens(numbers, list(rows), self.first_tokens[torch.tensor(picks, device=numbers.device)])
 
     def step_args(self, step: DecodeStep, pad_to: int | None = None, static: bool = False):
         """The host-built part of a decode step: its per-request numbers and block tables (qual/runtime/step_args.py),

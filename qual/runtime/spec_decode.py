@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qual.runtime.sampling import top2_margins
-from qual.runtime.step_args import context_sources
+from qual.runtime.step_args import NUMBERS, context_sources
 
 
 def propose(drafter, target, comm, k: int, ctx_features, last_tokens: torch.Tensor, mask_token: torch.Tensor, meta,
@@ -97,7 +97,11 @@ def advance(args, choices: torch.Tensor, aux: torch.Tensor | None, feats: torch.
     if feats is not None:
         rows, offset = context_sources(new_counts, feats.shape[0])
         feats.copy_(torch.where((rows >= 0)[:, None], aux[rows.clamp(min=0) * q + offset], 0))
-    args.numbers.copy_(torch.where(real, nxt, args.numbers))
+    # A padding row stays padding, and commits no draft context next step (a retired row's count was packed for
+    # this step only: step_args.retire)
+    idle = args.numbers.clone()
+    idle[NUMBERS.index("commit_counts")] = 0
+    args.numbers.copy_(torch.where(real, nxt, idle))
 
 
 def accept(drafts: list[int], targets: list[int]) -> int:

@@ -31,6 +31,12 @@ class DecodeStep:
     # Async decode: the same requests as the last step, launched before its results were read; the device advanced
     # that step's numbers itself (spec_decode.advance), so only the tables are new and the lists above are stale.
     advanced: bool = False
+    # Rows of an advanced step whose requests finished while the step before was in flight: padding from this step
+    # on (sequence length 0 on the device, tables -1 from the host), so the run of steps goes on for the others.
+    retired: list[int] = field(default_factory=list)
+    # (row, index in the last prefill): requests whose last token is that prefill's greedy choice, launched before
+    # the host read it (last_tokens holds a placeholder there; the device fills it in)
+    first_rows: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -39,4 +45,4 @@ class StepOutput:
 
     logits: torch.Tensor  # prefill: [R, V]; plain decode: [R, 1, V]; spec decode: [R, K+1, V]
     draft_tokens: torch.Tensor | None = None  # [R, K]
-    choices: object = None  # decode: step_args.Pending of pack_choices' [R, 2Q + K] (tokens, margins, proposals)
+    choices: object = None  # step_args.Pending of pack_choices' [R, 2Q + K] (tokens, margins, proposals; prefill: Q = 1)
