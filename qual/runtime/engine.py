@@ -350,6 +350,7 @@ class LLMEngine:
                     running.remove(s)
                     finish(s)
             self.phases.lap("other")
+        self.runner.check_kernels()
         self.phases.stop()
         return [done[r.id] for r in requests]
 

@@ -255,7 +255,7 @@ class ModelRunner:
             if static and self.async_decode:
                 spec_decode.advance(args, choices, aux, feats, self.K)
         if getattr(self.target, "fused", None) is not None:
-            self.target.fused.check()
+            self.target.fused.check()  # the copy of the steps before: no wait here
         Q = 1 + self.K
         if aux is not None:  # one clone for the batch: graph outputs are overwritten by the next replay
             kept = aux[: R * Q].clone()
@@ -265,6 +265,11 @@ class ModelRunner:
         read = self.readback.start(choices[:R]) if choices is not None else None
         self.phases.lap("commit")
         return StepOutput(logits[:R], None if drafts is None else drafts[:R], read)
+
+    def check_kernels(self) -> None:
+        """Raise if a kernel flagged a failure in any step so far (checked between steps without waiting)."""
+        if getattr(self.target, "fused", None) is not None:
+            self.target.fused.check(wait=True)
 
     def padded_size(self, batch_size: int) -> int:
         """The batch a decode step of batch_size requests runs at: its graph's size, or the static shapes' power of

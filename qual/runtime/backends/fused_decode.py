@@ -36,6 +36,10 @@ class FusedDecode:
             num_heads=t.layout.num_heads, num_kv_heads=t.layout.num_kv_heads, head_dim=t.layout.head_dim)
         self.flags = None  # the last launch's [barrier arrivals, timeouts so far]
         self.timeouts = torch.zeros(1, dtype=torch.int32, device=t.comm.device)  # sticky across steps and graph replays
+        cuda = t.comm.device.type == "cuda"
+        self._seen = torch.zeros(1, dtype=torch.int32, pin_memory=True) if cuda else None  # check()'s copy of it
+        self._copied = torch.cuda.Event() if cuda else None
+        self._started = False
 
     def applies(self, tokens: torch.Tensor, meta) -> bool:
         return tokens.numel() == 1 and meta.dense and not self.target.aux_layer_ids
@@ -49,9 +53,27 @@ class FusedDecode:
             self.tiling, sync=self.sync, timeouts=self.timeouts)
         return out[None]
 
-    def check(self) -> None:
+    def check(self, wait: bool = False) -> None:
         """Raise if a grid barrier ever gave up waiting (its step's results are wrong): the kernel needs every
-        SM to itself, so another process's kernels on the same GPU can starve it."""
-        if int(self.timeouts.item()):
+        SM to itself, so another process's kernels on the same GPU can starve it.
+
+        The count is sticky on the device, so a step need not wait for its own kernel to check it: on CUDA each call
+        reads the copy the call before started, if it has landed, and starts the next; wait (the end of a generate
+        call) reads the count as it is now."""
+        if self._seen is None:  # Triton's interpreter on the CPU: the count is here already
+            self._raise_if(int(self.timeouts.item()))
+            return
+        if self._started and self._copied.query():
+            self._raise_if(int(self._seen[0]))
+        self._seen.copy_(self.timeouts, non_blocking=True)
+        self._copied.record()
+        self._started = True
+        if wait:
+            self._copied.synchronize()
+            self._raise_if(int(self._seen[0]))
+
+    @staticmethod
+    def _raise_if(timeouts: int) -> None:
+        if timeouts:
             raise QualError("fused_decode: a grid barrier timed out (all programs must be resident at once: "
                             "is another process using this GPU?); its decode steps are wrong")
