@@ -79,3 +79,24 @@ def test_a_recurrent_state_cache_is_refused_by_name(tmp_path):
 def test_a_negative_limit_is_refused(tiny_pair):
     with pytest.raises(QualError, match="prefill_graph_tokens"):
         engine_config(*tiny_pair, -1)
+
+
+def test_a_failed_capture_leaves_prefill_eager_and_says_why(tiny_pair, monkeypatch):
+    """A bucket whose capture fails (out of memory, say) does not fail the run: its chunk and every later one
+    prefill eagerly, with the same tokens, and the record names the failure. (The capture itself needs CUDA: the
+    failure is injected where it would be raised.)"""
+    from qual.runtime.prefill_graphs import PrefillGraphs
+
+    def fail(self, b):
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
+    eager, _ = generate(*tiny_pair, 0, reqs, max_num_seqs=3)
+    monkeypatch.setattr(PrefillGraphs, "_capture", fail)
+    with LLMEngine(engine_config(*tiny_pair, 4096, max_num_seqs=3)) as engine:
+        engine.runner.prefill_graphs.capture = True  # as on CUDA
+        out = engine.generate(reqs, SamplingParams(max_tokens=20))
+        record = engine.graph_capture()["prefill"]
+    assert record["status"] == "failed" and "out of memory (injected)" in record["detail"]
+    assert record["padded_chunks"] == 0 and record["eager_chunks"] >= 3
+    assert same(out, eager)

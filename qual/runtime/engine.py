@@ -433,7 +433,9 @@ class LLMEngine:
             if nxt is None:
                 return
             live = [s for s in seqs if not s.finish_reason]
-            if len(live) < len(seqs) - len(retired) and not (live and not waiting and self.runner.padded_size(len(live)) == size):
+            newly_finished = len(live) < len(seqs) - len(retired)
+            goes_on = live and not waiting and self.runner.padded_size(len(live)) == size
+            if newly_finished and not goes_on:
                 self._commit(seqs, nxt, sampling)
                 return
             out = nxt
@@ -453,10 +455,10 @@ class LLMEngine:
         requests of the prefill launched just before, whose first tokens the device puts in."""
         reach = 2 * self.K + 1 if advanced else self.K  # positions written past the committed length
         self.steps_ahead += advanced or bool(first)
-        # A request whose first token is not read yet: it is one past its prompt, its last token a placeholder
-        first_rows = {id(s): j for j, s in enumerate(first)}
-        pending = [1 if id(s) in first_rows else 0 for s in seqs]
-        for s, extra in zip(seqs, pending):
+        # A request whose first token is not read yet is one past its prompt, its last token a placeholder
+        in_prefill = {id(s): j for j, s in enumerate(first)}  # its index in that prefill
+        unread = [1 if id(s) in in_prefill else 0 for s in seqs]
+        for s, extra in zip(seqs, unread):
             if not s.finish_reason:
                 self.cache.ensure(s.req.id, s.num_committed + extra + reach)
         newly = [i for i, s in enumerate(seqs) if s.finish_reason and i not in retired] if advanced else []
@@ -469,9 +471,9 @@ class LLMEngine:
                 t[rows] = -1
         step = DecodeStep(
             [s.req.id for s in seqs], [s.output[-1] if s.output else 0 for s in seqs],
-            [s.num_committed + extra for s, extra in zip(seqs, pending)], [s.ctx_len for s in seqs],
+            [s.num_committed + extra for s, extra in zip(seqs, unread)], [s.ctx_len for s in seqs],
             [s.pending_commit for s in seqs], tables, advanced=advanced, retired=newly,
-            first_rows=[(i, first_rows[id(s)]) for i, s in enumerate(seqs) if id(s) in first_rows],
+            first_rows=[(i, in_prefill[id(s)]) for i, s in enumerate(seqs) if id(s) in in_prefill],
         )
         self.phases.lap("schedule")
         return self._step(step)

@@ -1,18 +1,19 @@
 """Small prefill chunks at padded, bucketed shapes, replayed from CUDA graphs.
 
-Why: an eager prefill of the toy target and its drafter is ~650 small operators, ~12 ms of host time on an H200
-host for a 130-token prompt, as long as ten speculative decode steps (docs/PERFORMANCE.md). Replayed from a graph
-the same work is one launch.
+Why: eagerly, one HumanEval prompt's prefill through the toy target and its drafter (~300 operators) took 11.9 ms
+of the H200 host's time (32ad3dc; docs/PERFORMANCE.md), as long as the ten speculative decode steps after it.
+Replayed from a graph the same work is one launch.
 
 A chunk of n prompts, the longest L tokens long, runs as a rectangle of P x L' tokens: P = n and L' = L, each
-rounded up to a power of two (L' at least MIN_LENGTH), so a few shapes serve every chunk; padding rows have length 0. Row r holds prompt r at positions
-0..len-1 and padding after it; padding tokens are never written to a cache (their write slots are the trash slot)
-and their outputs are dropped, so the real tokens compute what the eager prefill computes (graphs equal eager:
-tests/test_prefill_graphs.py). Every row has L' query tokens in order, so the attention needs no un-padding
-(`TargetMeta.dense`) and no step does a host sync.
+rounded up to a power of two (L' at least MIN_LENGTH), so a few shapes serve every chunk; padding rows have length
+0. Row r holds prompt r at positions 0..len-1 and padding after it; padding tokens are never written to a cache
+(their write slots are the trash slot) and their outputs are dropped, so the real tokens compute what the eager
+prefill computes (tests/test_prefill_graphs.py). Every row has L' query tokens in order, so the attention needs
+no un-padding (`TargetMeta.dense`) and no step does a host sync.
 
 A bucket is captured the first time a chunk needs it: that chunk runs eagerly on a side stream (the capture's
-warm-up, and its result), then the same function is captured and later chunks of the bucket replay it. Chunks
+warm-up, and its result), then the same function is captured and later chunks of the bucket replay it. A capture
+that fails (out of memory, say) leaves every later chunk eager, and the record says so. Chunks
 above `EngineConfig.prefill_graph_tokens` padded tokens run eagerly, counted; so do all chunks where the layout
 cannot be padded this way (cache groups other than paged K/V: a recurrent state would read the padding) or where
 the graphs are off (tp > 1, or no decode graphs). On the CPU, `static_shapes` runs the same padded function eagerly,
@@ -77,15 +78,16 @@ class PrefillGraphs:
         self.eager_chunks = 0  # chunks above max_tokens: the eager prefill
         self.seconds = 0.0
         self.pool = None
-        self.reason = unsupported(runner)
+        self.reason = unsupported(runner)  # why chunks run eagerly (None: they need not)
+        self.failed = False  # a capture failed: every chunk after it runs eagerly
 
     @property
     def active(self) -> bool:
         return self.reason is None and self.max_tokens > 0
 
     def run(self, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """Target logits at each prompt's last token [n, V] (the draft context written), or None: the chunk is
-        larger than max_tokens padded tokens and runs eagerly."""
+        """Target logits at each prompt's last token [n, V] (the draft context written), or None: the chunk runs
+        eagerly (larger than max_tokens padded tokens, a layout that cannot be padded, or a failed capture)."""
         P, L = bucket(len(prompts), max(map(len, prompts)))
         if not self.active or P * L > self.max_tokens:
             self.eager_chunks += 1
@@ -96,7 +98,13 @@ class PrefillGraphs:
         if not self.capture:
             return self._compute(b)[: len(prompts)]
         if b.graph is None:
-            return self._capture(b)[: len(prompts)]
+            try:
+                return self._capture(b)[: len(prompts)]
+            except Exception as exc:  # e.g. out of memory: prefill goes on eagerly, and the record says why
+                self.reason = f"capture of bucket {P}x{L} failed: {type(exc).__name__}: {exc}"
+                self.failed, self.padded_chunks = True, self.padded_chunks - 1
+                self.eager_chunks += 1
+                return None
         b.graph.replay()
         self.replays += 1
         # The next replay of another bucket may reuse this output's memory (one pool): the caller's own copy.
@@ -148,8 +156,8 @@ class PrefillGraphs:
         hidden, aux = r.target.forward(tokens, positions, TargetMeta(shape.q_index, views, dense=True, prefill=True),
                                        r.stores)
         if r.drafter is not None:
-            slots = {name: r._route(name, torch.where(real, write_slots(r.geometry[name], positions, rows, tables[name]), -1))
-                     for name in r.draft_groups}
+            slots = {name: write_slots(r.geometry[name], positions, rows, tables[name]) for name in r.draft_groups}
+            slots = {name: r._route(name, torch.where(real, w, -1)) for name, w in slots.items()}
             r.drafter.write_context(aux, positions, slots, r.stores, r.layer_slots)
         last = torch.arange(P, device=tokens.device) * L + (lens - 1).clamp(min=0)
         return r.target.logits(hidden[last])
@@ -180,11 +188,11 @@ class PrefillGraphs:
     def record(self) -> dict:
         """What the capture record says of prefill: the buckets captured, replays, chunks that ran eagerly."""
         captured = sorted(k for k, b in self.buckets.items() if b.graph is not None)
-        status = ("unsupported" if self.reason else "off" if self.max_tokens == 0 else
+        status = ("failed" if self.failed else "unsupported" if self.reason else "off" if self.max_tokens == 0 else
                   "captured" if captured else "not_captured")  # not_captured: eager at padded shapes, or no chunk fit
         return {"status": status, "max_tokens": self.max_tokens, "buckets": [f"{p}x{n}" for p, n in captured],
-                "padded_chunks": self.padded_chunks, "replays": self.replays, "eager_chunks": self.eager_chunks, "seconds": round(self.seconds, 3),
-                "detail": self.reason}
+                "padded_chunks": self.padded_chunks, "replays": self.replays, "eager_chunks": self.eager_chunks,
+                "seconds": round(self.seconds, 3), "detail": self.reason}
 
 
 def unsupported(runner) -> str | None:
