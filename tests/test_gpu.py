@@ -43,6 +43,7 @@ def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend):
     assert outputs(first) == outputs(out) == outputs(cpu_control)
     prefill = record["prefill"]
     assert prefill["status"] == "captured" and prefill["replays"] >= 1 and prefill["eager_chunks"] == 0, prefill
+    assert record["mode"] == "FULL"  # not FULL_DECODE_ONLY: prefill ran from graphs too
     assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
     assert record["status"] == "captured" and record["sizes"] == list(GRAPHS), record
     assert sum(record["replays"].values()) > 0 and record["eager_fallback_sizes"] == []

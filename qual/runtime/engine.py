@@ -253,7 +253,10 @@ class LLMEngine:
             why = "CUDA graphs need a CUDA device" if self.cfg.device == "cpu" else "CUDA graphs disabled (no capture sizes)"
             return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why,
                     "backend": backend, "prefill": prefill}
-        return {**self.runner.graphs.record(), "backend": backend, "prefill": prefill}
+        record = {**self.runner.graphs.record(), "backend": backend, "prefill": prefill}
+        if prefill and prefill["status"] == "captured":  # prefill chunks replayed from graphs too, not decode only
+            record["mode"] = "FULL"
+        return record
 
     def model_facts(self) -> dict:
         """What the run should record about the checkpoints beyond their paths (e.g. a vision tower not loaded)."""
