@@ -77,7 +77,8 @@ def test_another_process_answering_health_is_not_the_server(impostor, tmp_path):
                                           r"outside the server's group"):
         with server:
             pytest.fail("the impostor was accepted as the server")
-    assert time.monotonic() - t0 < 10  # refused at once, not at the start-up deadline
+    # refused at once, not at the 30 s start-up deadline (10.1 s seen with two test workers and a CI install beside it)
+    assert time.monotonic() - t0 < 20
     assert server.proc is None  # stopped
 
 
