@@ -448,7 +448,7 @@ class LLMEngine:
         past each request's committed length: inside the request's reservation (admitted with that tail) and the
         static width of max_model_len. And some request must still need it: one within K tokens of its end may
         finish in the step in flight (its row of the next step then runs for nothing; a batch of it alone would)."""
-        room = all(s.num_committed + 2 * self.K + 1 <= self.cfg.max_model_len for s in seqs)
+        room = all(s.num_committed + self.tail <= self.cfg.max_model_len for s in seqs)
         return room and any(s.num_committed + self.K <= len(s.req.prompt_token_ids) + s.max_tokens for s in seqs)
 
     def _launch(self, seqs: list[_Seq], advanced: bool = False, retired: set[int] | None = None, first=()):
@@ -456,7 +456,7 @@ class LLMEngine:
         advanced that step's inputs, and each request's blocks cover the longest it can have grown to. retired (an
         advanced step's): rows already padding; rows of requests finished since become padding now (added). first:
         requests of the prefill launched just before, whose first tokens the device puts in."""
-        reach = 2 * self.K + 1 if advanced else self.K  # positions written past the committed length
+        reach = self.tail if advanced else self.K  # positions written past the committed length
         self.steps_ahead += advanced or bool(first)
         # A request whose first token is not read yet is one past its prompt, its last token a placeholder
         in_prefill = {id(s): j for j, s in enumerate(first)}  # its index in that prefill

@@ -17,7 +17,7 @@ from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorSt
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows, put_last_tokens, retire
+from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows, retire, set_number
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -232,28 +232,20 @@ class ModelRunner:
             self._amend(graph.load(args, feats, step.advanced).numbers, step)
             logits, drafts, aux, choices = graph.replay()
             self.phases.lap("graph")
-        elif static and self.step_fn is not self.static_step:  # compiled code only for the fixed shapes: dynamic
-            P = 1 << (R - 1).bit_length()  # shapes would recompile at every new width
+        elif static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
+            P = self.padded_size(R)
             args, feats = self._load_static(*self.step_args(step, P, static=True), step)
-            self.rows(P)
-            self.phases.lap("inputs")
-            logits, drafts, aux, choices = self.step_fn(args, feats)
-            self.phases.lap("graph")
-        else:
-            if static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
-                P = 1 << (R - 1).bit_length()
-                args, feats = self._load_static(*self.step_args(step, P, static=True), step)
-                inp = self.build_inputs(args, feats, static=True)
+            if self.step_fn is not self.static_step:  # compiled code only for the fixed shapes: dynamic shapes
+                self.rows(P)  # would recompile at every new width
+                self.phases.lap("inputs")
+                logits, drafts, aux, choices = self.step_fn(args, feats)
+                self.phases.lap("graph")
             else:
-                inp = self.decode_inputs(step)
-            self.phases.lap("inputs")
-            # the two halves static_step runs, timed apart
-            drafts = self.draft_compute(inp)
-            self.phases.lap("draft")
-            logits, drafts, aux, choices = self.verify_compute(inp, drafts)
-            self.phases.lap("verify")
-            if static and self.async_decode:
-                spec_decode.advance(args, choices, aux, feats, self.K)
+                logits, drafts, aux, choices = self._halves(self.build_inputs(args, feats, static=True))
+                if self.async_decode:
+                    spec_decode.advance(args, choices, aux, feats, self.K)
+        else:
+            logits, drafts, aux, choices = self._halves(self.decode_inputs(step))
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()  # the copy of the steps before: no wait here
         Q = 1 + self.K
@@ -265,6 +257,15 @@ class ModelRunner:
         read = self.readback.start(choices[:R]) if choices is not None else None
         self.phases.lap("commit")
         return StepOutput(logits[:R], None if drafts is None else drafts[:R], read)
+
+    def _halves(self, inp: DecodeInputs):
+        """decode_compute's two halves, timed apart (eager steps)."""
+        self.phases.lap("inputs")
+        drafts = self.draft_compute(inp)
+        self.phases.lap("draft")
+        out = self.verify_compute(inp, drafts)
+        self.phases.lap("verify")
+        return out
 
     def check_kernels(self) -> None:
         """Raise if a kernel flagged a failure in any step so far (checked between steps without waiting)."""
@@ -303,7 +304,7 @@ class ModelRunner:
         retire(numbers, step.retired)
         if step.first_rows:
             rows, picks = zip(*step.first_rows)
-            put_last_tokens(numbers, list(rows), self.first_tokens[torch.tensor(picks, device=numbers.device)])
+            set_number(numbers, "last_tokens", list(rows), self.first_tokens[torch.tensor(picks, device=numbers.device)])
 
     def step_args(self, step: DecodeStep, pad_to: int | None = None, static: bool = False):
         """The host-built part of a decode step: its per-request numbers and block tables (qual/runtime/step_args.py),

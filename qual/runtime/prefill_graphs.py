@@ -93,29 +93,31 @@ class PrefillGraphs:
             self.eager_chunks += 1
             return None
         b = self.buckets.get((P, L)) or self._bucket(P, L)
-        self.padded_chunks += 1
+        n = len(prompts)
         b.flat.copy_(self._host_inputs(b, prompts, tables))
         if not self.capture:
-            return self._compute(b)[: len(prompts)]
-        if b.graph is None:
+            logits = self._compute(b)[:n]
+        elif b.graph is None:
             try:
-                return self._capture(b)[: len(prompts)]
+                logits = self._capture(b)[:n]
             except Exception as exc:  # e.g. out of memory: prefill goes on eagerly, and the record says why
-                self.reason = f"capture of bucket {P}x{L} failed: {type(exc).__name__}: {exc}"
-                self.failed, self.padded_chunks = True, self.padded_chunks - 1
+                self.reason, self.failed = f"capture of bucket {P}x{L} failed: {type(exc).__name__}: {exc}", True
                 self.eager_chunks += 1
                 return None
-        b.graph.replay()
-        self.replays += 1
-        # The next replay of another bucket may reuse this output's memory (one pool): the caller's own copy.
-        return b.logits[: len(prompts)].clone()
+        else:
+            b.graph.replay()
+            self.replays += 1
+            # The next replay of another bucket may reuse this output's memory (one pool): the caller's own copy.
+            logits = b.logits[:n].clone()
+        self.padded_chunks += 1
+        return logits
 
     def _bucket(self, P: int, L: int) -> _Bucket:
         r = self.runner
         dev = r.comm.device
         widths = {name: blocks_needed(L, r.cfg.cache.block_size, 1) for name in r.geometry}
-        index = {g.name: KeyIndex.build(view_geometry(g.spec, r.geometry[g.name]), L, widths[g.name], dev)
-                 for g in r.groups}
+        index = {name: KeyIndex.build(view_geometry(r.groups_by_name[name].spec, r.geometry[name]), L, widths[name], dev)
+                 for name in r.target_groups}  # the target's key views (the drafter's context is only written)
         size = P * L + P + sum(P * w for w in widths.values())
         b = self.buckets[(P, L)] = _Bucket(P, L, widths, torch.empty(size, dtype=torch.long, device=dev), index)
         return b

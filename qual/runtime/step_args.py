@@ -61,17 +61,18 @@ def context_sources(counts: torch.Tensor, num_ctx: int) -> tuple[torch.Tensor, t
     return torch.where(real, owner, -1), torch.where(real, r - (ends - counts)[owner], 0)
 
 
+def set_number(numbers: torch.Tensor, name: str, rows: list[int], values) -> None:
+    """Set one of a step's numbers [5, P] (NUMBERS) for rows, on the device (values: a scalar or a [len(rows)] device
+    tensor)."""
+    numbers[NUMBERS.index(name), torch.tensor(rows, device=numbers.device)] = values
+
+
 def retire(numbers: torch.Tensor, rows: list[int]) -> None:
     """Make rows of a step's numbers [5, P] on the device padding: sequence length 0. Their other numbers stay, so
     that the draft context the device packed for this step (by commit_counts) still lines up; the next advance
     then commits nothing for them (spec_decode.advance)."""
     if rows:
-        numbers[NUMBERS.index("seq_lens"), torch.tensor(rows, device=numbers.device)] = 0
-
-
-def put_last_tokens(numbers: torch.Tensor, rows: list[int], tokens: torch.Tensor) -> None:
-    """Set the last tokens of rows of a step's numbers [5, P] to tokens [len(rows)] already on the device."""
-    numbers[NUMBERS.index("last_tokens"), torch.tensor(rows, device=numbers.device)] = tokens
+        set_number(numbers, "seq_lens", rows, 0)
 
 
 def flat_views(flat: torch.Tensor, like: StepArgs) -> StepArgs:
