@@ -1,7 +1,8 @@
 """GPU benchmark: decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
 
     python3 bench/gpu_bench.py [--out bench.json] [--backends reference,compiled+triton-gemm+triton-attention,...]
-                               [--models qwen3-0.6b-shape,toy] [--no-spec] [--prompt-tokens N] [--max-model-len N]
+                               [--models qwen3-0.6b-shape,toy] [--batches 1,8] [--no-spec] [--prompt-tokens N]
+                               [--max-model-len N]
 
 Backends are the runtime's (qual/runtime/backends): reference, or parts joined by "+" (compiled,
 compiled-autotune, triton-gemm, triton-attention, fused).
@@ -170,7 +171,7 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
 
 def sizes_for(batch: int, backend: str) -> tuple[int, ...]:
     # a compiled engine captures only the size it runs: each captured size is a compilation
-    return (batch,) if "compiled" in backend else (1, 8)
+    return (batch,) if "compiled" in backend else tuple(sorted({1, 8, batch}))
 
 
 def end_to_end_rows(res: dict):
@@ -208,6 +209,7 @@ def main() -> int:
                     "prompts make the step read more KV than weights (the 0.6B shape allows up to 4,096 positions)")
     ap.add_argument("--backends", default="reference", help="comma list of runtime backends (qual/runtime/backends)")
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
+    ap.add_argument("--batches", default="1,8", help="comma list of batch sizes of every row")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
                     "graphs' static key width follows it")
@@ -218,13 +220,14 @@ def main() -> int:
     res["copy_bandwidth_Bps"] = bw
     toy_t, toy_d = TOY / "target", TOY / "draft"
     wanted = args.models.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
     runs = {f"+{b}" if b != "reference" else "": b for b in args.backends.split(",")}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         big = random_qwen3(Path(tmp) / "qwen3-0.6b", QWEN3_0_6B) if "qwen3-0.6b-shape" in wanted else None
         models = {"qwen3-0.6b-shape": big, "toy": toy_t}
         for name in wanted:
-            for batch in (1, 8):
+            for batch in batches:
                 h = hf(models[name], batch, args.prompt_tokens, args.new_tokens)
                 for suffix, backend in runs.items():
                     key = f"{name}{suffix}/b{batch}"
@@ -244,7 +247,7 @@ def main() -> int:
 
             tok = PromptTokenizer(str(toy_t))
             corpus = load_corpus("humaneval")
-            for batch in (1, 8):
+            for batch in batches:
                 reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in corpus.requests[:batch]]
                 plen = max(len(r.prompt_token_ids) for r in reqs)
                 for suffix, backend in runs.items():

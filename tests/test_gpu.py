@@ -124,10 +124,10 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
         assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], backend
 
 
-@pytest.mark.parametrize("change", [{}, {"poll_acquire": False}])
-def test_fused_decode_matches_per_layer_path(tiny_pair, change, monkeypatch):
+@pytest.mark.parametrize("change,backend", [({}, "fused"), ({"poll_acquire": False}, "fused"), ({}, "compiled+fused")])
+def test_fused_decode_matches_per_layer_path(tiny_pair, change, backend, monkeypatch):
     """One kernel for all layers (batch 1, graphs on, float32) gives the per-layer path's tokens; no barrier timed out.
-    change: the default tiling, then the other barrier poll."""
+    change: the default tiling, then the other barrier poll; compiled+fused: the step around the kernel compiled."""
     from dataclasses import replace
 
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
@@ -141,7 +141,7 @@ def test_fused_decode_matches_per_layer_path(tiny_pair, change, monkeypatch):
     def generate(fused):
         cfg = EngineConfig(str(tiny_pair[0]), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
                            dtype="float32", device="cuda", cuda_graph_sizes=(1, 2), max_model_len=256,
-                           backend="fused" if fused else "reference")
+                           backend=backend if fused else "reference")
         with LLMEngine(cfg) as engine:
             out = [engine.generate([r], SamplingParams(max_tokens=20))[0].output_token_ids for r in prompts()]
             kernel = engine.runner.target.fused

@@ -12,7 +12,8 @@ prefill computes (tests/test_prefill_graphs.py). Every row has L' query tokens i
 no un-padding (`TargetMeta.dense`) and no step does a host sync.
 
 A bucket is captured the first time a chunk needs it: that chunk runs eagerly on a side stream (the capture's
-warm-up, and its result), then the same function is captured and later chunks of the bucket replay it. A capture
+warm-up), then the same function is captured and replayed for the chunk's result (its first launch, which also
+uploads the graph, is the capture's), and later chunks of the bucket replay it. A capture
 that fails (out of memory, say) leaves every later chunk eager, and the record says so. Chunks
 above `EngineConfig.prefill_graph_tokens` padded tokens run eagerly, counted; so do all chunks where the layout
 cannot be padded this way (cache groups other than paged K/V: a recurrent state would read the padding) or where
@@ -165,21 +166,25 @@ class PrefillGraphs:
         return r.target.logits(hidden[last])
 
     def _capture(self, b: _Bucket) -> torch.Tensor:
-        """Run the chunk eagerly on a side stream (its result, and the capture's warm-up), then capture the bucket."""
+        """Warm up on a side stream (the chunk run eagerly), capture the bucket, then replay it once for the chunk's
+        result: a graph's first launch also uploads it to the device, which belongs to the capture, not to the next
+        chunk of this bucket. The replay writes what the warm-up wrote (same inputs, same cache slots), so running
+        the chunk twice changes nothing."""
         start = time.perf_counter()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            result = self._compute(b)
+            self._compute(b)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
             b.logits = self._compute(b)
+        graph.replay()
         b.graph = graph
         self.seconds += time.perf_counter() - start
-        return result
+        return b.logits.clone()
 
     def release(self) -> None:
         for b in self.buckets.values():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qual.runtime.sampling import top2_margins
+from qual.runtime.sampling import greedy
 from qual.runtime.step_args import NUMBERS, context_sources
 
 
@@ -57,7 +57,8 @@ def verify_tokens(last_tokens: torch.Tensor, drafts: torch.Tensor | None) -> tor
 def pack_choices(logits: torch.Tensor, drafts: torch.Tensor | None) -> torch.Tensor:
     """Greedy tokens, top-2 margins and proposals of a step, [P, 2Q + K] float64, computed where the logits are so
     that one copy brings them to the host (unpack_choices). float64 holds token ids and float32 margins exactly."""
-    parts = [logits.argmax(dim=-1).double(), top2_margins(logits).double()]
+    tokens, margins = greedy(logits)
+    parts = [tokens.double(), margins.double()]
     if drafts is not None:
         parts.append(drafts.double())
     return torch.cat(parts, dim=1)

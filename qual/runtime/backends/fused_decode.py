@@ -46,12 +46,18 @@ class FusedDecode:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, view, store) -> torch.Tensor:
         """Residual stream after the last layer, float32 [1, hidden] (view: the target group's AttentionView)."""
+        x = F.embedding(tokens, self.target.embed)[0]
+        return self._layers(x, positions, view.write_slots, view.keys.slots[0], view.mask[0, 0], store)[None]
+
+    @torch.compiler.disable
+    def _layers(self, x, positions, write_slots, key_slots, mask, store) -> torch.Tensor:
+        """The kernel launch, left out of a compiled step (fused+compiled): torch.compile compiles the step's views,
+        final norm, LM head and choices around it, and launches this kernel as it is between them."""
         t = self.target
         out, self.flags = decode_layers(
-            F.embedding(tokens, t.embed)[0], positions, view.write_slots, view.keys.slots[0], view.mask[0, 0],
-            self.weights, store.k_all, store.v_all, t.rope.inv_freq, t.cfg.rms_norm_eps, t.scale, self.programs,
-            self.tiling, sync=self.sync, timeouts=self.timeouts)
-        return out[None]
+            x, positions, write_slots, key_slots, mask, self.weights, store.k_all, store.v_all, t.rope.inv_freq,
+            t.cfg.rms_norm_eps, t.scale, self.programs, self.tiling, sync=self.sync, timeouts=self.timeouts)
+        return out
 
     def check(self, wait: bool = False) -> None:
         """Raise if a grid barrier ever gave up waiting (its step's results are wrong): the kernel needs every
