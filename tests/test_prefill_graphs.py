@@ -49,6 +49,23 @@ def test_padded_prefill_gives_the_eager_prompt_logits(tiny_pair):
     torch.testing.assert_close(padded, eager, rtol=0, atol=1e-12)
 
 
+def test_chunks_of_unsorted_prompts_come_back_in_the_steps_order_with_their_choices(tiny_pair):
+    """Prompts run in length-sorted chunks (here some padded, one above the padded limit and eager): logits and the
+    greedy choices read back for the first tokens are each prompt's own, in the order the step gave them."""
+    ps = [list(r.prompt_token_ids) for r in prompts(6)]
+    ps = [ps[i] for i in (4, 0, 5, 2, 1, 3)]
+    with LLMEngine(engine_config(*tiny_pair, 0)) as engine:
+        alone = torch.cat([engine.prompt_logits([p]) for p in ps])
+    cfg = replace(engine_config(*tiny_pair, 63), max_prefill_tokens=40)  # chunks of 3+9+11 (eager), 17, 26, 40 (eager)
+    with LLMEngine(cfg) as engine:
+        logits = engine.prompt_logits(ps)
+        first = engine.runner.first_tokens.tolist()
+        record = engine.graph_capture()["prefill"]
+    assert record["padded_chunks"] >= 2 and record["eager_chunks"] >= 1, record
+    torch.testing.assert_close(logits, alone, rtol=0, atol=1e-12)
+    assert first == alone.argmax(dim=-1).tolist()
+
+
 @pytest.mark.parametrize("max_num_seqs", [8, 3])  # one chunk; chunks of one or two as requests finish
 def test_speculative_decoding_after_a_padded_prefill_is_unchanged(tiny_pair, max_num_seqs):
     """The draft context written by the padded prefill is the eager one: proposals and acceptance agree."""

@@ -146,7 +146,11 @@ class ModelRunner:
         return self.stores[name].route(slots)
 
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.comm.device)
+        """A small host tensor on this rank's device. On CUDA through page-locked memory without blocking: a copy from
+        pageable memory waits for the device (the prefill graph just launched, say)."""
+        if self.comm.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.comm.device, non_blocking=True)
 
     def _target_meta(self, shape: StepShape, tables, widths: dict | None = None, static: bool = False,
                      dense: bool = False) -> TargetMeta:
@@ -171,31 +175,33 @@ class ModelRunner:
     def _prefill(self, step: PrefillStep) -> StepOutput:
         """Whole prompts through the target, in length-sorted chunks so padding stays small."""
         order = sorted(range(len(step.prompts)), key=lambda i: len(step.prompts[i]))
-        logits = [None] * len(order)
-        chunk: list[int] = []
+        parts, chunk = [], []  # (logits, choices) of each chunk, in length order
         for i in order + [None]:
             longest = len(step.prompts[i]) if i is not None else 0
             if chunk and (i is None or (len(chunk) + 1) * longest > self.cfg.max_prefill_tokens):
-                for j, row in zip(chunk, self._prefill_chunk(step, chunk)):
-                    logits[j] = row
+                parts.append(self._prefill_chunk(step, chunk))
                 chunk = []
             if i is not None:
                 chunk.append(i)
-        logits = torch.stack(logits)
+        logits, choices = (None if t[0] is None else torch.cat(t) if len(t) > 1 else t[0] for t in zip(*parts))
+        if order != sorted(order):  # back to the step's order
+            inverse = self._dev(torch.tensor(sorted(range(len(order)), key=order.__getitem__)))
+            logits, choices = logits[inverse], None if choices is None else choices[inverse]
         if self.comm.rank != 0:
             return StepOutput(logits)
         # Greedy choices where the logits are: read by the host without waiting, and kept here, where a decode step
         # launched before the host has read them takes them as its last tokens (DecodeStep.first_rows)
-        choices = spec_decode.pack_choices(logits[:, None], None)
         self.first_tokens = choices[:, 0].long()
         return StepOutput(logits, None, self.readback.start(choices))
 
-    def _prefill_chunk(self, step: PrefillStep, idx: list[int]) -> torch.Tensor:
+    def _prefill_chunk(self, step: PrefillStep, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target logits at each prompt's last token [n, V] and rank 0's greedy choices of them (pack_choices; None on
+        the other ranks)."""
         prompts = [step.prompts[i] for i in idx]
         if self.prefill_graphs is not None:
-            logits = self.prefill_graphs.run(prompts, {name: t[idx] for name, t in step.tables.items()})
-            if logits is not None:
-                return logits
+            out = self.prefill_graphs.run(prompts, {name: t[idx] for name, t in step.tables.items()})
+            if out is not None:
+                return out
         tables = {name: self._dev(t[idx]) for name, t in step.tables.items()}
         lens = [len(p) for p in prompts]
         tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
@@ -218,7 +224,10 @@ class ModelRunner:
                      for name in self.draft_groups}
             self.drafter.write_context(aux, positions, slots, self.stores, self.layer_slots)
         # Only rank 0 samples: the other ranks skip the LM head.
-        return self.target.logits(hidden[last]) if self.comm.rank == 0 else hidden.new_zeros(len(idx), 1)
+        if self.comm.rank != 0:
+            return hidden.new_zeros(len(idx), 1), None
+        logits = self.target.logits(hidden[last])
+        return logits, spec_decode.pack_choices(logits[:, None], None)
 
     def _decode(self, step: DecodeStep) -> StepOutput:
         R = len(step.req_ids)

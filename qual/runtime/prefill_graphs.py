@@ -32,6 +32,7 @@ from qual.runtime.cache_views import StepShape, build_view, view_geometry
 from qual.runtime.geometry import blocks_needed
 from qual.runtime.models.base import TargetMeta
 from qual.runtime.paged import KeyIndex, write_slots
+from qual.runtime.spec_decode import pack_choices
 
 MIN_LENGTH = 16  # shortest padded prompt length: a bucket per power of two from here
 
@@ -53,7 +54,7 @@ class _Bucket:
     flat: torch.Tensor
     index: dict[str, KeyIndex]
     graph: torch.cuda.CUDAGraph | None = None
-    logits: torch.Tensor | None = None
+    outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # the graph's (logits, choices)
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         P, L = self.rows, self.length
@@ -86,21 +87,24 @@ class PrefillGraphs:
     def active(self) -> bool:
         return self.reason is None and self.max_tokens > 0
 
-    def run(self, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """Target logits at each prompt's last token [n, V] (the draft context written), or None: the chunk runs
-        eagerly (larger than max_tokens padded tokens, a layout that cannot be padded, or a failed capture)."""
+    def run(self, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Target logits at each prompt's last token [n, V] and their greedy choices (spec_decode.pack_choices), the
+        draft context written; or None: the chunk runs eagerly (larger than max_tokens padded tokens, a layout that
+        cannot be padded, or a failed capture)."""
         P, L = bucket(len(prompts), max(map(len, prompts)))
         if not self.active or P * L > self.max_tokens:
             self.eager_chunks += 1
             return None
         b = self.buckets.get((P, L)) or self._bucket(P, L)
         n = len(prompts)
-        b.flat.copy_(self._host_inputs(b, prompts, tables))
+        # From page-locked memory without blocking: a copy from pageable memory would wait for the device
+        host = self._host_inputs(b, prompts, tables)
+        b.flat.copy_(host.pin_memory() if b.flat.is_cuda else host, non_blocking=True)
         if not self.capture:
-            logits = self._compute(b)[:n]
+            out = self._compute(b)
         elif b.graph is None:
             try:
-                logits = self._capture(b)[:n]
+                out = self._capture(b)
             except Exception as exc:  # e.g. out of memory: prefill goes on eagerly, and the record says why
                 self.reason, self.failed = f"capture of bucket {P}x{L} failed: {type(exc).__name__}: {exc}", True
                 self.eager_chunks += 1
@@ -108,10 +112,12 @@ class PrefillGraphs:
         else:
             b.graph.replay()
             self.replays += 1
-            # The next replay of another bucket may reuse this output's memory (one pool): the caller's own copy.
-            logits = b.logits[:n].clone()
+            out = b.outputs
         self.padded_chunks += 1
-        return logits
+        # A graph's outputs are overwritten by its next replay, and another bucket's may reuse their memory (one
+        # pool): the caller's own copies
+        logits, choices = out
+        return logits[:n].clone(), choices[:n].clone()
 
     def _bucket(self, P: int, L: int) -> _Bucket:
         r = self.runner
@@ -126,24 +132,26 @@ class PrefillGraphs:
     @staticmethod
     def _host_inputs(b: _Bucket, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> torch.Tensor:
         """The chunk in the bucket's layout: padding tokens 0, padding rows of length 0, tables cut or padded with
-        -1 to the bucket's width (columns past the padded length hold nothing a prompt reaches)."""
+        -1 to the bucket's width (columns past the padded length hold nothing a prompt reaches). Built as one list:
+        a few hundred numbers, where a torch operator per part costs more than the list."""
         P, L = b.rows, b.length
-        tokens = torch.zeros(P, L, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = torch.tensor(p)
-        lens = torch.zeros(P, dtype=torch.long)
-        lens[: len(prompts)] = torch.tensor([len(p) for p in prompts])
-        parts = [tokens.reshape(-1), lens]
+        flat = []
+        for p in prompts:
+            flat += p + [0] * (L - len(p))
+        flat += [0] * (L * (P - len(prompts)))
+        flat += [len(p) for p in prompts] + [0] * (P - len(prompts))
         for name in sorted(b.widths):
-            t, w = tables[name], b.widths[name]
-            padded = torch.full((P, w), -1, dtype=torch.long)
-            padded[: t.shape[0], : min(w, t.shape[1])] = t[:, :w]
-            parts.append(padded.reshape(-1))
-        return torch.cat(parts)
+            w = b.widths[name]
+            for row in tables[name].tolist():
+                flat += row[:w] + [-1] * (w - len(row))
+            flat += [-1] * (w * (P - len(prompts)))
+        return torch.tensor(flat, dtype=torch.long)
 
-    def _compute(self, b: _Bucket) -> torch.Tensor:
+    def _compute(self, b: _Bucket) -> tuple[torch.Tensor, torch.Tensor]:
         """The padded prefill from the bucket's inputs: target forward, draft context, logits at each row's last
-        token [P, V]. What a graph captures: device work only, shapes fixed by the bucket."""
+        token [P, V] and their greedy choices [P, 2] (in the graph: eagerly their dozen small kernels took 0.38 ms of
+        the H200 host's time a prefill, docs/PERFORMANCE.md). What a graph captures: device work only, shapes fixed
+        by the bucket."""
         r = self.runner
         P, L = b.rows, b.length
         tokens, lens, tables = b.inputs()
@@ -163,12 +171,14 @@ class PrefillGraphs:
             slots = {name: r._route(name, torch.where(real, w, -1)) for name, w in slots.items()}
             r.drafter.write_context(aux, positions, slots, r.stores, r.layer_slots)
         last = torch.arange(P, device=tokens.device) * L + (lens - 1).clamp(min=0)
-        return r.target.logits(hidden[last])
+        logits = r.target.logits(hidden[last])
+        return logits, pack_choices(logits[:, None], None)
 
-    def _capture(self, b: _Bucket) -> torch.Tensor:
+    def _capture(self, b: _Bucket) -> tuple[torch.Tensor, torch.Tensor]:
         """Warm up on a side stream (the chunk run eagerly), capture the bucket, then replay it once for the chunk's
         result: a graph's first launch also uploads it to the device, which belongs to the capture, not to the next
-        chunk of this bucket. The replay writes what the warm-up wrote (same inputs, same cache slots), so running
+        chunk of this bucket (the toy pair's HumanEval prefill on the H200: 1.19 -> 0.64 ms of host time a generate,
+        docs/PERFORMANCE.md). The replay writes what the warm-up wrote (same inputs, same cache slots), so running
         the chunk twice changes nothing."""
         start = time.perf_counter()
         stream = torch.cuda.Stream()
@@ -180,11 +190,11 @@ class PrefillGraphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
-            b.logits = self._compute(b)
+            b.outputs = self._compute(b)
         graph.replay()
         b.graph = graph
         self.seconds += time.perf_counter() - start
-        return b.logits.clone()
+        return b.outputs
 
     def release(self) -> None:
         for b in self.buckets.values():
