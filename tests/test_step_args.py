@@ -2,7 +2,7 @@
 
 import torch
 
-from qual.runtime.sampling import greedy
+from qual.runtime.sampling import greedy_by_reductions
 from qual.runtime.spec_decode import advance, pack_choices, unpack_choices
 from qual.runtime.step_args import StepArgs, Stager, context_rows, flat_views, retire
 
@@ -50,9 +50,10 @@ def test_packed_choices_are_the_greedy_tokens_margins_and_proposals():
         assert unpack_choices(pack_choices(logits, None), 4)[2] is None
 
 
-def test_greedy_is_torchs_argmax_and_top2_margin_also_on_ties():
-    """The first of equal maxima, as torch.argmax; a tie at the top is a margin of 0, as topk gives it. bfloat16 logits
-    of a coarse grid tie often, at the top and below it."""
+def test_greedy_by_reductions_is_torchs_argmax_and_top2_margin_also_on_ties():
+    """The form CUDA runs (sampling.greedy_by_reductions), here on the CPU: the first of equal maxima, as
+    torch.argmax; a tie at the top is a margin of 0, as topk gives it. bfloat16 logits of a coarse grid tie often, at
+    the top and below it."""
     g = torch.Generator().manual_seed(2)
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
         for shape in [(7, 1000), (2, 3, 151936), (1, 2)]:
@@ -60,7 +61,7 @@ def test_greedy_is_torchs_argmax_and_top2_margin_also_on_ties():
             logits[0, ..., -1] = logits[0].max() + 1  # the maximum in the last column once
             if shape[-1] > 2:
                 logits[-1, ..., 3] = logits[-1, ..., 5] = logits[-1].max() + 1  # two equal maxima: the first wins
-            token, margin = greedy(logits)
+            token, margin = greedy_by_reductions(logits)
             assert torch.equal(token, logits.argmax(dim=-1)), (dtype, shape)
             top = logits.topk(2, dim=-1).values.float()
             assert torch.equal(margin, top[..., 0] - top[..., 1]), (dtype, shape)

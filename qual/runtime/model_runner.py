@@ -17,7 +17,7 @@ from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorSt
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows, retire, set_number
+from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows, retire, set_number, to_device
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -146,11 +146,7 @@ class ModelRunner:
         return self.stores[name].route(slots)
 
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
-        """A small host tensor on this rank's device. On CUDA through page-locked memory without blocking: a copy from
-        pageable memory waits for the device (the prefill graph just launched, say)."""
-        if self.comm.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.comm.device, non_blocking=True)
+        return to_device(t, self.comm.device)
 
     def _target_meta(self, shape: StepShape, tables, widths: dict | None = None, static: bool = False,
                      dense: bool = False) -> TargetMeta:
@@ -313,7 +309,8 @@ class ModelRunner:
         retire(numbers, step.retired)
         if step.first_rows:
             rows, picks = zip(*step.first_rows)
-            set_number(numbers, "last_tokens", list(rows), self.first_tokens[torch.tensor(picks, device=numbers.device)])
+            picks = to_device(torch.tensor(picks), numbers.device)  # the host must not wait here for the prefill
+            set_number(numbers, "last_tokens", list(rows), self.first_tokens[picks])
 
     def step_args(self, step: DecodeStep, pad_to: int | None = None, static: bool = False):
         """The host-built part of a decode step: its per-request numbers and block tables (qual/runtime/step_args.py),

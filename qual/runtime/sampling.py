@@ -31,9 +31,20 @@ def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(argmax [...] int64, top-1 minus top-2 logit [...] float32) of logits [..., V]: the greedy token (the first of
     equal maxima, as torch.argmax) and how near a tie it was.
 
-    Three max/min reductions over V rather than argmax and topk: torch.compile splits a max or a min over a long row
-    across many programs but runs an argmax, or a topk, over it in one (on the H200, 24 us and ~40 us for one
-    151,936-wide row of the 0.6B shape's LM head: a tenth of a fused decode step, docs/PERFORMANCE.md)."""
+    On CUDA by three max/min reductions (greedy_by_reductions); on the CPU torch's argmax and topk are the faster
+    way (the toy's 4,096 logits on the 2-core development machine: 0.8 against 1.5 ms for 8 x 16 rows, 6.3 against
+    23 ms for 64 x 16)."""
+    if logits.is_cuda:
+        return greedy_by_reductions(logits)
+    top = logits.topk(2, dim=-1).values.float()
+    return logits.argmax(dim=-1), top[..., 0] - top[..., 1]
+
+
+def greedy_by_reductions(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """greedy() as a max, a min and a max over V. torch.compile splits a max or a min over a long row across many
+    programs but runs an argmax, or a topk, over it in one: on the H200, 24 us and ~40 us for one 151,936-wide row
+    of the 0.6B shape's LM head, a tenth of a fused decode step; the three reductions take 14.5 us for eight rows
+    (docs/PERFORMANCE.md)."""
     V = logits.shape[-1]
     index = torch.arange(V, device=logits.device)
     best = logits.amax(dim=-1, keepdim=True)

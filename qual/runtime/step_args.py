@@ -61,10 +61,19 @@ def context_sources(counts: torch.Tensor, num_ctx: int) -> tuple[torch.Tensor, t
     return torch.where(real, owner, -1), torch.where(real, r - (ends - counts)[owner], 0)
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on device without the host waiting for it: on CUDA a copy from pageable memory waits for
+    every kernel queued before it (the prefill graph just launched, say), so it goes through page-locked memory
+    without blocking (torch's page-locked cache keeps the buffer until the copy has run)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def set_number(numbers: torch.Tensor, name: str, rows: list[int], values) -> None:
     """Set one of a step's numbers [5, P] (NUMBERS) for rows, on the device (values: a scalar or a [len(rows)] device
-    tensor)."""
-    numbers[NUMBERS.index(name), torch.tensor(rows, device=numbers.device)] = values
+    tensor). The host does not wait for the device (to_device)."""
+    numbers[NUMBERS.index(name), to_device(torch.tensor(rows), numbers.device)] = values
 
 
 def retire(numbers: torch.Tensor, rows: list[int]) -> None:
