@@ -2,7 +2,7 @@
 
     python3 bench/gpu_bench.py [--out bench.json] [--backends reference,compiled+triton-gemm+triton-attention,...]
                                [--models qwen3-0.6b-shape,toy] [--batches 1,8] [--no-spec] [--prompt-tokens N]
-                               [--max-model-len N]
+                               [--max-model-len N] [--kernels]
 
 Backends are the runtime's (qual/runtime/backends): reference, or parts joined by "+" (compiled,
 compiled-autotune, triton-gemm, triton-attention, fused).
@@ -71,6 +71,31 @@ def replay_seconds(graph, n: int = 50) -> float:
     return s.elapsed_time(e) / 1e3 / n
 
 
+def kernel_table(graph, replays: int = 10, top: int = 12) -> dict:
+    """What one replay of a captured decode graph runs on the device (CUPTI through torch.profiler, over `replays`
+    replays, inputs restored as in replay_seconds): kernels a step, kernel time a step, and the `top` kernels by
+    time, each with its microseconds and launches a step. Compiled steps' fusion varies between compiles, so a step
+    time alone does not say which kernels moved."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kept = [(t, t.clone()) for t in (graph.flat, graph.feats) if t is not None]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            for t, saved in kept:
+                t.copy_(saved)
+            graph.graph.replay()
+        torch.cuda.synchronize()
+    time_us, launches = {}, {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith("Memcpy"):  # not the restores
+            name = ev.name[:100]
+            time_us[name] = time_us.get(name, 0.0) + ev.device_time_total / replays
+            launches[name] = launches.get(name, 0) + 1 / replays
+    ranked = sorted(time_us, key=time_us.get, reverse=True)[:top]
+    return {"kernels_per_step": round(sum(launches.values())), "kernel_us_per_step": round(sum(time_us.values()), 1),
+            "top": [{"kernel": k, "us": round(time_us[k], 1), "launches": round(launches[k], 1)} for k in ranked]}
+
+
 def random_qwen3(path: Path, cfg: Qwen3Config) -> Path:
     """A random-init Qwen3 checkpoint of the given shape (bf16, small weights), HF format."""
     w = random_target_weights(cfg, seed=0, scale=0.02)
@@ -91,7 +116,7 @@ def weight_bytes_read(target, rows: int) -> int:
 
 
 def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_tokens: int, sizes=(1, 8), prompts=None,
-         max_model_len: int | None = None,
+         max_model_len: int | None = None, kernels: bool = False,
          **engine_kw):
     # 16 GiB of KV: 8 rows of 4k tokens of the 0.6B shape take 3.7 GB
     cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(1, 1, 1),
@@ -118,6 +143,7 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
         rec = engine.graph_capture()
         graphs = engine.runner.graphs
         step_s = replay_seconds(graphs.graphs[batch]) if graphs and batch in graphs.graphs else None
+        table = kernel_table(graphs.graphs[batch]) if kernels and step_s else None
         wbytes = weight_bytes_read(engine.runner.target, batch)
         # Keys of the longest context in this run: not the graphs' static key width (max_model_len), whose padding a
         # kernel may read but need not; reading it costs time and earns no roofline credit
@@ -132,7 +158,7 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
     return {"tokens_per_s": tokens / wall, "bound_tokens_per_s": bound, "tokens_per_decode_step": per_step,
             "phase_times": phases, "wall_s": wall, "init_s": init_s, "graph_step_s": step_s, "weight_bytes_read": wbytes,
             "kv_bytes_read_per_step": kv_bytes, "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes", "prefill")},
-            "acceptance_rate": acc}
+            "acceptance_rate": acc, "kernel_table": table}
 
 
 def hf(target: Path, batch: int, prompt_len: int, new_tokens: int):
@@ -201,6 +227,17 @@ def print_end_to_end(res: dict) -> None:
               f"{o['phase_times']['steps_ahead'] / max(1, o['phase_times']['decode_steps']):6.0%}  {phases}")
 
 
+def print_kernels(res: dict) -> None:
+    """Each row's kernel table (--kernels)."""
+    for name, mode, batch, o in end_to_end_rows(res):
+        t = o.get("kernel_table")
+        if not t:
+            continue
+        print(f"{name} {mode} batch {batch}: {t['kernels_per_step']} kernels, {t['kernel_us_per_step']:.1f} us of kernels a step")
+        for k in t["top"]:
+            print(f"  {k['us']:8.1f} us  x{k['launches']:5.1f}  {k['kernel']}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench.json")
@@ -210,6 +247,8 @@ def main() -> int:
     ap.add_argument("--backends", default="reference", help="comma list of runtime backends (qual/runtime/backends)")
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
     ap.add_argument("--batches", default="1,8", help="comma list of batch sizes of every row")
+    ap.add_argument("--kernels", action="store_true", help="also profile each row's graph replay: its kernels, printed "
+                    "and in --out (kernel_table)")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
                     "graphs' static key width follows it")
@@ -233,7 +272,7 @@ def main() -> int:
                     key = f"{name}{suffix}/b{batch}"
                     try:
                         o = ours(models[name], None, batch, args.prompt_tokens, args.new_tokens, sizes_for(batch, backend),
-                                 max_model_len=args.max_model_len, backend=backend)
+                                 max_model_len=args.max_model_len, backend=backend, kernels=args.kernels)
                     except Exception as exc:  # one failing variant must not lose the others' numbers
                         res[key] = {"error": f"{type(exc).__name__}: {exc}"}
                         print(f"{key}: {res[key]['error']}", file=sys.stderr)
@@ -253,8 +292,10 @@ def main() -> int:
                 for suffix, backend in runs.items():
                     key = f"toy-spec{suffix}/b{batch}"
                     try:
-                        spec = ours(toy_t, toy_d, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend)
-                        plain = ours(toy_t, None, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend)
+                        spec = ours(toy_t, toy_d, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend,
+                                    kernels=args.kernels)
+                        plain = ours(toy_t, None, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend,
+                                     kernels=args.kernels)
                     except Exception as exc:
                         res[key] = {"error": f"{type(exc).__name__}: {exc}"}
                         print(f"{key}: {res[key]['error']}", file=sys.stderr)
@@ -273,6 +314,7 @@ def main() -> int:
         print(f"{k} spec vs plain: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
               f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
     print_end_to_end(res)
+    print_kernels(res)
     print("target KV bytes per rank (1536-token prompt, TP2):", res["kv_per_rank"])
     return 0
 
