@@ -48,11 +48,10 @@ def copy_bandwidth() -> float:
     return 2 * n / sorted(times[2:])[len(times[2:]) // 2]
 
 
-def replay_seconds(graph, n: int = 50) -> float:
-    """Seconds per replay of a captured decode graph: the mean of n back-to-back replays after 3 warm-ups.
-
-    Each replay advances the graph's own inputs (async decode), so they are put back before every replay (a copy of
-    a few hundred bytes, timed with it): otherwise the positions would run past the cache's width."""
+def restoring_replay(graph):
+    """A function that replays a captured decode graph from the inputs it holds now. Each replay advances the
+    graph's own inputs (async decode), so they are put back before every replay (a copy of a few hundred bytes):
+    otherwise the positions would run past the cache's width."""
     kept = [(t, t.clone()) for t in (graph.flat, graph.feats) if t is not None]
 
     def replay():
@@ -60,6 +59,13 @@ def replay_seconds(graph, n: int = 50) -> float:
             t.copy_(saved)
         graph.graph.replay()
 
+    return replay
+
+
+def replay_seconds(graph, n: int = 50) -> float:
+    """Seconds per replay of a captured decode graph: the mean of n back-to-back replays after 3 warm-ups, the
+    restore of its inputs timed with each (restoring_replay)."""
+    replay = restoring_replay(graph)
     for _ in range(3):
         replay()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -73,17 +79,15 @@ def replay_seconds(graph, n: int = 50) -> float:
 
 def kernel_table(graph, replays: int = 10, top: int = 12) -> dict:
     """What one replay of a captured decode graph runs on the device (CUPTI through torch.profiler, over `replays`
-    replays, inputs restored as in replay_seconds): kernels a step, kernel time a step, and the `top` kernels by
+    replays, inputs restored before each: restoring_replay): kernels a step, kernel time a step, and the `top` kernels by
     time, each with its microseconds and launches a step. Compiled steps' fusion varies between compiles, so a step
     time alone does not say which kernels moved."""
     from torch.profiler import ProfilerActivity, profile
 
-    kept = [(t, t.clone()) for t in (graph.flat, graph.feats) if t is not None]
+    replay = restoring_replay(graph)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
-            for t, saved in kept:
-                t.copy_(saved)
-            graph.graph.replay()
+            replay()
         torch.cuda.synchronize()
     time_us, launches = {}, {}
     for ev in prof.events():

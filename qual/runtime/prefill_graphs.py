@@ -133,7 +133,8 @@ class PrefillGraphs:
     def _host_inputs(b: _Bucket, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> torch.Tensor:
         """The chunk in the bucket's layout: padding tokens 0, padding rows of length 0, tables cut or padded with
         -1 to the bucket's width (columns past the padded length hold nothing a prompt reaches). Built as one list:
-        a few hundred numbers, where a torch operator per part costs more than the list."""
+        a torch operator per part cost more (one 125-token prompt: 16 against 58 us; eight of 154 tokens: 148 against
+        239 us, on the 2-core development CPU)."""
         P, L = b.rows, b.length
         flat = []
         for p in prompts:

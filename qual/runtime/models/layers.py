@@ -42,9 +42,21 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool = True) -> torch.Tensor:
     """RoPE on x [..., D] with cos/sin broadcastable to it: rotate-half (neox) or interleaved pairs (GPT-J)."""
     if neox:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+        return rotate_half_folded(x, cos, fold_sin(sin))
     return x * cos + torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2) * sin
+
+
+def fold_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin [..., D] with its first half negated: what rotate_half_folded takes."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def rotate_half_folded(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE, x * cos + [-x2, x1] * sin, as x * cos + roll(x, D/2) * fold_sin(sin): bit for bit the same
+    (a sign flip is exact) in one kernel fewer than a neg and a cat, and 35-40% less time on the CPU. Rope folds
+    its sin once a forward."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * folded_sin
 
 
 class Rope:
@@ -61,26 +73,22 @@ class Rope:
         self._cached = None
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, D] of positions [T]; rotate-half (neox): sin with its first half negated, so that
-        x * cos + roll(x, D/2) * sin is rotate()'s x * cos + [-x2, x1] * sin, bit for bit (a sign flip is exact), in
-        one kernel fewer than its neg and cat (and 35-40% less time on the CPU)."""
+        """cos and sin [T, 1, D] of positions [T]; rotate-half (neox): sin folded (fold_sin), as rotate_half_folded
+        takes it."""
         # Every layer rotates by the same positions: compute once per forward.
         if self._cached is not None and self._cached[0] is positions:
             return self._cached[1], self._cached[2]
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype, self.neox)
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D]: every head
         if self.neox:
-            half = sin.shape[-1] // 2
-            sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+            sin = fold_sin(sin)
         self._cached = (positions, cos, sin)
         return cos, sin
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, D], positions: [T]."""
         cos, sin = self.cos_sin(positions)
-        if self.neox:
-            return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
-        return rotate(x, cos, sin, neox=False)
+        return rotate_half_folded(x, cos, sin) if self.neox else rotate(x, cos, sin, neox=False)
 
 
 @dataclass
