@@ -2,7 +2,7 @@
 
     python3 bench/gpu_bench.py [--out bench.json] [--backends reference,compiled+triton-gemm+triton-attention,...]
                                [--models qwen3-0.6b-shape,toy] [--batches 1,8] [--no-spec] [--prompt-tokens N]
-                               [--max-model-len N] [--kernels]
+                               [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
 
 Backends are the runtime's (qual/runtime/backends): reference, or parts joined by "+" (compiled,
 compiled-autotune, triton-gemm, triton-attention, fused).
@@ -57,7 +57,7 @@ def restoring_replay(graph):
     def replay():
         for t, saved in kept:
             t.copy_(saved)
-        graph.graph.replay()
+        graph.replay(1)
 
     return replay
 
@@ -144,6 +144,7 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
         wall = time.perf_counter() - t
         phases = engine.phase_times()
         phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
+        phases["launches"] = engine.decode_record()["launches"]  # over both generates
         rec = engine.graph_capture()
         graphs = engine.runner.graphs
         step_s = replay_seconds(graphs.graphs[batch]) if graphs and batch in graphs.graphs else None
@@ -254,6 +255,8 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true", help="also profile each row's graph replay: its kernels, printed "
                     "and in --out (kernel_table)")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
+    ap.add_argument("--steps-per-launch", default="1", help="comma list: every row once per value "
+                    "(EngineConfig.steps_per_launch; rows of n > 1 are named ~s<n>)")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
                     "graphs' static key width follows it")
     args = ap.parse_args()
@@ -265,6 +268,8 @@ def main() -> int:
     wanted = args.models.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     runs = {f"+{b}" if b != "reference" else "": b for b in args.backends.split(",")}
+    runs = {f"{suffix}~s{n}" if n > 1 else suffix: (backend, n) for suffix, backend in runs.items()
+            for n in map(int, args.steps_per_launch.split(","))}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         big = random_qwen3(Path(tmp) / "qwen3-0.6b", QWEN3_0_6B) if "qwen3-0.6b-shape" in wanted else None
@@ -272,11 +277,12 @@ def main() -> int:
         for name in wanted:
             for batch in batches:
                 h = hf(models[name], batch, args.prompt_tokens, args.new_tokens)
-                for suffix, backend in runs.items():
+                for suffix, (backend, steps) in runs.items():
                     key = f"{name}{suffix}/b{batch}"
                     try:
                         o = ours(models[name], None, batch, args.prompt_tokens, args.new_tokens, sizes_for(batch, backend),
-                                 max_model_len=args.max_model_len, backend=backend, kernels=args.kernels)
+                                 max_model_len=args.max_model_len, backend=backend, kernels=args.kernels,
+                                 steps_per_launch=steps)
                     except Exception as exc:  # one failing variant must not lose the others' numbers
                         res[key] = {"error": f"{type(exc).__name__}: {exc}"}
                         print(f"{key}: {res[key]['error']}", file=sys.stderr)
@@ -293,13 +299,13 @@ def main() -> int:
             for batch in batches:
                 reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in corpus.requests[:batch]]
                 plen = max(len(r.prompt_token_ids) for r in reqs)
-                for suffix, backend in runs.items():
+                for suffix, (backend, steps) in runs.items():
                     key = f"toy-spec{suffix}/b{batch}"
                     try:
                         spec = ours(toy_t, toy_d, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend,
-                                    kernels=args.kernels)
+                                    kernels=args.kernels, steps_per_launch=steps)
                         plain = ours(toy_t, None, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend,
-                                     kernels=args.kernels)
+                                     kernels=args.kernels, steps_per_launch=steps)
                     except Exception as exc:
                         res[key] = {"error": f"{type(exc).__name__}: {exc}"}
                         print(f"{key}: {res[key]['error']}", file=sys.stderr)

@@ -16,17 +16,21 @@ pytestmark = pytest.mark.slow
 
 
 def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0, static_shapes=True,
-           rows_retired=None):
+           rows_retired=None, steps_per_launch=1, launches=None):
     cfg = EngineConfig(str(target), str(draft) if draft else None, cache=CacheConfig(block_size=4, memory_bytes=2**22),
                        dtype="float64", static_shapes=static_shapes, max_model_len=128, max_num_seqs=max_num_seqs,
-                       async_decode=async_decode)
+                       async_decode=async_decode, steps_per_launch=steps_per_launch)
     # Lengths differ, so requests finish at different steps (and some at EOS): batches change mid-run.
     reqs = requests or [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
     with LLMEngine(cfg) as engine:
         out = engine.generate(reqs, SamplingParams(temperature=temperature, seed=7, max_tokens=20))
         record = engine.decode_record()
-        assert record == {"async": async_decode and static_shapes, "steps_ahead": engine.steps_ahead,
-                          "rows_retired": engine.rows_retired}
+        taken = async_decode and static_shapes
+        assert record == {"async": taken, "steps_ahead": engine.steps_ahead, "rows_retired": engine.rows_retired,
+                          "steps_per_launch": steps_per_launch if taken else 1,
+                          "launches": {str(k): v for k, v in sorted(engine.launches.items())}}
+        if launches is not None:
+            launches.update(record["launches"])
         return out, engine.steps_ahead if rows_retired is None else (engine.steps_ahead, engine.rows_retired)
 
 
@@ -108,3 +112,33 @@ def test_glm_target_with_a_dflash2_drafter_ahead_equals_step_by_step(tmp_path):
     sync, _ = decode(target, draft, async_decode=False, requests=reqs)
     out, ahead = decode(target, draft, async_decode=True, requests=reqs)
     assert ahead >= 3 and same(out, sync)
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 3])
+def test_launches_of_several_steps_equal_step_by_step(tiny_pair, max_num_seqs):
+    """Up to four decode steps a launch (EngineConfig.steps_per_launch), each advancing the next one's inputs on the
+    device, read in one copy: requests that finish inside a launch (length and EOS) keep their tokens up to the
+    finish, batches change as requests are admitted, and what every request gets equals step-by-step decoding."""
+    sync, _ = decode(*tiny_pair, async_decode=False, max_num_seqs=max_num_seqs)
+    launches = {}
+    out, _ = decode(*tiny_pair, async_decode=True, max_num_seqs=max_num_seqs, steps_per_launch=4, launches=launches)
+    assert any(int(n) > 1 for n in launches), launches  # it did run several steps a launch
+    assert same(out, sync)
+
+
+def test_plain_launches_of_several_steps_stop_at_the_last_token(tiny_pair):
+    """Plain decoding commits one token a step, so a launch runs no more steps than the longest request still needs
+    (LLMEngine._run_steps): the steps run equal the tokens generated after each prefill's first."""
+    sync, _ = decode(tiny_pair[0], None, async_decode=False)
+    launches = {}
+    out, _ = decode(tiny_pair[0], None, async_decode=True, steps_per_launch=4, launches=launches)
+    assert same(out, sync) and launches.get("4", 0) >= 3, launches
+    steps = sum(int(n) * c for n, c in launches.items())
+    assert steps == max(len(r.output_token_ids) for r in out) - 1  # one batch of 8, all admitted at once
+
+
+def test_several_steps_a_launch_are_not_taken_without_async_decode(tiny_pair):
+    """Dynamic shapes (no async decode): a step a launch, and the record says the setting was not taken."""
+    launches = {}
+    out, _ = decode(*tiny_pair, async_decode=True, static_shapes=False, steps_per_launch=4, launches=launches)
+    assert set(launches) == {"1"}

@@ -25,20 +25,25 @@ def test_cuda_matches_cpu_float64(tiny_pair, cpu_control):
     assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
 
 
-@pytest.mark.parametrize("backend", ["reference", "compiled"])
-def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend):
+@pytest.mark.parametrize("backend,steps", [("reference", 1), ("compiled", 1), ("reference", 4), ("compiled", 4)])
+def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend, steps):
+    """steps: decode steps a launch (EngineConfig.steps_per_launch), one graph of four steps back to back beside
+    each size's one-step graph, over the same inputs."""
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
     from qual.runtime.engine import LLMEngine
     from runtime_helpers import prompts
 
     cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
                        dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256,
-                       backend=backend)
+                       backend=backend, steps_per_launch=steps)
     with LLMEngine(cfg) as engine:
         first = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))  # captures the prefill's bucket
         out = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))  # replays it
         record = engine.graph_capture()
         ahead = engine.steps_ahead
+    assert record["steps_per_launch"] == sorted({1, steps})
+    if steps > 1:
+        assert record["launches_by_steps"].get(str(steps), 0) > 0, record
     assert ahead > 0  # async decode: graph steps launched before the last one was read, advanced on the device
     assert outputs(first) == outputs(out) == outputs(cpu_control)
     prefill = record["prefill"]

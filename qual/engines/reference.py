@@ -56,6 +56,8 @@ class ReferenceOptions(Section):
     cuda_graph_sizes: list[PositiveInt] | None = None  # None: DEFAULT_SIZES on CUDA
     backend: str = _ENGINE["backend"].default  # see qual/runtime/backends
     dcp_comm: Literal["a2a", "ag_rs"] = "a2a"  # how DCP partial attentions are merged
+    # decode steps a launch runs back to back where async decode is taken (EngineConfig.steps_per_launch)
+    steps_per_launch: PositiveInt = _ENGINE["steps_per_launch"].default
 
     @field_validator("backend")
     @classmethod
@@ -85,6 +87,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         cuda_graph_sizes=tuple(sizes) if arm.device.startswith("cuda") else None,
         max_prefill_tokens=o.max_prefill_tokens,
         backend=o.backend,
+        steps_per_launch=o.steps_per_launch,
         dsa_topk=arm.dsa_topk or "exact",
         phase_times=phase_times_on(),
     )

@@ -100,6 +100,11 @@ class EngineConfig:
     # advancing the step's inputs itself (docs/PERFORMANCE.md). Taken where decode runs at static shapes on one
     # rank (CUDA graphs, or static_shapes); elsewhere every step waits for the one before (LLMEngine.async_decode).
     async_decode: bool = True
+    # Decode steps a launch runs back to back (one CUDA graph of that many steps), read in one copy: the host's
+    # per-launch work (schedule, inputs, launch) is paid once for them. Taken with async decode only (the device
+    # advances each step's inputs); a run stops at the steps the batch is expected to need (LLMEngine._run_steps), a
+    # request that finishes inside it is read as finished and its later rows are dropped. 1: a step a launch.
+    steps_per_launch: int = 1
     # Prefill chunks of up to this many padded tokens (prompts x longest prompt, each rounded up to a power of two)
     # run at padded shapes, replayed from CUDA graphs where decode graphs are captured (qual/runtime/prefill_graphs.py);
     # 0: every prefill runs eagerly.
@@ -120,6 +125,8 @@ class EngineConfig:
         parse_backend(self.backend).check(self.device, self.dtype, self.parallel.tp)
         if self.dsa_topk not in ("exact", "union"):
             raise QualError(f"dsa_topk must be exact or union (got {self.dsa_topk!r})")
+        if self.steps_per_launch < 1:
+            raise QualError(f"steps_per_launch must be >= 1 (got {self.steps_per_launch})")
         if self.prefill_graph_tokens < 0:
             raise QualError(f"prefill_graph_tokens must be >= 0 (got {self.prefill_graph_tokens})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):

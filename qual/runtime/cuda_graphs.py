@@ -3,6 +3,9 @@
 Static input buffers per size, captured largest first into one shared memory pool after a
 warm-up; a step is padded to the next captured size (pad rows see nothing and write to the
 trash slot). Steps larger than every captured size run eagerly and are counted as such.
+With EngineConfig.steps_per_launch = n > 1 each size also has a graph of n steps back to back
+(each advancing the next one's inputs), over the same input buffers as its one-step graph: a
+launch of either kind leaves the inputs advanced for the next launch of either kind.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from qual.runtime.config import DEFAULT_SIZES
 
 
 class _Graph:
-    """One captured decode step. Its static inputs are the step's StepArgs (one flat int64 buffer: the views are
-    built from them inside the graph) and its draft context features."""
+    """The captured decode graphs of one batch size: one step, and (steps_per_launch > 1) that many steps. Their
+    static inputs, shared, are the step's StepArgs (one flat int64 buffer: the views are built from them inside the
+    graph) and its draft context features."""
 
-    def __init__(self, batch_size: int, graph: torch.cuda.CUDAGraph, flat: torch.Tensor, feats, outputs, stager):
-        self.batch_size, self.graph, self.flat, self.feats, self.outputs = batch_size, graph, flat, feats, outputs
-        self.stager = stager
+    def __init__(self, batch_size: int, flat: torch.Tensor, feats, stager):
+        self.batch_size, self.flat, self.feats, self.stager = batch_size, flat, feats, stager
+        self.runs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # steps -> (graph, its outputs)
 
     def load(self, args, feats, advanced: bool = False):
         """Refill the static inputs (one host-to-device copy and one device copy); returns the step's arguments as
@@ -33,19 +37,29 @@ class _Graph:
             self.feats.copy_(feats, non_blocking=True)
         return sent
 
-    def replay(self):
-        self.graph.replay()
-        return self.outputs
+    def replay(self, steps: int = 1):
+        """Replay the graph of `steps` steps: the last step's (logits, drafts, aux) and every step's choices
+        [steps, P, W]."""
+        graph, outputs = self.runs[steps]
+        graph.replay()
+        return outputs
+
+    def reset(self) -> None:
+        for graph, _ in self.runs.values():
+            graph.reset()
 
 
 class DecodeGraphs:
     """Captured decode graphs of one rank, and a record of how they were used."""
 
-    def __init__(self, runner, sizes=DEFAULT_SIZES):
+    def __init__(self, runner, sizes=DEFAULT_SIZES, steps: int = 1):
         self.runner = runner
         self.sizes = sorted(set(sizes), reverse=True)
+        self.steps = sorted({1, steps})  # steps a launch runs: a graph of each per size
         self.graphs: dict[int, _Graph] = {}
         self.replays: dict[int, int] = {}
+        self.launches: dict[int, int] = {}  # steps -> launches of that many
+        self.pool = None  # the memory pool of every graph here
         self.eager_steps: dict[int, int] = {}  # batch sizes that ran without a graph
         self.seconds = 0.0
         self.bytes = 0
@@ -71,18 +85,16 @@ class DecodeGraphs:
         self._settle()
         reserved_before = torch.cuda.memory_reserved(device)
         start = time.perf_counter()
-        pool = None
         for bs in self.sizes:  # largest first: the smaller graphs reuse its pool
             self._quiesce()
             try:
-                graph = self._capture_one(bs, pool)
+                graph = self._capture_one(bs)
             except Exception as exc:  # keep running eagerly, but say so
                 self.error, graph = f"size {bs}: {type(exc).__name__}: {exc}", None
             if not self._all_ranks(graph is not None):
                 self.error = self.error or f"size {bs}: capture failed on another rank"
                 self.graphs.clear()  # every rank replays graphs or none does: collectives must match
                 break
-            pool = graph.graph.pool() if pool is None else pool
             self.graphs[bs] = graph
         torch.cuda.synchronize()
         self.captured = sorted(self.graphs)
@@ -99,7 +111,7 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
-    def _capture_one(self, bs: int, pool) -> _Graph:
+    def _capture_one(self, bs: int) -> _Graph:
         runner = self.runner
         step, ids = self._dummy_step(bs)
         host, feats = runner.step_args(step, pad_to=bs, static=True)
@@ -107,27 +119,29 @@ class DecodeGraphs:
             runner.pending.pop(rid, None)
         flat = torch.empty(host.numel, dtype=torch.long, device=runner.comm.device)
         args = runner.stager.send(host, into=flat)
-
         runner.rows(bs)  # made outside the capture (and outside a compiled function's first trace)
+        made = _Graph(bs, flat, feats, runner.stager)
+        for n in self.steps:
+            def run(n=n):  # the views from the arguments, draft + verify, and (async decode) the next step's inputs
+                return runner.static_run(args, feats, n)
 
-        def step_fn():  # the views from the arguments, draft + verify, and (async decode) the next step's inputs
-            return runner.step_fn(args, feats)
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: allocator, cuBLAS handles, NCCL communicators
-                step_fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        runner.stager.send(host, into=flat)  # the dummy numbers again: async decode advanced them
-        self._quiesce()
-        graph = torch.cuda.CUDAGraph()
-        # With peers, c10d's NCCL watchdog thread queries events while we capture;
-        # "thread_local" keeps other threads' calls from invalidating this capture.
-        mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
-            out = step_fn()
-        return _Graph(bs, graph, flat, feats, out, runner.stager)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2 if n == 1 else 1):  # warm-up: allocator, cuBLAS handles, NCCL communicators
+                    run()
+            torch.cuda.current_stream().wait_stream(stream)
+            runner.stager.send(host, into=flat)  # the dummy numbers again: async decode advanced them
+            self._quiesce()
+            graph = torch.cuda.CUDAGraph()
+            # With peers, c10d's NCCL watchdog thread queries events while we capture;
+            # "thread_local" keeps other threads' calls from invalidating this capture.
+            mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=mode):
+                out = run()
+            self.pool = graph.pool() if self.pool is None else self.pool  # every graph in the first one's pool
+            made.runs[n] = (graph, out)
+        return made
 
     def _quiesce(self) -> None:
         """All ranks at the same point with no GPU or NCCL work in flight."""
@@ -150,7 +164,7 @@ class DecodeGraphs:
         """Free every graph. Must come before the process group is destroyed: a live graph that holds
         NCCL kernels makes destroy_process_group hang (2 x H200, torch 2.11, NCCL 2.28)."""
         for g in self.graphs.values():
-            g.graph.reset()
+            g.reset()
         self.graphs.clear()
         torch.cuda.synchronize()
 
@@ -162,14 +176,18 @@ class DecodeGraphs:
         """Whether a captured graph holds batch_size requests (nothing counted)."""
         return self.fit(batch_size) is not None
 
-    def for_batch(self, batch_size: int) -> _Graph | None:
-        """The smallest captured graph that holds batch_size requests (None: run eagerly)."""
+    def for_batch(self, batch_size: int, steps: int = 1) -> _Graph | None:
+        """The smallest captured graphs that hold batch_size requests (None: run eagerly), counted as a launch of
+        `steps` steps."""
         size = self.fit(batch_size)
         if size is None:
             self.eager_steps[batch_size] = self.eager_steps.get(batch_size, 0) + 1
             return None
+        if steps not in self.steps:
+            raise ValueError(f"a launch of {steps} decode steps; graphs were captured for {self.steps}")
         g = self.graphs[size]
         self.replays[g.batch_size] = self.replays.get(g.batch_size, 0) + 1
+        self.launches[steps] = self.launches.get(steps, 0) + 1
         return g
 
     def record(self) -> dict:
@@ -181,7 +199,10 @@ class DecodeGraphs:
             "sizes": captured,
             "seconds": round(self.seconds, 3),
             "bytes": self.bytes,
-            "replays": {str(k): v for k, v in sorted(self.replays.items())},
+            "replays": {str(k): v for k, v in sorted(self.replays.items())},  # launches, by batch size
+            # launches by the decode steps each ran (EngineConfig.steps_per_launch), and the step counts captured
+            "steps_per_launch": self.steps,
+            "launches_by_steps": {str(k): v for k, v in sorted(self.launches.items())},
             "eager_steps": {str(k): v for k, v in sorted(self.eager_steps.items())},
             # A size we captured must never have run eagerly; steps above the largest size do, visibly.
             "eager_fallback_sizes": sorted(b for b in self.eager_steps if b in captured),

@@ -142,13 +142,16 @@ class LLMEngine:
         self.K = self.runner.K
         self.phases = self.runner.phases = PhaseTimer() if cfg.phase_times else OFF
         self.async_decode = self.runner.async_decode  # greedy steps launched ahead (_decode)
+        self.run_steps = self.runner.run_steps  # decode steps a launch may run (EngineConfig.steps_per_launch)
         self.steps_ahead = 0  # decode steps launched before the last one's results were read
         self.rows_retired = 0  # rows of finished requests run as padding so that a run of steps ahead went on
-        # Tokens written past the committed length: the verify block, and with async decode the step launched ahead.
-        lookahead = (self.K + 1) * (2 if self.async_decode else 1)
-        # Tokens a request's reservation holds past prompt + max_tokens: a verify block, and under async decode the
-        # block of a step launched ahead of the one in flight too (LLMEngine._fits_ahead)
-        self.tail = 2 * self.K + 1 if self.async_decode else self.K + 1
+        self.launches: dict[int, int] = {}  # decode launches by the steps each ran
+        # Tokens written past the committed length: the verify blocks of a launch, and with async decode those of
+        # the launch in flight before it.
+        lookahead = (self.K + 1) * (2 * self.run_steps if self.async_decode else 1)
+        # Tokens a request's reservation holds past prompt + max_tokens: a verify block, and under async decode what
+        # a launch ahead of the one in flight writes (LLMEngine._reach)
+        self.tail = self._reach(self.run_steps, self.run_steps) if self.async_decode else self.K + 1
         self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, lookahead)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
@@ -267,9 +270,11 @@ class LLMEngine:
 
     def decode_record(self) -> dict:
         """Whether async decode was taken (EngineConfig.async_decode asks; the runner decides), how many decode steps
-        ran ahead of the last one's readback and how many finished requests' rows ran on as padding meanwhile, over
-        this engine's life."""
-        return {"async": self.async_decode, "steps_ahead": self.steps_ahead, "rows_retired": self.rows_retired}
+        ran ahead of the last one's readback and how many finished requests' rows ran on as padding meanwhile, the
+        steps a launch may run (EngineConfig.steps_per_launch where async decode is taken, else 1) and the launches
+        by the steps each ran, over this engine's life."""
+        return {"async": self.async_decode, "steps_ahead": self.steps_ahead, "rows_retired": self.rows_retired,
+                "steps_per_launch": self.run_steps, "launches": {str(k): v for k, v in sorted(self.launches.items())}}
 
     def phase_times(self) -> dict | None:
         """Rank 0's host time by phase over the last generate call (qual/runtime/phases.py); None when off."""
@@ -411,14 +416,16 @@ class LLMEngine:
                 for i, (s, n) in enumerate(zip(seqs, first_positions))], margins
 
     def _decode(self, seqs: list[_Seq], sampling: SamplingParams, waiting: deque, chained=None) -> None:
-        """Decode steps of one batch: one step, or with async decode a run of them, each launched before the results
-        of the one before are read, so that the host's commit and the next launch overlap the device's step.
+        """Decode steps of one batch: one launch, or with async decode a run of them, each launched before the
+        results of the one before are read, so that the host's commit and the next launch overlap the device's
+        steps. A launch runs one step, or up to steps_per_launch back to back (LLMEngine._run_steps).
 
-        Launching ahead needs a batch that cannot change before the next step (full, or nothing waiting), greedy
-        choices (the device accepts: spec_decode.advance) and room inside every request's reservation. A request
-        that finishes is known one step late: the step launched meanwhile is read for the others, and its rows for
-        the finished one are dropped. The run then goes on with the finished request's row as padding (retired)
-        while nothing waits and the others still need a step of the same padded size; else it ends there.
+        Launching ahead needs a batch that cannot change before the next launch (full, or nothing waiting), greedy
+        choices (the device accepts: spec_decode.advance), a step some request is expected to need, and room inside
+        every request's reservation. A request that finishes is known one launch late: the launch out meanwhile is
+        read for the others, and its rows for the finished one are dropped (so are its rows of later steps in the
+        launch it finished in). The run then goes on with the finished request's row as padding (retired) while
+        nothing waits and the others still need a step of the same padded size; else it ends there.
 
         chained: (admitted, prefill output) of a prefill whose first tokens were not read yet (LLMEngine._chains): the
         first step takes them on the device, and the prefill is committed while that step runs.
@@ -426,12 +433,16 @@ class LLMEngine:
         ahead = self._ahead(seqs, sampling, waiting)
         size = self.runner.padded_size(len(seqs))
         retired: set[int] = set()  # rows whose requests finished, padding in the steps after
-        out = self._launch(seqs, first=chained[0] if chained else ())
+        first = chained[0] if chained else ()
+        steps = max(1, self._run_steps(seqs, 0, first)) if ahead else 1
+        out = self._launch(seqs, first=first, steps=steps)
         if chained:
             self._commit_prefill(*chained, sampling)
         while True:
             live = [s for s in seqs if not s.finish_reason]
-            nxt = self._launch(seqs, advanced=True, retired=retired) if ahead and self._fits_ahead(live) else None
+            in_flight, steps = steps, self._run_steps(live, steps)
+            go = ahead and steps > 0 and self._fits_ahead(live, in_flight, steps)
+            nxt = self._launch(seqs, advanced=True, retired=retired, steps=steps, in_flight=in_flight) if go else None
             self._commit(seqs, out, sampling)
             if nxt is None:
                 return
@@ -443,21 +454,44 @@ class LLMEngine:
                 return
             out = nxt
 
-    def _fits_ahead(self, seqs: list[_Seq]) -> bool:
-        """Whether a step launched before the last one is read fits and is worth it. It writes up to 2K + 1 positions
-        past each request's committed length: inside the request's reservation (admitted with that tail) and the
-        static width of max_model_len. And some request must still need it: one within K tokens of its end may
-        finish in the step in flight (its row of the next step then runs for nothing; a batch of it alone would)."""
-        room = all(s.num_committed + self.tail <= self.cfg.max_model_len for s in seqs)
-        return room and any(s.num_committed + self.K <= len(s.req.prompt_token_ids) + s.max_tokens for s in seqs)
+    def _reach(self, in_flight: int, steps: int) -> int:
+        """Positions past the committed length (as the host last read it) that a launch of `steps` steps may write
+        while `in_flight` steps launched before it are unread: each step commits at most K + 1 tokens and writes K
+        past its own committed length."""
+        return (in_flight + steps) * (self.K + 1) - 1
 
-    def _launch(self, seqs: list[_Seq], advanced: bool = False, retired: set[int] | None = None, first=()):
-        """Send one decode step of seqs. advanced: launched before the last step's results were read; the device
-        advanced that step's inputs, and each request's blocks cover the longest it can have grown to. retired (an
-        advanced step's): rows already padding; rows of requests finished since become padding now (added). first:
-        requests of the prefill launched just before, whose first tokens the device puts in."""
-        reach = self.tail if advanced else self.K  # positions written past the committed length
-        self.steps_ahead += advanced or bool(first)
+    def _fits_ahead(self, seqs: list[_Seq], in_flight: int, steps: int) -> bool:
+        """Whether a launch before the last one is read fits: it writes up to _reach positions past each request's
+        committed length, inside the request's reservation (admitted with that tail) and the static width of
+        max_model_len."""
+        reach = self._reach(in_flight, steps)
+        return all(s.num_committed + reach <= self.cfg.max_model_len for s in seqs)
+
+    def _run_steps(self, seqs: list[_Seq], in_flight: int, unread=()) -> int:
+        """Steps the next launch runs (up to steps_per_launch; 0: none is expected to be needed, so none goes out
+        before the last one is read): as many as the batch's longest request is expected to need after the
+        `in_flight` steps launched before it, at the tokens a step has committed for it so far (K + 1 before its
+        first). unread: requests whose first token (a prefill's) is not read yet. Plain decoding commits one token a
+        step, so launches stop at the last token a request needs; a speculative launch may run a step past it (read
+        for nothing), or stop a step early (the next launch then waits for the last one's results, a pause of the
+        host's commit and launch). A heuristic of speed only: what each step computes is the same."""
+        need, unread = 0, {id(s) for s in unread}
+        for s in seqs:
+            per = (s.spec.accepted + s.spec.drafts) / s.spec.drafts if s.spec.drafts else self.K + 1
+            left = len(s.req.prompt_token_ids) + s.max_tokens - s.num_committed - (id(s) in unread) - in_flight * per
+            need = max(need, -int(-left // per))
+        return min(self.run_steps, need)
+
+    def _launch(self, seqs: list[_Seq], advanced: bool = False, retired: set[int] | None = None, first=(),
+                steps: int = 1, in_flight: int = 0):
+        """Send one decode launch of seqs: `steps` steps back to back. advanced: launched before the last launch's
+        results (`in_flight` steps) were read; the device advanced their inputs, and each request's blocks cover
+        the longest it can have grown to. retired (an advanced launch's): rows already padding; rows of requests
+        finished since become padding now (added). first: requests of the prefill launched just before, whose
+        first tokens the device puts in."""
+        reach = self._reach(in_flight if advanced else 0, steps)  # positions written past the committed length
+        self.steps_ahead += steps if advanced or first else steps - 1
+        self.launches[steps] = self.launches.get(steps, 0) + 1
         # A request whose first token is not read yet is one past its prompt, its last token a placeholder
         in_prefill = {id(s): j for j, s in enumerate(first)}  # its index in that prefill
         unread = [1 if id(s) in in_prefill else 0 for s in seqs]
@@ -476,35 +510,38 @@ class LLMEngine:
             [s.req.id for s in seqs], [s.output[-1] if s.output else 0 for s in seqs],
             [s.num_committed + extra for s, extra in zip(seqs, unread)], [s.ctx_len for s in seqs],
             [s.pending_commit for s in seqs], tables, advanced=advanced, retired=newly,
-            first_rows=[(i, in_prefill[id(s)]) for i, s in enumerate(seqs) if id(s) in in_prefill],
+            first_rows=[(i, in_prefill[id(s)]) for i, s in enumerate(seqs) if id(s) in in_prefill], steps=steps,
         )
         self.phases.lap("schedule")
         return self._step(step)
 
     def _commit(self, seqs: list[_Seq], out, sampling: SamplingParams) -> None:
-        """Read one step's results and commit them: acceptance, tokens, the next step's draft context. Requests
-        that finished before this step's results were read (async decode) are left as they are."""
-        # Greedy: the step's tokens, margins and proposals cross to the host in one copy (pack_choices).
-        chosen, margins_all, drafts = unpack_choices(out.choices.wait(), self.K + 1)
-        if sampling.temperature > 0:
-            chosen = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)[0]
+        """Read one launch's results and commit them step by step: acceptance, tokens, the next step's draft
+        context. Requests that finished before a step's results were read (async decode, or earlier in the same
+        launch) are left as they are."""
+        # Greedy: each step's tokens, margins and proposals cross to the host in one copy (pack_choices).
+        host = out.choices.wait()
         self.phases.lap("readback")
-        for i, s in enumerate(seqs):
-            if s.finish_reason:
-                continue
-            n = s.num_committed
-            targets, margins = chosen[i], margins_all[i]
-            if drafts is None:
-                self._append(s, targets[:1], margins[:1], sampling)
-                continue
-            a = s.spec.record(n, drafts[i], targets)
-            s.ctx_len += s.pending_commit
-            s.pending_commit = a + 1
-            for name in self.cache.groups:  # the next draft step's context: ctx_len + pending_commit
-                self.cache.release_outside_window(name, s.req.id, s.ctx_len + s.pending_commit)
-            self._append(s, targets[: a + 1], margins[: a + 1], sampling)
+        for step in host:
+            chosen, margins_all, drafts = unpack_choices(step, self.K + 1)
+            if sampling.temperature > 0:  # a launch of one step: its logits are the step's
+                chosen = self._choose(out.logits, seqs, [s.num_committed for s in seqs], sampling)[0]
+            for i, s in enumerate(seqs):
+                if s.finish_reason:
+                    continue
+                n = s.num_committed
+                targets, margins = chosen[i], margins_all[i]
+                if drafts is None:
+                    self._append(s, targets[:1], margins[:1], sampling)
+                    continue
+                a = s.spec.record(n, drafts[i], targets)
+                s.ctx_len += s.pending_commit
+                s.pending_commit = a + 1
+                for name in self.cache.groups:  # the next draft step's context: ctx_len + pending_commit
+                    self.cache.release_outside_window(name, s.req.id, s.ctx_len + s.pending_commit)
+                self._append(s, targets[: a + 1], margins[: a + 1], sampling)
         self.phases.lap("commit")
-        self.phases.step()
+        self.phases.step(len(host))
 
     def _append(self, s: _Seq, tokens: list[int], margins: list[float], sampling: SamplingParams) -> None:
         """Commit verified tokens up to max_tokens / EOS."""

@@ -101,13 +101,15 @@ class ModelRunner:
         # One rank: the proposals' agreement with the target's choices (rank 0's alone) is known where the step ran.
         static = cfg.static_shapes or bool(cfg.cuda_graph_sizes and comm.device.type == "cuda")
         self.async_decode = cfg.async_decode and static and comm.tp_size == 1
+        # Steps a launch may run: several only where the device advances each step's inputs itself
+        self.run_steps = cfg.steps_per_launch if self.async_decode else 1
         # Static-shape eager steps' input buffers by their size in numbers (one per padded batch): (flat, feats)
         self._static_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self, cfg.cuda_graph_sizes)
+            self.graphs = DecodeGraphs(self, cfg.cuda_graph_sizes, self.run_steps)
         # Prefill at padded shapes: captured where the decode graphs are, run eagerly at those shapes under
         # static_shapes (the CPU tests' view of what the graphs run)
         self.prefill_graphs = None
@@ -226,16 +228,16 @@ class ModelRunner:
         return logits, spec_decode.pack_choices(logits[:, None], None)
 
     def _decode(self, step: DecodeStep) -> StepOutput:
-        R = len(step.req_ids)
-        graph = self.graphs.for_batch(R) if self.graphs else None
+        R, n = len(step.req_ids), step.steps
+        graph = self.graphs.for_batch(R, n) if self.graphs else None
         static = graph is not None or self.cfg.static_shapes
-        if (step.advanced or step.first_rows) and not (static and self.async_decode):
-            raise ValueError("a decode step launched ahead needs async decode at static shapes")
+        if (step.advanced or step.first_rows or n > 1) and not (static and self.async_decode):
+            raise ValueError("a decode step launched ahead, or several a launch, need async decode at static shapes")
         if graph:
             args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
             self.phases.lap("inputs")
             self._amend(graph.load(args, feats, step.advanced).numbers, step)
-            logits, drafts, aux, choices = graph.replay()
+            logits, drafts, aux, choices = graph.replay(n)
             self.phases.lap("graph")
         elif static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
             P = self.padded_size(R)
@@ -243,14 +245,13 @@ class ModelRunner:
             if self.step_fn is not self.static_step:  # compiled code only for the fixed shapes: dynamic shapes
                 self.rows(P)  # would recompile at every new width
                 self.phases.lap("inputs")
-                logits, drafts, aux, choices = self.step_fn(args, feats)
+                logits, drafts, aux, choices = self.static_run(args, feats, n)
                 self.phases.lap("graph")
             else:
-                logits, drafts, aux, choices = self._halves(self.build_inputs(args, feats, static=True))
-                if self.async_decode:
-                    spec_decode.advance(args, choices, aux, feats, self.K)
+                logits, drafts, aux, choices = repeat(lambda: self._static_halves(args, feats), n)
         else:
             logits, drafts, aux, choices = self._halves(self.decode_inputs(step))
+            choices = None if choices is None else choices[None]
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()  # the copy of the steps before: no wait here
         Q = 1 + self.K
@@ -259,9 +260,21 @@ class ModelRunner:
             for i, rid in enumerate(step.req_ids):
                 self.pending[rid] = kept[i * Q : (i + 1) * Q]
         # Started now, read when the engine commits the step: with async decode, after the next step is launched
-        read = self.readback.start(choices[:R]) if choices is not None else None
+        read = self.readback.start(choices[:, :R]) if choices is not None else None
         self.phases.lap("commit")
         return StepOutput(logits[:R], None if drafts is None else drafts[:R], read)
+
+    def static_run(self, args: StepArgs, feats: torch.Tensor | None, n: int):
+        """n static steps back to back (what an n-step CUDA graph captures): each advances the inputs the next one
+        reads, so n > 1 needs async decode. The last step's outputs, with every step's choices stacked [n, P, W]."""
+        return repeat(lambda: self.step_fn(args, feats), n)
+
+    def _static_halves(self, args: StepArgs, feats: torch.Tensor | None):
+        """One static-shape eager step with its halves timed apart, advancing its inputs under async decode."""
+        out = self._halves(self.build_inputs(args, feats, static=True))
+        if self.async_decode:
+            spec_decode.advance(args, out[3], out[2], feats, self.K)
+        return out
 
     def _halves(self, inp: DecodeInputs):
         """decode_compute's two halves, timed apart (eager steps)."""
@@ -425,6 +438,16 @@ class ModelRunner:
             return hidden[:P], drafts, aux, None
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1)
         return logits, drafts, aux, spec_decode.pack_choices(logits, drafts)
+
+
+def repeat(step, n: int):
+    """Run step() n times; the last run's (logits, drafts, aux, choices) with every run's choices stacked [n, P, W]
+    (None on ranks that do not choose)."""
+    chosen = []
+    for _ in range(n):
+        logits, drafts, aux, choices = step()
+        chosen.append(choices)
+    return logits, drafts, aux, None if choices is None else torch.stack(chosen)
 
 
 def _compiled(fn, mode: str):

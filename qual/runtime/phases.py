@@ -38,8 +38,9 @@ class PhaseTimer:
         self.seconds[phase] += now - self._last
         self._last = now
 
-    def step(self) -> None:
-        self.decode_steps += 1
+    def step(self, steps: int = 1) -> None:
+        """Count a launch's decode steps (several when a launch runs more than one: EngineConfig.steps_per_launch)."""
+        self.decode_steps += steps
 
     def stop(self) -> None:
         self.lap("other")
@@ -63,7 +64,7 @@ class _Off:
     def lap(self, phase: str) -> None:
         pass
 
-    def step(self) -> None:
+    def step(self, steps: int = 1) -> None:
         pass
 
     def stop(self) -> None:

@@ -37,6 +37,9 @@ class DecodeStep:
     # (row, index in the last prefill): requests whose last token is that prefill's greedy choice, launched before
     # the host read it (last_tokens holds a placeholder there; the device fills it in)
     first_rows: list[tuple[int, int]] = field(default_factory=list)
+    # Steps this launch runs back to back, each advancing the next one's inputs on the device (async decode only;
+    # EngineConfig.steps_per_launch): its choices come back as [steps, R, 2Q + K]
+    steps: int = 1
 
 
 @dataclass
@@ -45,4 +48,6 @@ class StepOutput:
 
     logits: torch.Tensor  # prefill: [R, V]; plain decode: [R, 1, V]; spec decode: [R, K+1, V]
     draft_tokens: torch.Tensor | None = None  # [R, K]
-    choices: object = None  # step_args.Pending of pack_choices' [R, 2Q + K] (tokens, margins, proposals; prefill: Q = 1)
+    # step_args.Pending of pack_choices' [R, 2Q + K] (tokens, margins, proposals; prefill: Q = 1), a decode launch's
+    # stacked per step [steps, R, 2Q + K]
+    choices: object = None
