@@ -64,6 +64,37 @@ def control(ckpts):
     return engine_run(ckpts["default"], ckpts["draft"])
 
 
+def test_the_tail_ring_takes_each_slot_once_whatever_order_duplicate_writes_land(ckpts, control, monkeypatch):
+    """A prefill longer than the index-key tail ring (8 slots here; prompts of 13 and 41 tokens) stores only each
+    request's last `ring` positions. Writing every position made slots repeat within one index_copy_, whose winner a
+    GPU leaves unspecified: on one H200 the first engine of a process sometimes kept an early position's key, and under
+    compute-sanitizer always did, giving request r1 other tokens from its sixth on. Here the duplicates' order is
+    reversed (first write wins) and nothing may change."""
+    from qual.runtime.paged import VectorStore
+
+    write = VectorStore.write
+    monkeypatch.setattr(VectorStore, "write", lambda self, layer, routed, x: write(self, layer, routed.flip(0), x.flip(0)))
+    out, _, _ = engine_run(ckpts["default"], ckpts["draft"], logits=False)
+    assert [r.output_token_ids for r in out] == [r.output_token_ids for r in control[0]]
+
+
+def test_no_step_writes_a_cache_slot_twice(ckpts, monkeypatch):
+    """Every cache write of a step (prefill and verify; MLA latents, pooled index keys, the tail ring, KDA states, the
+    drafter's K/V) names each real slot at most once: the order of duplicate writes is nobody's to rely on."""
+    from qual.runtime import paged
+
+    def checked(write):
+        def run(self, layer, slots, *values):
+            real = slots[slots != self.trash]
+            assert real.numel() == real.unique().numel(), f"{type(self).__name__} slots written twice: {real.tolist()}"
+            return write(self, layer, slots, *values)
+        return run
+
+    for store in (paged.KVStore, paged.VectorStore, paged.StateStore):
+        monkeypatch.setattr(store, "write", checked(store.write))
+    engine_run(ckpts["default"], ckpts["draft"], logits=False)
+
+
 @pytest.mark.parametrize("name", ["default", "shared"])
 def test_prompt_logits_and_greedy_tokens_match_transformers(ckpts, name):
     out, lg, _ = engine_run(ckpts[name], max_tokens=4)

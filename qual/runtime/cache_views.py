@@ -94,7 +94,11 @@ def build_view(spec: KVCacheSpec, geo: Geometry, step: StepShape, table: torch.T
         return PooledView(route(slots), keys, mask, keys.positions[0].clone())
     if spec.kind == "ring":
         base = table[:, 0].clamp(min=0) * spec.ring
-        slots = torch.where(table[step.rows, 0] >= 0, base[step.rows] + step.positions % spec.ring, -1)
+        # Only a request's last `ring` positions of the step are stored: a prefill longer than the ring would write
+        # each slot more than once, and which of those writes lands is unspecified on a GPU (index_copy_), so the
+        # ring could keep an early position's entry instead of the last one's (tests/test_glm5_runtime.py)
+        last = step.positions >= step.seq_lens[step.rows] - spec.ring
+        slots = torch.where((table[step.rows, 0] >= 0) & last, base[step.rows] + step.positions % spec.ring, -1)
         return RingView(route(slots), base, spec.ring)
     if spec.kind == "state":
         return StateView(route(table[:, 0]), step.commit)
