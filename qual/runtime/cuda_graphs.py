@@ -55,7 +55,7 @@ class DecodeGraphs:
     def __init__(self, runner, sizes=DEFAULT_SIZES, steps: int = 1):
         self.runner = runner
         self.sizes = sorted(set(sizes), reverse=True)
-        self.steps = sorted({1, steps})  # steps a launch runs: a graph of each per size
+        self.steps = list(range(1, steps + 1))  # steps a launch may run: a graph of each per size
         self.graphs: dict[int, _Graph] = {}
         self.replays: dict[int, int] = {}
         self.launches: dict[int, int] = {}  # steps -> launches of that many
@@ -141,6 +141,11 @@ class DecodeGraphs:
                 out = run()
             self.pool = graph.pool() if self.pool is None else self.pool  # every graph in the first one's pool
             made.runs[n] = (graph, out)
+            # A graph's first launch also uploads it: that belongs to the capture, not to the first step that needs
+            # this graph (steps_per_launch > 1 may first need a size's 3-step graph in the middle of a generate).
+            # The dummy step writes only the trash slots; its advanced numbers are put back.
+            graph.replay()
+            runner.stager.send(host, into=flat)
         return made
 
     def _quiesce(self) -> None:
