@@ -242,13 +242,10 @@ class ModelRunner:
         elif static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
             P = self.padded_size(R)
             args, feats = self._load_static(*self.step_args(step, P, static=True), step)
-            if self.step_fn is not self.static_step:  # compiled code only for the fixed shapes: dynamic shapes
-                self.rows(P)  # would recompile at every new width
-                self.phases.lap("inputs")
-                logits, drafts, aux, choices = self.static_run(args, feats, n)
-                self.phases.lap("graph")
-            else:
-                logits, drafts, aux, choices = repeat(lambda: self._static_halves(args, feats), n)
+            self.rows(P)  # made before a compiled step is first traced (else traced with it)
+            self.phases.lap("inputs")
+            logits, drafts, aux, choices = self.static_run(args, feats, n)
+            self.phases.lap("graph")
         else:
             logits, drafts, aux, choices = self._halves(self.decode_inputs(step))
             choices = None if choices is None else choices[None]
@@ -268,13 +265,6 @@ class ModelRunner:
         """n static steps back to back (what an n-step CUDA graph captures): each advances the inputs the next one
         reads, so n > 1 needs async decode. The last step's outputs, with every step's choices stacked [n, P, W]."""
         return repeat(lambda: self.step_fn(args, feats), n)
-
-    def _static_halves(self, args: StepArgs, feats: torch.Tensor | None):
-        """One static-shape eager step with its halves timed apart, advancing its inputs under async decode."""
-        out = self._halves(self.build_inputs(args, feats, static=True))
-        if self.async_decode:
-            spec_decode.advance(args, out[3], out[2], feats, self.K)
-        return out
 
     def _halves(self, inp: DecodeInputs):
         """decode_compute's two halves, timed apart (eager steps)."""
@@ -447,7 +437,9 @@ def repeat(step, n: int):
     for _ in range(n):
         logits, drafts, aux, choices = step()
         chosen.append(choices)
-    return logits, drafts, aux, None if choices is None else torch.stack(chosen)
+    if choices is None:
+        return logits, drafts, aux, None
+    return logits, drafts, aux, torch.stack(chosen) if n > 1 else choices[None]  # a view: no copy for one step
 
 
 def _compiled(fn, mode: str):
