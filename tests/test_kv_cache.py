@@ -70,6 +70,17 @@ def test_admission_refuses_what_does_not_fit_and_frees():
     assert m.can_admit(160)
 
 
+def test_a_request_never_holds_more_than_it_reserved():
+    """The engine admits each request with the tail its launches may write past the end (LLMEngine.tail); a block
+    table that outgrows the reservation means that tail was short, and is refused where it happens."""
+    g = KVCacheGroup("target", spec(), ("t.0",))
+    m = manager(1, [g])
+    m.admit("a", 100)  # 7 blocks of 16
+    m.ensure("a", 112)
+    with pytest.raises(RuntimeError, match="holds 8 blocks of target, reserved 7"):
+        m.ensure("a", 113)
+
+
 def test_every_group_must_fit():
     t = KVCacheGroup("target", spec(), ("t.0",))
     d = KVCacheGroup("draft", spec(sharded=False), ("d.0",))

@@ -185,6 +185,9 @@ class CacheManager:
                 table.extend([-1] * (need - len(table) - len(fresh)))
                 table.extend(pool.allocate(len(fresh)))
                 self.peak_blocks[name] = max(self.peak_blocks[name], pool.num_blocks - pool.num_free)
+                if spec.window is None and len(table) > self.reserved[name][req_id]:  # the engine's tail is short
+                    raise RuntimeError(f"request {req_id} holds {len(table)} blocks of {name}, reserved "
+                                       f"{self.reserved[name][req_id]} (writes up to position {num_tokens - 1})")
 
     def release_outside_window(self, name: str, req_id: str, context_len: int) -> None:
         """Free blocks whose positions have all left the group's window (they are never read again).
