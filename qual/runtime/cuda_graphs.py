@@ -121,6 +121,9 @@ class DecodeGraphs:
         args = runner.stager.send(host, into=flat)
         runner.rows(bs)  # made outside the capture (and outside a compiled function's first trace)
         made = _Graph(bs, flat, feats, runner.stager)
+        # With peers, c10d's NCCL watchdog thread queries events while we capture;
+        # "thread_local" keeps other threads' calls from invalidating this capture.
+        mode = "thread_local" if runner.comm.tp_size > 1 else "global"
         for n in self.steps:
             def run(n=n):  # the views from the arguments, draft + verify, and (async decode) the next step's inputs
                 return runner.static_run(args, feats, n)
@@ -134,9 +137,6 @@ class DecodeGraphs:
             runner.stager.send(host, into=flat)  # the dummy numbers again: async decode advanced them
             self._quiesce()
             graph = torch.cuda.CUDAGraph()
-            # With peers, c10d's NCCL watchdog thread queries events while we capture;
-            # "thread_local" keeps other threads' calls from invalidating this capture.
-            mode = "thread_local" if self.runner.comm.tp_size > 1 else "global"
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=mode):
                 out = run()
             self.pool = graph.pool() if self.pool is None else self.pool  # every graph in the first one's pool

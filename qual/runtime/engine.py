@@ -146,7 +146,8 @@ class LLMEngine:
         self.steps_ahead = 0  # decode steps launched before the last one's results were read
         self.rows_retired = 0  # rows of finished requests run as padding so that a run of steps ahead went on
         self.launches: dict[int, int] = {}  # decode launches by the steps each ran
-        self._verified = [0, 0]  # (verify steps of requests, tokens they committed): the mean a step commits
+        # Verify steps of requests so far and the tokens they committed: the mean a step commits (_run_steps)
+        self._verify_steps = self._verify_tokens = 0
         # Tokens written past the committed length: the verify blocks of a launch, and with async decode those of
         # the launch in flight before it.
         lookahead = (self.K + 1) * (2 * self.run_steps if self.async_decode else 1)
@@ -472,12 +473,12 @@ class LLMEngine:
         """Steps the next launch runs (up to steps_per_launch; 0: none is expected to be needed, so none goes out
         before the last one is read): as many as the batch's longest request is expected to need after the
         `in_flight` steps launched before it, at the tokens a step has committed so far in this engine, over every
-        request (K + 1 before the first). unread: requests whose first token (a prefill's) is not read yet. Plain decoding commits one token a
-        step, so launches stop at the last token a request needs; a speculative launch may run a step past it (read
-        for nothing), or stop a step early (the next launch then waits for the last one's results, a pause of the
-        host's commit and launch). A heuristic of speed only: what each step computes is the same."""
-        steps, tokens = self._verified
-        per = tokens / steps if steps else self.K + 1
+        request (K + 1 before the first). unread: requests whose first token (a prefill's) is not read yet. Plain
+        decoding commits one token a step, so launches stop at the last token a request needs; a speculative launch
+        may run a step past it (read for nothing), or stop a step early (the next launch then waits for the last
+        one's results, a pause of the host's commit and launch). A heuristic of speed only: what each step computes
+        is the same."""
+        per = self._verify_tokens / self._verify_steps if self._verify_steps else self.K + 1
         need, unread = 0, {id(s) for s in unread}
         for s in seqs:
             left = len(s.req.prompt_token_ids) + s.max_tokens - s.num_committed - (id(s) in unread) - in_flight * per
@@ -537,8 +538,8 @@ class LLMEngine:
                     self._append(s, targets[:1], margins[:1], sampling)
                     continue
                 a = s.spec.record(n, drafts[i], targets)
-                self._verified[0] += 1
-                self._verified[1] += a + 1
+                self._verify_steps += 1
+                self._verify_tokens += a + 1
                 s.ctx_len += s.pending_commit
                 s.pending_commit = a + 1
                 for name in self.cache.groups:  # the next draft step's context: ctx_len + pending_commit

@@ -263,8 +263,15 @@ class ModelRunner:
 
     def static_run(self, args: StepArgs, feats: torch.Tensor | None, n: int):
         """n static steps back to back (what an n-step CUDA graph captures): each advances the inputs the next one
-        reads, so n > 1 needs async decode. The last step's outputs, with every step's choices stacked [n, P, W]."""
-        return repeat(lambda: self.step_fn(args, feats), n)
+        reads, so n > 1 needs async decode. The last step's (logits, drafts, aux), with every step's choices stacked
+        [n, P, W] (None on ranks that do not choose)."""
+        chosen = []
+        for _ in range(n):
+            logits, drafts, aux, choices = self.step_fn(args, feats)
+            chosen.append(choices)
+        if choices is None:
+            return logits, drafts, aux, None
+        return logits, drafts, aux, torch.stack(chosen) if n > 1 else choices[None]  # a view: no copy for one step
 
     def _halves(self, inp: DecodeInputs):
         """decode_compute's two halves, timed apart (eager steps)."""
@@ -428,18 +435,6 @@ class ModelRunner:
             return hidden[:P], drafts, aux, None
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1)
         return logits, drafts, aux, spec_decode.pack_choices(logits, drafts)
-
-
-def repeat(step, n: int):
-    """Run step() n times; the last run's (logits, drafts, aux, choices) with every run's choices stacked [n, P, W]
-    (None on ranks that do not choose)."""
-    chosen = []
-    for _ in range(n):
-        logits, drafts, aux, choices = step()
-        chosen.append(choices)
-    if choices is None:
-        return logits, drafts, aux, None
-    return logits, drafts, aux, torch.stack(chosen) if n > 1 else choices[None]  # a view: no copy for one step
 
 
 def _compiled(fn, mode: str):
