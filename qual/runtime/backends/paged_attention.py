@@ -21,6 +21,9 @@ except ImportError:  # CPU-only torch builds ship no Triton
     triton = None
 
 BLOCK_S = 64
+# 8 warps a program: 0.1-0.35 us faster than 4 at the 0.6B shape's decode (8 KV heads, 128-wide; 1 or 8 rows of 160 or
+# 1,000 keys: 7.35 -> 7.02 us at 8 x 160), the same results (one H200; docs/PERFORMANCE.md)
+NUM_WARPS = 8
 MAX_ROWS = 256  # query heads per KV head x query positions in one program: decode steps, not prefill
 MIN_SPLIT_KEYS = 128  # a key split walks at least this many of the static width
 
@@ -159,7 +162,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _paged_attention_kernel[(R, Hk, splits)](
         q, k_cache, v_cache, slots, mask, lengths, out, lse, part_acc, part_ml, slots.shape[1], scale,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), slots.stride(0),
-        mask.stride(0), mask.stride(1), *out_strides, Q=Q, G=G, D=D, BLOCK_M=block_m, BLOCK_S=BLOCK_S, SPLITS=splits)
+        mask.stride(0), mask.stride(1), *out_strides, Q=Q, G=G, D=D, BLOCK_M=block_m, BLOCK_S=BLOCK_S, SPLITS=splits,
+        num_warps=NUM_WARPS)
     if splits > 1:
         _combine_kernel[(R, Hk)](part_acc, part_ml, out, lse, *out_strides, Q=Q, G=G, D=D, BLOCK_M=block_m,
                                  SPLITS=splits)
