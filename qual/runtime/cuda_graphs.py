@@ -77,7 +77,7 @@ class DecodeGraphs:
             width = len(r.draft_cfg.target_layer_ids) * r.draft_cfg.layers.hidden_size
             for rid in ids:
                 r.pending[rid] = torch.zeros(Q, width, dtype=r.target.dtype, device=r.comm.device)
-        tables = {name: torch.full((batch_size, 1), -1, dtype=torch.long) for name in r.geometry}
+        tables = {name: [[]] * batch_size for name in r.geometry}  # no blocks: every row all -1
         return DecodeStep(ids, [0] * batch_size, [2] * batch_size, [0] * batch_size, [1] * batch_size, tables), ids
 
     def _capture(self) -> None:

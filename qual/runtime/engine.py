@@ -293,8 +293,7 @@ class LLMEngine:
         for rid, p in zip(ids, prompts):
             self.cache.admit(rid, len(p))
             self.cache.ensure(rid, len(p))
-        tables = {name: self.cache.block_table(name, ids) for name in self.cache.groups}
-        out = self._step(PrefillStep(ids, [list(p) for p in prompts], tables))
+        out = self._step(PrefillStep(ids, [list(p) for p in prompts], self._rows(ids)))
         for rid in ids:
             self.cache.free(rid)
         self._finished_ids.extend(ids)
@@ -309,9 +308,8 @@ class LLMEngine:
         except RuntimeError as exc:
             raise EngineError(f"a rank failed during a step: {exc}") from exc
 
-    def _tables(self, seqs: list[_Seq]) -> dict:
-        ids = [s.req.id for s in seqs]
-        return {name: self.cache.block_table(name, ids) for name in self.cache.groups}
+    def _rows(self, ids: list[str]) -> dict[str, list[list[int]]]:
+        return {name: self.cache.block_rows(name, ids) for name in self.cache.groups}
 
     def generate(
         self,
@@ -381,7 +379,8 @@ class LLMEngine:
     def _send_prefill(self, seqs: list[_Seq]):
         for s in seqs:
             s.ctx_len, s.pending_commit = len(s.req.prompt_token_ids), 0  # the prefill writes the prompt's draft context
-        return self._step(PrefillStep([s.req.id for s in seqs], [list(s.req.prompt_token_ids) for s in seqs], self._tables(seqs)))
+        ids = [s.req.id for s in seqs]
+        return self._step(PrefillStep(ids, [list(s.req.prompt_token_ids) for s in seqs], self._rows(ids)))
 
     def _commit_prefill(self, seqs: list[_Seq], out, sampling: SamplingParams) -> None:
         """Each request's first token, from the prefill's greedy choices (read without another copy) or sampled."""
@@ -502,13 +501,13 @@ class LLMEngine:
             if not s.finish_reason:
                 self.cache.ensure(s.req.id, s.num_committed + extra + reach)
         newly = [i for i, s in enumerate(seqs) if s.finish_reason and i not in retired] if advanced else []
-        tables = self._tables(seqs)
+        tables = self._rows([s.req.id for s in seqs])
         if advanced and (retired or newly):
             retired.update(newly)
             self.rows_retired += len(newly)
-            rows = torch.tensor(sorted(retired))
             for t in tables.values():  # a retired row writes and reads nothing (its blocks go when the run ends)
-                t[rows] = -1
+                for i in retired:
+                    t[i] = []  # all -1 once padded
         step = DecodeStep(
             [s.req.id for s in seqs], [s.output[-1] if s.output else 0 for s in seqs],
             [s.num_committed + extra for s, extra in zip(seqs, unread)], [s.ctx_len for s in seqs],

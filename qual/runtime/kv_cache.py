@@ -209,12 +209,10 @@ class CacheManager:
             pool.free(self.tables[name].pop(req_id, []))
             self.reserved[name].pop(req_id, None)
 
-    def block_table(self, name: str, req_ids: list[str]) -> torch.Tensor:
-        """[R, max_blocks] block ids, -1 padded."""
-        rows = [self.tables[name][r] for r in req_ids]
-        width = max((len(r) for r in rows), default=0) or 1
-        # one tensor from padded lists: a tensor per row costs ~10x as much host time, every decode step
-        return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
+    def block_rows(self, name: str, req_ids: list[str]) -> list[list[int]]:
+        """Each request's block ids (copies), unpadded: what a step carries. The rank pads them once, to the width
+        its step runs at (a decode graph's, a prefill bucket's), in one tensor or none (prefill_graphs)."""
+        return [list(self.tables[name][r]) for r in req_ids]
 
     def memory(self) -> dict[str, dict]:
         """Per-rank KV bytes by group: what the pool holds and what live blocks use."""
@@ -234,3 +232,13 @@ class CacheManager:
                 "peak_bytes": self.peak_blocks[name] * bb,
             }
         return report
+
+
+def table_tensor(rows: list[list[int]], num_rows: int | None = None, width: int | None = None) -> torch.Tensor:
+    """Block-id rows as one [num_rows, width] tensor (at least R rows and the longest row's width), -1 padded: one
+    tensor from padded lists (a tensor per row, or padding a tensor, costs several times as much host time, every
+    decode step)."""
+    width = max(width or 0, max((len(r) for r in rows), default=0), 1)
+    padded = [r + [-1] * (width - len(r)) for r in rows]
+    padded += [[-1] * width] * ((num_rows or 0) - len(rows))
+    return torch.tensor(padded, dtype=torch.long).view(len(padded), width)

@@ -10,14 +10,14 @@ from qual.runtime import spec_decode
 from qual.runtime.backends import parse_backend
 from qual.runtime.config import EngineConfig
 from qual.runtime.geometry import blocks_needed
-from qual.runtime.kv_cache import KVCacheGroup
+from qual.runtime.kv_cache import KVCacheGroup, table_tensor
 from qual.runtime.models.base import DraftMeta, TargetMeta
 from qual.runtime.cache_views import StepShape, build_view, draft_mask, view_geometry, view_width
 from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorStore, key_view, write_slots
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import Readback, StepArgs, Stager, context_rows, retire, set_number, to_device
+from qual.runtime.step_args import NUMBERS, Readback, StepArgs, Stager, context_rows, retire, to_device
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -196,11 +196,12 @@ class ModelRunner:
         """Target logits at each prompt's last token [n, V] and rank 0's greedy choices of them (pack_choices; None on
         the other ranks)."""
         prompts = [step.prompts[i] for i in idx]
+        rows = {name: [t[i] for i in idx] for name, t in step.tables.items()}
         if self.prefill_graphs is not None:
-            out = self.prefill_graphs.run(prompts, {name: t[idx] for name, t in step.tables.items()})
+            out = self.prefill_graphs.run(prompts, rows)
             if out is not None:
                 return out
-        tables = {name: self._dev(t[idx]) for name, t in step.tables.items()}
+        tables = {name: self._dev(table_tensor(t)) for name, t in rows.items()}
         lens = [len(p) for p in prompts]
         tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lens])
@@ -318,9 +319,13 @@ class ModelRunner:
         read)."""
         retire(numbers, step.retired)
         if step.first_rows:
+            # The engine appends a prefill's requests to its batch in order: rows r0.. take picks p0.., one device copy
+            # (no index tensors to send, and the host does not wait for the prefill)
             rows, picks = zip(*step.first_rows)
-            picks = to_device(torch.tensor(picks), numbers.device)  # the host must not wait here for the prefill
-            set_number(numbers, "last_tokens", list(rows), self.first_tokens[picks])
+            r0, p0, n = rows[0], picks[0], len(rows)
+            if rows != tuple(range(r0, r0 + n)) or picks != tuple(range(p0, p0 + n)):
+                raise ValueError(f"first_rows {step.first_rows}: a prefill's requests must be consecutive rows, in order")
+            numbers[NUMBERS.index("last_tokens"), r0 : r0 + n] = self.first_tokens[p0 : p0 + n]
 
     def step_args(self, step: DecodeStep, pad_to: int | None = None, static: bool = False):
         """The host-built part of a decode step: its per-request numbers and block tables (qual/runtime/step_args.py),
@@ -340,7 +345,7 @@ class ModelRunner:
             step.commit_counts + pad,
             step.ctx_len + pad,
         ], dtype=torch.long)
-        tables = {name: _pad_rows(t, P, self.max_blocks[name] if static else None) for name, t in step.tables.items()}
+        tables = {name: table_tensor(t, P, self.max_blocks[name] if static else None) for name, t in step.tables.items()}
         counts = step.commit_counts
         num_ctx = P * Q if static else sum(counts)
         feats = None
@@ -449,9 +454,3 @@ def _compiled(fn, mode: str):
         dyn.fail_on_recompile_limit_hit = True
     return torch.compile(fn, mode=mode, dynamic=False)
 
-
-def _pad_rows(table: torch.Tensor, rows: int, width: int | None) -> torch.Tensor:
-    """Block table padded to `rows` requests (and `width` blocks) with -1."""
-    out = torch.full((rows, max(width or 0, table.shape[1])), -1, dtype=torch.long)
-    out[: table.shape[0], : table.shape[1]] = table
-    return out

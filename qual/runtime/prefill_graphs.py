@@ -87,7 +87,7 @@ class PrefillGraphs:
     def active(self) -> bool:
         return self.reason is None and self.max_tokens > 0
 
-    def run(self, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def run(self, prompts: list[list[int]], tables: dict[str, list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Target logits at each prompt's last token [n, V] and their greedy choices (spec_decode.pack_choices), the
         draft context written; or None: the chunk runs eagerly (larger than max_tokens padded tokens, a layout that
         cannot be padded, or a failed capture)."""
@@ -130,11 +130,11 @@ class PrefillGraphs:
         return b
 
     @staticmethod
-    def _host_inputs(b: _Bucket, prompts: list[list[int]], tables: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The chunk in the bucket's layout: padding tokens 0, padding rows of length 0, tables cut or padded with
-        -1 to the bucket's width (columns past the padded length hold nothing a prompt reaches). Built as one list:
-        a torch operator per part cost more (one 125-token prompt: 16 against 58 us; eight of 154 tokens: 148 against
-        239 us, on the 2-core development CPU)."""
+    def _host_inputs(b: _Bucket, prompts: list[list[int]], tables: dict[str, list[list[int]]]) -> torch.Tensor:
+        """The chunk in the bucket's layout: padding tokens 0, padding rows of length 0, each request's block ids cut
+        or padded with -1 to the bucket's width (columns past the padded length hold nothing a prompt reaches). Built
+        as one list: a torch operator per part cost more (one 125-token prompt: 16 against 58 us; eight of 154
+        tokens: 148 against 239 us, on the 2-core development CPU)."""
         P, L = b.rows, b.length
         flat = []
         for p in prompts:
@@ -143,7 +143,7 @@ class PrefillGraphs:
         flat += [len(p) for p in prompts] + [0] * (P - len(prompts))
         for name in sorted(b.widths):
             w = b.widths[name]
-            for row in tables[name].tolist():
+            for row in tables[name]:
                 flat += row[:w] + [-1] * (w - len(row))
             flat += [-1] * (w * (P - len(prompts)))
         return torch.tensor(flat, dtype=torch.long)

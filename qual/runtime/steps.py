@@ -13,7 +13,7 @@ class PrefillStep:
 
     req_ids: list[str]
     prompts: list[list[int]]
-    tables: dict[str, torch.Tensor]  # group -> [R, max_blocks]
+    tables: dict[str, list[list[int]]]  # group -> each request's block ids (CacheManager.block_rows)
     finished: list[str] = field(default_factory=list)
 
 
@@ -26,7 +26,7 @@ class DecodeStep:
     num_committed: list[int]  # committed length n (prompt + output); last token sits at n-1
     ctx_len: list[int]  # draft context length before this step (positions < ctx_len are in the draft cache)
     commit_counts: list[int]  # pending features that become draft context now
-    tables: dict[str, torch.Tensor]
+    tables: dict[str, list[list[int]]]  # group -> each request's block ids (CacheManager.block_rows)
     finished: list[str] = field(default_factory=list)
     # Async decode: the same requests as the last step, launched before its results were read; the device advanced
     # that step's numbers itself (spec_decode.advance), so only the tables are new and the lists above are stale.
