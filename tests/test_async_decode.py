@@ -5,12 +5,14 @@ CUDA graphs' static shapes, the path the graphs replay; tests/test_gpu.py replay
 from dataclasses import replace
 
 import pytest
+import torch
 
 from checkpoints import make_draft
 from glm5_checkpoints import make_glm5, tiny_text
 from runtime_helpers import prompts
 from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
 from qual.runtime.engine import LLMEngine
+from qual.runtime.steps import DecodeStep
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +76,23 @@ def test_a_first_decode_step_launched_behind_its_prefill_equals_step_by_step(tin
     out, _ = decode(*tiny_pair, async_decode=True, max_num_seqs=max_num_seqs)
     assert len(launched) >= (8 if max_num_seqs == 8 else 4)
     assert same(out, sync)
+
+
+def test_a_first_step_refuses_prefill_rows_out_of_order(tiny_pair):
+    """The first step behind a prefill takes the prefill's choices as one run of rows (the engine appends a prefill's
+    requests to its batch in order); rows or picks out of that order are refused, never silently mismatched."""
+    cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), cache=CacheConfig(block_size=4, memory_bytes=2**22),
+                       dtype="float64", static_shapes=True, max_model_len=128, async_decode=True)
+    with LLMEngine(cfg) as engine:
+        runner = engine.runner
+        runner.first_tokens = torch.tensor([11, 12, 13])
+        step = lambda rows: DecodeStep(["a", "b", "c"], [0] * 3, [2] * 3, [0] * 3, [1] * 3, {}, first_rows=rows)  # noqa: E731
+        numbers = torch.zeros(5, 4, dtype=torch.long)
+        runner._amend(numbers, step([(1, 0), (2, 1)]))
+        assert numbers[0].tolist() == [0, 11, 12, 0]
+        for rows in ([(1, 1), (2, 0)], [(0, 0), (2, 1)]):
+            with pytest.raises(ValueError, match="consecutive rows"):
+                runner._amend(numbers, step(rows))
 
 
 def test_plain_decoding_ahead_equals_step_by_step(tiny_pair):
