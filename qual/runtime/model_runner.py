@@ -17,7 +17,7 @@ from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorSt
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import NUMBERS, Readback, StepArgs, Stager, context_rows, retire, to_device
+from qual.runtime.step_args import NUMBERS, Readback, StepArgs, Stager, context_rows, pack, retire, to_device
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -338,14 +338,13 @@ class ModelRunner:
         P = pad_to or R
         Q = 1 + self.K
         pad = [0] * (P - R)
-        numbers = torch.tensor([
+        numbers = [
             step.last_tokens + pad,
             step.num_committed + [1] * (P - R),
             [n + self.K for n in step.num_committed] + pad,  # sequence length once this step's tokens are in
             step.commit_counts + pad,
             step.ctx_len + pad,
-        ], dtype=torch.long)
-        tables = {name: table_tensor(t, P, self.max_blocks[name] if static else None) for name, t in step.tables.items()}
+        ]
         counts = step.commit_counts
         num_ctx = P * Q if static else sum(counts)
         feats = None
@@ -355,7 +354,7 @@ class ModelRunner:
             if num_ctx > sum(counts):  # static: fixed number of context rows, the extra ones write to the trash slot
                 parts.append(torch.zeros(num_ctx - sum(counts), width, dtype=self.target.dtype, device=self.comm.device))
             feats = torch.cat(parts) if parts else torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)
-        return StepArgs(numbers, tables, num_ctx), feats
+        return pack(numbers, step.tables, P, self.max_blocks if static else {}, num_ctx), feats
 
     def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
         """A decode step's inputs on the device: its step_args sent there, and the views built from them."""
