@@ -131,9 +131,6 @@ class CacheManager:
         self.pools = {g.name: BlockPool(self.num_blocks) for g in groups}
         self.tables: dict[str, dict[str, list[int]]] = {g.name: {} for g in groups}
         self.reserved: dict[str, dict[str, int]] = {g.name: {} for g in groups}
-        # Positions each request's blocks already cover (-1: none yet; what ensure allocates only grows with it): the
-        # check a decode launch makes per request returns at once
-        self.covered: dict[str, int] = {}
         self.peak_blocks: dict[str, int] = {g.name: 0 for g in groups}
 
     def group_dcp(self, name: str) -> int:
@@ -167,7 +164,6 @@ class CacheManager:
         for name in self.groups:
             self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
             self.tables[name][req_id] = []
-        self.covered[req_id] = -1
 
     def first_needed(self, name: str, num_tokens: int) -> int:
         """Lowest position a windowed group can still read once positions < num_tokens have slots: the step that
@@ -178,8 +174,6 @@ class CacheManager:
     def ensure(self, req_id: str, num_tokens: int) -> None:
         """Allocate blocks so positions < num_tokens have slots in every group; a windowed group skips the blocks
         already behind its window (a long prompt's early positions are never read there, nor stored)."""
-        if num_tokens <= self.covered[req_id]:
-            return
         for name, pool in self.pools.items():
             table = self.tables[name][req_id]
             spec = self.groups[name].spec
@@ -194,7 +188,6 @@ class CacheManager:
                 if spec.window is None and len(table) > self.reserved[name][req_id]:  # the engine's tail is short
                     raise RuntimeError(f"request {req_id} holds {len(table)} blocks of {name}, reserved "
                                        f"{self.reserved[name][req_id]} (writes up to position {num_tokens - 1})")
-        self.covered[req_id] = num_tokens
 
     def release_outside_window(self, name: str, req_id: str, context_len: int) -> None:
         """Free blocks whose positions have all left the group's window (they are never read again).
@@ -215,7 +208,6 @@ class CacheManager:
         for name, pool in self.pools.items():
             pool.free(self.tables[name].pop(req_id, []))
             self.reserved[name].pop(req_id, None)
-        self.covered.pop(req_id, None)
 
     def block_rows(self, name: str, req_ids: list[str]) -> list[list[int]]:
         """Each request's block ids (copies), unpadded: what a step carries. The rank pads them once, to the width
