@@ -3,6 +3,7 @@ spec_decode.advance) computes what step-by-step decoding computes, request for r
 CUDA graphs' static shapes, the path the graphs replay; tests/test_gpu.py replays it from graphs."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from checkpoints import make_draft
 from glm5_checkpoints import make_glm5, tiny_text
 from runtime_helpers import prompts
 from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
+from qual.runtime.cuda_graphs import DecodeGraphs
 from qual.runtime.engine import LLMEngine
 from qual.runtime.steps import DecodeStep
 
@@ -93,6 +95,24 @@ def test_a_first_step_refuses_prefill_rows_out_of_order(tiny_pair):
         for rows in ([(1, 1), (2, 0)], [(0, 0), (2, 1)]):
             with pytest.raises(ValueError, match="consecutive rows"):
                 runner._amend(numbers, step(rows))
+
+
+def test_the_graphs_capture_step_builds_static_arguments_on_the_cpu(tiny_pair):
+    """What a CUDA graph is captured with (DecodeGraphs._dummy_step: every row padding, no blocks) makes the static
+    StepArgs of its size, every row padding at the graphs' full table widths: checked on the CPU, where no graph is
+    captured."""
+    cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), cache=CacheConfig(block_size=4, memory_bytes=2**22),
+                       dtype="float64", static_shapes=True, max_model_len=128, async_decode=True)
+    with LLMEngine(cfg) as engine:
+        runner = engine.runner
+        step, ids = DecodeGraphs._dummy_step(SimpleNamespace(runner=runner), 4)
+        args, feats = runner.step_args(step, pad_to=4, static=True)
+        for rid in ids:
+            runner.pending.pop(rid)
+    assert args.numbers.shape == (5, 4)
+    assert {name: tuple(t.shape) for name, t in args.tables.items()} == {n: (4, w) for n, w in runner.max_blocks.items()}
+    assert all(bool((t == -1).all()) for t in args.tables.values())
+    assert feats.shape[0] == args.num_ctx == 4 * (1 + runner.K)
 
 
 def test_plain_decoding_ahead_equals_step_by_step(tiny_pair):
