@@ -234,11 +234,8 @@ class CacheManager:
         return report
 
 
-def table_tensor(rows: list[list[int]], num_rows: int | None = None, width: int | None = None) -> torch.Tensor:
-    """Block-id rows as one [num_rows, width] tensor (at least R rows and the longest row's width), -1 padded: one
-    tensor from padded lists (a tensor per row, or padding a tensor, costs several times as much host time, every
-    decode step)."""
-    width = max(width or 0, max((len(r) for r in rows), default=0), 1)
-    padded = [r + [-1] * (width - len(r)) for r in rows]
-    padded += [[-1] * width] * ((num_rows or 0) - len(rows))
-    return torch.tensor(padded, dtype=torch.long).view(len(padded), width)
+def table_tensor(rows: list[list[int]]) -> torch.Tensor:
+    """Block-id rows as one [R, longest row] tensor, -1 padded (an eager prefill's tables; a decode step's are
+    packed with its numbers: step_args.pack)."""
+    width = max(max((len(r) for r in rows), default=0), 1)
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
