@@ -32,6 +32,15 @@ QWEN3_0_6B = Qwen3Config(vocab_size=151936, hidden_size=1024, num_hidden_layers=
 TOY = DATA_DIR / "models" / "toy"
 
 
+def humaneval_requests(n: int, new_tokens: int = 64) -> list[GenerationRequest]:
+    """The first n HumanEval prompts in the toy pair's tokens, new_tokens each."""
+    from qual.corpus import load_corpus
+    from qual.tokenize import PromptTokenizer
+
+    tok = PromptTokenizer(str(TOY / "target"))
+    return [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), new_tokens) for r in load_corpus("humaneval").requests[:n]]
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second (median of 20)."""
     n = 1 << 30
@@ -291,13 +300,9 @@ def main() -> int:
                     res[key] = {"ours": o, "hf": h, "speedup_vs_hf": o["tokens_per_s"] / h["tokens_per_s"], "roofline": roof}
                     rows.append((name + suffix, batch, o["tokens_per_s"], h["tokens_per_s"], o["graph_step_s"], roof))
         if not args.no_spec:
-            from qual.corpus import load_corpus
-            from qual.tokenize import PromptTokenizer
-
-            tok = PromptTokenizer(str(toy_t))
-            corpus = load_corpus("humaneval")
+            first = humaneval_requests(max(batches))
             for batch in batches:
-                reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in corpus.requests[:batch]]
+                reqs = first[:batch]
                 plen = max(len(r.prompt_token_ids) for r in reqs)
                 for suffix, (backend, steps) in runs.items():
                     key = f"toy-spec{suffix}/b{batch}"

@@ -18,14 +18,11 @@ import pstats
 import sys
 import time
 
-from qual.corpus import load_corpus
 from qual.runtime import model_runner, prefill_graphs
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
-from qual.paths import DATA_DIR
-from qual.runtime.engine import GenerationRequest, LLMEngine
-from qual.tokenize import PromptTokenizer
+from qual.runtime.engine import LLMEngine
 
-TOY = DATA_DIR / "models" / "toy"
+from gpu_bench import TOY, humaneval_requests  # bench/ is on sys.path when run as a script
 
 
 def first_result(fn, key):
@@ -51,8 +48,7 @@ def main() -> int:
                                                        lambda runner, step_args, feats, n: (step_args.numel, n))
     prefill_graphs.PrefillGraphs._compute = first_result(prefill_graphs.PrefillGraphs._compute,
                                                          lambda graphs, b: (b.rows, b.length))
-    tok = PromptTokenizer(str(TOY / "target"))
-    reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in load_corpus("humaneval").requests[:args.batch]]
+    reqs = humaneval_requests(args.batch)
     cfg = EngineConfig(str(TOY / "target"), None if args.plain else str(TOY / "draft"), ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=1 << 30), dtype="float32", device="cpu",
                        max_model_len=256, static_shapes=True, async_decode=True, phase_times=True)

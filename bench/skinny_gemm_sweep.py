@@ -21,9 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from qual.runtime.backends import skinny_gemm  # noqa: E402
+from qual.runtime.backends import skinny_gemm
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 GRID = [skinny_gemm.GemmConfig(bn, bk, s, w, st) for bn, bk, s, w, st in

@@ -14,13 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qual.corpus import load_corpus
-from qual.paths import DATA_DIR
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
-from qual.runtime.engine import GenerationRequest, LLMEngine
-from qual.tokenize import PromptTokenizer
+from qual.runtime.engine import LLMEngine
 
-TOY = DATA_DIR / "models" / "toy"
+from gpu_bench import TOY, humaneval_requests  # bench/ is on sys.path when run as a script
 
 
 def main() -> int:
@@ -29,8 +26,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    tok = PromptTokenizer(str(TOY / "target"))
-    reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in load_corpus("humaneval").requests[:args.requests]]
+    reqs = humaneval_requests(args.requests)
     longest = max(len(r.prompt_token_ids) for r in reqs)
     steps = {}
     for mode, draft in (("spec", TOY / "draft"), ("plain", None)):

@@ -501,7 +501,8 @@ class LLMEngine:
             if not s.finish_reason:
                 self.cache.ensure(s.req.id, s.num_committed + extra + reach)
         newly = [i for i, s in enumerate(seqs) if s.finish_reason and i not in retired] if advanced else []
-        tables = self._rows([s.req.id for s in seqs])
+        ids = [s.req.id for s in seqs]
+        tables = self._rows(ids)
         if advanced and (retired or newly):
             retired.update(newly)
             self.rows_retired += len(newly)
@@ -509,7 +510,7 @@ class LLMEngine:
                 for i in retired:
                     t[i] = []  # all -1 once padded
         step = DecodeStep(
-            [s.req.id for s in seqs], [s.output[-1] if s.output else 0 for s in seqs],
+            ids, [s.output[-1] if s.output else 0 for s in seqs],
             [s.num_committed + extra for s, extra in zip(seqs, unread)], [s.ctx_len for s in seqs],
             [s.pending_commit for s in seqs], tables, advanced=advanced, retired=newly,
             first_rows=[(i, in_prefill[id(s)]) for i, s in enumerate(seqs) if id(s) in in_prefill], steps=steps,

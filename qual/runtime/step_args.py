@@ -56,12 +56,7 @@ def pack(numbers: list[list[int]], tables: dict[str, list[list[int]]], rows: int
             flat += [-1] * (width - len(r))
         flat += [-1] * (width * (rows - len(tables[name])))
     host = torch.frombuffer(array("q", flat), dtype=torch.long)  # shares the array's memory, which it keeps alive
-    at = len(numbers) * rows
-    views = {}
-    for name, (r, w) in shapes.items():
-        views[name] = host[at : at + r * w].view(r, w)
-        at += r * w
-    return StepArgs(host[: len(numbers) * rows].view(len(numbers), rows), views, num_ctx)
+    return _views(host, (len(numbers), rows), shapes, num_ctx)
 
 
 def context_rows(counts: torch.Tensor, ctx_len: torch.Tensor, num_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,12 +107,17 @@ def retire(numbers: torch.Tensor, rows: list[int]) -> None:
 
 def flat_views(flat: torch.Tensor, like: StepArgs) -> StepArgs:
     """A StepArgs of like's shapes whose tensors are views of the int64 buffer flat (leaves() order)."""
-    views, at = [], 0
-    for t in like.leaves():
-        views.append(flat[at : at + t.numel()].view(t.shape))
-        at += t.numel()
-    names = sorted(like.tables)
-    return StepArgs(views[0], dict(zip(names, views[1:])), like.num_ctx)
+    return _views(flat, like.numbers.shape, {name: like.tables[name].shape for name in sorted(like.tables)}, like.num_ctx)
+
+
+def _views(flat: torch.Tensor, numbers: tuple, tables: dict[str, tuple], num_ctx: int) -> StepArgs:
+    """StepArgs of these shapes as views of flat: numbers first, then the tables in the (sorted) order given."""
+    at = numbers[0] * numbers[1]
+    views = {}
+    for name, (r, w) in tables.items():
+        views[name] = flat[at : at + r * w].view(r, w)
+        at += r * w
+    return StepArgs(flat[: numbers[0] * numbers[1]].view(*numbers), views, num_ctx)
 
 
 class Stager:
