@@ -111,10 +111,44 @@ def float64_islands():
         mod.torch, torch.Tensor.float = saved_torch, saved_float
 
 
+@contextmanager
+def lowest_pool_wins_ties():
+    """transformers' DSA indexer with qual's documented tie-break: among equal index scores the lower pool id is
+    selected first. Its `index_scores.topk` leaves the order of equal values unspecified, and ties are real (ReLU
+    makes exact-zero scores common with few index heads), so the oracle is pinned to the order qual promises."""
+    indexer = sys.modules[Glm5NextTextModel.__module__].Glm5NextTextIndexer
+    forward, topk = indexer.forward, torch.Tensor.topk
+
+    def stable_topk(self, k, dim=-1, largest=True, sorted=True):
+        values, indices = torch.sort(self, dim=dim, descending=largest, stable=True)
+        return torch.return_types.topk((values.narrow(dim, 0, k), indices.narrow(dim, 0, k)))
+
+    def pinned(self, *args, **kwargs):
+        torch.Tensor.topk = stable_topk
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            torch.Tensor.topk = topk
+
+    indexer.forward = pinned
+    try:
+        yield
+    finally:
+        indexer.forward = forward
+
+
 def oracle_forward(model, ids: torch.Tensor, islands64: bool = True) -> torch.Tensor:
     """Logits [T, vocab] (or last hidden states for a bare text model) of one full, cache-free forward."""
     ctx = float64_islands() if islands64 else nullcontext()
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), ctx, lowest_pool_wins_ties():
         out = model(input_ids=ids.reshape(1, -1), use_cache=False)
     return (out.logits if hasattr(out, "logits") else out.last_hidden_state)[0]
+
+
+def oracle_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens by full recomputation: the oracle has no cache to share a cache's mistakes."""
+    seq = list(prompt)
+    for _ in range(max_tokens):
+        seq.append(int(oracle_forward(model, torch.tensor(seq))[-1].argmax()))
+    return seq[len(prompt):]
 

@@ -63,7 +63,13 @@ REFUSED = {
     "quantized": (dict(quantization_config=dict(quant_method="fp8")), "quantization_config"),
     "layer type": (dict(layer_types=["linear_attention", "sliding_attention"] * 2), "sliding_attention"),
     "groups": (dict(n_group=3), "n_group"),
-    "first shared": (dict(indexer_types=["full", "full", "full", "shared"]), "shared"),
+    "first shared": (dict(indexer_types=["full", "full", "full", "shared"]), "indexer_types[3]='shared' follows a linear"),
+    "shared after KDA": (dict(layer_types=["indexed_attention", "linear_attention"] * 2,
+                              indexer_types=["full", "full", "shared", "full"]), "indexer_types[2]='shared' follows a linear"),
+    "shared chain": (dict(layer_types=["linear_attention"] + ["indexed_attention"] * 3,
+                          indexer_types=["full", "full", "shared", "shared"]), "indexer_types[3]='shared' follows a shared"),
+    "shared first": (dict(layer_types=["indexed_attention"] * 4, indexer_types=["shared"] + ["full"] * 3),
+                     "indexer_types[0]='shared' follows nothing"),
     "router": (dict(scoring_func="softmax"), "scoring_func"),
 }
 
@@ -75,6 +81,16 @@ def test_unimplemented_keys_are_refused_by_name(tmp_path, case):
     with pytest.raises(QualError, match=re.escape(name)) as err:
         load_glm5_config(tmp_path)
     assert str(tmp_path / "config.json") in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["first shared", "shared after KDA", "shared chain", "shared first"])
+def test_transformers_refuses_the_shared_layouts_we_refuse(case):
+    """The shared-indexer layouts refused above are the ones transformers' forward cannot run."""
+    import torch
+
+    model = transformers.Glm5NextTextModel(transformers.Glm5NextTextConfig(**tiny_text(**REFUSED[case][0])))
+    with pytest.raises(ValueError, match="Shared DSA layers require top-k indices"), torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2, 3, 4, 5]]))
 
 
 def test_inert_keys_are_accepted():

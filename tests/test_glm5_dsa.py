@@ -5,8 +5,10 @@ import torch
 
 from glm5_checkpoints import single_thread  # noqa: F401
 
+from qual.runtime.models.glm5 import dsa
 from qual.runtime.models.glm5.dsa import (IndexerWeights, IndexKeyCache, append_index_keys, compress_pools,
-                                          expand_pools, new_index_cache, select_tokens, selection_mask, tail_ring_size)
+                                          expand_pools, new_index_cache, pairwise_sum, pool_scores, select_tokens,
+                                          selection_mask, tail_ring_size)
 from qual.runtime.models.glm5.topk import local_topk, merge_topk, pool_owner, topk_pools, union_topk
 
 F64 = torch.float64
@@ -19,6 +21,31 @@ def test_equal_scores_keep_the_lower_id_first():
     s, i = topk_pools(scores, ids, valid, 8)
     assert i.tolist() == [[3, 4, 9, 5, 0, 1, -1, -1]]  # -0.0 and +0.0 tie: id 0 first
     assert s[0, :4].tolist() == [2.0, 2.0, 2.0, 1.0] and s[0, 6:].eq(float("-inf")).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_pool_score_has_the_same_bits_whichever_pools_are_scored_beside_it(dtype, monkeypatch):
+    """Each rank scores the pools it holds: a pool's score must not depend on how many pools a rank holds, which
+    ones, or how the scorer chunks them (a GEMM's rounding does: shards of this size differ in the last bits from the
+    whole in both dtypes). Then a near-tie at the k-th pool is decided the same way at every DCP size."""
+    g = torch.Generator().manual_seed(3)
+    R, Q, Hi, Di, P = 3, 5, 6, 24, 37
+    q, hw, keys = (torch.randn(*shape, generator=g, dtype=dtype) for shape in ((R, Q, Hi, Di), (R, Q, Hi), (R, P, Di)))
+    whole = pool_scores(q, hw, keys.unsqueeze(1))  # [R, Q, P]
+    expected = ((q.unsqueeze(-2) * keys[:, None, None]).sum(-1) * Di**-0.5).relu().mul(hw[..., None]).sum(-2)
+    torch.testing.assert_close(whole, expected)  # the math is the indexer's
+    for dcp, interleave in ((2, 1), (3, 2), (4, 1), (4, 3)):
+        for rank in range(dcp):
+            held = (torch.arange(P) // interleave) % dcp == rank
+            assert torch.equal(pool_scores(q, hw, keys[:, held].unsqueeze(1)), whole[..., held])
+    monkeypatch.setattr(dsa, "_SCORE_CHUNK", 2 * Q * Hi * Di + 1)  # two pools a chunk per request row
+    assert torch.equal(pool_scores(q, hw, keys.unsqueeze(1)), whole)
+
+
+def test_pairwise_sum_order_depends_on_the_length_alone():
+    x = torch.tensor([[1e16, 1.0, -1e16, 1.0, 3.0]], dtype=F64)
+    assert pairwise_sum(x, -1).item() == ((1e16 + -1e16) + (1.0 + 1.0)) + 3.0
+    assert torch.equal(pairwise_sum(x.expand(4, 5), 1), pairwise_sum(x, 1).expand(4))
 
 
 @pytest.mark.parametrize("dcp,interleave", [(2, 1), (3, 2), (4, 1), (4, 3)])

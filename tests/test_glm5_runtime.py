@@ -149,6 +149,63 @@ def test_exact_dsa_under_dcp_equals_dcp1(ckpts, control, dcp, tp, interleave):
     torch.testing.assert_close(lg, base_lg, rtol=0, atol=1e-10)
 
 
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    """A target whose first layer selects: its index keys depend on the tokens alone, so prompts repeating a
+    4-token pattern (one pool) hold many pools with equal true scores, a tie at the k-th pool in every query."""
+    root = tmp_path_factory.mktemp("glm5tie")
+    target = make_glm5(root / "target", tiny_text(layer_types=[MLA, KDA, MLA, KDA], indexer_types=["full"] * 4,
+                                                  index_n_heads=4))
+    draft = make_draft(root / "draft", vocab_size=97, hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
+                       head_dim=8, intermediate_size=48, target_layer_ids=(0, 2), block_size=4)
+    pattern = [[42, 65, 74, 92], [2, 69, 95, 64], [87, 95, 67, 30]]
+    prompts = [pattern[0] * n for n in (9, 10, 11, 13)] + [pattern[1] * 7 + [3], pattern[2] * 12]
+    return target, draft, prompts
+
+
+def selections(monkeypatch, target, draft, prompts, tp, dcp, dtype):
+    """(tokens and proposals per request, the pools every full layer selected at every step, the smallest gap
+    between the k-th and the (k+1)-th candidate over those steps) of one engine run."""
+    from qual.runtime.models.glm5 import target as glm5_target
+    from qual.runtime.models.glm5 import topk
+
+    picked, gaps = [], []
+    attended, topk_pools = glm5_target.Glm5Target._attended, topk.topk_pools
+
+    def record_pools(self, pools, *args):
+        picked.append(pools.clone())  # rank 0 runs in this process; under exact mode every rank selects these
+        return attended(self, pools, *args)
+
+    def record_gap(scores, ids, valid, k):
+        s, i = topk_pools(scores, ids, valid, k + 1)
+        both = (i[:, k - 1] >= 0) & (i[:, k] >= 0)
+        gaps.append((s[:, k - 1] - s[:, k])[both])
+        return s[:, :k], i[:, :k]
+
+    monkeypatch.setattr(glm5_target.Glm5Target, "_attended", record_pools)
+    monkeypatch.setattr(glm5_target, "local_topk", record_gap)
+    cfg = EngineConfig(str(target), str(draft), ParallelConfig(tp, dcp, 1), CacheConfig(block_size=4, memory_bytes=2**26),
+                       dtype=dtype, max_model_len=96)
+    with LLMEngine(cfg) as engine:
+        out = engine.generate([GenerationRequest(f"r{i}", tuple(p), 10) for i, p in enumerate(prompts)],
+                              SamplingParams(max_tokens=10))
+    monkeypatch.undo()
+    return [(r.output_token_ids, r.draft_steps) for r in out], picked, float(torch.cat(gaps).min())
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_exact_dcp_selects_dcp1s_pools_bit_for_bit_through_near_ties(tied, monkeypatch, dtype):
+    """Every selection of every step equals DCP 1's at DCP 2 and 4 although the k-th and (k+1)-th pools tie; tokens,
+    proposals and accepted positions too. Each rank scoring its pools with a GEMM of its own shape picked other
+    pools here (float64 at DCP 2 and 4, float32 at DCP 2 and 4, on the 2-core Xeon that runs the suite)."""
+    base, base_pools, gap = selections(monkeypatch, *tied, 4, 1, dtype)
+    assert gap == 0  # the k-th pool is tied: the tie-break decides
+    for dcp in (2, 4):
+        out, pools, _ = selections(monkeypatch, *tied, 4, dcp, dtype)
+        assert out == base and sum(len(steps) for _, steps in out) > 0
+        assert len(pools) == len(base_pools) and all(torch.equal(a, b) for a, b in zip(pools, base_pools)), dcp
+
+
 def test_union_attends_another_set_beyond_the_top_k_and_the_same_within_it(ckpts, control):
     union, lg, _ = engine_run(ckpts["default"], ckpts["draft"], tp=4, dcp=4, dsa_topk="union")
     _, base_lg, _ = control

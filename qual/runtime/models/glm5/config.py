@@ -119,13 +119,6 @@ class Glm5Config:
         """Pools the indexer selects per query (index_topk tokens' worth)."""
         return self.index_topk // self.index_kpool
 
-    def full_indexer_of(self, layer: int) -> int:
-        """The indexed layer whose selection layer `layer` attends with (itself when full)."""
-        for i in range(layer, -1, -1):
-            if self.layer_types[i] == INDEXED and self.indexer_types[i] == "full":
-                return i
-        raise QualError(f"{self.source}: indexed layer {layer} is 'shared' with no full indexer layer before it")
-
 
 def load_glm5_config(path: str | Path) -> Glm5Config:
     """Parse <checkpoint>/config.json (glm5_next_text, or glm5_next nested or flat)."""
@@ -304,6 +297,9 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
         vision_skipped=vision,
     )
     for i in range(n):
-        if layers[i] == INDEXED:
-            cfg.full_indexer_of(i)  # a shared layer needs a full one before it
+        if layers[i] == INDEXED and idx[i] == "shared" and (i == 0 or layers[i - 1] != INDEXED or idx[i - 1] != "full"):
+            before = "nothing" if i == 0 else f"a {'shared ' if layers[i - 1] == INDEXED else ''}{layers[i - 1]} layer"
+            raise QualError(f"{where}: indexer_types[{i}]='shared' follows {before}: a shared layer reuses the top-k of "
+                            f"the full indexed_attention layer right before it (transformers raises otherwise; "
+                            f"vLLM 0.32 ignores indexer_types)")
     return cfg

@@ -126,10 +126,44 @@ def append_index_keys(cache: IndexKeyCache, start: int, k: torch.Tensor, gate: t
     return IndexKeyCache(pooled, ring_k, ring_g)
 
 
-def pool_scores(q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-    """Index scores [N, P] = sum_h w_h relu(q_h . k_pool * Di^-0.5), accumulation dtype."""
-    s = torch.einsum("nhd,pd->nhp", q, pooled.to(q.dtype)) * q.shape[-1] ** -0.5
-    return torch.einsum("nh,nhp->np", head_weights, F.relu(s))
+def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over `dim` by halving (the first half plus the second, an odd last element carried): an order that
+    depends on that dimension's length alone. A reduction kernel's order depends on the whole tensor's shape and on
+    the hardware; elementwise additions round the same way for every element wherever it sits."""
+    n = x.shape[dim]
+    while n > 1:
+        h = n // 2
+        halves = x.narrow(dim, 0, h) + x.narrow(dim, h, h)
+        x = halves if n % 2 == 0 else torch.cat([halves, x.narrow(dim, 2 * h, 1)], dim)
+        n = x.shape[dim]
+    return x.squeeze(dim)
+
+
+# Elements of one chunk's products (q x pool key x head): bounds the scorer's scratch memory without changing a value.
+_SCORE_CHUNK = 1 << 22
+
+
+def pool_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Index scores sum_h w_h relu(q_h . k_p * Di^-0.5) of every (query, pool).
+
+    q [..., Hi, Di] and head_weights [..., Hi] per query, keys [..., P, Di] per pool (leading dims broadcast against
+    the queries' but for one: pools are their own axis) -> [..., P]. Each score is computed from its own query and
+    pool alone, by elementwise products, scaling, ReLU and pairwise sums in a fixed order: the same bits whichever
+    pools sit beside it, however many there are and on whichever DCP rank (a GEMM rounds by its shape). So a tie or
+    a near-tie at the k-th pool is decided the same way at every DCP size.
+    """
+    scale = q.shape[-1] ** -0.5
+    keys = keys.to(q.dtype)
+    P = keys.shape[-2]
+    per_pool = q[..., :1, 0].numel() * q.shape[-2] * q.shape[-1]  # elements of one pool's products
+    step = max(1, _SCORE_CHUNK // max(per_pool, 1))
+    out = [q.new_zeros(q.shape[:-2] + (0,))]
+    for p0 in range(0, P, step):
+        k = keys[..., p0:p0 + step, :]  # [..., p, Di]
+        prod = q.unsqueeze(-2) * k.unsqueeze(-3)  # [..., Hi, p, Di]
+        s = F.relu(pairwise_sum(prod, -1) * scale)  # [..., Hi, p]
+        out.append(pairwise_sum(head_weights.unsqueeze(-1) * s, -2))  # [..., p]
+    return torch.cat(out, -1) if len(out) > 2 else out[-1]
 
 
 def selectable_pools(q_pos: torch.Tensor, pool_ids: torch.Tensor, kpool: int) -> torch.Tensor:

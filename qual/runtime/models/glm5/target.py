@@ -28,7 +28,7 @@ from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
 from qual.runtime.models.base import TargetMeta
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, LINEAR, Glm5Config, parse_glm5_config
-from qual.runtime.models.glm5.dsa import compress_pools, index_key, index_query, tail_ring_size
+from qual.runtime.models.glm5.dsa import compress_pools, index_key, index_query, pool_scores, tail_ring_size
 from qual.runtime.models.glm5.kda import KdaState, kda_prefill, kda_verify, kda_zero_state
 from qual.runtime.models.glm5.mhc import hc_contract, hc_expand, hc_post, hc_pre
 from qual.runtime.models.glm5.mla import latent_attention, mla_absorbed_query, mla_latent, mla_output, mla_q_resid
@@ -105,8 +105,10 @@ class Glm5Target:
             raise QualError(f"{path}: a bare text model (no lm_head) cannot be a target")
         self.embed, self.lm_head = self.w.embed, self.w.lm_head
         self.lay = _Layers.of(cfg)
-        self.slot = {i: self.lay.indexed.index(i) for i in self.lay.indexed}
-        self.slot |= {i: self.lay.full.index(i) for i in self.lay.full}  # index and tail groups share the order
+        # Each group numbers its own layers: the latent group holds every indexed layer, the index and tail groups
+        # only the full indexer layers (in the same order), so one layer has two slots where shared layers exist.
+        self.latent_slot = {i: n for n, i in enumerate(self.lay.indexed)}
+        self.index_slot = {i: n for n, i in enumerate(self.lay.full)}
         self.kda_slot = {i: self.lay.linear.index(i) for i in self.lay.linear}
         self.aux_layer_ids = tuple(aux_layer_ids)
         self.linear = F.linear
@@ -171,7 +173,7 @@ class Glm5Target:
 
     def _mla(self, i: int, w, h, q_resid, attend, meta: TargetMeta, store) -> torch.Tensor:
         """MLA over the local latent shard, DCP-merged; this rank's row-parallel partial [T, hidden]."""
-        comm, view, j = self.comm, meta.views[LATENT], self.slot[i]
+        comm, view, j = self.comm, meta.views[LATENT], self.latent_slot[i]
         store.write(j, view.write_slots, mla_latent(w, h))
         q_lat = mla_absorbed_query(w, q_resid)  # [T, Hl, L]
         T, Hl, L = q_lat.shape
@@ -187,7 +189,7 @@ class Glm5Target:
         """DSA for a full layer: store the new index keys, compress the pools they complete, score the pools this
         rank holds, select (exact or union over the DCP group) and return which local latent keys each query
         attends, [R, Q, S]."""
-        comm, P, j = self.comm, w.kpool, self.slot[i]
+        comm, P, j = self.comm, w.kpool, self.index_slot[i]
         q, head_w = index_query(w, h, q_resid)  # [T, Hi, Di], [T, Hi]
         k, gate = index_key(w, h)  # [T, Di] each
         tail, pooled = meta.views[TAIL], meta.views[INDEX]
@@ -198,8 +200,7 @@ class Glm5Target:
         held = pstore.gather(j, pooled.keys.slots).to(self.acc)  # [R, S_p, Di]
         qp = pad_queries(q, meta.q_index, meta.dense)  # [R, Q, Hi, Di]
         hw = pad_queries(head_w, meta.q_index, meta.dense)  # [R, Q, Hi]
-        s = F.relu(torch.einsum("rqhd,rpd->rqhp", qp, held) * w.head_dim**-0.5)
-        scores = torch.einsum("rqh,rqhp->rqp", hw, s)  # [R, Q, S_p]
+        scores = pool_scores(qp, hw, held.unsqueeze(1))  # [R, Q, S_p], the same bits at every DCP size
         R, Q, Sp = scores.shape
         ids = pooled.ids.expand(R * Q, Sp)
         top_s, top_i = local_topk(scores.reshape(R * Q, Sp), ids, pooled.mask.reshape(R * Q, Sp), w.select_pools)
