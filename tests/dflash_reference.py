@@ -86,9 +86,19 @@ class ReferenceDrafter:
             self.layers.append((window if sliding else None, bool(causal)))
 
     def aux(self, tokens: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            out = self.model(torch.tensor([tokens]), output_hidden_states=True)
-        return torch.cat([out.hidden_states[i + 1][0] for i in self.ids], -1)
+        """Each target layer's output (the residual stream after it; for the last layer, before the final norm,
+        which transformers' hidden_states[-1] has applied), in ascending layer order as vLLM concatenates them."""
+        outputs, hooks = {}, []
+        for i in set(self.ids):
+            capture = lambda module, args, out, i=i: outputs.__setitem__(i, out[0] if isinstance(out, tuple) else out)  # noqa: E731
+            hooks.append(self.model.model.layers[i].register_forward_hook(capture))
+        try:
+            with torch.no_grad():
+                self.model(torch.tensor([tokens]))
+        finally:
+            for h in hooks:
+                h.remove()
+        return torch.cat([outputs[i][0] for i in sorted(self.ids)], -1)
 
     def step(self, aux: torch.Tensor, tokens: list[int], n: int, K: int) -> list[int]:
         """The K proposals of the draft step taken with n committed tokens (tokens[n - 1] is the anchor)."""

@@ -123,6 +123,9 @@ VARIANTS = {
                                                                                       "rope_theta": 2e4}}, {}),
     "rope_theta only": ({"rope_theta": 3e5}, {}),
     "aux ids beat target_layer_ids": ({"eagle_aux_hidden_state_layer_ids": [2, 3]}, {}),
+    "target layers listed out of order": ({}, {"target_layer_ids": [2, 0, 1]}),
+    "the last target layer": ({}, {"target_layer_ids": [3, 1]}),
+    "a target layer twice": ({}, {"target_layer_ids": [2, 0, 2]}),
     "top-level mask_token_id, dflash layer_ids": ({"mask_token_id": 7}, {"mask_token_id": None, "target_layer_ids": None,
                                                                           "layer_ids": [1, 3]}),
 }
@@ -135,6 +138,7 @@ VLLM_SIDE = textwrap.dedent('''
     from vllm.model_executor.models.qwen3_dflash2 import _grouped_conv, _score_edges
     from vllm.v1.worker.gpu.spec_decode.utils import get_parallel_drafting_token_id
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    from vllm.model_executor.models.interfaces import EagleModelMixin
 
     # Mixed sliding/full layers ask whether Model Runner V2 runs; answer yes (it is what would load them).
     m.get_current_vllm_config = lambda: types.SimpleNamespace(use_v2_model_runner=True)
@@ -145,10 +149,13 @@ VLLM_SIDE = textwrap.dedent('''
             c = get_config(root + "/" + name, trust_remote_code=False)
             set_default_rope_theta(c, default_theta=1000000)  # what DFlashQwen3DecoderLayer does
             spec = types.SimpleNamespace(draft_model_config=types.SimpleNamespace(hf_config=c))
+            aux = list(get_eagle3_aux_layers_from_config(spec))
+            target = types.SimpleNamespace(_cache_aux_pp_layout=lambda: None)  # the layers a target model captures
+            EagleModelMixin._set_aux_hidden_state_layers(target, tuple(aux))
             out[name] = {"layers": [list(m._resolve_layer_attention(c, i)) for i in range(c.num_hidden_layers)],
                          "rope_theta": c.rope_parameters["rope_theta"], "head_dim": c.head_dim,
                          "num_key_value_heads": c.num_key_value_heads, "mask": get_parallel_drafting_token_id(c),
-                         "aux": list(get_eagle3_aux_layers_from_config(spec))}
+                         "aux": aux, "captured": list(target.aux_hidden_state_layers)}
         except Exception as exc:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
     t = torch.load(root + "/math.pt")
@@ -209,13 +216,18 @@ def test_configs_resolve_as_vllm_resolves_them(vllm_side, variant):
             fmt.DFlashConfig.from_json(cfg, path)
         assert "window size" in got["error"]
         return
+    if len(got["captured"]) != len(got["aux"]):  # fc takes one feature per id, the target captures a set: vLLM fails
+        with pytest.raises(QualError, match="name a layer twice"):
+            fmt.DFlashConfig.from_json(cfg, path)
+        return
     ours = fmt.DFlashConfig.from_json(cfg, path)
     n = ours.layers.num_hidden_layers
     assert [[ours.layer_window(i), ours.layer_causal(i)] for i in range(n)] == got["layers"]
     assert ours.layers.rope_theta == got["rope_theta"]
     assert (ours.layers.head_dim, ours.layers.num_key_value_heads) == (got["head_dim"], got["num_key_value_heads"])
     assert ours.mask_token_id == got["mask"]
-    assert [i + 1 for i in ours.target_layer_ids] == got["aux"]
+    assert [i + 1 for i in ours.target_layer_ids] == got["aux"]  # fc's width: one feature per listed id
+    assert [i + 1 for i in ours.aux_layer_ids] == got["captured"]  # concatenated in the order vLLM captures them
 
 
 def test_grouped_conv_and_selector_edges_equal_vllms(vllm_side):

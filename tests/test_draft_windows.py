@@ -90,3 +90,13 @@ def test_sliding_group_bytes_per_rank_stay_bounded_by_the_window(target, windowe
     assert 0 < short_mem["draft_sliding"]["peak_bytes"] <= bound and 0 < sliding["peak_bytes"] <= bound
     assert full["peak_bytes"] >= 4 * short_mem["draft"]["peak_bytes"]  # the full group grows with the prompt
     assert long.drafts > 0
+
+
+def test_target_layers_listed_out_of_order_with_the_last_one(target, tmp_path):
+    """target_layer_ids [3, 1] (the last target layer, then an earlier one): the features are concatenated in
+    ascending layer order, as vLLM captures them, and the last layer's is its output before the final norm; every
+    draft step equals the independent recomputation, which reads them in that order."""
+    draft = make_draft(tmp_path / "draft", block_size=BLOCK, target_layer_ids=(3, 1))
+    out, _ = run(target, draft, requests=prompts(3))
+    assert sum(r.accepted_tokens for r in out) > 0
+    assert check_draft_steps(target, draft, out, BLOCK - 1) > 20

@@ -98,7 +98,8 @@ def test_draft_config_is_checked(tmp_path, tiny_pair):
     for key, value, message in [
         ("architectures", ["Qwen3ForCausalLM"], "DFlashDraftModel"),
         ("dflash_config", {"mask_token_id": 10_000, "target_layer_ids": [0]}, "not a vocabulary id"),
-        ("dflash_config", {"mask_token_id": 1, "target_layer_ids": [3]}, "target_layer_ids"),
+        ("dflash_config", {"mask_token_id": 1, "target_layer_ids": [4]}, "must be within 0..3"),
+        ("dflash_config", {"mask_token_id": 1, "target_layer_ids": [1, 1]}, "name a layer twice"),
         ("layer_types", ["sliding_attention", "full_attention"], "sliding_window"),
     ]:
         (d / "config.json").write_text(json.dumps({**conf, key: value}))

@@ -123,7 +123,7 @@ def build_tiny_pair(out_dir: Path, shape: TinyShape = TinyShape(), seed: int = 0
             "model_max_length": shape.max_position_embeddings,
         }))
 
-    target_layer_ids = [0, shape.num_target_layers - 2]  # vLLM needs ids <= num_target_layers - 2
+    target_layer_ids = [0, shape.num_target_layers - 2]
     dweights = {
         "fc.weight": torch.randn(h, h * len(target_layer_ids), generator=gen) / (h * len(target_layer_ids)) ** 0.5,
         "hidden_norm.weight": torch.ones(h),

@@ -167,6 +167,12 @@ class DFlashConfig:
     def architecture(self) -> str:
         return ARCHITECTURE_2 if self.dflash2 else ARCHITECTURE
 
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        """The target layers whose outputs condition the drafter, in the order their features are concatenated
+        into fc: ascending, whatever order the config lists them in (vLLM keeps its aux layers as a sorted set)."""
+        return tuple(sorted(self.target_layer_ids))
+
     def layer_sliding(self, i: int) -> bool:
         """vLLM's rule: use_swa makes every layer slide when layer_types names none; else layer_types decides."""
         if self.use_swa and SLIDING not in self.layer_types:
@@ -218,8 +224,13 @@ class DFlashConfig:
         if not isinstance(num_target_layers, int) or num_target_layers < 2:
             raise QualError(f"{where}: num_target_layers must be an integer >= 2 (got {num_target_layers!r})")
         ids = _target_layer_ids(cfg, dflash, where)
-        if not ids or any(i < 0 or i > num_target_layers - 2 for i in ids):
-            raise QualError(f"{where}: target_layer_ids {list(ids)} must be within 0..{num_target_layers - 2}")
+        # The last layer is allowed: its output (before the final norm) is vLLM's aux state num_target_layers.
+        if not ids or any(i < 0 or i > num_target_layers - 1 for i in ids):
+            raise QualError(f"{where}: target_layer_ids {list(ids)} must be within 0..{num_target_layers - 1}")
+        if len(set(ids)) != len(ids):
+            raise QualError(f"{where}: target_layer_ids {list(ids)} name a layer twice: vLLM captures each layer once "
+                            f"(a sorted set) while fc takes one feature per id, and stops ('DFlash drafter expects "
+                            f"{len(ids)} concatenated aux hidden features but received {len(set(ids))}')")
         mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
         if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < layers.vocab_size:
             raise QualError(f"{where}: mask_token_id {mask!r} is not a vocabulary id (vocab_size {layers.vocab_size})")

@@ -48,7 +48,7 @@ class ModelRunner:
         dtype = TORCH_DTYPES[cfg.dtype]
         self.backend = parse_backend(cfg.backend)
         self.draft_cfg = draft_spec.config if draft_spec else None
-        aux = self.draft_cfg.target_layer_ids if self.draft_cfg else ()
+        aux = self.draft_cfg.aux_layer_ids if self.draft_cfg else ()
         target_cls = target_spec.model_class
         options = {k: getattr(cfg, k) for k in getattr(target_cls, "options", ())}  # e.g. dsa_topk
         self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend, **options)

@@ -55,7 +55,7 @@ class TargetModel(Protocol):
     embed: torch.Tensor  # [vocab, hidden]: drafters embed their block with it
     dtype: torch.dtype
     linear: Callable  # the backend's GEMM for projections (drafters use the same)
-    aux_layer_ids: tuple[int, ...]  # layers whose output forward() returns as draft conditioning
+    aux_layer_ids: tuple[int, ...]  # ascending: layers whose outputs forward() concatenates as draft conditioning
 
     @staticmethod
     def parse_config(raw: dict, path: Path) -> Any: ...  # config.json -> validated config (QualError naming the key)

@@ -83,7 +83,7 @@ class Qwen3Target:
             x = x + mlp(rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps), layer.mlp, self.comm, self.linear)
             if i in self.aux_layer_ids:
                 aux.append(x)
-        features = torch.cat([aux[self.aux_layer_ids.index(i)] for i in self.aux_layer_ids], dim=-1) if aux else None
+        features = torch.cat(aux, dim=-1) if aux else None  # in layer order: aux_layer_ids ascend
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps), features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
