@@ -55,7 +55,15 @@ REFUSED = {
     "attention bias": (dict(attention_bias=True), "attention_bias"),
     "activation": (dict(hidden_act="gelu"), "hidden_act"),
     "yarn": (dict(rope_parameters=dict(rope_type="yarn", factor=4.0)), "rope_parameters"),
-    "rope dim": (dict(qk_rope_head_dim=64), "qk_rope_head_dim"),
+    "rope dims without mla_use_nope": (dict(qk_rope_head_dim=4, indexer_rope_interleave=True), "needs mla_use_nope"),
+    "rope dims without the indexer's layout": (dict(qk_rope_head_dim=4, mla_use_nope=True), "needs indexer_rope_interleave"),
+    "odd rope dims": (dict(qk_rope_head_dim=3, mla_use_nope=True, indexer_rope_interleave=False), "even number"),
+    "MLA RoPE without a theta": (dict(qk_rope_head_dim=4, mla_use_nope=False, indexer_rope_interleave=False),
+                                 "needs rope_theta"),
+    "RoPE on nothing": (dict(mla_use_nope=False), "mla_use_nope=false with qk_rope_head_dim=0"),
+    "partial RoPE": (dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)),
+                     "rope_parameters.partial_rotary_factor"),
+    "mhc not a bool": (dict(mhc="yes"), "mhc must be true or false"),
     "gqa": (dict(num_key_value_heads=2), "num_key_value_heads"),
     "topk % kpool": (dict(index_topk=10), "index_topk % index_kpool"),
     "kimi keys": (dict(linear_attn_config=dict(kda_layers=[1, 2])), "linear_attn_config.kda_layers"),
@@ -98,6 +106,19 @@ def test_inert_keys_are_accepted():
                output_router_logits=True, num_nextn_predict_layers=1, router_aux_loss_coef=0.1, head_dim=99,
                architectures=["Glm5NextTextModel"], dtype="bfloat16", **tiny_text())
     assert parse_glm5_config(raw, "x").qk_head_dim == 8
+
+
+def test_the_real_checkpoints_forms():
+    """vLLM's keys: RoPE dims with MLA under NoPE (the indexer still rotates, with vLLM's default theta when none is
+    given), MLA RoPE with a theta, hyper-connections off; the indexer's layout flag is inert without RoPE dims."""
+    parse = lambda **over: parse_glm5_config(dict(model_type="glm5_next_text", **tiny_text(**over)), "x")  # noqa: E731
+    nope = parse(qk_rope_head_dim=4, mla_use_nope=True, indexer_rope_interleave=False)
+    assert (nope.mla_rope, nope.mla_rope_dim, nope.qk_head_dim, nope.rope_theta) == (False, 0, 12, 10000.0)
+    rope = parse(qk_rope_head_dim=4, mla_use_nope=False, indexer_rope_interleave=True,
+                 rope_parameters=dict(rope_type="default", rope_theta=500.0))
+    assert (rope.mla_rope, rope.mla_rope_dim, rope.indexer_rope_interleave, rope.rope_theta) == (True, 4, True, 500.0)
+    assert not parse(mhc=False).mhc and parse().mhc
+    assert parse(indexer_rope_interleave=True, mla_use_nope=True).mla_rope_dim == 0
 
 
 def test_file_errors(tmp_path):

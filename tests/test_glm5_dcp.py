@@ -37,7 +37,7 @@ def _token_owner(S, dcp, interleave=1):
 
 
 def _attend(q_lat, latents, mask):
-    out, lse = latent_attention(q_lat[None], latents[None], mask[None], L**-0.5)
+    out, lse = latent_attention(q_lat[None], latents[None], mask[None], L**-0.5, L)
     return out[0], lse[0]
 
 

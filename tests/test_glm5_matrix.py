@@ -80,3 +80,28 @@ def test_greedy_tokens_equal_transformers_at_every_layout(models, prompt_file, t
     for tp, dcp in LAYOUTS:
         got = qual_generate(models[name], prompt_file, tmp_path / f"tp{tp}.jsonl", tp, dcp)
         assert got == want, f"tp {tp} / dcp {dcp}"
+
+
+# vLLM's forms of the real checkpoint (keys transformers does not know), each recomputed in float64 from its
+# definition (glm5_checkpoints.vllm_forms): hyper-connections off; RoPE dims with MLA under NoPE and the indexer
+# rotating halves; MLA rotating pairs and the indexer pairs too.
+FORMS = {
+    "mhc-off": dict(mhc=False, rope_dim=0, mla_rope=False, interleave=False, theta=10000.0),
+    "rope-nope-mla": dict(mhc=True, rope_dim=4, mla_rope=False, interleave=False, theta=10000.0),
+    "rope-mla-interleaved": dict(mhc=True, rope_dim=4, mla_rope=True, interleave=True, theta=500.0),
+}
+FORM_TEXT = tiny_text(layer_types=[MLA, KDA, MLA, MLA], indexer_types=["full", "full", "full", "shared"],
+                      index_n_heads=4, hc_mult=2)
+
+
+@pytest.mark.parametrize("name", list(FORMS))
+def test_vllm_forms_equal_their_definition_at_every_layout(prompt_file, tmp_path, name):
+    from glm5_checkpoints import make_glm5_form, vllm_forms
+
+    form = FORMS[name]
+    path, model = make_glm5_form(tmp_path / "ckpt", FORM_TEXT, form, seed=7)
+    with vllm_forms(form):
+        want = [oracle_greedy(model, p, MAX_TOKENS) for p in prompts()]
+    for tp, dcp in LAYOUTS:
+        got = qual_generate(path, prompt_file, tmp_path / f"tp{tp}.jsonl", tp, dcp)
+        assert got == want, f"tp {tp} / dcp {dcp}"

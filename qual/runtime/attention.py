@@ -8,11 +8,11 @@ import torch
 def attention_with_lse(
     q: torch.Tensor,  # [R, T, H, D]
     k: torch.Tensor,  # [R, S, Hk, D]
-    v: torch.Tensor,  # [R, S, Hk, D]
+    v: torch.Tensor,  # [R, S, Hk, Dv]
     mask: torch.Tensor,  # [R, T, S] True = may attend
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention; returns out [R, T, H, D] and lse [R, T, H] (-inf, out 0 where nothing is visible)."""
+    """Masked softmax attention; returns out [R, T, H, Dv] and lse [R, T, H] (-inf, out 0 where nothing is visible)."""
     R, T, H, D = q.shape
     Hk = k.shape[2]
     group = H // Hk
@@ -24,7 +24,7 @@ def attention_with_lse(
     # A row with nothing visible has lse = -inf and exp(-inf - -inf) = NaN: make those probabilities 0.
     probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num_(nan=0.0)
     out = torch.matmul(probs, v.permute(0, 2, 1, 3).unsqueeze(2))  # [R, Hk, G, T, D]
-    out = out.permute(0, 3, 1, 2, 4).reshape(R, T, H, D)
+    out = out.permute(0, 3, 1, 2, 4).reshape(R, T, H, v.shape[-1])
     lse = lse.permute(0, 3, 1, 2).reshape(R, T, H)
     return out, lse
 

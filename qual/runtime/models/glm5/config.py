@@ -29,6 +29,9 @@ _DEFAULTS = {
 _IMPLEMENTED = set(_DEFAULTS) | {
     "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",  # indexer_types schedule forms
     "linear_attn_config",  # Kimi-style dict form of the linear_* keys
+    # vLLM's keys (the real checkpoint carries them; transformers knows none): hyper-connections on or off, RoPE in
+    # MLA on or off, the indexer's rotary layout; and the RoPE parameters both rotations use
+    "mhc", "mla_use_nope", "indexer_rope_interleave", "rope_theta", "rope_parameters", "rope_scaling",
 }
 
 # Keys accepted without effect on inference, each with the reason.
@@ -39,10 +42,7 @@ _INERT = {
     "use_cache",  # a generate() switch
     "head_dim",  # transformers overwrites it with qk_rope_head_dim (0 here); nothing reads it
     "qk_head_dim",  # derived (nope + rope), recomputed here
-    "rope_theta",  # NoPE: with qk_rope_head_dim 0 nothing is rotated (rope_parameters is checked below)
-    "rope_parameters", "rope_scaling",  # accepted only in the inert "default" form, see _check_rope
     "num_nextn_predict_layers",  # MTP layers sit past num_hidden_layers; they are not part of the text stack
-    "mla_use_nope",  # vLLM's NoPE flag; qk_rope_head_dim must be 0 anyway
     "scoring_func", "topk_method",  # DeepSeek-style router names; only the implemented values pass
 }
 
@@ -102,6 +102,11 @@ class Glm5Config:
     hc_mult: int
     hc_eps: float
     hc_sinkhorn_iters: int
+    # vLLM's forms (docs/glm5.md, "Keys of the real checkpoint")
+    mhc: bool  # hyper-connection streams (False: one residual stream, pre-norm blocks, no hc_* weights)
+    mla_rope: bool  # MLA rotates its last qk_rope_head_dim query dims and a shared key (not mla_use_nope)
+    indexer_rope_interleave: bool  # the indexer's first qk_rope_head_dim dims rotate as pairs (else rotate-half)
+    rope_theta: float
     eos_token_id: tuple[int, ...]
     pad_token_id: int | None
     vision_skipped: bool  # a vision tower is configured; it is not run (text only)
@@ -113,6 +118,11 @@ class Glm5Config:
     @property
     def attention_scale(self) -> float:
         return self.qk_head_dim**-0.5
+
+    @property
+    def mla_rope_dim(self) -> int:
+        """Rotated dims of an MLA key (its shared k_pe, cached beside the latent): 0 under NoPE."""
+        return self.qk_rope_head_dim if self.mla_rope else 0
 
     @property
     def index_select_pools(self) -> int:
@@ -159,15 +169,53 @@ def parse_glm5_config(raw: dict, where: str) -> Glm5Config:
     return _parse_text(flat, where, vision, tie)
 
 
-def _check_rope(text: dict, where: str) -> None:
+def _rope(text: dict, where: str) -> tuple[bool, bool, float]:
+    """(mla_rope, indexer_rope_interleave, rope_theta) as vLLM's glm5next reads them.
+
+    qk_rope_head_dim R > 0 rotates the indexer's first R query/key dims always, and MLA's last R query dims and its
+    shared key unless mla_use_nope (then k_pe is zero and those query dims add nothing). vLLM reads both flags
+    without a default, so a config with R > 0 must carry them; transformers refuses R > 0 altogether.
+    """
+    R = int(text.get("qk_rope_head_dim", _DEFAULTS["qk_rope_head_dim"]))
+    nope, interleave = text.get("mla_use_nope"), text.get("indexer_rope_interleave")
+    for key, value in (("mla_use_nope", nope), ("indexer_rope_interleave", interleave), ("mhc", text.get("mhc"))):
+        if value is not None and not isinstance(value, bool):
+            raise QualError(f"{where}: {key} must be true or false (got {value!r})")
+    if R < 0 or R % 2:
+        raise QualError(f"{where}: qk_rope_head_dim={R} must be an even number >= 0 (rotary pairs)")
+    if R == 0 and nope is False:
+        raise QualError(f"{where}: mla_use_nope=false with qk_rope_head_dim=0: no dims to rotate (vLLM builds a 0-dim "
+                        f"RoPE and fails on it)")
+    if R > 0:
+        for key, value in (("mla_use_nope", nope), ("indexer_rope_interleave", interleave)):
+            if value is None:
+                raise QualError(f"{where}: qk_rope_head_dim={R} needs {key} (vLLM reads it with no default; "
+                                f"transformers runs NoPE only)")
+        if R > int(text.get("index_head_dim", _DEFAULTS["index_head_dim"])):
+            raise QualError(f"{where}: qk_rope_head_dim={R} exceeds index_head_dim (the indexer rotates its first R dims)")
+    theta = text.get("rope_theta")
     for key in ("rope_parameters", "rope_scaling"):
         rope = text.get(key)
         if rope is None:
             continue
-        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
-        # Scaled RoPE (yarn) would change the softmax scale in DeepSeek-style MLA (mscale); not implemented.
-        if kind not in (None, "default"):
-            raise QualError(f"{where}: {key} of type {kind!r} is not implemented (GLM-5.3-Flash MLA is NoPE)")
+        if not isinstance(rope, dict):
+            raise QualError(f"{where}: {key} must be an object (got {rope!r})")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        # Scaled RoPE (vLLM rewrites any other type to deepseek_yarn, which also rescales MLA's softmax): not done.
+        if kind != "default":
+            raise QualError(f"{where}: {key} of type {kind!r} is not implemented (default RoPE only)")
+        extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
+        if extra:
+            raise QualError(f"{where}: {key}.{extra[0]} is not implemented (default RoPE over all rotated dims only)")
+        theta = rope.get("rope_theta", theta)
+    if theta is None:
+        if R > 0 and not nope:  # vLLM asserts rope_parameters for a rotating MLA
+            raise QualError(f"{where}: MLA RoPE (qk_rope_head_dim={R}, mla_use_nope=false) needs rope_theta or "
+                            f"rope_parameters.rope_theta")
+        theta = 10000.0  # vLLM's get_rope default: the indexer's rotation when no parameters are given
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise QualError(f"{where}: rope_theta must be a positive number (got {theta!r})")
+    return R > 0 and not nope, bool(interleave), float(theta)
 
 
 def _schedule(text: dict, n: int) -> tuple[list, list, list]:
@@ -224,12 +272,11 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
 
     refuse_unless(get("hidden_act") == "silu", "hidden_act", "only silu")
     refuse_unless(get("attention_bias") is False, "attention_bias", "MLA projections without bias only")
-    refuse_unless(get("qk_rope_head_dim") == 0, "qk_rope_head_dim", "the MLA/DSA layers are NoPE")
     refuse_unless(get("q_lora_rank") is not None, "q_lora_rank", "the DSA indexer reads the q_lora residual")
     refuse_unless(text.get("scoring_func", "sigmoid") == "sigmoid", "scoring_func", "sigmoid router only")
     refuse_unless(text.get("topk_method", "noaux_tc") == "noaux_tc", "topk_method", "biased grouped top-k only")
     refuse_unless(get("swiglu_limit") is not None, "swiglu_limit", "the clamped SwiGLU needs a limit")
-    _check_rope(text, where)
+    mla_rope, indexer_interleave, theta = _rope(text, where)
 
     n = int(get("num_hidden_layers"))
     heads = int(get("num_attention_heads"))
@@ -283,7 +330,8 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
         layer_types=tuple(layers), mlp_layer_types=tuple(mlp), indexer_types=tuple(idx),
         rms_norm_eps=float(get("rms_norm_eps")), tie_word_embeddings=bool(tie),
         num_attention_heads=heads, q_lora_rank=int(get("q_lora_rank")), kv_lora_rank=int(get("kv_lora_rank")),
-        qk_nope_head_dim=int(get("qk_nope_head_dim")), qk_rope_head_dim=0, v_head_dim=int(get("v_head_dim")),
+        qk_nope_head_dim=int(get("qk_nope_head_dim")), qk_rope_head_dim=int(get("qk_rope_head_dim")),
+        v_head_dim=int(get("v_head_dim")),
         index_topk=topk, index_head_dim=int(get("index_head_dim")), index_n_heads=int(get("index_n_heads")),
         index_kpool=kpool, index_kpool_always_select_tail=bool(get("index_kpool_always_select_tail")),
         linear_num_heads=int(lin["linear_num_heads"]), linear_head_dim=int(lin["linear_head_dim"]),
@@ -293,7 +341,8 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
         num_experts_per_tok=int(get("num_experts_per_tok")), n_group=group, topk_group=topk_group,
         norm_topk_prob=bool(get("norm_topk_prob")), routed_scaling_factor=float(get("routed_scaling_factor")),
         swiglu_limit=float(get("swiglu_limit")), hc_mult=int(get("hc_mult")), hc_eps=float(get("hc_eps")),
-        hc_sinkhorn_iters=int(get("hc_sinkhorn_iters")), eos_token_id=eos, pad_token_id=get("pad_token_id"),
+        hc_sinkhorn_iters=int(get("hc_sinkhorn_iters")), mhc=bool(text.get("mhc", True)), mla_rope=mla_rope,
+        indexer_rope_interleave=indexer_interleave, rope_theta=theta, eos_token_id=eos, pad_token_id=get("pad_token_id"),
         vision_skipped=vision,
     )
     for i in range(n):

@@ -37,6 +37,8 @@ class IndexerWeights:
     compress_ape: torch.Tensor  # [kpool, Di] position-in-pool bias of the logits (accumulation dtype)
     select_pools: int  # index_topk // kpool
     select_tail: bool
+    rope_dim: int = 0  # qk_rope_head_dim: the first R dims of each query head and of the key rotate (vLLM)
+    rope_interleave: bool = False  # indexer_rope_interleave: pairs (2i, 2i+1), else rotate-half
 
     @property
     def kpool(self) -> int:
@@ -83,18 +85,25 @@ def new_index_cache(w: IndexerWeights, ring: int, dtype: torch.dtype, device=Non
     return IndexKeyCache(zeros(0), zeros(ring), zeros(ring))
 
 
-def index_query(w: IndexerWeights, x: torch.Tensor, q_resid: torch.Tensor):
-    """Index queries [T, Hi, Di] and head weights [T, Hi] (with the Hi^-0.5 factor), accumulation dtype."""
+def index_query(w: IndexerWeights, x: torch.Tensor, q_resid: torch.Tensor, rope=None,
+                positions: torch.Tensor | None = None):
+    """Index queries [T, Hi, Di] (the first rope_dim dims of each head rotated at its position) and head weights
+    [T, Hi] (with the Hi^-0.5 factor), accumulation dtype."""
     T = x.shape[0]
-    q = F.linear(q_resid, w.wq_b).view(T, w.n_heads, w.head_dim).to(w.acc)
-    return q, F.linear(x, w.weights_proj).to(w.acc) * w.n_heads**-0.5
+    q = F.linear(q_resid, w.wq_b).view(T, w.n_heads, w.head_dim)
+    if w.rope_dim:
+        q = torch.cat([rope(q[..., :w.rope_dim], positions), q[..., w.rope_dim:]], dim=-1)
+    return q.to(w.acc), F.linear(x, w.weights_proj).to(w.acc) * w.n_heads**-0.5
 
 
-def index_key(w: IndexerWeights, x: torch.Tensor):
-    """Raw index key [T, Di] (wk then LayerNorm) and pooling gate score [T, Di] of each token."""
+def index_key(w: IndexerWeights, x: torch.Tensor, rope=None, positions: torch.Tensor | None = None):
+    """Raw index key [T, Di] (wk, LayerNorm, then its first rope_dim dims rotated at the token's position: pools
+    compress rotated keys) and pooling gate score [T, Di] of each token."""
     k = F.layer_norm(F.linear(x, w.wk).to(w.acc), (w.head_dim,), w.k_norm_weight.to(w.acc),
-                     w.k_norm_bias.to(w.acc), 1e-6)
-    return k.to(x.dtype), F.linear(x, w.compress_gate)
+                     w.k_norm_bias.to(w.acc), 1e-6).to(x.dtype)
+    if w.rope_dim:
+        k = torch.cat([rope(k[:, None, :w.rope_dim], positions)[:, 0], k[:, w.rope_dim:]], dim=-1)
+    return k, F.linear(x, w.compress_gate)
 
 
 def compress_pools(k: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:

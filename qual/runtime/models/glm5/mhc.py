@@ -3,6 +3,9 @@
 Streams are [T, n, hidden]. Before a block, weights computed from the RMS-normed flattened streams collapse
 them into the block input (pre); after it, the block output is expanded (post) and added to the streams
 mixed by a doubly-stochastic matrix (comb). Replicated on every TP rank (no weights are split).
+
+Without hyper-connections (vLLM's mhc: false) the residual is one stream [T, hidden] and every block is a plain
+pre-norm residual: x + block(norm(x)). block_input / block_output / contract take either form.
 """
 
 from __future__ import annotations
@@ -62,3 +65,22 @@ def hc_expand(x: torch.Tensor, n: int) -> torch.Tensor:
 def hc_contract(streams: torch.Tensor) -> torch.Tensor:
     """Final collapse (and the drafter's aux hidden state): the unweighted mean of the streams, [T, hidden]."""
     return streams.mean(1)
+
+
+def block_input(w: HcWeights | None, residual: torch.Tensor):
+    """(block input [T, hidden], how its output rejoins the residual): the streams' pre-collapse, or the one stream
+    itself when there are no hyper-connections (w None)."""
+    if w is None:
+        return residual, None
+    post, comb, collapsed = hc_pre(w, residual)
+    return collapsed, (post, comb)
+
+
+def block_output(out: torch.Tensor, residual: torch.Tensor, mix) -> torch.Tensor:
+    """The residual after a block: streams mixed by (post, comb), or the plain sum."""
+    return residual + out if mix is None else hc_post(out, residual, *mix)
+
+
+def contract(residual: torch.Tensor) -> torch.Tensor:
+    """The model's state [T, hidden]: the mean of the streams [T, n, hidden], or the one stream."""
+    return hc_contract(residual) if residual.dim() == 3 else residual

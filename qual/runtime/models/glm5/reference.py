@@ -176,7 +176,7 @@ class Glm5Reference:
         for shard in self.shards:
             w = shard.layers[i].mla
             q_lat = mla_absorbed_query(w, q_resid).view(len(reqs), Q, w.num_heads, -1)
-            o_lat, _ = latent_attention(q_lat, latents, mask, w.scale)
+            o_lat, _ = latent_attention(q_lat, latents, mask, w.scale, w.latent_dim)
             out = out + mla_output(w, o_lat.reshape(-1, w.num_heads, o_lat.shape[-1]), h.dtype)
         return out
 

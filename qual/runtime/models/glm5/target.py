@@ -30,12 +30,12 @@ from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, LINEAR, Glm5Config, parse_glm5_config
 from qual.runtime.models.glm5.dsa import compress_pools, index_key, index_query, pool_scores, tail_ring_size
 from qual.runtime.models.glm5.kda import KdaState, kda_prefill, kda_verify, kda_zero_state
-from qual.runtime.models.glm5.mhc import hc_contract, hc_expand, hc_post, hc_pre
+from qual.runtime.models.glm5.mhc import block_input, block_output, contract, hc_expand
 from qual.runtime.models.glm5.mla import latent_attention, mla_absorbed_query, mla_latent, mla_output, mla_q_resid
 from qual.runtime.models.glm5.moe import mlp, moe
 from qual.runtime.models.glm5.topk import local_topk, merge_topk, union_topk
 from qual.runtime.models.glm5.weights import load_glm5_weights
-from qual.runtime.models.layers import rms_norm
+from qual.runtime.models.layers import Rope, rms_norm
 from qual.runtime.paged import pad_queries, unpad
 
 MODEL_TYPES = ("glm5_next_text", "glm5_next")
@@ -82,7 +82,7 @@ class Glm5Target:
         H, D, C = cfg.linear_num_heads // comm.tp_size, cfg.linear_head_dim, 3 * cfg.linear_num_heads // comm.tp_size
         state = (1 + num_speculative_tokens) * (C * D * (cfg.linear_conv_kernel_dim - 1) * dtype_bytes + H * D * D * acc_bytes)
         groups = [
-            KVCacheGroup(LATENT, KVCacheSpec("latent", True, dtype_bytes, head_dim=cfg.kv_lora_rank + cfg.qk_rope_head_dim),
+            KVCacheGroup(LATENT, KVCacheSpec("latent", True, dtype_bytes, head_dim=cfg.kv_lora_rank + cfg.mla_rope_dim),
                          names(lay.indexed)),
             KVCacheGroup(INDEX, KVCacheSpec("pooled", True, dtype_bytes, head_dim=cfg.index_head_dim, pool=cfg.index_kpool),
                          names(lay.full)),
@@ -111,6 +111,10 @@ class Glm5Target:
         self.index_slot = {i: n for n, i in enumerate(self.lay.full)}
         self.kda_slot = {i: self.lay.linear.index(i) for i in self.lay.linear}
         self.aux_layer_ids = tuple(aux_layer_ids)
+        R = cfg.qk_rope_head_dim
+        # vLLM's rotations: MLA's q_pe and k_pe as interleaved pairs; the indexer's first R dims as it is told
+        self.mla_rope = Rope(R, cfg.rope_theta, comm.device, dtype, neox=False) if cfg.mla_rope else None
+        self.index_rope = Rope(R, cfg.rope_theta, comm.device, dtype, neox=not cfg.indexer_rope_interleave) if R else None
         self.linear = F.linear
         self.acc = acc_dtype(dtype)
 
@@ -128,28 +132,32 @@ class Glm5Target:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, stores: dict):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
         cfg, comm = self.cfg, self.comm
-        streams = hc_expand(F.embedding(tokens, self.embed), cfg.hc_mult)  # [T, n, hidden]
+        for rope in (self.mla_rope, self.index_rope):
+            if rope is not None:
+                rope.reset()
+        x = F.embedding(tokens, self.embed)
+        residual = hc_expand(x, cfg.hc_mult) if cfg.mhc else x  # [T, n, hidden] streams, or [T, hidden]
         q_pos = pad_queries(positions[:, None], meta.q_index, meta.dense)[..., 0]  # [R, Q]
         aux, attend = {}, None
         for i, lw in enumerate(self.w.layers):
-            post, comb, h = hc_pre(lw.attn_hc, streams)
+            h, mix = block_input(lw.attn_hc, residual)
             h = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
             if lw.kda is not None:
                 out = self._kda(i, lw.kda, h, meta, stores[KDA])
             else:
                 q_resid = mla_q_resid(lw.mla, h)
-                if lw.indexer is not None:  # a full layer selects; the shared ones after it reuse its selection
+                if lw.indexer is not None:  # a full layer selects; a shared one right after it reuses the selection
                     attend = self._select(i, lw.indexer, h, q_resid, positions, q_pos, meta, stores)
-                out = self._mla(i, lw.mla, h, q_resid, attend, meta, stores[LATENT])
-            streams = hc_post(comm.all_reduce_tp(out), streams, post, comb)
-            post, comb, h = hc_pre(lw.ffn_hc, streams)
+                out = self._mla(i, lw.mla, h, q_resid, positions, attend, meta, stores[LATENT])
+            residual = block_output(comm.all_reduce_tp(out), residual, mix)
+            h, mix = block_input(lw.ffn_hc, residual)
             h = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
             out = moe(lw.moe, h, cfg.swiglu_limit) if lw.moe is not None else mlp(lw.mlp, h, cfg.swiglu_limit)
-            streams = hc_post(comm.all_reduce_tp(out), streams, post, comb)
+            residual = block_output(comm.all_reduce_tp(out), residual, mix)
             if i in self.aux_layer_ids:
-                aux[i] = hc_contract(streams)  # vLLM's aux hidden state i + 1: layer i's completed streams
+                aux[i] = contract(residual)  # vLLM's aux hidden state i + 1: layer i's completed streams
         features = torch.cat([aux[i] for i in self.aux_layer_ids], dim=-1) if aux else None
-        return rms_norm(hc_contract(streams), self.w.norm, cfg.rms_norm_eps), features
+        return rms_norm(contract(residual), self.w.norm, cfg.rms_norm_eps), features
 
     # -- layers ------------------------------------------------------------------------------------------
 
@@ -171,16 +179,17 @@ class Glm5Target:
             store.write(j, view.slots[r:r + 1], {"conv": state.conv[:, None], "recurrent": state.recurrent[:, None]})
         return out
 
-    def _mla(self, i: int, w, h, q_resid, attend, meta: TargetMeta, store) -> torch.Tensor:
+    def _mla(self, i: int, w, h, q_resid, positions, attend, meta: TargetMeta, store) -> torch.Tensor:
         """MLA over the local latent shard, DCP-merged; this rank's row-parallel partial [T, hidden]."""
         comm, view, j = self.comm, meta.views[LATENT], self.latent_slot[i]
-        store.write(j, view.write_slots, mla_latent(w, h))
-        q_lat = mla_absorbed_query(w, q_resid)  # [T, Hl, L]
+        store.write(j, view.write_slots, mla_latent(w, h, self.mla_rope, positions))
+        q_lat = mla_absorbed_query(w, q_resid, self.mla_rope, positions)  # [T, Hl, L (+ R)]
         T, Hl, L = q_lat.shape
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
         qg = comm.all_gather_dcp(q_lat).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, L)
         latents = store.gather(j, view.keys.slots)  # [R, S, L]
-        out, lse = latent_attention(pad_queries(qg, meta.q_index, meta.dense), latents, view.mask & attend, w.scale)
+        out, lse = latent_attention(pad_queries(qg, meta.q_index, meta.dense), latents, view.mask & attend, w.scale,
+                                    w.latent_dim)
         if comm.dcp_size > 1:  # step 3: merge the partials, keep this rank's heads
             out = dcp_combine(comm, out, lse, Hl)
         return mla_output(w, unpad(out, meta.q_index, T, meta.dense), h.dtype)
@@ -190,8 +199,8 @@ class Glm5Target:
         rank holds, select (exact or union over the DCP group) and return which local latent keys each query
         attends, [R, Q, S]."""
         comm, P, j = self.comm, w.kpool, self.index_slot[i]
-        q, head_w = index_query(w, h, q_resid)  # [T, Hi, Di], [T, Hi]
-        k, gate = index_key(w, h)  # [T, Di] each
+        q, head_w = index_query(w, h, q_resid, self.index_rope, positions)  # [T, Hi, Di], [T, Hi]
+        k, gate = index_key(w, h, self.index_rope, positions)  # [T, Di] each
         tail, pooled = meta.views[TAIL], meta.views[INDEX]
         ring, pstore = stores[TAIL], stores[INDEX]
         ring.write(j, tail.write_slots, torch.cat([k, gate], dim=-1))

@@ -32,8 +32,8 @@ _VISION = ("model.visual.", "visual.")
 @dataclass
 class LayerWeights:
     kind: str  # config.layer_types entry
-    attn_hc: HcWeights
-    ffn_hc: HcWeights
+    attn_hc: HcWeights | None  # None without hyper-connections (mhc false)
+    ffn_hc: HcWeights | None
     input_norm: torch.Tensor  # [hidden]
     post_norm: torch.Tensor  # [hidden]
     kda: KdaWeights | None = None
@@ -127,7 +127,9 @@ def _layer(ctx, p: str, i: int) -> LayerWeights:
     rd, cfg, rank, tp, cast, acc = ctx
     hid, n = cfg.hidden_size, cfg.hc_mult
 
-    def hc(which: str) -> HcWeights:
+    def hc(which: str) -> HcWeights | None:
+        if not cfg.mhc:
+            return None
         mix = (2 + n) * n
         get = lambda part, shape: cast(rd.get(f"{p}hc_{which}_{part}", shape), acc)  # noqa: E731
         return HcWeights(get("fn", (mix, n * hid)), get("base", (mix,)), get("scale", (3,)),
@@ -176,11 +178,12 @@ def _mla(ctx, p: str) -> MlaWeights:
     return MlaWeights(
         q_a=cast(rd.get(p + "q_a_proj.weight", (qlr, hid))), q_a_norm=cast(rd.get(p + "q_a_layernorm.weight", (qlr,))),
         q_b=cast(rd.get(p + "q_b_proj.weight", (H * Dqk, qlr))[h0 * Dqk:(h0 + Hl) * Dqk]),
-        kv_a=cast(rd.get(p + "kv_a_proj_with_mqa.weight", (L + cfg.qk_rope_head_dim, hid))),
+        # Under mla_use_nope the checkpoint holds the latent rows only (vLLM pads zero rope rows: k_pe = 0)
+        kv_a=cast(rd.get(p + "kv_a_proj_with_mqa.weight", (L + cfg.mla_rope_dim, hid))),
         kv_a_norm=cast(rd.get(p + "kv_a_layernorm.weight", (L,))),
         w_uk=cast(kv_b[:, :Dn].contiguous()), w_uv=cast(kv_b[:, Dn:].contiguous()),
         o_proj=cast(rd.get(p + "o_proj.weight", (hid, H * Dv))[:, h0 * Dv:(h0 + Hl) * Dv]),
-        eps=cfg.rms_norm_eps, scale=cfg.attention_scale,
+        eps=cfg.rms_norm_eps, scale=cfg.attention_scale, rope_dim=cfg.mla_rope_dim,
     )
 
 
@@ -194,6 +197,7 @@ def _indexer(ctx, p: str) -> IndexerWeights:
         compress_gate=cast(rd.get(p + "index_kpool_compress_gate", (Di, hid))),
         compress_ape=cast(rd.get(p + "index_kpool_compress_ape", (cfg.index_kpool, Di)), acc),
         select_pools=cfg.index_select_pools, select_tail=cfg.index_kpool_always_select_tail,
+        rope_dim=cfg.qk_rope_head_dim, rope_interleave=cfg.indexer_rope_interleave,
     )
 
 
