@@ -105,3 +105,36 @@ def test_vllm_forms_equal_their_definition_at_every_layout(prompt_file, tmp_path
     for tp, dcp in LAYOUTS:
         got = qual_generate(path, prompt_file, tmp_path / f"tp{tp}.jsonl", tp, dcp)
         assert got == want, f"tp {tp} / dcp {dcp}"
+
+
+def engine_tokens(path, device: str, graphs=()):
+    """Greedy float32 tokens of the prompts at TP 1 on `device` (decode steps from CUDA graphs of `graphs` sizes)."""
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+    from qual.runtime.engine import GenerationRequest, LLMEngine
+
+    cfg = EngineConfig(str(path), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**26),
+                       dtype="float32", device=device, cuda_graph_sizes=tuple(graphs), max_model_len=64)
+    with LLMEngine(cfg) as engine:
+        out = engine.generate([GenerationRequest(f"r{i}", tuple(p), MAX_TOKENS) for i, p in enumerate(prompts())],
+                              SamplingParams(max_tokens=MAX_TOKENS))
+        record = engine.graph_capture() if graphs else None
+    return [r.output_token_ids for r in out], record
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", list(MODELS) + list(FORMS))
+def test_cuda_eager_and_graph_decoding_give_the_cpus_tokens(models, tmp_path, name):
+    """Every configuration of the matrix in float32 at TP 1: CUDA eager, CUDA graphs (decode steps of 3 requests
+    replayed at size 4) and the CPU decode the same tokens."""
+    if name in FORMS:
+        from glm5_checkpoints import make_glm5_form
+
+        path, _ = make_glm5_form(tmp_path / "ckpt", FORM_TEXT, FORMS[name], seed=7)
+    else:
+        path = models[name]
+    cpu, _ = engine_tokens(path, "cpu")
+    eager, _ = engine_tokens(path, "cuda")
+    graphs, record = engine_tokens(path, "cuda", graphs=(1, 2, 4))
+    assert record["status"] == "captured" and sum(record["replays"].values()) > 0, record
+    assert eager == cpu and graphs == cpu

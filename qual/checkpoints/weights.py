@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qual.checkpoints.fp8 import SCALE_SUFFIX
 from qual.errors import QualError
 
 # safetensors' dtype codes by the names profiles use (torch's).
@@ -57,6 +58,8 @@ def inspect_weights(path: str | Path, run_dtype: str, declared: str | None, wher
         except Exception as exc:  # safetensors raises its own error types
             raise QualError(f"{where}: {f}: unreadable safetensors file ({exc})") from None
     for name, stored in dtypes.items():
+        if name + SCALE_SUFFIX in dtypes:  # FP8 with block scales: dequantized by the loader, not cast
+            continue
         why = cast_refusal(stored, run_dtype, declared)
         if why:
             raise QualError(f"{where}: {path}: tensor {name!r}: {why}")

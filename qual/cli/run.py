@@ -20,6 +20,9 @@ from qual.paths import DEFAULT_HISTORY
 @app.command("run")
 def run_command(
     model: str = typer.Option("toy", "--model", help="Model profile: a shipped name (qual/data/configs/models) or a YAML path."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target checkpoint directory, in place of the "
+                                         "profile's (and its tokenizer's, unless the profile names a local one)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter checkpoint directory, in place of the profile's."),
     dcp: Optional[int] = typer.Option(None, "--dcp", help="Candidate DCP size (default: the profile's, else 4); the control is DCP 1."),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="reference (default) | vllm | attach (the default "
@@ -64,7 +67,7 @@ def run_command(
     else:
         if engine is None:
             engine = "attach" if control_url or candidate_url else "reference"
-        options = run_options(model=model, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
+        options = run_options(model=model, target=target, draft=draft, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
                               dsa_topk=dsa_topk, baseline=baseline, control_url=control_url,

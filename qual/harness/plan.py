@@ -51,6 +51,9 @@ class RunOptions:
     """
 
     model: str = Field("toy", min_length=1)
+    # Checkpoint directories that replace the profile's target / draft (a real model's profile names hub ids)
+    target: str | None = _text()
+    draft: str | None = _text()
     dcp: int | None = Field(None, ge=1)  # default: the profile's dcp, else DEFAULT_DCP
     tp: int | None = Field(None, ge=1)  # default: the profile's tp, else the DCP size
     engine: str = Field("reference", min_length=1)
@@ -77,7 +80,7 @@ class RunOptions:
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
         parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
-        for flag, value in [("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
+        for flag, value in [("--target", self.target), ("--draft", self.draft), ("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
                             ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk),
                             ("--baseline", self.baseline), ("--control-url", self.control_url),
@@ -216,6 +219,22 @@ def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, 
     return requests
 
 
+def _with_checkpoints(profile, o: RunOptions):
+    """The profile with --target / --draft in place of its checkpoints (absolute paths, as result.json records
+    them). The tokenizer follows --target unless the profile names a local tokenizer directory of its own."""
+    update = {}
+    for flag, key, value in (("--target", "target", o.target), ("--draft", "draft", o.draft)):
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        if not (path / "config.json").is_file():
+            raise QualError(f"{flag} {value}: not a checkpoint directory (no config.json)")
+        update[key] = str(path.resolve())
+    if "target" in update and not (profile.tokenizer and Path(profile.local_path(profile.tokenizer)).is_dir()):
+        update["tokenizer"] = update["target"]
+    return profile.model_copy(update=update) if update else profile
+
+
 def _check_local(profile) -> None:
     """The profile's checkpoints are local directories (an engine that loads them itself needs them here)."""
     for key in ("target", "draft"):
@@ -259,7 +278,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     A dry run needs no local tokenizer or engine install (real deployments name hub ids); it checks the rest.
     """
     _validate_options(o)
-    profile = load_profile(o.model)
+    profile = _with_checkpoints(load_profile(o.model), o)
     dcp = o.dcp or profile.dcp or DEFAULT_DCP
     tp = o.tp or profile.tp or dcp
     if tp % dcp:  # every engine's DCP groups split the TP group (docs/dcp.md)

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from qual.checkpoints.fp8 import BlockFp8, parse_quantization
 from qual.errors import QualError
 
 LINEAR, INDEXED = "linear_attention", "indexed_attention"
@@ -32,6 +33,7 @@ _IMPLEMENTED = set(_DEFAULTS) | {
     # vLLM's keys (the real checkpoint carries them; transformers knows none): hyper-connections on or off, RoPE in
     # MLA on or off, the indexer's rotary layout; and the RoPE parameters both rotations use
     "mhc", "mla_use_nope", "indexer_rope_interleave", "rope_theta", "rope_parameters", "rope_scaling",
+    "quantization_config",  # FP8 block scales (qual/checkpoints/fp8.py); any other method is refused there
 }
 
 # Keys accepted without effect on inference, each with the reason.
@@ -49,7 +51,7 @@ _INERT = {
 # Top level of a glm5_next (multimodal) config.json, besides text_config / vision_config.
 _TOP_LEVEL = {
     "model_type", "architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path",
-    "text_config", "vision_config", "tie_word_embeddings",
+    "text_config", "vision_config", "tie_word_embeddings", "quantization_config",
     # placeholder ids of image/video inputs: only the (skipped) vision tower reads them
     "image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
     "video_start_token_id", "video_end_token_id",
@@ -107,6 +109,7 @@ class Glm5Config:
     mla_rope: bool  # MLA rotates its last qk_rope_head_dim query dims and a shared key (not mla_use_nope)
     indexer_rope_interleave: bool  # the indexer's first qk_rope_head_dim dims rotate as pairs (else rotate-half)
     rope_theta: float
+    quantization: BlockFp8 | None  # FP8 block-quantized weights (quantization_config), else None
     eos_token_id: tuple[int, ...]
     pad_token_id: int | None
     vision_skipped: bool  # a vision tower is configured; it is not run (text only)
@@ -148,6 +151,7 @@ def parse_glm5_config(raw: dict, where: str) -> Glm5Config:
     kind = raw.get("model_type")
     if kind == "glm5_next_text":
         return _parse_text(raw, where, vision=False, tie=raw.get("tie_word_embeddings", False))
+    quant = raw.get("quantization_config")  # vLLM reads it at the top level first, then inside text_config
     if kind != "glm5_next":
         raise QualError(f"{where}: model_type must be 'glm5_next_text' or 'glm5_next' (got {kind!r})")
     vision = raw.get("vision_config") is not None
@@ -163,9 +167,12 @@ def parse_glm5_config(raw: dict, where: str) -> Glm5Config:
         if text.get("model_type", "glm5_next_text") != "glm5_next_text":
             raise QualError(f"{where}: text_config.model_type must be 'glm5_next_text' "
                             f"(got {text.get('model_type')!r})")
+        if quant is not None and "quantization_config" not in text:
+            text = {**text, "quantization_config": quant}
         return _parse_text(text, where + " text_config", vision, tie)
     # Flat text-only form: the text fields sit at the top level next to the multimodal ones.
-    flat = {k: v for k, v in raw.items() if k not in _TOP_LEVEL or k in ("model_type", "tie_word_embeddings")}
+    flat = {k: v for k, v in raw.items()
+            if k not in _TOP_LEVEL or k in ("model_type", "tie_word_embeddings", "quantization_config")}
     return _parse_text(flat, where, vision, tie)
 
 
@@ -342,7 +349,8 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
         norm_topk_prob=bool(get("norm_topk_prob")), routed_scaling_factor=float(get("routed_scaling_factor")),
         swiglu_limit=float(get("swiglu_limit")), hc_mult=int(get("hc_mult")), hc_eps=float(get("hc_eps")),
         hc_sinkhorn_iters=int(get("hc_sinkhorn_iters")), mhc=bool(text.get("mhc", True)), mla_rope=mla_rope,
-        indexer_rope_interleave=indexer_interleave, rope_theta=theta, eos_token_id=eos, pad_token_id=get("pad_token_id"),
+        indexer_rope_interleave=indexer_interleave, rope_theta=theta,
+        quantization=parse_quantization(text.get("quantization_config"), where), eos_token_id=eos, pad_token_id=get("pad_token_id"),
         vision_skipped=vision,
     )
     for i in range(n):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from qual.checkpoints.fp8 import dequantize
+
 
 @dataclass
 class MlpWeights:
@@ -21,12 +23,31 @@ class MlpWeights:
 
 
 @dataclass
+class Fp8Experts:
+    """One projection of every routed expert kept in FP8 with its block scales: an expert's weight is dequantized
+    when a step uses it. Routed experts are nearly all of a GLM-5.3-Flash checkpoint's bytes, so they stay at one
+    byte a weight (docs/glm5.md, "Memory"); indexing gives expert e's [rows, cols] weight in the run's dtype."""
+
+    q: torch.Tensor  # [E, rows, cols] float8_e4m3fn
+    scale: torch.Tensor  # [E, ceil(rows/bo), ceil(cols/bi)] float32
+    block: tuple[int, int]
+    dtype: torch.dtype  # the run's
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        return dequantize(self.q[e], self.scale[e], self.block, self.dtype)
+
+
+@dataclass
 class MoeWeights:
     router: torch.Tensor  # [E, hidden] (accumulation dtype)
     bias: torch.Tensor  # [E] e_score_correction_bias: steers the choice, not the weights
-    gate: torch.Tensor  # [E, Im/tp, hidden]
-    up: torch.Tensor  # [E, Im/tp, hidden]
-    down: torch.Tensor  # [E, hidden, Im/tp]
+    gate: torch.Tensor | Fp8Experts  # [E, Im/tp, hidden]
+    up: torch.Tensor | Fp8Experts  # [E, Im/tp, hidden]
+    down: torch.Tensor | Fp8Experts  # [E, hidden, Im/tp]
     shared: MlpWeights | None  # None when n_shared_experts == 0
     top_k: int
     n_group: int

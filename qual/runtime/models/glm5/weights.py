@@ -2,7 +2,8 @@
 
 The text stack sits under "model.language_model." (Glm5NextForConditionalGeneration) or at the top level
 (Glm5NextTextModel; "model." is accepted too); vision tensors ("model.visual.") and MTP layers (index >=
-num_hidden_layers) are skipped. TP: KDA and MLA heads, the dense MLP, the shared experts and each routed
+num_hidden_layers) are skipped. FP8 block-quantized weights (qual/checkpoints/fp8.py) are dequantized as they are
+read, except the routed experts', which stay FP8 (moe.Fp8Experts) and are sliced for TP on whole blocks. TP: KDA and MLA heads, the dense MLP, the shared experts and each routed
 expert's intermediate dim are split; the MLA latent path (q_a, kv_a), the DSA indexer, the router, the MHC
 weights, the norms, the embedding and lm_head are replicated. Every block returns a row-parallel partial.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from qual.checkpoints.fp8 import SCALE_SUFFIX, BlockFp8, dequantize, scale_shape
 from qual.errors import QualError
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, Glm5Config, load_glm5_config
@@ -23,7 +25,7 @@ from qual.runtime.models.glm5.dsa import IndexerWeights
 from qual.runtime.models.glm5.kda import KdaWeights
 from qual.runtime.models.glm5.mhc import HcWeights
 from qual.runtime.models.glm5.mla import MlaWeights
-from qual.runtime.models.glm5.moe import MlpWeights, MoeWeights
+from qual.runtime.models.glm5.moe import Fp8Experts, MlpWeights, MoeWeights
 
 _PREFIXES = ("model.language_model.", "model.", "")
 _VISION = ("model.visual.", "visual.")
@@ -57,13 +59,14 @@ class Glm5Weights:
 
 
 class _Reader:
-    """Tensors of a checkpoint directory, read on demand with their shapes checked first."""
+    """Tensors of a checkpoint directory, read on demand with their shapes checked first; FP8 block-quantized ones
+    dequantized (get) or kept with their scales (get_fp8)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, quantization: BlockFp8 | None, acc: torch.dtype):
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise QualError(f"checkpoint {path} has no *.safetensors files")
-        self.path, self.handles, self.used = path, {}, set()
+        self.path, self.quantization, self.acc, self.handles, self.used = path, quantization, acc, {}, set()
         for f in files:
             try:
                 h = safe_open(str(f), framework="pt")
@@ -71,8 +74,12 @@ class _Reader:
                 raise QualError(f"{f}: unreadable safetensors file ({exc})") from None
             for name in h.keys():
                 self.handles[name] = h
+        scaled = next((n for n in self.handles if n.endswith(SCALE_SUFFIX)), None)
+        if scaled and quantization is None:
+            raise QualError(f"checkpoint {path}: tensor {scaled!r} is an FP8 scale, but config.json has no "
+                            f"quantization_config")
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def _raw(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if name not in self.handles:
             raise QualError(f"checkpoint {self.path}: missing tensor {name!r}")
         got = tuple(self.handles[name].get_slice(name).get_shape())
@@ -80,6 +87,49 @@ class _Reader:
             raise QualError(f"checkpoint {self.path}: tensor {name!r} has shape {got}, expected {tuple(shape)}")
         self.used.add(name)
         return self.handles[name].get_tensor(name)
+
+    def get_fp8(self, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(W8, scale_inv) of an FP8 block-quantized weight, None for a weight stored unquantized."""
+        if name + SCALE_SUFFIX not in self.handles:
+            return None
+        module = name.rsplit(".", 1)[0]
+        listed = next((m for m in self.quantization.unquantized if module.endswith(m) or module.startswith(m)), None)
+        if listed:
+            raise QualError(f"checkpoint {self.path}: tensor {name!r} has FP8 scales, but quantization_config "
+                            f"lists {listed!r} as not converted")
+        weight = self._raw(name, shape)
+        if weight.dtype != torch.float8_e4m3fn:
+            raise QualError(f"checkpoint {self.path}: tensor {name!r} has FP8 scales but is stored as {weight.dtype} "
+                            f"(float8_e4m3fn expected)")
+        scale = self._raw(name + SCALE_SUFFIX, scale_shape(shape, self.quantization.block))
+        return weight, scale.float()
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor as the model uses it: FP8 block-quantized weights dequantized (accumulation dtype)."""
+        fp8 = self.get_fp8(name, shape)
+        if fp8 is not None:
+            return dequantize(*fp8, self.quantization.block, self.acc)
+        t = self._raw(name, shape)
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise QualError(f"checkpoint {self.path}: tensor {name!r} is stored as {t.dtype} without "
+                            f"{name + SCALE_SUFFIX!r} (FP8 weights need their block scales)")
+        return t
+
+
+@dataclass
+class _Load:
+    """What every part of the loader reads: the checkpoint, its config, this rank and the run's dtype."""
+
+    rd: _Reader
+    cfg: Glm5Config
+    rank: int
+    tp: int
+    dtype: torch.dtype
+    device: str | torch.device
+    acc: torch.dtype  # at least float32: norms, gates, router, MHC
+
+    def cast(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return t.to(device=self.device, dtype=dtype or self.dtype)
 
 
 def _split(total: int, tp: int, key: str, cfg: Glm5Config) -> int:
@@ -94,14 +144,45 @@ def load_glm5_weights(path: str | Path, tp_rank: int = 0, tp_size: int = 1, dtyp
     least float32, as transformers keeps them)."""
     path = Path(path)
     cfg = load_glm5_config(path)
+    return _load(_Reader(path, cfg.quantization, acc_dtype(dtype)), cfg, tp_rank, tp_size, dtype, device)
+
+
+def shaped_glm5_weights(cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype) -> Glm5Weights:
+    """The weights the loader builds for `cfg`, on the meta device (shapes and dtypes, no data): what sizing counts,
+    so a rank's weight bytes come from the loader itself."""
+    return _load(_Shapes(cfg), cfg, tp_rank, tp_size, dtype, "meta")
+
+
+class _Shapes:
+    """A checkpoint of `cfg` as the loader reads it, without data: tensors on the meta device; with FP8
+    quantization the routed experts arrive quantized (the rest is dequantized on load anyway)."""
+
+    def __init__(self, cfg: Glm5Config):
+        self.path, self.quantization, self.used = Path(cfg.source), cfg.quantization, set()
+        head = [] if cfg.tie_word_embeddings else ["lm_head.weight"]
+        self.handles = dict.fromkeys(["model.language_model.embed_tokens.weight", *head])
+
+    def get_fp8(self, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.quantization is None or ".experts." not in name:
+            return None
+        return (torch.empty(shape, dtype=torch.float8_e4m3fn, device="meta"),
+                torch.empty(scale_shape(shape, self.quantization.block), dtype=torch.float32, device="meta"))
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        self.used.add(name)
+        return torch.empty(shape, device="meta")
+
+
+def _load(rd, cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype, device) -> Glm5Weights:
+    path = rd.path
     if not 0 <= tp_rank < tp_size:
         raise QualError(f"tp_rank={tp_rank} is outside tp_size={tp_size}")
-    rd = _Reader(path)
+    acc = acc_dtype(dtype)
     prefix = next((p for p in _PREFIXES if p + "embed_tokens.weight" in rd.handles), None)
     if prefix is None:
         raise QualError(f"checkpoint {path}: missing tensor 'model.language_model.embed_tokens.weight'")
-    acc = acc_dtype(dtype)
-    cast = lambda t, d=dtype: t.to(device=device, dtype=d)  # noqa: E731
+    ctx = _Load(rd, cfg, tp_rank, tp_size, dtype, device, acc)
+    cast = ctx.cast
     V, hid = cfg.vocab_size, cfg.hidden_size
     embed = cast(rd.get(prefix + "embed_tokens.weight", (V, hid)))
     if cfg.tie_word_embeddings:
@@ -110,7 +191,6 @@ def load_glm5_weights(path: str | Path, tp_rank: int = 0, tp_size: int = 1, dtyp
         lm_head = cast(rd.get("lm_head.weight", (V, hid)))
     else:
         lm_head = None  # a bare text model has no head
-    ctx = (rd, cfg, tp_rank, tp_size, cast, acc)
     layers = [_layer(ctx, f"{prefix}layers.{i}.", i) for i in range(cfg.num_hidden_layers)]
     norm = cast(rd.get(prefix + "norm.weight", (hid,)))
     vision = [n for n in rd.handles if n.startswith(_VISION)]
@@ -123,8 +203,8 @@ def load_glm5_weights(path: str | Path, tp_rank: int = 0, tp_size: int = 1, dtyp
     return Glm5Weights(cfg, tp_rank, tp_size, embed, lm_head, norm, layers, prefix, len(vision))
 
 
-def _layer(ctx, p: str, i: int) -> LayerWeights:
-    rd, cfg, rank, tp, cast, acc = ctx
+def _layer(ctx: _Load, p: str, i: int) -> LayerWeights:
+    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
     hid, n = cfg.hidden_size, cfg.hc_mult
 
     def hc(which: str) -> HcWeights | None:
@@ -150,8 +230,8 @@ def _layer(ctx, p: str, i: int) -> LayerWeights:
     return lw
 
 
-def _kda(ctx, p: str) -> KdaWeights:
-    rd, cfg, rank, tp, cast, acc = ctx
+def _kda(ctx: _Load, p: str) -> KdaWeights:
+    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
     H, D, K, hid = cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_conv_kernel_dim, cfg.hidden_size
     Hl = _split(H, tp, "linear_num_heads", cfg)
     heads, rows = slice(rank * Hl, (rank + 1) * Hl), slice(rank * Hl * D, (rank + 1) * Hl * D)
@@ -168,8 +248,8 @@ def _kda(ctx, p: str) -> KdaWeights:
     )
 
 
-def _mla(ctx, p: str) -> MlaWeights:
-    rd, cfg, rank, tp, cast, acc = ctx
+def _mla(ctx: _Load, p: str) -> MlaWeights:
+    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
     H, hid, qlr, L = cfg.num_attention_heads, cfg.hidden_size, cfg.q_lora_rank, cfg.kv_lora_rank
     Dn, Dv, Dqk = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_head_dim
     Hl = _split(H, tp, "num_attention_heads", cfg)
@@ -187,8 +267,8 @@ def _mla(ctx, p: str) -> MlaWeights:
     )
 
 
-def _indexer(ctx, p: str) -> IndexerWeights:
-    rd, cfg, rank, tp, cast, acc = ctx
+def _indexer(ctx: _Load, p: str) -> IndexerWeights:
+    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
     Hi, Di, hid = cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size
     return IndexerWeights(
         wq_b=cast(rd.get(p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))), wk=cast(rd.get(p + "wk.weight", (Di, hid))),
@@ -201,8 +281,8 @@ def _indexer(ctx, p: str) -> IndexerWeights:
     )
 
 
-def _mlp(ctx, p: str, inter: int, key: str) -> MlpWeights:
-    rd, cfg, rank, tp, cast, acc = ctx
+def _mlp(ctx: _Load, p: str, inter: int, key: str) -> MlpWeights:
+    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
     hid = cfg.hidden_size
     part = _split(inter, tp, key, cfg)
     cols = slice(rank * part, (rank + 1) * part)
@@ -211,10 +291,14 @@ def _mlp(ctx, p: str, inter: int, key: str) -> MlpWeights:
                       cast(rd.get(p + "down_proj.weight", (hid, inter))[:, cols]))
 
 
-def _moe(ctx, p: str) -> MoeWeights:
-    rd, cfg, rank, tp, cast, acc = ctx
+def _moe(ctx: _Load, p: str) -> MoeWeights:
+    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
     E, hid = cfg.n_routed_experts, cfg.hidden_size
-    experts = [_mlp(ctx, f"{p}experts.{e}.", cfg.moe_intermediate_size, "moe_intermediate_size") for e in range(E)]
+    if rd.get_fp8(f"{p}experts.0.gate_proj.weight", (cfg.moe_intermediate_size, hid)) is not None:
+        gate, up, down = _fp8_experts(ctx, p)
+    else:
+        experts = [_mlp(ctx, f"{p}experts.{e}.", cfg.moe_intermediate_size, "moe_intermediate_size") for e in range(E)]
+        gate, up, down = (torch.stack([getattr(e, x) for e in experts]) for x in ("gate", "up", "down"))
     shared = None
     if cfg.n_shared_experts > 0:
         shared = _mlp(ctx, p + "shared_experts.", cfg.moe_intermediate_size * cfg.n_shared_experts,
@@ -222,7 +306,34 @@ def _moe(ctx, p: str) -> MoeWeights:
     return MoeWeights(
         router=cast(rd.get(p + "gate.weight", (E, hid)), acc),
         bias=cast(rd.get(p + "gate.e_score_correction_bias", (E,)), acc),
-        gate=torch.stack([e.gate for e in experts]), up=torch.stack([e.up for e in experts]),
-        down=torch.stack([e.down for e in experts]), shared=shared, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
+        gate=gate, up=up, down=down, shared=shared, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
         topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob, routed_scaling_factor=cfg.routed_scaling_factor,
     )
+
+
+def _fp8_experts(ctx: _Load, p: str) -> tuple[Fp8Experts, Fp8Experts, Fp8Experts]:
+    """The routed experts' gate, up and down projections kept in FP8, this rank's intermediate slice of each: the
+    slice must cover whole scale blocks (vLLM refuses it otherwise too)."""
+    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
+    E, hid, inter, (bo, bi) = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.quantization.block
+    part = _split(inter, tp, "moe_intermediate_size", cfg)
+    for what, size, block in (("gate_proj and up_proj rows", part, bo), ("down_proj columns", part, bi)):
+        if tp > 1 and size % block:
+            raise QualError(f"{cfg.source}: moe_intermediate_size={inter} at tp={tp} gives each rank {size} {what}, "
+                            f"not a multiple of the FP8 weight_block_size {block}")
+    out = []
+    for proj, shape in (("gate_proj", (inter, hid)), ("up_proj", (inter, hid)), ("down_proj", (hid, inter))):
+        block = bi if proj == "down_proj" else bo  # the intermediate dim: columns of down, rows of gate and up
+        own, scales = slice(rank * part, (rank + 1) * part), slice(rank * part // block, rank * part // block + -(-part // block))
+        qs, ss = [], []
+        for e in range(E):
+            got = rd.get_fp8(f"{p}experts.{e}.{proj}.weight", shape)
+            if got is None:
+                raise QualError(f"checkpoint {rd.path}: expert {e}'s {proj} has no FP8 scales while expert 0's has "
+                                f"(the routed experts are quantized alike)")
+            q, s = got
+            qs.append(q[:, own] if proj == "down_proj" else q[own])
+            ss.append(s[:, scales] if proj == "down_proj" else s[scales])
+        out.append(Fp8Experts(cast(torch.stack(qs), torch.float8_e4m3fn), cast(torch.stack(ss), torch.float32),
+                              cfg.quantization.block, ctx.dtype))
+    return tuple(out)
