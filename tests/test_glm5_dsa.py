@@ -23,20 +23,26 @@ def test_equal_scores_keep_the_lower_id_first():
     assert s[0, :4].tolist() == [2.0, 2.0, 2.0, 1.0] and s[0, 6:].eq(float("-inf")).all()
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                 reason="needs CUDA")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_a_pool_score_has_the_same_bits_whichever_pools_are_scored_beside_it(dtype, monkeypatch):
+def test_a_pool_score_has_the_same_bits_whichever_pools_are_scored_beside_it(dtype, device, monkeypatch):
     """Each rank scores the pools it holds: a pool's score must not depend on how many pools a rank holds, which
     ones, or how the scorer chunks them (a GEMM's rounding does: shards of this size differ in the last bits from the
     whole in both dtypes). Then a near-tie at the k-th pool is decided the same way at every DCP size."""
     g = torch.Generator().manual_seed(3)
     R, Q, Hi, Di, P = 3, 5, 6, 24, 37
-    q, hw, keys = (torch.randn(*shape, generator=g, dtype=dtype) for shape in ((R, Q, Hi, Di), (R, Q, Hi), (R, P, Di)))
+    q, hw, keys = (torch.randn(*shape, generator=g, dtype=dtype).to(device)
+                   for shape in ((R, Q, Hi, Di), (R, Q, Hi), (R, P, Di)))
     whole = pool_scores(q, hw, keys.unsqueeze(1))  # [R, Q, P]
     expected = ((q.unsqueeze(-2) * keys[:, None, None]).sum(-1) * Di**-0.5).relu().mul(hw[..., None]).sum(-2)
     torch.testing.assert_close(whole, expected)  # the math is the indexer's
     for dcp, interleave in ((2, 1), (3, 2), (4, 1), (4, 3)):
         for rank in range(dcp):
-            held = (torch.arange(P) // interleave) % dcp == rank
+            held = ((torch.arange(P) // interleave) % dcp == rank).to(device)
             assert torch.equal(pool_scores(q, hw, keys[:, held].unsqueeze(1)), whole[..., held])
     monkeypatch.setattr(dsa, "_SCORE_CHUNK", 2 * Q * Hi * Di + 1)  # two pools a chunk per request row
     assert torch.equal(pool_scores(q, hw, keys.unsqueeze(1)), whole)
