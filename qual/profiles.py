@@ -16,9 +16,9 @@ from qual import paths
 from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
+from qual.options import DEFAULT_DTYPE, Dtype
 from qual.validation import Section, parse_section, read_config_text
 
-DTYPES = ("float32", "float64", "bfloat16", "float16")
 _MOVED = {"block_size": "reference", "kv_memory_mib": "reference"}  # keys that belong to one engine's section
 
 
@@ -34,7 +34,7 @@ class ModelProfile(Section):
     tp: PositiveInt | None = None  # None: the candidate's DCP size
     dcp: PositiveInt | None = None  # the candidate's DCP size (None: 4)
     interleave: PositiveInt = 1
-    dtype: Literal[DTYPES] = "float32"
+    dtype: Dtype = DEFAULT_DTYPE
     # The dtype the checkpoints store, when a cast to `dtype` that qual would refuse is meant (float16 or
     # int8 weights run in float32): the arm records it. Unset: only lossless or intended casts run.
     weights_dtype: Literal[WEIGHT_DTYPES] | None = None

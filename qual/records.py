@@ -1,7 +1,7 @@
 """Records shared by the layers: one arm's config in, per-request results and run facts out.
 
 Neutral ground: engines, the harness, stats, results and reports all import these; this module imports nothing
-of qual but the error type and the redaction of secret env values. Records read back from files are checked
+of qual but the error type, the options' vocabulary and the redaction of secret env values. Records read back from files are checked
 (check_record): a record no engine can produce is refused, naming it and the field.
 """
 
@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
 from qual.errors import QualError
+from qual.options import DEFAULT_DEVICE, DEFAULT_DTYPE
 from qual.redact import redact_sections
 
 
@@ -31,16 +32,16 @@ class ArmConfig:
     model: str
     dcp: int
     tp: int
-    draft_kv: str
+    draft_kv: str  # qual.options.DRAFT_KV_MODES, or NOT_OBSERVED where the engine cannot tell (attach)
     target_path: str
     draft_path: str | None
     num_speculative_tokens: int
     sampling: Sampling
     interleave: int = 1
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = DEFAULT_DTYPE
+    device: str = DEFAULT_DEVICE
     extra: dict = field(default_factory=dict)  # engine-specific knobs from the model profile
-    dsa_topk: str | None = None  # sparse-attention top-k under DCP ("exact" | "union"); None: the target has none
+    dsa_topk: str | None = None  # sparse-attention top-k under DCP (qual.options); None: the target has none
 
     def to_json(self) -> dict:
         """The arm as it is written anywhere (result.json, run.json, the history): secret env values redacted."""

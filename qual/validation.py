@@ -46,6 +46,16 @@ def describe_error(exc: ValidationError, prefix: str = "") -> str:
     return f"{key}: {err['msg'][0].lower() + err['msg'][1:]} (got {shown(err.get('input'))})"
 
 
+def parse_flags(options_class, /, **values):
+    """Command-line values validated as `options_class` (a pydantic dataclass); a QualError naming the flag."""
+    try:
+        return options_class(**values)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise QualError(f"{flag}: {describe_error(exc).partition(': ')[2]}") from None
+
+
 def read_config_text(path: Path) -> str:
     """A config file's text, refused (QualError) if larger than MAX_CONFIG_BYTES; OSError passes through."""
     size = path.stat().st_size

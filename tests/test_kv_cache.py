@@ -3,11 +3,13 @@
 import pytest
 
 from qual.errors import QualError
+from qual.options import REPLICATED, SHARDED
 from qual.runtime.kv_cache import BlockPool, CacheManager, KVCacheGroup, KVCacheSpec
 
 
 def spec(sharded=True, window=None, attention="full"):
-    return KVCacheSpec("gqa", sharded, 4, num_kv_heads=1, head_dim=16, window=window, attention=attention)
+    return KVCacheSpec("gqa", SHARDED if sharded else REPLICATED, 4, num_kv_heads=1, head_dim=16, window=window,
+                       attention=attention)
 
 
 def manager(dcp, groups, memory=2**24, block_size=16, lookahead=8):

@@ -115,6 +115,7 @@ def test_missing_or_misshapen_tensor_is_named(tmp_path, tiny_pair):
     from qual.runtime.backends import parse_backend
     from qual.runtime.models.qwen3 import Qwen3Target
     from qual.runtime.parallel import Comm
+    from qual.runtime.models.base import ModelOptions
     from qual.runtime.registry import target_spec
 
     t = tmp_path / "t"
@@ -123,11 +124,11 @@ def test_missing_or_misshapen_tensor_is_named(tmp_path, tiny_pair):
     w.pop("model.layers.1.mlp.up_proj.weight")
     save_file(w, str(t / "model.safetensors"))
     with pytest.raises(QualError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
-        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"))
+        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"), ModelOptions())
     w["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
     save_file(w, str(t / "model.safetensors"))
     with pytest.raises(QualError, match="has shape \\(3, 3\\)"):
-        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"))
+        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"), ModelOptions())
 
 
 def test_mismatched_pair_is_rejected(tmp_path, tiny_pair):

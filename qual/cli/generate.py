@@ -7,11 +7,32 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as checked_dataclass
 
 from qual.cli.main import app
+from qual.corpus.records import MAX_TOKENS
 from qual.errors import QualError
+from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DEVICE_PATTERN,
+                          DSA_TOPK_MODES, DTYPES, MAX_SEED, DsaTopk, Dtype, check_layout)
+from qual.records import ArmConfig, EngineRequest, Sampling
+from qual.validation import parse_flags
 
 MAX_PROMPTS_BYTES = 64 << 20
+
+
+@checked_dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid", allow_inf_nan=False))
+class GenerateOptions:
+    """`qual generate`'s options, validated with the run options' vocabulary (qual.options)."""
+
+    tp: int = Field(1, ge=1)
+    dcp: int = Field(1, ge=1)
+    max_tokens: int = Field(64, ge=1, le=MAX_TOKENS)
+    dtype: Dtype = DEFAULT_DTYPE
+    temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    device: str = Field(DEFAULT_DEVICE, pattern=DEVICE_PATTERN)
+    dsa_topk: DsaTopk | None = None  # None: the engine's default, where the target has sparse attention
 
 
 def read_prompts(path: Path, tokenizer_dir: str) -> list[tuple[str, list[int]]]:
@@ -61,6 +82,16 @@ def read_prompts(path: Path, tokenizer_dir: str) -> list[tuple[str, list[int]]]:
     return out
 
 
+def _speculative_tokens(draft: Path | None) -> int:
+    """K: the drafter's block less its last token (what the runtime takes without a profile), 0 without one."""
+    if draft is None:
+        return 0
+    from qual.checkpoints.config import read_config
+    from qual.checkpoints.dflash import DFlashConfig
+
+    return DFlashConfig.from_json(read_config(draft), draft).block_size - 1
+
+
 @app.command("generate")
 def generate_command(
     target: Path = typer.Option(..., "--target", help="Target checkpoint directory (any architecture the runtime supports)."),
@@ -69,35 +100,34 @@ def generate_command(
     tp: int = typer.Option(1, "--tp"),
     dcp: int = typer.Option(1, "--dcp"),
     max_tokens: int = typer.Option(64, "--max-tokens"),
-    dtype: str = typer.Option("float32", "--dtype", help="float64 | float32 | bfloat16"),
-    temperature: float = typer.Option(0.0, "--temperature", help="0: greedy; else sampling seeded by --seed."),
+    dtype: str = typer.Option(DEFAULT_DTYPE, "--dtype", help=" | ".join(DTYPES)),
+    temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature", help="0: greedy; else sampling seeded by --seed."),
     seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option("cpu", "--device"),
-    dsa_topk: str = typer.Option("exact", "--dsa-topk", help="Sparse-attention targets under DCP: exact | union."),
+    device: str = typer.Option(DEFAULT_DEVICE, "--device", help="cpu | cuda | cuda:N."),
+    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help="Sparse-attention targets under DCP: "
+                                           + " | ".join(DSA_TOPK_MODES) + " (default: the first)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the JSON lines here instead of stdout."),
 ) -> None:
     """Generate from the embedded runtime: one JSON line per request, {"id", "prompt_token_ids", "output_token_ids"}.
 
     Greedy decoding stops at EOS only where the target's config names one; otherwise at --max-tokens.
     """
-    import math
+    from qual.engines.registry import get_engine
 
-    from qual.engines.registry import engine_class
-
-    if dtype not in ("float64", "float32", "bfloat16"):
-        raise QualError(f"--dtype must be float64, float32 or bfloat16 (got {dtype!r})")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise QualError(f"--temperature must be a finite number >= 0 (got {temperature})")
-    for flag, value in (("--tp", tp), ("--dcp", dcp), ("--max-tokens", max_tokens)):
-        if value < 1:
-            raise QualError(f"{flag} must be >= 1 (got {value})")
-    if seed < 0:
-        raise QualError(f"--seed must be >= 0 (got {seed})")
-    requests = read_prompts(prompts, str(target))
-    rows = engine_class("reference").generate(
-        str(target), str(draft) if draft else None, requests, tp=tp, dcp=dcp, max_tokens=max_tokens, dtype=dtype,
-        temperature=temperature, seed=seed, device=device, dsa_topk=dsa_topk)
-    text = "".join(json.dumps(r) + "\n" for r in rows)
+    o = parse_flags(GenerateOptions, tp=tp, dcp=dcp, max_tokens=max_tokens, dtype=dtype, temperature=temperature,
+                    seed=seed, device=device, dsa_topk=dsa_topk)
+    check_layout(o.tp, o.dcp)
+    rows = read_prompts(prompts, str(target))
+    k = _speculative_tokens(draft)
+    arm = ArmConfig(engine="reference", model=target.name, dcp=o.dcp, tp=o.tp, draft_kv=DEFAULT_DRAFT_KV,
+                    target_path=str(target), draft_path=str(draft) if draft else None, num_speculative_tokens=k,
+                    sampling=Sampling(o.temperature, o.seed, o.max_tokens), dtype=o.dtype, device=o.device,
+                    extra={"max_model_len": max(len(ids) for _, ids in rows) + o.max_tokens + k + 1},
+                    dsa_topk=o.dsa_topk)
+    engine = get_engine(arm.engine)
+    arm = engine.preflight(arm, frozenset({"dsa_topk"} if o.dsa_topk else ()))
+    results = engine.generate(arm, [EngineRequest(rid, "default", tuple(ids), o.max_tokens) for rid, ids in rows])
+    text = "".join(json.dumps(r) + "\n" for r in results)
     if out is None:
         print(text, end="")
         return

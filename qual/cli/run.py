@@ -12,8 +12,10 @@ from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict, print_warnings
-from qual.engines.registry import get_engine
+from qual.engines.registry import ENGINES, get_engine
 from qual.errors import QualError
+from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DRAFT_KV_MODES,
+                          DSA_TOPK_MODES, SHARDED)
 from qual.paths import DEFAULT_HISTORY
 
 
@@ -25,21 +27,23 @@ def run_command(
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter checkpoint directory, in place of the profile's."),
     dcp: Optional[int] = typer.Option(None, "--dcp", help="Candidate DCP size (default: the profile's, else 4); the control is DCP 1."),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="reference (default) | vllm | attach (the default "
-                                         "with --control-url/--candidate-url)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help=f"{' | '.join(ENGINES)} (default {DEFAULT_ENGINE}; "
+                                         "attach with --control-url/--candidate-url)."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus name or JSONL path (default: the profile's)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Replay only the first K requests."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Max new tokens per request."),
-    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="replicated (the fix; default) | sharded (legacy)."),
+    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help=f"{' | '.join(DRAFT_KV_MODES)} (default "
+                                           f"{DEFAULT_DRAFT_KV}: the fix; {SHARDED}: the legacy bug)."),
     temperature: float = typer.Option(0.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
     gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules: a YAML path or a shipped gate's name (nightly, the default; nightly-baseline)."),
     out: Optional[str] = typer.Option(None, "--out", help="Output directory (default ./reports/<time>-<model>-dcp<N>/)."),
     history: Optional[str] = typer.Option(None, "--history", help=f"History database (default ./{DEFAULT_HISTORY})."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu (default) | cuda."),
+    device: Optional[str] = typer.Option(None, "--device", help=f"cpu | cuda | cuda:N (default {DEFAULT_DEVICE})."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
-    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help="Sparse-attention targets under DCP: exact "
-                                           "(default; the global top-k) | union (each rank's local top-k)."),
+    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help=f"Sparse-attention targets under DCP: "
+                                           f"{' | '.join(DSA_TOPK_MODES)} (default {DEFAULT_DSA_TOPK}: the global "
+                                           f"top-k; else each rank's local top-k)."),
     baseline: Optional[str] = typer.Option(
         None, "--baseline", help="Also compare each arm with an earlier run: a run directory or result.json, a history "
         "id, or history:last-pass (the run pinned for this configuration, else its newest passing run)."),
@@ -66,7 +70,7 @@ def run_command(
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
     else:
         if engine is None:
-            engine = "attach" if control_url or candidate_url else "reference"
+            engine = "attach" if control_url or candidate_url else DEFAULT_ENGINE
         options = run_options(model=model, target=target, draft=draft, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,

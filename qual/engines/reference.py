@@ -8,13 +8,13 @@ import signal
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Literal
 
 from pydantic import PositiveInt, field_validator
 
 import qual
 from qual.engines.base import KNOBS, Engine
 from qual.errors import QualError
+from qual.options import DEFAULT_DCP_COMM, DEFAULT_DSA_TOPK, DcpComm
 from qual.provenance import local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult
 from qual.runtime.backends import parse_backend
@@ -55,7 +55,7 @@ class ReferenceOptions(Section):
     max_prefill_tokens: PositiveInt = _ENGINE["max_prefill_tokens"].default
     cuda_graph_sizes: list[PositiveInt] | None = None  # None: DEFAULT_SIZES on CUDA
     backend: str = _ENGINE["backend"].default  # see qual/runtime/backends
-    dcp_comm: Literal["a2a", "ag_rs"] = "a2a"  # how DCP partial attentions are merged
+    dcp_comm: DcpComm = DEFAULT_DCP_COMM  # how DCP partial attentions are merged
     # decode steps a launch runs back to back where async decode is taken (EngineConfig.steps_per_launch)
     steps_per_launch: PositiveInt = _ENGINE["steps_per_launch"].default
 
@@ -79,7 +79,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         parallel=ParallelConfig(arm.tp, arm.dcp, arm.interleave, o.dcp_comm),
         cache=CacheConfig(block_size=o.block_size, memory_bytes=o.kv_memory_mib * 2**20),
         draft_kv=arm.draft_kv,
-        num_speculative_tokens=arm.num_speculative_tokens if arm.draft_path else None,
+        num_speculative_tokens=arm.num_speculative_tokens if arm.draft_path else None,  # None: the drafter's block
         dtype=arm.dtype,
         device=arm.device,
         max_model_len=arm.extra.get("max_model_len", _ENGINE["max_model_len"].default),
@@ -88,7 +88,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         max_prefill_tokens=o.max_prefill_tokens,
         backend=o.backend,
         steps_per_launch=o.steps_per_launch,
-        dsa_topk=arm.dsa_topk or "exact",
+        dsa_topk=arm.dsa_topk or DEFAULT_DSA_TOPK,
         phase_times=phase_times_on(),
     )
 
@@ -111,10 +111,11 @@ class ReferenceEngine(Engine):
 
             rank_context(arm.device)
         target, _ = _runtime().validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
-        sparse = "dsa_topk" in getattr(target.model_class, "options", ())
+        sparse = target.model_class.sparse_attention
         if "dsa_topk" in requested and not sparse:
             raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
-        return replace(arm, dsa_topk=(arm.dsa_topk or "exact") if sparse else None)
+        # What runs: the top-k mode where the target has one (asked, or the default), None where it has none
+        return replace(arm, dsa_topk=(arm.dsa_topk or DEFAULT_DSA_TOPK) if sparse else None)
 
     def context_needed(self, arm: ArmConfig, prompt_tokens: int, max_tokens: int) -> int:
         # The runtime reserves one verify step (the last token plus K drafts) beyond max_tokens.
@@ -126,20 +127,17 @@ class ReferenceEngine(Engine):
         c.pop("extra")
         return json.dumps(c)
 
-    @staticmethod
-    def generate(target: str, draft: str | None, requests: list[tuple[str, list[int]]], *, tp: int, dcp: int,
-                 max_tokens: int, dtype: str, temperature: float, seed: int, device: str, dsa_topk: str) -> list[dict]:
-        """`qual generate`: the requests through the runtime as they are, one dict per request, in input order."""
-        engine = _runtime()
-        GenerationRequest, LLMEngine, validate = engine.GenerationRequest, engine.LLMEngine, engine.validate
-        cfg = EngineConfig(target, draft, ParallelConfig(tp, dcp), dtype=dtype, device=device, dsa_topk=dsa_topk,
-                           max_model_len=max(len(ids) for _, ids in requests) + max_tokens + 64)
-        if "dsa_topk" not in getattr(validate(cfg)[0].model_class, "options", ()) and dsa_topk != "exact":
-            raise QualError(f"--dsa-topk {dsa_topk}: the target has no sparse attention")
-        gen = [GenerationRequest(rid, tuple(ids), max_tokens) for rid, ids in requests]
-        with LLMEngine(cfg) as engine:
-            results = engine.generate(gen, SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens))
-        return [{"id": r.id, "prompt_token_ids": r.prompt_token_ids, "output_token_ids": r.output_token_ids} for r in results]
+    def generate(self, arm: ArmConfig, requests: list[EngineRequest]) -> list[dict]:
+        """`qual generate`: the requests through the runtime as they are (no journal, no result), one dict per
+        request in input order; the arm comes through preflight first, as a run's does."""
+        runtime = _runtime()
+        sampling = SamplingParams(temperature=arm.sampling.temperature, seed=arm.sampling.seed,
+                                  max_tokens=arm.sampling.max_tokens)
+        gen = [runtime.GenerationRequest(r.id, tuple(r.prompt_token_ids), r.max_tokens, r.category) for r in requests]
+        with runtime.LLMEngine(engine_config(arm)) as engine:
+            results = engine.generate(gen, sampling)
+        return [{"id": r.id, "prompt_token_ids": r.prompt_token_ids, "output_token_ids": r.output_token_ids}
+                for r in results]
 
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:

@@ -8,7 +8,6 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
@@ -24,16 +23,14 @@ from qual.files import write_text
 from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
 from qual.history import check_history
-from qual.profiles import DTYPES, load_profile
+from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
+                          DEVICE_PATTERN, MAX_SEED, DraftKv, DsaTopk, Dtype, check_layout)
+from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
-from qual.validation import describe_error, read_config_text
+from qual.validation import describe_error, parse_flags, read_config_text
 
 PLAN_FILE = "run.json"
-DRAFT_KV_MODES = ("replicated", "sharded")
-DSA_TOPK_MODES = ("exact", "union")
-DEFAULT_DCP = 4  # the candidate's DCP size when neither --dcp nor the profile says
-MAX_SEED = 2**63 - 1  # seeds travel as int64 (numpy, torch, vLLM's sampling params)
 
 
 def _text():
@@ -56,19 +53,19 @@ class RunOptions:
     draft: str | None = _text()
     dcp: int | None = Field(None, ge=1)  # default: the profile's dcp, else DEFAULT_DCP
     tp: int | None = Field(None, ge=1)  # default: the profile's tp, else the DCP size
-    engine: str = Field("reference", min_length=1)
+    engine: str = Field(DEFAULT_ENGINE, min_length=1)
     corpus: str | None = _text()
     limit: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    draft_kv: Literal[DRAFT_KV_MODES] | None = None  # default: replicated (reference) or what the vLLM build does
-    temperature: float = Field(0.0, ge=0)
+    draft_kv: DraftKv | None = None  # default: DEFAULT_DRAFT_KV (reference) or what the vLLM build does
+    temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     gate: str | None = _text()
     out: str | None = _text()
     history: str | None = _text()
-    device: str | None = Field(None, pattern=r"^(cpu|cuda(:[0-9]+)?)$")  # default: cpu
-    dtype: Literal[DTYPES] | None = None
-    dsa_topk: Literal[DSA_TOPK_MODES] | None = None  # sparse-attention targets: exact (default) | union
+    device: str | None = Field(None, pattern=DEVICE_PATTERN)  # default: DEFAULT_DEVICE
+    dtype: Dtype | None = None
+    dsa_topk: DsaTopk | None = None  # sparse-attention targets (default: the engine's, DEFAULT_DSA_TOPK)
     baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
     # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
     control_url: str | None = _text()
@@ -110,12 +107,7 @@ class RunOptions:
 
 def run_options(**values) -> RunOptions:
     """RunOptions from the command line; a bad value is a QualError naming its flag."""
-    try:
-        return RunOptions(**values)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        flag = "--" + str(err["loc"][0]).replace("_", "-")
-        raise QualError(f"{flag}: {describe_error(exc).partition(': ')[2]}") from None
+    return parse_flags(RunOptions, **values)
 
 
 @dataclass
@@ -281,8 +273,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     profile = _with_checkpoints(load_profile(o.model), o)
     dcp = o.dcp or profile.dcp or DEFAULT_DCP
     tp = o.tp or profile.tp or dcp
-    if tp % dcp:  # every engine's DCP groups split the TP group (docs/dcp.md)
-        raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
+    check_layout(tp, dcp)
     gate_path = str(gate_file(o.gate) if o.gate else paths.DEFAULT_GATE)
     gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
     if o.baseline is None and needs_baseline(gate):
@@ -305,11 +296,11 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     if profile.weights_dtype is not None:  # the cast the profile asked for is part of what ran
         extra["weights_dtype"] = profile.weights_dtype
     candidate = ArmConfig(
-        engine=o.engine, model=profile.name, dcp=dcp, tp=tp, draft_kv=o.draft_kv or "replicated",
+        engine=o.engine, model=profile.name, dcp=dcp, tp=tp, draft_kv=o.draft_kv or DEFAULT_DRAFT_KV,
         target_path=profile.target_path, draft_path=profile.draft_path,
         num_speculative_tokens=profile.num_speculative_tokens,
         sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
-        interleave=profile.interleave, dtype=dtype, device=o.device or "cpu", extra=extra, dsa_topk=o.dsa_topk,
+        interleave=profile.interleave, dtype=dtype, device=o.device or DEFAULT_DEVICE, extra=extra, dsa_topk=o.dsa_topk,
     )
     arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
     if engine.attaches:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qual.errors import QualError
+from qual.options import (DCP_COMM_MODES, DEFAULT_DCP_COMM, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK,
+                          DEFAULT_DTYPE, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES, check_choice, check_device,
+                          check_layout, check_temperature)
 from qual.runtime.backends import parse_backend
 
-DRAFT_KV_MODES = ("replicated", "sharded")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
 # Batch sizes captured as CUDA graphs by default (qual/runtime/cuda_graphs.py); a step pads to the next one.
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -20,15 +21,11 @@ class ParallelConfig:
     tp: int = 1
     dcp: int = 1
     interleave: int = 1
-    dcp_comm: str = "a2a"  # merge of partial attention: "a2a" (one all-to-all) | "ag_rs" (all-gather LSE + reduce-scatter)
+    dcp_comm: str = DEFAULT_DCP_COMM  # merge of partial attention (qual.options.DCP_COMM_MODES)
 
     def __post_init__(self):
-        if self.dcp_comm not in ("a2a", "ag_rs"):
-            raise QualError(f"dcp_comm must be a2a or ag_rs (got {self.dcp_comm!r})")
-        if self.tp < 1 or self.dcp < 1 or self.interleave < 1:
-            raise QualError(f"tp, dcp and interleave must be >= 1 (got tp={self.tp}, dcp={self.dcp}, interleave={self.interleave})")
-        if self.tp % self.dcp:
-            raise QualError(f"constraint tp % dcp == 0 violated: tp={self.tp} is not divisible by dcp={self.dcp}")
+        check_choice("dcp_comm", self.dcp_comm, DCP_COMM_MODES)
+        check_layout(self.tp, self.dcp, self.interleave)
 
     @property
     def world_size(self) -> int:
@@ -80,10 +77,10 @@ class EngineConfig:
     draft_path: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    draft_kv: str = "replicated"
+    draft_kv: str = DEFAULT_DRAFT_KV
     num_speculative_tokens: int | None = None  # None: drafter block_size - 1
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = DEFAULT_DTYPE
+    device: str = DEFAULT_DEVICE
     max_num_seqs: int = 64
     max_prefill_tokens: int = 8192  # padded tokens per prefill chunk (and admitted per step)
     max_model_len: int = 2048
@@ -92,9 +89,7 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes to capture (CUDA only)
     static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
     backend: str = "reference"  # kernel backend by name (qual/runtime/backends): reference = PyTorch only
-    # Sparse-attention (DSA) top-k under DCP, for targets that have it: "exact" = the global top-k (equals DCP 1);
-    # "union" = each rank's local top-k, unioned (cheaper in the field; another attended set)
-    dsa_topk: str = "exact"
+    dsa_topk: str = DEFAULT_DSA_TOPK  # sparse-attention top-k under DCP, for targets that have it (qual.options)
     phase_times: bool = False  # rank 0 times the host phases of generate (LLMEngine.phase_times); off: no-op laps
     # Greedy decode steps of an unchanged batch are launched before the last one's results are read, the device
     # advancing the step's inputs itself (docs/PERFORMANCE.md). Taken where decode runs at static shapes on one
@@ -111,20 +106,16 @@ class EngineConfig:
     prefill_graph_tokens: int = 4096
 
     def __post_init__(self):
-        if self.draft_kv not in DRAFT_KV_MODES:
-            raise QualError(f"draft_kv must be one of {', '.join(DRAFT_KV_MODES)} (got {self.draft_kv!r})")
-        if self.dtype not in DTYPES:
-            raise QualError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise QualError(f"device must be cpu or cuda (got {self.device!r})")
+        check_choice("draft_kv", self.draft_kv, DRAFT_KV_MODES)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_device("device", self.device)
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
             raise QualError(f"num_speculative_tokens must be >= 1 (got {self.num_speculative_tokens})")
         if self.max_num_seqs < 1 or self.max_model_len < 2:
             raise QualError("max_num_seqs must be >= 1 and max_model_len >= 2")
         self.parallel.check_block_size(self.cache.block_size)
         parse_backend(self.backend).check(self.device, self.dtype, self.parallel.tp)
-        if self.dsa_topk not in ("exact", "union"):
-            raise QualError(f"dsa_topk must be exact or union (got {self.dsa_topk!r})")
+        check_choice("dsa_topk", self.dsa_topk, DSA_TOPK_MODES)
         if self.steps_per_launch < 1:
             raise QualError(f"steps_per_launch must be >= 1 (got {self.steps_per_launch})")
         if self.prefill_graph_tokens < 0:
@@ -143,7 +134,6 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise QualError(f"temperature must be >= 0 (got {self.temperature})")
+        check_temperature("temperature", self.temperature)
         if self.max_tokens < 1:
             raise QualError(f"max_tokens must be >= 1 (got {self.max_tokens})")

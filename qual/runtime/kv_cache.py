@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from qual.errors import QualError
+from qual.options import DRAFT_KV_MODES, SHARDED, check_choice
 from qual.runtime.geometry import blocks_needed
 
 
@@ -29,7 +30,9 @@ class KVCacheSpec:
     """
 
     kind: str
-    sharded: bool  # True: DCP geometry (virtual block B*N); False: replicated, DCP1 geometry on every rank
+    # qual.options.DRAFT_KV_MODES, the two geometries of any group: "sharded" = DCP geometry (virtual block B*N);
+    # "replicated" = DCP 1 geometry on every rank. A drafter's group takes the run's draft_kv as it is.
+    replication: str
     dtype_bytes: int
     num_kv_heads: int = 0  # gqa: KV heads on one rank
     head_dim: int = 0  # gqa: per head; latent, pooled, ring: the vector width
@@ -41,6 +44,7 @@ class KVCacheSpec:
     ring: int = 0  # ring: slots per request
 
     def __post_init__(self):
+        check_choice("cache replication", self.replication, DRAFT_KV_MODES)
         if self.kind not in KINDS:
             raise QualError(f"KV cache spec kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
         if self.kind in PER_REQUEST and self.sharded:
@@ -51,8 +55,8 @@ class KVCacheSpec:
             raise QualError(f"pool must be >= 1 (got {self.pool})")
 
     @property
-    def replication(self) -> str:
-        return "sharded" if self.sharded else "replicated"
+    def sharded(self) -> bool:
+        return self.replication == SHARDED
 
     def entry_bytes(self) -> int:
         """Bytes one cache entry (a token, or a pool for "pooled") costs per layer (0 for a state)."""

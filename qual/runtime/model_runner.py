@@ -8,10 +8,11 @@ import torch
 
 from qual.runtime import spec_decode
 from qual.runtime.backends import parse_backend
+from qual.options import DTYPES
 from qual.runtime.config import EngineConfig
 from qual.runtime.geometry import blocks_needed
 from qual.runtime.kv_cache import KVCacheGroup, table_tensor
-from qual.runtime.models.base import DraftMeta, TargetMeta
+from qual.runtime.models.base import DraftMeta, ModelOptions, TargetMeta
 from qual.runtime.cache_views import StepShape, build_view, draft_mask, view_geometry, view_width
 from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorStore, key_view, write_slots
 from qual.runtime.parallel import Comm
@@ -32,7 +33,7 @@ class DecodeInputs:
     ctx_features: torch.Tensor | None = None  # [Tc, n*hidden]
 
 
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}  # qual.options names them as torch does
 
 
 def num_cache_blocks(cfg: EngineConfig, groups: list[KVCacheGroup]) -> int:
@@ -50,8 +51,8 @@ class ModelRunner:
         self.draft_cfg = draft_spec.config if draft_spec else None
         aux = self.draft_cfg.aux_layer_ids if self.draft_cfg else ()
         target_cls = target_spec.model_class
-        options = {k: getattr(cfg, k) for k in getattr(target_cls, "options", ())}  # e.g. dsa_topk
-        self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend, **options)
+        options = ModelOptions(dsa_topk=cfg.dsa_topk)
+        self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend, options)
         if self.backend.fused_decode:
             from qual.runtime.backends.fused_decode import FusedDecode
 

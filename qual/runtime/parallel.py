@@ -12,6 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from qual.options import DEFAULT_DCP_COMM
+
 # The ranks' own TCP links (gloo pairs, NCCL bootstrap) bind this interface: every rank is on one host, and the
 # libraries' default (the address the host name resolves to) can be one the network reaches.
 LOOPBACK_IFNAME = "lo" if sys.platform.startswith("linux") else "lo0"
@@ -49,7 +51,7 @@ class Comm:
     tp_group: object | None = None
     dcp_group: object | None = None
     device: torch.device = torch.device("cpu")
-    dcp_comm: str = "a2a"  # how DCP partial attention results are merged: "a2a" | "ag_rs"
+    dcp_comm: str = DEFAULT_DCP_COMM  # how DCP partial attention results are merged (qual.options.DCP_COMM_MODES)
 
     @property
     def tp_rank(self) -> int:
@@ -108,7 +110,7 @@ class Comm:
         return x
 
 
-def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: str, timeout_s: float, dcp_comm: str = "a2a") -> Comm:
+def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: str, timeout_s: float, dcp_comm: str = DEFAULT_DCP_COMM) -> Comm:
     """Join the process group and build the DCP sub-groups (consecutive ranks)."""
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)

@@ -14,11 +14,11 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from qual.records import ArmConfig
 from qual.engines.vllm.install import REPO_ROOT, VllmInstall
 from qual.errors import QualError
+from qual.options import DcpComm
 from qual.redact import redact_env
 from qual.validation import Section, parse_section
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-DCP_COMM_BACKENDS = ("ag_rs", "a2a")
 PER_REQUEST_METRICS = ("auto", "none", "summary", "detailed")
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
 HOST = "127.0.0.1"
@@ -51,7 +51,7 @@ class VllmOptions(Section):
     block_size: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     attention_backend: str | None = None
-    dcp_comm_backend: Literal[DCP_COMM_BACKENDS] | None = None  # only passed when DCP > 1
+    dcp_comm_backend: DcpComm | None = None  # only passed when DCP > 1
     cudagraph_mode: str | None = None
     cudagraph_capture_sizes: list[PositiveInt] | None = None
     enforce_eager: bool = False

@@ -25,13 +25,13 @@ from qual.engines.vllm.engine import SpecDecodeCounts
 from qual.engines.vllm.facts import ServerFacts, read_facts
 from qual.engines.vllm.metrics import SpecCounters
 from qual.errors import EngineError, QualError
+from qual.options import NOT_OBSERVED
 from qual.records import (GRAPH_NOT_OBSERVED, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture,
                           OnResult, RequestResult)
 from qual.validation import Section, parse_section
 
 PER_REQUEST, METRICS_DIFF = "per_request_metrics", "metrics_diff"  # RequestResult.acceptance_source
 COUNTER_SETTLE_S = 5.0  # /metrics is updated just after the reply is sent
-NOT_OBSERVABLE = "unknown"  # a fact of the server's build that its API does not expose
 # Knobs an attached arm cannot apply and cannot check. Its dcp, tp, dtype are expectations, checked where reported.
 REFUSED = {"draft_kv": "--draft-kv: an attached server's build decides draft-KV replication, and its API does not say",
            "device": "--device: an attached server runs where its deployment put it"}
@@ -96,8 +96,8 @@ class AttachEngine(Engine):
             raise QualError(REFUSED[knob])
         spec = ServerSpec.of(arm)
         facts = self._attach(arm, spec, _options(arm))
-        device = facts.config("device_config").get("device") or NOT_OBSERVABLE  # where the deployment put it
-        return replace(arm, draft_kv=NOT_OBSERVABLE, device=str(device),
+        device = facts.config("device_config").get("device") or NOT_OBSERVED  # where the deployment put it
+        return replace(arm, draft_kv=NOT_OBSERVED, device=str(device),
                        extra={**arm.extra, "attach": {**(arm.extra.get("attach") or {}),
                                                       "served_model_name": self._model(arm, spec, facts)}})
 
@@ -383,6 +383,6 @@ def _facts(arm: ArmConfig, spec: ServerSpec, facts: ServerFacts, sources: dict[s
         "exclusive": spec.exclusive,
         "verified": {knob: {"expected": e, "reported": r, "source": s} for knob, (e, r, s) in _verified(arm, facts).items()},
         # Facts of the build's source, which a server's API does not expose: `qual doctor` on its machine tells.
-        "draft_kv_replicated_in_build": NOT_OBSERVABLE,
-        **({"dflash_context_knorm_per_layer_in_build": NOT_OBSERVABLE} if arm.draft_path else {}),
+        "draft_kv_replicated_in_build": NOT_OBSERVED,
+        **({"dflash_context_knorm_per_layer_in_build": NOT_OBSERVED} if arm.draft_path else {}),
     }

@@ -21,6 +21,7 @@ from qual.engines.vllm.metrics import SpecCounters
 from qual.engines.vllm.server import VllmServer, free_port
 from qual.errors import EngineError, QualError
 from qual.files import WriteError, write_text
+from qual.options import NOT_OBSERVED, REPLICATED, SHARDED
 from qual.validation import parse_section
 
 DCP_NEEDS_GPU = "vLLM DCP>1 needs GPUs: the CPU attention backend returns no softmax LSE"
@@ -77,7 +78,7 @@ def _cuda_available() -> bool:
 
 
 # vLLM has no switch for draft-KV replication: the build decides (`qual doctor` reads which it does).
-DRAFT_KV_BY_VERDICT = {"yes": "replicated", "no": "sharded", "unknown": "unknown"}
+DRAFT_KV_BY_VERDICT = {"yes": REPLICATED, "no": SHARDED, "unknown": NOT_OBSERVED}
 
 
 class VllmEngine(Engine):

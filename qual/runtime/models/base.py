@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from qual.options import DEFAULT_DSA_TOPK
 from qual.runtime.kv_cache import KVCacheGroup
 from qual.runtime.paged import KeyView, KVStore
 
@@ -48,6 +49,13 @@ class DraftMeta:
     masks: dict[str, torch.Tensor] = field(default_factory=dict)  # group -> [R, K+1, S + K+1]: [context ; block] keys
 
 
+@dataclass(frozen=True)
+class ModelOptions:
+    """What a run asks of a target beyond its checkpoint (from EngineConfig); a target reads the fields it has."""
+
+    dsa_topk: str = DEFAULT_DSA_TOPK  # sparse-attention targets: the top-k under DCP (qual.options.DSA_TOPK_MODES)
+
+
 class TargetModel(Protocol):
     """A target architecture on one rank."""
 
@@ -63,13 +71,13 @@ class TargetModel(Protocol):
     @staticmethod
     def check_parallel(cfg: Any, parallel) -> None: ...  # QualError if the head layout cannot take tp / dcp
 
-    options: tuple[str, ...]  # EngineConfig fields the constructor takes as keywords (optional; e.g. dsa_topk)
+    sparse_attention: bool  # the target selects what it attends (DSA), so ModelOptions.dsa_topk applies to it
 
     @staticmethod
     def cache_groups(cfg: Any, comm, dtype_bytes: int, num_speculative_tokens: int) -> list[KVCacheGroup]: ...
 
     def __init__(self, path: str | Path, cfg: Any, comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...],
-                 backend, **options) -> None: ...
+                 backend, options: ModelOptions) -> None: ...
 
     def state_parts(self, group: str) -> dict: ...  # a "state" group's {part: (shape, dtype)} (targets with one)
 

@@ -48,7 +48,7 @@ class DFlashDrafter:
         by_name: dict[str, KVCacheGroup] = {}
         for i in range(cfg.layers.num_hidden_layers):
             sliding = cfg.layer_sliding(i)
-            spec = KVCacheSpec("gqa", sharded=draft_kv == "sharded", dtype_bytes=dtype_bytes, num_kv_heads=dl.num_kv_heads,
+            spec = KVCacheSpec("gqa", replication=draft_kv, dtype_bytes=dtype_bytes, num_kv_heads=dl.num_kv_heads,
                                head_dim=dl.head_dim, window=cfg.sliding_window if sliding else draft_window,
                                attention="sliding" if sliding else "full", causal=cfg.layer_causal(i))
             g = KVCacheGroup(group_name(sliding), spec, (f"draft.{i}",))

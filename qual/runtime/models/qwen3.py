@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from qual.checkpoints.io import load_weights, require
 from qual.checkpoints.qwen3 import MODEL_TYPE, Qwen3Config
 from qual.errors import QualError
+from qual.options import SHARDED
 from qual.runtime.attention import attention_with_lse
 from qual.runtime.config import ParallelConfig
 from qual.runtime.dcp_attention import dcp_combine
 from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
-from qual.runtime.models.base import TargetMeta
+from qual.runtime.models.base import ModelOptions, TargetMeta
 from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, project_qkv, rms_norm
 from qual.runtime.paged import KVStore, pad_queries, unpad
 from qual.runtime.parallel import Comm
@@ -24,6 +25,8 @@ GROUP = "target"  # one cache group: every layer's K/V, sequence-sharded under D
 
 class Qwen3Target:
     """This rank's shard of a Qwen3 target."""
+
+    sparse_attention = False  # dense attention: no top-k to choose
 
     @staticmethod
     def parse_config(raw: dict, path: Path) -> Qwen3Config:
@@ -41,11 +44,11 @@ class Qwen3Target:
     @staticmethod
     def cache_groups(cfg: Qwen3Config, comm: Comm, dtype_bytes: int, num_speculative_tokens: int = 0) -> list[KVCacheGroup]:
         lay = HeadLayout.for_rank(cfg, comm)
-        spec = KVCacheSpec("gqa", sharded=True, dtype_bytes=dtype_bytes, num_kv_heads=lay.num_kv_heads, head_dim=lay.head_dim)
+        spec = KVCacheSpec("gqa", replication=SHARDED, dtype_bytes=dtype_bytes, num_kv_heads=lay.num_kv_heads, head_dim=lay.head_dim)
         return [KVCacheGroup(GROUP, spec, tuple(f"target.{i}" for i in range(cfg.num_hidden_layers)))]
 
     def __init__(self, path: str | Path, cfg: Qwen3Config, comm: Comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...],
-                 backend):
+                 backend, options: ModelOptions):
         self.cfg, self.config = cfg, cfg
         dev = comm.device
         weights = load_weights(path)

@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from qual.errors import QualError
+from qual.options import REPLICATED, SHARDED
 from qual.runtime.config import ParallelConfig
 from qual.runtime.dcp_attention import dcp_combine
 from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
-from qual.runtime.models.base import TargetMeta
+from qual.runtime.models.base import ModelOptions, TargetMeta
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, LINEAR, Glm5Config, parse_glm5_config
 from qual.runtime.models.glm5.dsa import compress_pools, index_key, index_query, pool_scores, tail_ring_size
@@ -39,7 +40,6 @@ from qual.runtime.models.layers import Rope, rms_norm
 from qual.runtime.paged import pad_queries, unpad
 
 MODEL_TYPES = ("glm5_next_text", "glm5_next")
-DSA_TOPK = ("exact", "union")
 LATENT, INDEX, TAIL, KDA = "latent", "index", "index_tail", "kda"
 
 
@@ -61,7 +61,7 @@ class _Layers:
 class Glm5Target:
     """This rank's shard of a GLM-5.3-Flash text stack (the vision tower is not loaded)."""
 
-    options = ("dsa_topk",)  # EngineConfig fields this target takes
+    sparse_attention = True  # DSA: ModelOptions.dsa_topk decides the top-k under DCP
 
     @staticmethod
     def parse_config(raw: dict, path: Path) -> Glm5Config:
@@ -82,24 +82,22 @@ class Glm5Target:
         H, D, C = cfg.linear_num_heads // comm.tp_size, cfg.linear_head_dim, 3 * cfg.linear_num_heads // comm.tp_size
         state = (1 + num_speculative_tokens) * (C * D * (cfg.linear_conv_kernel_dim - 1) * dtype_bytes + H * D * D * acc_bytes)
         groups = [
-            KVCacheGroup(LATENT, KVCacheSpec("latent", True, dtype_bytes, head_dim=cfg.kv_lora_rank + cfg.mla_rope_dim),
+            KVCacheGroup(LATENT, KVCacheSpec("latent", SHARDED, dtype_bytes, head_dim=cfg.kv_lora_rank + cfg.mla_rope_dim),
                          names(lay.indexed)),
-            KVCacheGroup(INDEX, KVCacheSpec("pooled", True, dtype_bytes, head_dim=cfg.index_head_dim, pool=cfg.index_kpool),
+            KVCacheGroup(INDEX, KVCacheSpec("pooled", SHARDED, dtype_bytes, head_dim=cfg.index_head_dim, pool=cfg.index_kpool),
                          names(lay.full)),
-            KVCacheGroup(TAIL, KVCacheSpec("ring", False, dtype_bytes, head_dim=2 * cfg.index_head_dim,
+            KVCacheGroup(TAIL, KVCacheSpec("ring", REPLICATED, dtype_bytes, head_dim=2 * cfg.index_head_dim,
                                            ring=tail_ring_size(cfg.index_kpool, num_speculative_tokens)), names(lay.full)),
-            KVCacheGroup(KDA, KVCacheSpec("state", False, dtype_bytes, state_bytes=state), names(lay.linear)),
+            KVCacheGroup(KDA, KVCacheSpec("state", REPLICATED, dtype_bytes, state_bytes=state), names(lay.linear)),
         ]
         return [g for g in groups if g.layers]
 
     def __init__(self, path: str | Path, cfg: Glm5Config, comm, dtype: torch.dtype, aux_layer_ids: tuple[int, ...],
-                 backend, dsa_topk: str = "exact"):
-        if dsa_topk not in DSA_TOPK:
-            raise QualError(f"dsa_topk must be one of {', '.join(DSA_TOPK)} (got {dsa_topk!r})")
+                 backend, options: ModelOptions):
         if backend.parts:
             raise QualError(f"backend {backend.name}: the GLM-5 target runs the reference backend only")
         self.cfg = self.config = cfg
-        self.comm, self.dtype, self.dsa_topk = comm, dtype, dsa_topk
+        self.comm, self.dtype, self.dsa_topk = comm, dtype, options.dsa_topk
         self.w = load_glm5_weights(path, comm.tp_rank, comm.tp_size, dtype, comm.device)
         if self.w.lm_head is None:
             raise QualError(f"{path}: a bare text model (no lm_head) cannot be a target")

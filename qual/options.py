@@ -1,0 +1,72 @@
+"""The run options' vocabulary: every value an option may take and its default, spelled here and nowhere else.
+
+The command line, the plan, profiles, `qual generate`, the engines and the runtime config read these names (a test
+fails on a list of these values or a default spelled anywhere else: tests/test_options.py). No torch, no engine:
+every layer may import it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from qual.errors import QualError
+
+# Floating-point types a run computes in (torch's names)
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+DEFAULT_DTYPE = "float32"
+Dtype = Literal[DTYPES]
+
+# The drafter's KV cache under DCP: one copy on every DCP rank (the fix), or sequence-sharded like the target's
+# (the legacy bug qual exists to catch: a drafter has no LSE merge, docs/dflash.md)
+DRAFT_KV_MODES = REPLICATED, SHARDED = ("replicated", "sharded")
+DEFAULT_DRAFT_KV = REPLICATED
+DraftKv = Literal[DRAFT_KV_MODES]
+# What an arm records where the engine cannot observe it (an attached server's build decides and does not say)
+NOT_OBSERVED = "unknown"
+
+# Sparse-attention (DSA) top-k under DCP: the global top-k, equal to DCP 1; or each rank's own, unioned
+DSA_TOPK_MODES = ("exact", "union")
+DEFAULT_DSA_TOPK = "exact"
+DsaTopk = Literal[DSA_TOPK_MODES]
+
+# How DCP ranks merge their partial attention: one all-to-all, or an all-gather of the LSEs and a reduce-scatter
+DCP_COMM_MODES = ("a2a", "ag_rs")
+DEFAULT_DCP_COMM = "a2a"
+DcpComm = Literal[DCP_COMM_MODES]
+
+DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?)$"
+DEFAULT_DEVICE = "cpu"
+
+DEFAULT_ENGINE = "reference"  # the engines' names are the registry's (qual/engines/registry.py)
+
+DEFAULT_DCP = 4  # the candidate's DCP size when neither --dcp nor the profile says
+DEFAULT_TEMPERATURE = 0.0  # greedy
+MAX_SEED = 2**63 - 1  # seeds travel as int64 (numpy, torch, vLLM's sampling params)
+
+
+def check_choice(what: str, value, allowed: tuple[str, ...]) -> str:
+    """value if it is one of allowed, else a QualError naming `what`."""
+    if value not in allowed:
+        raise QualError(f"{what} must be one of {', '.join(allowed)} (got {value!r})")
+    return value
+
+
+def check_device(what: str, value: str) -> str:
+    if not (value == "cpu" or value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit())):
+        raise QualError(f"{what} must be cpu, cuda or cuda:N (got {value!r})")
+    return value
+
+
+def check_temperature(what: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise QualError(f"{what} must be a finite number >= 0 (got {value!r})")
+    return float(value)
+
+
+def check_layout(tp: int, dcp: int, interleave: int = 1) -> None:
+    """TP and DCP sizes every engine can run: DCP groups split the TP group (docs/dcp.md)."""
+    if tp < 1 or dcp < 1 or interleave < 1:
+        raise QualError(f"tp, dcp and interleave must be >= 1 (got tp={tp}, dcp={dcp}, interleave={interleave})")
+    if tp % dcp:
+        raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
