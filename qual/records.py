@@ -48,6 +48,67 @@ class ArmConfig:
         return redact_sections(asdict(self))
 
 
+@dataclass
+class AcceptanceCounts:
+    """Speculative-decoding counts of one request, or of many summed: the one spelling of each count (vLLM's
+    definitions, docs/vllm.md). Every engine's counts, the statistics and the toy trainer's evaluation are these.
+
+    drafts: verify steps that carried proposals (vLLM: num_drafts); draft_tokens: proposals verified
+    (num_draft_tokens); accepted_tokens: proposals accepted (num_accepted_tokens); accepted_per_position[i]: steps
+    whose proposal at position i was accepted (a proposal counts only after every one before it was).
+    + and - make new counts (coverage.py's Numbers); record_step adds one verify step in place, which is what the
+    runtime's host loop does for every request of every step.
+    """
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record_step(self, accepted: int, k: int) -> None:
+        """One verify step of k proposals of which the first `accepted` were accepted."""
+        if len(self.accepted_per_position) < k:
+            self.accepted_per_position += [0] * (k - len(self.accepted_per_position))
+        self.drafts += 1
+        self.draft_tokens += k
+        self.accepted_tokens += accepted
+        for j in range(accepted):
+            self.accepted_per_position[j] += 1
+
+    def __add__(self, other: "AcceptanceCounts") -> "AcceptanceCounts":
+        return self._combine(other, 1)
+
+    def __sub__(self, other: "AcceptanceCounts") -> "AcceptanceCounts":
+        return self._combine(other, -1)
+
+    def _combine(self, other: "AcceptanceCounts", sign: int) -> "AcceptanceCounts":
+        k = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        mine, theirs = self.padded(k).accepted_per_position, other.padded(k).accepted_per_position
+        return AcceptanceCounts(self.drafts + sign * other.drafts, self.draft_tokens + sign * other.draft_tokens,
+                                self.accepted_tokens + sign * other.accepted_tokens,
+                                [a + sign * b for a, b in zip(mine, theirs)])
+
+    def padded(self, k: int) -> "AcceptanceCounts":
+        """The same counts over exactly k positions (zeros where there are fewer, the first k where more)."""
+        per = list(self.accepted_per_position[:k]) + [0] * max(0, k - len(self.accepted_per_position))
+        return AcceptanceCounts(self.drafts, self.draft_tokens, self.accepted_tokens, per)
+
+    def result_fields(self) -> dict:
+        """These counts as a RequestResult's fields (its JSON line keeps them flat)."""
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "accepted_per_position": list(self.accepted_per_position)}
+
+    @property
+    def rate(self) -> float | None:
+        """Accepted / draft tokens (None before any draft)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted / drafts: the tokens a verify step commits on average (None before any draft)."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """A corpus request after tokenization: both arms receive identical token ids."""
@@ -79,6 +140,10 @@ class RequestResult:
     # Where drafts/accepted counts came from, where the engine had a choice: "per_request_metrics" (the server's reply)
     # or "metrics_diff" (/metrics counters before and after, one request at a time); None: the engine counted itself.
     acceptance_source: str | None = None
+
+    @property
+    def counts(self) -> AcceptanceCounts:
+        return AcceptanceCounts(self.drafts, self.draft_tokens, self.accepted_tokens, list(self.accepted_per_position))
 
     def to_json(self) -> dict:
         return asdict(self)

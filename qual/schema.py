@@ -21,10 +21,13 @@ from typing import Any, Union
 
 from qual.records import ArmConfig, GraphCapture
 from qual.result import SCHEMA, ArmResult, Result
+from qual.stats import AcceptanceJson
 
 COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "result.schema.json"
-# Fields whose record holds the JSON form of another record (ArmResult keeps its config as a dict).
-JSON_FORM: dict[tuple[type, str], Any] = {(ArmResult, "config"): ArmConfig, (ArmResult, "graph_capture"): GraphCapture}
+# Fields whose JSON form another type describes (ArmResult keeps its config as a dict; an arm's acceptance is written
+# as its counts and the rates derived from them).
+JSON_FORM: dict[tuple[type, str], Any] = {(ArmResult, "config"): ArmConfig, (ArmResult, "graph_capture"): GraphCapture,
+                                          (ArmResult, "acceptance"): AcceptanceJson}
 ARMS = ("control", "candidate")  # Result's two ArmResult fields, written under "arms"
 
 

@@ -9,11 +9,11 @@ for "no token was accepted".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, TypedDict
 
 import numpy as np
 
-from qual.records import RequestResult
+from qual.records import AcceptanceCounts, RequestResult
 from qual.errors import QualError
 
 DEFAULT_RESAMPLES = 2000
@@ -33,8 +33,7 @@ def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
 
 
-@dataclass(frozen=True)
-class Acceptance:
+class AcceptanceJson(TypedDict):
     """One arm's acceptance, summed over requests (vLLM's definitions)."""
 
     rate: float | None  # accepted / draft tokens
@@ -46,47 +45,65 @@ class Acceptance:
     per_position: list[float | None]  # accepted_at_i / drafts
     per_position_conditional: list[float | None]  # accepted_at_i / accepted_at_(i-1)
 
-    def to_json(self) -> dict:
-        return {
-            "rate": self.rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "drafts": self.drafts,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "accepted_per_position": list(self.accepted_per_position),
-            "per_position": list(self.per_position),
-            "per_position_conditional": list(self.per_position_conditional),
-        }
+
+@dataclass(frozen=True)
+class Acceptance:
+    """One arm's acceptance: its counts summed over requests, and the rates derived from them (vLLM's definitions);
+    result.json arms.<arm>.acceptance."""
+
+    counts: AcceptanceCounts
+
+    @property
+    def rate(self) -> float | None:  # accepted / draft tokens
+        return self.counts.rate
+
+    @property
+    def mean_acceptance_length(self) -> float | None:  # 1 + accepted / drafts
+        return self.counts.mean_acceptance_length
+
+    @property
+    def drafts(self) -> int:
+        return self.counts.drafts
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.counts.draft_tokens
+
+    @property
+    def accepted_tokens(self) -> int:
+        return self.counts.accepted_tokens
+
+    @property
+    def accepted_per_position(self) -> list[int]:
+        return list(self.counts.accepted_per_position)
+
+    @property
+    def per_position(self) -> list[float | None]:
+        """accepted at position i / drafts."""
+        return [_ratio(n, self.drafts) for n in self.counts.accepted_per_position]
+
+    @property
+    def per_position_conditional(self) -> list[float | None]:
+        """accepted at i / accepted at i - 1: position i can only be accepted where i - 1 was (i = 0: / drafts)."""
+        per = self.counts.accepted_per_position
+        return self.per_position[:1] + [_ratio(per[i], per[i - 1]) for i in range(1, len(per))]
+
+    def to_json(self) -> AcceptanceJson:
+        return {"rate": self.rate, "mean_acceptance_length": self.mean_acceptance_length, "drafts": self.drafts,
+                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "accepted_per_position": self.accepted_per_position, "per_position": self.per_position,
+                "per_position_conditional": self.per_position_conditional}
 
     @classmethod
     def from_json(cls, data: dict) -> "Acceptance":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        """The counts of a result.json's acceptance (the rates there are derived from them, and derived again)."""
+        return cls(AcceptanceCounts(data["drafts"], data["draft_tokens"], data["accepted_tokens"],
+                                    list(data["accepted_per_position"])))
 
 
 def acceptance_summary(requests: Sequence[RequestResult]) -> Acceptance:
-    """Sum drafts / draft tokens / accepted tokens over requests and derive the rates."""
-    drafts = sum(r.drafts for r in requests)
-    draft_tokens = sum(r.draft_tokens for r in requests)
-    accepted = sum(r.accepted_tokens for r in requests)
-    k = max((len(r.accepted_per_position) for r in requests), default=0)
-    per_pos = [0] * k
-    for r in requests:
-        for i, n in enumerate(r.accepted_per_position):
-            per_pos[i] += n
-    unconditional = [_ratio(n, drafts) for n in per_pos]
-    # Position i can only be accepted if i-1 was: condition on reaching it.
-    conditional = [unconditional[0]] if k else []
-    conditional += [_ratio(per_pos[i], per_pos[i - 1]) for i in range(1, k)]
-    return Acceptance(
-        rate=_ratio(accepted, draft_tokens),
-        mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
-        drafts=drafts,
-        draft_tokens=draft_tokens,
-        accepted_tokens=accepted,
-        accepted_per_position=per_pos,
-        per_position=unconditional,
-        per_position_conditional=conditional,
-    )
+    """The requests' counts summed, with the rates derived."""
+    return Acceptance(sum((r.counts for r in requests), AcceptanceCounts()))
 
 
 def pair_requests(

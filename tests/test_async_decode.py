@@ -167,7 +167,7 @@ def test_launches_of_several_steps_equal_step_by_step(tiny_pair, max_num_seqs):
 
 def test_plain_launches_of_several_steps_stop_at_the_last_token(tiny_pair):
     """Plain decoding commits one token a step, so a launch runs no more steps than the longest request still needs
-    (LLMEngine._run_steps): the steps run equal the tokens generated after each prefill's first."""
+    (scheduler.steps_to_launch): the steps run equal the tokens generated after each prefill's first."""
     sync, _ = decode(tiny_pair[0], None, async_decode=False)
     launches = {}
     out, _ = decode(tiny_pair[0], None, async_decode=True, steps_per_launch=4, launches=launches)

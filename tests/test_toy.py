@@ -297,7 +297,7 @@ def test_tiny_pipeline_end_to_end_on_cpu(tmp_path, monkeypatch):
     assert (out / "target" / "model.safetensors").exists() and (out / "draft" / "model.safetensors").exists()
     assert verify_manifest(out) == []
     manifest = json.loads((out / "MANIFEST.json").read_text())
-    assert manifest["eval"]["num_drafts"] > 0 and manifest["eval"]["mismatches_vs_greedy"] == 0
+    assert manifest["eval"]["drafts"] > 0 and manifest["eval"]["mismatches_vs_greedy"] == 0
     assert manifest["data"]["source"]["held_out_files"] > 0
     with safe_open(str(out / "draft" / "model.safetensors"), "pt") as f:
         assert "fc.weight" in f.keys() and not any(k.startswith("model.") for k in f.keys())
@@ -350,7 +350,7 @@ def test_tiny_glm5_pipeline_runs_in_the_runtime(tmp_path, monkeypatch):
     run(cfg, out, work, "cpu", list(STAGES), log=lambda _: None)
     config = json.loads((out / "target" / "config.json").read_text())
     assert config["model_type"] == "glm5_next" and config["text_config"]["layer_types"][-1] == "indexed_attention"
-    assert json.loads((out / "MANIFEST.json").read_text())["eval"]["num_drafts"] > 0
+    assert json.loads((out / "MANIFEST.json").read_text())["eval"]["drafts"] > 0
     prompt = list(range(5, 25))
     engine_cfg = EngineConfig(str(out / "target"), str(out / "draft"), ParallelConfig(2, 2), CacheConfig(block_size=4),
                               dtype="float32")

@@ -5,17 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from qual.engines.vllm.engine import SpecDecodeCounts, _sum
-from qual.engines.vllm.metrics import SpecCounters, parse_samples, parse_spec_counters
+from qual.engines.vllm.metrics import counts_from_reply, parse_samples, parse_spec_counters
+from qual.records import AcceptanceCounts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 
 
 def test_real_metrics_totals_and_per_position():
     c = parse_spec_counters((FIXTURES / "metrics_after_3_requests.txt").read_text())
-    assert c.present
     assert (c.drafts, c.draft_tokens, c.accepted_tokens) == (52, 364, 22)
-    assert c.accepted_per_position == (4, 3, 3, 3, 3, 3, 3)
+    assert c.accepted_per_position == [4, 3, 3, 3, 3, 3, 3]
 
 
 def test_created_series_and_other_totals_are_not_counted():
@@ -30,10 +29,10 @@ def test_created_series_and_other_totals_are_not_counted():
 def test_per_request_server_metrics_add_up_to_the_counters():
     """The three captured responses are the only requests that server saw."""
     lines = (FIXTURES / "completions_3_requests.jsonl").read_text().splitlines()
-    per_request = [SpecDecodeCounts.from_server(json.loads(x)["metrics"]["speculative_decoding"], 7) for x in lines]
-    total = _sum(per_request, 7)
+    per_request = [counts_from_reply(json.loads(x)["metrics"]["speculative_decoding"], 7) for x in lines]
+    total = sum(per_request, AcceptanceCounts())
     c = parse_spec_counters((FIXTURES / "metrics_after_3_requests.txt").read_text())
-    assert total == SpecDecodeCounts.from_counters(c, 7)
+    assert total == c.padded(7) and total.padded(7) == total
 
 
 def test_sums_across_engines_and_model_names():
@@ -51,22 +50,25 @@ def test_sums_across_engines_and_model_names():
         'vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="m",position="1"} 1.7e9',
     ])
     c = parse_spec_counters(text)
-    assert (c.drafts, c.draft_tokens, c.accepted_tokens, c.accepted_per_position) == (7, 49, 6, (4, 2))
+    assert (c.drafts, c.draft_tokens, c.accepted_tokens, c.accepted_per_position) == (7, 49, 6, [4, 2])
 
 
 def test_absent_series_and_label_escapes():
     c = parse_spec_counters('x_total{a="q\\"uote,}",b="back\\\\slash"} 1\n')
-    assert not c.present and c.drafts == 0
+    assert c == AcceptanceCounts()  # no spec-decode series: nothing counted
     [(name, labels, value)] = parse_samples('x_total{a="q\\"uote,}",b="back\\\\slash"} 1 1700000000\n')
     assert labels == {"a": 'q"uote,}', "b": "back\\slash"} and value == 1.0
 
 
 def test_difference_and_padding():
-    before = SpecCounters(2, 14, 3, (2, 1), True)
-    after = SpecCounters(5, 35, 7, (3, 2, 1), True)
+    before = AcceptanceCounts(2, 14, 3, [2, 1])
+    after = AcceptanceCounts(5, 35, 7, [3, 2, 1])
     d = after - before
-    assert (d.drafts, d.draft_tokens, d.accepted_tokens, d.accepted_per_position) == (3, 21, 4, (1, 1, 1))
-    assert d.per_position(5) == [1, 1, 1, 0, 0]
+    assert (d.drafts, d.draft_tokens, d.accepted_tokens, d.accepted_per_position) == (3, 21, 4, [1, 1, 1])
+    assert d.padded(5).accepted_per_position == [1, 1, 1, 0, 0] and d + before == after
+    assert (d.rate, d.mean_acceptance_length) == (4 / 21, 1 + 4 / 3)
+    d.record_step(2, 3)
+    assert (d.drafts, d.draft_tokens, d.accepted_tokens, d.accepted_per_position) == (4, 24, 6, [2, 2, 1])
 
 
 @pytest.mark.parametrize("bad", ["vllm:spec_decode_num_drafts_total{engine=0} 1", "no value here"])

@@ -97,7 +97,7 @@ class EngineConfig:
     async_decode: bool = True
     # Decode steps a launch runs back to back (one CUDA graph of that many steps), read in one copy: the host's
     # per-launch work (schedule, inputs, launch) is paid once for them. Taken with async decode only (the device
-    # advances each step's inputs); a run stops at the steps the batch is expected to need (LLMEngine._run_steps), a
+    # advances each step's inputs); a run stops at the steps the batch is expected to need (scheduler.steps_to_launch), a
     # request that finishes inside it is read as finished and its later rows are dropped. 1: a step a launch.
     steps_per_launch: int = 1
     # Prefill chunks of up to this many padded tokens (prompts x longest prompt, each rounded up to a power of two)

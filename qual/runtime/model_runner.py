@@ -103,14 +103,14 @@ class ModelRunner:
         static = cfg.static_shapes or bool(cfg.cuda_graph_sizes and comm.device.type == "cuda")
         self.async_decode = cfg.async_decode and static and comm.tp_size == 1
         # Steps a launch may run: several only where the device advances each step's inputs itself
-        self.run_steps = cfg.steps_per_launch if self.async_decode else 1
+        self.steps_per_launch = cfg.steps_per_launch if self.async_decode else 1
         # Static-shape eager steps' input buffers by their size in numbers (one per padded batch): (flat, feats)
         self._static_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self, cfg.cuda_graph_sizes, self.run_steps)
+            self.graphs = DecodeGraphs(self, cfg.cuda_graph_sizes, self.steps_per_launch)
         # Prefill at padded shapes: captured where the decode graphs are, run eagerly at those shapes under
         # static_shapes (the CPU tests' view of what the graphs run)
         self.prefill_graphs = None
@@ -127,6 +127,19 @@ class ModelRunner:
             self.prefill_graphs.release()
         if self.backend.compile_mode:
             torch._dynamo.reset()  # this runner's compiled entries would count against the next one's limit
+
+    def graph_record(self) -> dict:
+        """This rank's CUDA-graph record: decode graphs, prefill graphs, the kernel backend."""
+        backend = self.backend.record()
+        prefill = self.prefill_graphs.record() if self.prefill_graphs else None
+        if self.graphs is None:
+            why = "CUDA graphs need a CUDA device" if self.cfg.device == "cpu" else "CUDA graphs disabled (no capture sizes)"
+            return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why,
+                    "backend": backend, "prefill": prefill}
+        record = {**self.graphs.record(), "backend": backend, "prefill": prefill}
+        if prefill and prefill["status"] == "captured":  # prefill chunks replayed from graphs too, not decode only
+            record["mode"] = "FULL"
+        return record
 
     @property
     def kv_bytes(self) -> dict[str, int]:
@@ -295,7 +308,7 @@ class ModelRunner:
         fit = self.graphs.fit(batch_size) if self.graphs is not None else None
         return fit or 1 << (batch_size - 1).bit_length()
 
-    def can_advance(self, batch_size: int) -> bool:
+    def can_launch_ahead(self, batch_size: int) -> bool:
         """Whether a decode step of batch_size requests can be launched ahead (async decode): it runs at static
         shapes, from a graph or eagerly."""
         return self.async_decode and (self.cfg.static_shapes or (self.graphs is not None and self.graphs.holds(batch_size)))

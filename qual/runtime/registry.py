@@ -63,3 +63,26 @@ def draft_spec(path: str | Path) -> ModelSpec:
                         f"drafter (supported: {', '.join(DRAFTERS)})")
     ref = DRAFTERS[archs[0]]
     return ModelSpec(str(path), _load(ref).parse_config(raw, Path(path)), ref)
+
+
+def validate(cfg) -> tuple[ModelSpec, ModelSpec | None]:
+    """Read both checkpoints' configs (once) and check every constraint of an EngineConfig before any process starts."""
+    target = target_spec(cfg.target_path)
+    target.model_class.check_parallel(target.config, cfg.parallel)
+    draft = None
+    if cfg.draft_path:
+        draft = draft_spec(cfg.draft_path)
+        draft.model_class.check_parallel(draft.config, cfg.parallel)
+        block = draft.config.block_size
+        if cfg.num_speculative_tokens is not None and cfg.num_speculative_tokens > block - 1:
+            raise QualError(f"num_speculative_tokens={cfg.num_speculative_tokens} exceeds what the drafter's block "
+                            f"allows (block_size {block}: the last token plus at most {block - 1} drafts)")
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise QualError("device cuda requested but CUDA is not available")
+        if torch.cuda.device_count() < cfg.parallel.world_size:
+            raise QualError(f"tp={cfg.parallel.world_size} needs {cfg.parallel.world_size} GPUs; "
+                            f"{torch.cuda.device_count()} visible")
+    return target, draft

@@ -7,11 +7,10 @@ Device side: `propose` runs the drafter over [last token, MASK * K] and picks K 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
-from qual.runtime.sampling import greedy
+from qual.runtime.sampling import choose_tokens, greedy, top2_margins
 from qual.runtime.step_args import NUMBERS, context_sources
 
 
@@ -113,28 +112,16 @@ def accept(drafts: list[int], targets: list[int]) -> int:
     return a
 
 
-@dataclass
-class SpecStats:
-    """One request's speculative-decoding counts (vLLM's definitions, docs/vllm.md)."""
+def choose(logits: torch.Tensor, request_ids: list[str], first_positions: list[int], sampling) -> tuple[list, list]:
+    """Token choices and top-2 margins for logits [R, Q, V], as lists per request (sampling: SamplingParams).
 
-    k: int
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    # (committed tokens when drafted, proposals): lets a comparison find draft steps taken at identical context
-    draft_steps: list[list] = field(default_factory=list)
-
-    def __post_init__(self):
-        self.accepted_per_pos = self.accepted_per_pos or [0] * self.k
-
-    def record(self, num_committed: int, proposals: list[int], targets: list[int]) -> int:
-        """Count one verify step; returns how many drafts were accepted (a: commit a + 1 target tokens)."""
-        a = accept(proposals, targets)
-        self.drafts += 1
-        self.draft_tokens += self.k
-        self.accepted += a
-        for j in range(a):
-            self.accepted_per_pos[j] += 1
-        self.draft_steps.append([num_committed, proposals])
-        return a
+    Greedy picks happen where the logits are, so only [R, Q] numbers cross to the host; sampling draws its
+    position-keyed noise on the CPU (the same text on every device).
+    """
+    if sampling.temperature == 0:  # tokens and margins in one copy
+        tokens, margins, _ = unpack_choices(pack_choices(logits, None).cpu(), logits.shape[1])
+        return tokens, margins
+    margins = top2_margins(logits).tolist()
+    host = logits.float().cpu()
+    return [choose_tokens(host[i], sampling.temperature, sampling.seed, rid, n)
+            for i, (rid, n) in enumerate(zip(request_ids, first_positions))], margins

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from qual.records import AcceptanceCounts
 from qual.runtime.spec_decode import accept
 from qual.toy.drafter import DFlashDrafter, anchor_block_mask
 from qual.toy.train_draft import aux_features
@@ -15,31 +16,30 @@ from qual.toy.train_draft import aux_features
 
 @dataclass(slots=True)
 class EvalStats:
-    """Acceptance counts of the training-time evaluation, in vLLM's vocabulary (docs/vllm.md); rates derived."""
+    """The training-time evaluation: its acceptance counts (qual.records.AcceptanceCounts) and what else it saw."""
 
+    counts: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     num_requests: int = 0
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
     output_tokens: int = 0
     greedy_checked: int = 0  # requests also decoded plainly
     mismatches_vs_greedy: int = 0  # of those, outputs that differ (0 in exact math)
 
     @property
     def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / max(1, self.num_draft_tokens)
+        return self.counts.rate or 0.0
 
     @property
     def mean_acceptance_length(self) -> float:
-        return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
+        return self.counts.mean_acceptance_length or 1.0
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["acceptance_rate"] = round(self.acceptance_rate, 4)
-        d["mean_acceptance_length"] = round(self.mean_acceptance_length, 4)
-        d["per_position_rate"] = [round(a / max(1, self.num_drafts), 4) for a in self.accepted_per_position]
-        return d
+        """The manifest's eval record: the counts under their one spelling, the rest, and the rates derived."""
+        drafts = max(1, self.counts.drafts)
+        return {"num_requests": self.num_requests, **self.counts.result_fields(), "output_tokens": self.output_tokens,
+                "greedy_checked": self.greedy_checked, "mismatches_vs_greedy": self.mismatches_vs_greedy,
+                "acceptance_rate": round(self.acceptance_rate, 4),
+                "mean_acceptance_length": round(self.mean_acceptance_length, 4),
+                "per_position_rate": [round(a / drafts, 4) for a in self.counts.accepted_per_position]}
 
 
 @torch.no_grad()
@@ -75,11 +75,7 @@ def speculative_greedy(target, drafter: DFlashDrafter, prompt: list[int], max_ne
         out = target(input_ids=torch.cat([seq, drafts], dim=1), output_hidden_states=True)
         choice = out.logits[0, n - 1 :].argmax(-1)  # [K+1]: target's token after seq, after d1, ...
         accepted = accept(drafts[0].tolist(), choice[:k].tolist())
-        stats.num_drafts += 1
-        stats.num_draft_tokens += k
-        stats.num_accepted_tokens += accepted
-        for i in range(accepted):
-            stats.accepted_per_position[i] += 1
+        stats.counts.record_step(accepted, k)
         new = torch.cat([drafts[0, :accepted], choice[accepted : accepted + 1]])
         if (new == eos_token_id).any():
             new = new[: int((new == eos_token_id).nonzero()[0]) + 1]
@@ -103,7 +99,7 @@ def plain_greedy(target, prompt: list[int], max_new: int, eos_token_id: int) -> 
 def evaluate(target, drafter: DFlashDrafter, prompts: list[list[int]], max_new: int, mask_token_id: int,
              eos_token_id: int, log: Callable[[str], None], greedy_check: int = 0) -> EvalStats:
     """Acceptance over `prompts` (token ids), greedy, K = block_size - 1."""
-    stats = EvalStats(accepted_per_position=[0] * (drafter.shape.block_size - 1))
+    stats = EvalStats(AcceptanceCounts().padded(drafter.shape.block_size - 1))
     t0 = time.time()
     for i, prompt in enumerate(prompts):
         out = speculative_greedy(target, drafter, prompt, max_new, mask_token_id, eos_token_id, stats)

@@ -21,13 +21,12 @@ from pydantic import PositiveFloat
 
 from qual.engines.base import Engine
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
-from qual.engines.vllm.engine import SpecDecodeCounts
 from qual.engines.vllm.facts import ServerFacts, read_facts
-from qual.engines.vllm.metrics import SpecCounters
+from qual.engines.vllm.metrics import counts_from_reply
 from qual.errors import EngineError, QualError
 from qual.options import NOT_OBSERVED
-from qual.records import (GRAPH_NOT_OBSERVED, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture,
-                          OnResult, RequestResult)
+from qual.records import (GRAPH_NOT_OBSERVED, AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest,
+                          GraphCapture, OnResult, RequestResult)
 from qual.validation import Section, parse_section
 
 PER_REQUEST, METRICS_DIFF = "per_request_metrics", "metrics_diff"  # RequestResult.acceptance_source
@@ -196,7 +195,7 @@ class _Replay:
         self.arm, self.spec, self.client, self.log, self.log_path, self.run_dir = arm, spec, client, log, log_path, run_dir
         self.k = arm.num_speculative_tokens if arm.draft_path else 0
         self.sources = {PER_REQUEST: 0, METRICS_DIFF: 0}
-        self.finished: list[SpecDecodeCounts] = []
+        self.finished: list[AcceptanceCounts] = []
         self.output_tokens = 0
 
     def run(self, requests: list[EngineRequest], on_result: OnResult) -> tuple[dict[str, int], int]:
@@ -246,14 +245,14 @@ class _Replay:
             raise self._went_away(*failure)
 
     def _finish(self, req: EngineRequest, completion: Completion, seconds: float, on_result: OnResult,
-                last: SpecCounters | None) -> SpecCounters | None:
+                last: AcceptanceCounts | None) -> AcceptanceCounts | None:
         """This request's result (journaled by on_result); the /metrics counters after it where they are read."""
         if completion.spec_decode is not None:
-            counts, source = SpecDecodeCounts.from_server(completion.spec_decode, self.k), PER_REQUEST
+            counts, source = counts_from_reply(completion.spec_decode, self.k), PER_REQUEST
             if last is not None:
                 last = self._settled(last, counts)
         elif self.k == 0:
-            counts, source = SpecDecodeCounts(0, 0, 0, ()), None
+            counts, source = AcceptanceCounts(), None
         elif last is not None:  # --exclusive at concurrency 1: the counters moved by this request alone
             last, counts = self._diff(last)
             source = METRICS_DIFF
@@ -270,20 +269,19 @@ class _Replay:
                        f"[{source or 'no drafter'}], {seconds:.2f} s")
         on_result(RequestResult(
             id=req.id, category=req.category, prompt_token_ids=list(completion.prompt_token_ids),
-            output_token_ids=list(completion.output_token_ids), drafts=counts.drafts,
-            draft_tokens=counts.draft_tokens, accepted_tokens=counts.accepted_tokens,
-            accepted_per_position=list(counts.accepted_per_position), finish_reason=completion.finish_reason,
+            output_token_ids=list(completion.output_token_ids), **counts.result_fields(),
+            finish_reason=completion.finish_reason,
             acceptance_source=source,
         ))
         return last
 
-    def _counters(self, when: str) -> SpecCounters:
+    def _counters(self, when: str) -> AcceptanceCounts:
         try:
             return self.client.spec_counters()
         except (ClientError, ValueError) as exc:
             raise EngineError(f"{self.spec.who}: /metrics unreadable {when} ({exc})", self.log_path) from exc
 
-    def _diff(self, last: SpecCounters) -> tuple[SpecCounters, SpecDecodeCounts]:
+    def _diff(self, last: AcceptanceCounts) -> tuple[AcceptanceCounts, AcceptanceCounts]:
         """The counters once they stop moving (two equal reads), and what moved since `last`."""
         now = self._counters("after a request")
         deadline = time.monotonic() + COUNTER_SETTLE_S
@@ -293,26 +291,24 @@ class _Replay:
             if again == now:
                 break
             now = again
-        return now, SpecDecodeCounts.from_counters(now - last, self.k)
+        return now, (now - last).padded(self.k)
 
-    def _settled(self, last: SpecCounters, expected: SpecDecodeCounts) -> SpecCounters:
+    def _settled(self, last: AcceptanceCounts, expected: AcceptanceCounts) -> AcceptanceCounts:
         """The counters once they show this request (exclusive runs check the totals at the end)."""
         deadline = time.monotonic() + COUNTER_SETTLE_S
         while True:
             now = self._counters("after a request")
-            if SpecDecodeCounts.from_counters(now - last, self.k) == expected or time.monotonic() >= deadline:
+            if (now - last).padded(self.k) == expected or time.monotonic() >= deadline:
                 return now
             time.sleep(0.05)
 
-    def _check_totals(self, baseline: SpecCounters) -> None:
+    def _check_totals(self, baseline: AcceptanceCounts) -> None:
         """On a server the run had to itself, the requests' numbers add up to what its counters moved by."""
         k = self.k
-        ours = SpecDecodeCounts(sum(c.drafts for c in self.finished), sum(c.draft_tokens for c in self.finished),
-                                sum(c.accepted_tokens for c in self.finished),
-                                tuple(sum(c.accepted_per_position[i] for c in self.finished) for i in range(k)))
+        ours = sum(self.finished, AcceptanceCounts()).padded(k)
         deadline = time.monotonic() + COUNTER_SETTLE_S
         while True:
-            theirs = SpecDecodeCounts.from_counters(self._counters("after the last request") - baseline, k)
+            theirs = (self._counters("after the last request") - baseline).padded(k)
             if theirs == ours or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)

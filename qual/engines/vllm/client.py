@@ -7,7 +7,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from qual.engines.vllm.metrics import SpecCounters, parse_spec_counters
+from qual.engines.vllm.metrics import parse_spec_counters
+from qual.records import AcceptanceCounts
 
 
 class ClientError(Exception):
@@ -80,7 +81,7 @@ class VllmClient:
             raise ClientError(f"/tokenize: no token list in the reply: {str(body)[:200]}")
         return tokens
 
-    def spec_counters(self) -> SpecCounters:
+    def spec_counters(self) -> AcceptanceCounts:
         """The server's cumulative spec-decode counters."""
         return parse_spec_counters(self.metrics_text())
 

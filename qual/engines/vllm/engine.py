@@ -12,12 +12,13 @@ from dataclasses import replace
 
 from qual.engines.base import KNOBS, Engine
 from qual.provenance import local_host
-from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult, RequestResult
+from qual.records import (AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult,
+                          RequestResult)
 from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, serve_command
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.install import NOT_FOUND, REPO_ROOT, VllmInstall, locate
 from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
-from qual.engines.vllm.metrics import SpecCounters
+from qual.engines.vllm.metrics import counts_from_reply
 from qual.engines.vllm.server import VllmServer, free_port
 from qual.errors import EngineError, QualError
 from qual.files import WriteError, write_text
@@ -27,39 +28,6 @@ from qual.validation import parse_section
 DCP_NEEDS_GPU = "vLLM DCP>1 needs GPUs: the CPU attention backend returns no softmax LSE"
 # /metrics is updated just after the response is sent; how long to wait for it to settle.
 COUNTER_SETTLE_S = 5.0
-
-
-@dataclass(frozen=True)
-class SpecDecodeCounts:
-    """Spec-decode numbers of one request, as the server counts them."""
-
-    drafts: int
-    draft_tokens: int
-    accepted_tokens: int
-    accepted_per_position: tuple[int, ...]
-
-    @classmethod
-    def from_counters(cls, delta: SpecCounters, k: int) -> "SpecDecodeCounts":
-        return cls(delta.drafts, delta.draft_tokens, delta.accepted_tokens, tuple(delta.per_position(k)))
-
-    @classmethod
-    def from_server(cls, metrics: dict, k: int) -> "SpecDecodeCounts":
-        """From the response's metrics.speculative_decoding (vLLM's per-request metrics)."""
-        hist = list(metrics["acceptance_histogram"])  # hist[j]: verify steps that accepted exactly j drafts
-        # Position i is accepted in every step that accepted more than i drafts (greedy prefix rule).
-        per_pos = tuple(sum(hist[i + 1 :]) for i in range(k))
-        return cls(int(metrics["num_spec_steps"]), int(metrics["num_draft_tokens"]),
-                   int(metrics["num_accepted_draft_tokens"]), per_pos)
-
-    def counters(self) -> SpecCounters:
-        return SpecCounters(self.drafts, self.draft_tokens, self.accepted_tokens, self.accepted_per_position, True)
-
-
-def _sum(items: list[SpecDecodeCounts], k: int) -> SpecDecodeCounts:
-    return SpecDecodeCounts(
-        sum(a.drafts for a in items), sum(a.draft_tokens for a in items), sum(a.accepted_tokens for a in items),
-        tuple(sum(a.accepted_per_position[i] for a in items) for i in range(k)),
-    )
 
 
 def _cuda_of(torch_version: str | None) -> str | None:
@@ -257,7 +225,7 @@ class VllmEngine(Engine):
         k = arm.num_speculative_tokens if arm.draft_path else 0
         baseline = self._counters(server, client, "before the first request")
         last = baseline
-        done: list[SpecDecodeCounts] = []
+        done: list[AcceptanceCounts] = []
         output_tokens = 0
         for req in requests:
             try:
@@ -271,21 +239,20 @@ class VllmEngine(Engine):
             on_result(RequestResult(
                 id=req.id, category=req.category,
                 prompt_token_ids=list(req.prompt_token_ids), output_token_ids=completion.output_token_ids,
-                drafts=acc.drafts, draft_tokens=acc.draft_tokens, accepted_tokens=acc.accepted_tokens,
-                accepted_per_position=list(acc.accepted_per_position), finish_reason=completion.finish_reason,
+                **acc.result_fields(), finish_reason=completion.finish_reason,
                 acceptance_source=("per_request_metrics" if completion.spec_decode else "metrics_diff") if k else None,
             ))
         self._check_totals(server, client, baseline, done, k)
         return output_tokens
 
     def _acceptance(self, server: VllmServer, client: VllmClient, completion: Completion,
-                    last: SpecCounters, k: int, req_id: str) -> tuple[SpecDecodeCounts, SpecCounters]:
-        """This request's numbers, and the counters after it (polled until /metrics caught up)."""
-        expected = SpecDecodeCounts.from_server(completion.spec_decode, k) if completion.spec_decode else None
+                    last: AcceptanceCounts, k: int, req_id: str) -> tuple[AcceptanceCounts, AcceptanceCounts]:
+        """This request's numbers, and the server's counters after it (polled until /metrics caught up)."""
+        expected = counts_from_reply(completion.spec_decode, k) if completion.spec_decode else None
         deadline = time.monotonic() + COUNTER_SETTLE_S
         now = self._counters(server, client, f"after request {req_id}")
         while True:
-            delta = SpecDecodeCounts.from_counters(now - last, k)
+            delta = (now - last).padded(k)
             if expected is not None and delta == expected:
                 break
             time.sleep(0.05)
@@ -295,18 +262,18 @@ class VllmEngine(Engine):
             now = again
             if time.monotonic() >= deadline:
                 break  # the end-of-arm check reports the mismatch with totals
-        return (expected if expected is not None else SpecDecodeCounts.from_counters(now - last, k)), now
+        return (expected if expected is not None else (now - last).padded(k)), now
 
-    def _counters(self, server: VllmServer, client: VllmClient, when: str) -> SpecCounters:
+    def _counters(self, server: VllmServer, client: VllmClient, when: str) -> AcceptanceCounts:
         try:
             return client.spec_counters()
         except (ClientError, ValueError) as exc:
             raise self._died(server, f"/metrics unreadable {when} ({exc})") from exc
 
-    def _check_totals(self, server: VllmServer, client: VllmClient, baseline: SpecCounters,
-                      done: list[SpecDecodeCounts], k: int) -> None:
-        ours = _sum(done, k)
-        theirs = SpecDecodeCounts.from_counters(self._counters(server, client, "after the last request") - baseline, k)
+    def _check_totals(self, server: VllmServer, client: VllmClient, baseline: AcceptanceCounts,
+                      done: list[AcceptanceCounts], k: int) -> None:
+        ours = sum(done, AcceptanceCounts()).padded(k)
+        theirs = (self._counters(server, client, "after the last request") - baseline).padded(k)
         if ours != theirs:
             raise EngineError(
                 f"per-request acceptance does not add up to the server's /metrics counters: "

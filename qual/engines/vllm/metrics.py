@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from qual.records import AcceptanceCounts
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -46,61 +47,36 @@ def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     return samples
 
 
-@dataclass(frozen=True)
-class SpecCounters:
-    """Cumulative spec-decode counters of one server, summed over its engines."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_per_position: tuple[int, ...] = field(default_factory=tuple)
-    present: bool = False  # the server exposed the spec-decode series at all
-
-    def __sub__(self, before: "SpecCounters") -> "SpecCounters":
-        k = max(len(self.accepted_per_position), len(before.accepted_per_position))
-        now = _padded(self.accepted_per_position, k)
-        old = _padded(before.accepted_per_position, k)
-        return SpecCounters(
-            drafts=self.drafts - before.drafts,
-            draft_tokens=self.draft_tokens - before.draft_tokens,
-            accepted_tokens=self.accepted_tokens - before.accepted_tokens,
-            accepted_per_position=tuple(a - b for a, b in zip(now, old)),
-            present=self.present,
-        )
-
-    def per_position(self, k: int) -> list[int]:
-        """Accepted counts at draft positions 0..k-1 (zeros where the server has no series)."""
-        return list(_padded(self.accepted_per_position, k))
-
-
-def _padded(values: tuple[int, ...], k: int) -> tuple[int, ...]:
-    return tuple(values[:k]) + (0,) * max(0, k - len(values))
-
-
 def _as_int(value: float, name: str) -> int:
     if value != int(value):
         raise ValueError(f"{name} is not an integer count: {value}")
     return int(value)
 
 
-def parse_spec_counters(text: str) -> SpecCounters:
-    """Sum the `_total` spec-decode series across engine/model labels (never the `_created` ones)."""
+def parse_spec_counters(text: str) -> AcceptanceCounts:
+    """The server's cumulative spec-decode counters: the `_total` series summed across engine/model labels (never
+    the `_created` ones); zeros where it exposes none."""
     totals = {DRAFTS: 0.0, DRAFT_TOKENS: 0.0, ACCEPTED: 0.0}
     per_pos: dict[int, float] = {}
-    present = False
     for name, labels, value in parse_samples(text):
         if name in totals:
             totals[name] += value
-            present = True
         elif name == ACCEPTED_PER_POS:
             pos = int(labels["position"])
             per_pos[pos] = per_pos.get(pos, 0.0) + value
-            present = True
     k = max(per_pos) + 1 if per_pos else 0
-    return SpecCounters(
+    return AcceptanceCounts(
         drafts=_as_int(totals[DRAFTS], DRAFTS),
         draft_tokens=_as_int(totals[DRAFT_TOKENS], DRAFT_TOKENS),
         accepted_tokens=_as_int(totals[ACCEPTED], ACCEPTED),
-        accepted_per_position=tuple(_as_int(per_pos.get(i, 0.0), ACCEPTED_PER_POS) for i in range(k)),
-        present=present,
+        accepted_per_position=[_as_int(per_pos.get(i, 0.0), ACCEPTED_PER_POS) for i in range(k)],
     )
+
+
+def counts_from_reply(metrics: dict, k: int) -> AcceptanceCounts:
+    """One request's counts from its reply's metrics.speculative_decoding (vLLM's per-request metrics)."""
+    hist = list(metrics["acceptance_histogram"])  # hist[j]: verify steps that accepted exactly j drafts
+    # Position i is accepted in every step that accepted more than i drafts (greedy prefix rule).
+    per_pos = [sum(hist[i + 1 :]) for i in range(k)]
+    return AcceptanceCounts(int(metrics["num_spec_steps"]), int(metrics["num_draft_tokens"]),
+                            int(metrics["num_accepted_draft_tokens"]), per_pos)
