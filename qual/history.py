@@ -50,7 +50,7 @@ CREATE INDEX runs_series ON runs (model, config_key, created_at);
 """
 
 
-def _add_run_id(conn: sqlite3.Connection) -> None:
+def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
     # A run (its run.json's run_id) is recorded once: resuming a finished run does not add a second row.
     conn.execute("ALTER TABLE runs ADD COLUMN run_id TEXT")
     conn.execute("CREATE UNIQUE INDEX runs_run_id ON runs (run_id)")
@@ -66,7 +66,7 @@ def _configuration_of_row(config_json: str, corpus_fingerprint: str, n_requests:
         return None
 
 
-def _add_baselines(conn: sqlite3.Connection) -> None:
+def _migrate_v2_to_v3(conn: sqlite3.Connection) -> None:
     """Baselines: each run's configuration (what history:last-pass selects on), the baseline it was judged against,
     and one pinned run per configuration. Runs recorded before get their configuration from their stored config
     (n_requests stands for the replayed selection: they are equal whenever the control arm ran)."""
@@ -82,7 +82,7 @@ def _add_baselines(conn: sqlite3.Connection) -> None:
 
 # version v -> function migrating a v database to v+1 (inside the open transaction). A new database is
 # created at v1 and migrated, in the same transaction: one spelling of the schema.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_run_id, 2: _add_baselines}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1_to_v2, 2: _migrate_v2_to_v3}
 
 _COLUMNS = (
     "id", "created_at", "model", "engine", "engine_version", "dcp", "tp", "draft_kv", "config_key",

@@ -11,7 +11,7 @@ import torch
 
 from glm5_checkpoints import float64_islands, make_glm5, oracle, oracle_forward, single_thread, tiny_text  # noqa: F401
 
-from qual.runtime.models.glm5.reference import Glm5Reference
+from glm5_unpaged import Glm5Reference
 
 F64 = torch.float64
 KDA, MLA = "linear_attention", "indexed_attention"

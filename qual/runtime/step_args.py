@@ -174,9 +174,9 @@ class Readback:
         self._slots: list[list] = [[None, torch.cuda.Event() if self.cuda else None] for _ in range(2)]
         self._next = 0
 
-    def start(self, t: torch.Tensor) -> "Pending":
+    def start(self, t: torch.Tensor) -> "PendingReadback":
         if not self.cuda:
-            return Pending(t, None)
+            return PendingReadback(t, None)
         slot = self._slots[self._next]
         self._next ^= 1
         slot[1].synchronize()  # the copy two steps back was read before this slot is written again
@@ -185,11 +185,11 @@ class Readback:
         host = slot[0][: t.numel()].view(t.shape)
         host.copy_(t, non_blocking=True)
         slot[1].record()
-        return Pending(host, slot[1])
+        return PendingReadback(host, slot[1])
 
 
 @dataclass
-class Pending:
+class PendingReadback:
     """A readback under way: wait() gives the host tensor once its copy is done (valid until two more start)."""
 
     host: torch.Tensor

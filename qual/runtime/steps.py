@@ -48,6 +48,6 @@ class StepOutput:
 
     logits: torch.Tensor  # prefill: [R, V]; plain decode: [R, 1, V]; spec decode: [R, K+1, V]
     draft_tokens: torch.Tensor | None = None  # [R, K]
-    # step_args.Pending of pack_choices' [R, 2Q + K] (tokens, margins, proposals; prefill: Q = 1), a decode launch's
+    # step_args.PendingReadback of pack_choices' [R, 2Q + K] (tokens, margins, proposals; prefill: Q = 1), a decode launch's
     # stacked per step [steps, R, 2Q + K]
     choices: object = None

@@ -1,4 +1,5 @@
-"""A plain, unpaged forward of the GLM-5.3-Flash text stack with in-memory per-request caches.
+"""A test oracle: a plain, unpaged forward of the GLM-5.3-Flash text stack with in-memory per-request caches, built
+from the runtime's blocks (qual/runtime/models/glm5/) without its paging, TP processes or DCP.
 
 Prefill (in any number of pieces) runs one request at a time; verify runs R requests with Q new tokens each
 and keeps the KDA state after every position until commit() says how many were accepted; decode is a verify
