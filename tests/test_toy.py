@@ -96,7 +96,7 @@ def test_manifest_hashes_match_committed_files():
     assert set(manifest["files"]) >= {"target/config.json", "target/model.safetensors", "target/tokenizer.json",
                                       "draft/config.json", "draft/model.safetensors"}
     assert manifest["total_bytes"] <= 20 * 1024 * 1024
-    # README's bars: rate >= 30%, mean acceptance length >= 2.5; the committed drafter has 31.30%, 3.191.
+    # The toy pair's bars (docs/dflash.md): rate >= 30%, mean acceptance length >= 2.5; the committed drafter has 31.30%, 3.191.
     assert manifest["eval"]["mean_acceptance_length"] >= 3.1 and manifest["eval"]["acceptance_rate"] >= 0.30
     assert manifest["eval"]["mismatches_vs_greedy"] == 0
 

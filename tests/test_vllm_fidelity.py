@@ -105,7 +105,7 @@ def test_unpatched_vllm_shows_the_knorm_bug(embedded, unpatched):
     changed = differences(ref, got, ("accepted_per_position",))
     assert len(changed) > LIMIT // 2, changed  # most requests, not a stray one
     # The drafter's own 41.82% on this slice against 36.24% through the bug (37.33% vs 31.25% on the first 64
-    # prompts: README's fidelity row)
+    # prompts: docs/PERFORMANCE.md's fidelity row)
     assert f"{acceptance_rate(got):.2%}" == "36.24%" and f"{acceptance_rate(ref):.2%}" == "41.82%"
 
 

@@ -5,7 +5,7 @@ layers.i.{attention,mlp}_conv.* and candidate_selector.*; the embedding and LM h
 checkpoint ships its own.
 
 Every key of config.json and of its dflash_config is either read (ACCEPTED, with what it does here) or refused by
-name (REFUSED, with why); a key in neither table is refused as unknown. tests/test_dflash_config_keys.py takes the
+name (REFUSED, with why); a key in neither table is refused as unknown. tests/test_dflash_against_vllm.py takes the
 keys vLLM's loaders read from the installed vLLM's own source and checks each is in one of the tables.
 """
 

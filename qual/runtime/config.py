@@ -92,7 +92,7 @@ class EngineConfig:
     dsa_topk: str = DEFAULT_DSA_TOPK  # sparse-attention top-k under DCP, for targets that have it (qual.options)
     phase_times: bool = False  # rank 0 times the host phases of generate (LLMEngine.phase_times); off: no-op laps
     # Greedy decode steps of an unchanged batch are launched before the last one's results are read, the device
-    # advancing the step's inputs itself (docs/PERFORMANCE.md). Taken where decode runs at static shapes on one
+    # advancing the step's inputs itself (docs/ARCHITECTURE.md). Taken where decode runs at static shapes on one
     # rank (CUDA graphs, or static_shapes); elsewhere every step waits for the one before (LLMEngine.async_decode).
     async_decode: bool = True
     # Decode steps a launch runs back to back (one CUDA graph of that many steps), read in one copy: the host's

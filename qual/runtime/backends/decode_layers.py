@@ -1,8 +1,8 @@
 """Every decoder layer of a one-token target decode step in one persistent Triton kernel.
 
-Why: at batch 1 a compiled step is ~9 small kernels a layer, and each pays launch and ramp-up
-time larger than its share of the weight stream (docs/PERFORMANCE.md). Here one program per SM
-runs the whole step. Each layer is four phases, separated by grid-wide barriers:
+Why: at batch 1 a compiled step is several small kernels a layer, and each pays launch and ramp-up
+time larger than its share of the weight stream (docs/PERFORMANCE.md, "What limits it"). Here one
+program per SM runs the whole step. Each layer is four phases, separated by grid-wide barriers:
 
 1. RMSNorm, then the q/k/v projection (rows split across programs) into a float32 scratch.
 2. Per-head RMSNorm, RoPE, the KV write, and attention over the paged store, split by

@@ -21,8 +21,8 @@ except ImportError:  # CPU-only torch builds ship no Triton
     triton = None
 
 BLOCK_S = 64
-# 8 warps a program: 0.1-0.35 us faster than 4 at the 0.6B shape's decode (8 KV heads, 128-wide; 1 or 8 rows of 160 or
-# 1,000 keys: 7.35 -> 7.02 us at 8 x 160), the same results (one H200; docs/PERFORMANCE.md)
+# 8 warps a program: faster than 4 at the 0.6B shape's decode (8 KV heads, 128-wide; 1 or 8 rows of 160 or 1,000
+# keys; one H200), with bit-identical results
 NUM_WARPS = 8
 MAX_ROWS = 256  # query heads per KV head x query positions in one program: decode steps, not prefill
 MIN_SPLIT_KEYS = 128  # a key split walks at least this many of the static width

@@ -1,10 +1,10 @@
 """Split-K Triton GEMM for decode's skinny products: y[M, N] = x[M, K] @ w[N, K]^T with M <= 16.
 
-At batch 1-2 a decode step's projections are matrix-vector products of 4-13 MB of weights, and
-inside a Qwen3-0.6B-shape step cuBLAS's kernels for them reach ~1.1 TB/s of the H200's ~4.2
-(bench/profile_decode.py); this kernel ~1.9 (docs/PERFORMANCE.md). Here every program streams a
-[BLOCK_N, K / split] slab of w once and multiplies it with x padded to 16 rows on the tensor cores;
-`split` programs share each output column block so that enough loads are in flight to use the HBM.
+At batch 1-2 a decode step's projections are matrix-vector products of a few MB of weights each: too few
+output columns for a kernel that gives each program a whole column block to keep enough loads in flight to use
+the HBM. Here every program streams a [BLOCK_N, K / split] slab of w once and multiplies it with x padded to 16
+rows on the tensor cores; `split` programs share each output column block so that enough loads are in flight.
+`python3 bench/skinny_gemm_sweep.py` times its configurations against cuBLAS (docs/PERFORMANCE.md).
 The kernel writes float32 partial sums [split, M, N]; their sum (in PyTorch, where torch.compile
 fuses it into the next elementwise kernel) is the product.
 """
@@ -23,7 +23,7 @@ except ImportError:  # CPU-only torch builds ship no Triton
     triton = None
 
 MAX_ROWS = 16  # one tensor-core tile of rows
-TARGET_PROGRAMS = 256  # ~2 per SM on an H200 (132 SMs); the best of bench/gemv_bench.py's sweep on all four shapes
+TARGET_PROGRAMS = 256  # ~2 per SM on an H200 (132 SMs): enough loads in flight to stream the weights from HBM
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,8 @@ class GemmConfig:
     block_k: int = 64
     split: int = 1
     num_warps: int = 4
-    # 4 stages: 0.1-0.3 us faster than 3 on the qkv, gate_up and down projections of the 0.6B shape at 1 and 8 rows
-    # (python3 bench/skinny_gemm_sweep.py on one H200: qkv 4.46 -> 4.22 us, down 4.03 -> 3.93 at 8 rows)
+    # 4 stages: the best, or within noise of it, on every 0.6B-shape projection at 1 and 8 rows
+    # (python3 bench/skinny_gemm_sweep.py on one H200)
     num_stages: int = 4
 
 
@@ -44,7 +44,8 @@ def available() -> bool:
 def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 64) -> GemmConfig:
     """Split K until at least TARGET_PROGRAMS programs run, keeping >= 2 K blocks per program.
 
-    For the Qwen3-0.6B projections this gives the sweep's best: split 4 for qkv and gate_up, 16 for o and down.
+    For the Qwen3-0.6B projections this gives the best split of bench/skinny_gemm_sweep.py's grid: 4 for qkv and
+    gate_up, 16 for o and down.
     """
     blocks = math.ceil(n / block_n)
     split = 1
