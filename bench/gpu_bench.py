@@ -1,10 +1,10 @@
 """GPU benchmark: decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
 
-    python3 bench/gpu_bench.py [--out bench.json] [--backends reference,compiled+triton-gemm+triton-attention,...]
+    python3 bench/gpu_bench.py [--out bench.json] [--backends pytorch,compiled+triton-gemm+triton-attention,...]
                                [--models qwen3-0.6b-shape,toy] [--batches 1,8] [--no-spec] [--prompt-tokens N]
                                [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
 
-Backends are the runtime's (qual/runtime/backends): reference, or parts joined by "+" (compiled,
+Backends are the runtime's (qual/runtime/backends): pytorch, or parts joined by "+" (compiled,
 compiled-autotune, triton-gemm, triton-attention, fused).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
@@ -23,6 +23,7 @@ import torch
 
 from qual.checkpoints.qwen3 import Qwen3Config, random_target_weights, write_qwen3
 from qual.paths import DATA_DIR
+from qual.runtime.backends import PYTORCH, parse_backend
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.runtime.engine import GenerationRequest, LLMEngine
 
@@ -161,7 +162,7 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
         wbytes = weight_bytes_read(engine.runner.target, batch)
         # Keys of the longest context in this run: not the graphs' static key width (max_model_len), whose padding a
         # kernel may read but need not; reading it costs time and earns no roofline credit
-        kv_keys = min(engine.runner.key_width["target"], prompt_len + new_tokens)
+        kv_keys = min(engine.runner.caches.key_width["target"], prompt_len + new_tokens)
         tc = engine.target_cfg
         kv_bytes = batch * kv_keys * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * 2
     tokens = sum(len(r.output_token_ids) for r in out)
@@ -258,7 +259,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=32, help="random prompt length of the decode rows: long "
                     "prompts make the step read more KV than weights (the 0.6B shape allows up to 4,096 positions)")
-    ap.add_argument("--backends", default="reference", help="comma list of runtime backends (qual/runtime/backends)")
+    ap.add_argument("--backends", default=PYTORCH, help="comma list of runtime backends (qual/runtime/backends)")
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
     ap.add_argument("--batches", default="1,8", help="comma list of batch sizes of every row")
     ap.add_argument("--kernels", action="store_true", help="also profile each row's graph replay: its kernels, printed "
@@ -276,7 +277,7 @@ def main() -> int:
     toy_t, toy_d = TOY / "target", TOY / "draft"
     wanted = args.models.split(",")
     batches = [int(b) for b in args.batches.split(",")]
-    runs = {f"+{b}" if b != "reference" else "": b for b in args.backends.split(",")}
+    runs = {f"+{b}" if parse_backend(b).parts else "": b for b in args.backends.split(",")}
     runs = {f"{suffix}~s{n}" if n > 1 else suffix: (backend, n) for suffix, backend in runs.items()
             for n in map(int, args.steps_per_launch.split(","))}
     rows = []

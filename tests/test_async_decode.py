@@ -110,7 +110,7 @@ def test_the_graphs_capture_step_builds_static_arguments_on_the_cpu(tiny_pair):
         for rid in ids:
             runner.pending.pop(rid)
     assert args.numbers.shape == (5, 4)
-    assert {name: tuple(t.shape) for name, t in args.tables.items()} == {n: (4, w) for n, w in runner.max_blocks.items()}
+    assert {name: tuple(t.shape) for name, t in args.tables.items()} == {n: (4, w) for n, w in runner.caches.max_blocks.items()}
     assert all(bool((t == -1).all()) for t in args.tables.values())
     assert feats.shape[0] == args.num_ctx == 4 * (1 + runner.K)
 

@@ -25,7 +25,7 @@ def test_cuda_matches_cpu_float64(tiny_pair, cpu_control):
     assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
 
 
-@pytest.mark.parametrize("backend,steps", [("reference", 1), ("compiled", 1), ("reference", 4), ("compiled", 4)])
+@pytest.mark.parametrize("backend,steps", [("pytorch", 1), ("compiled", 1), ("pytorch", 4), ("compiled", 4)])
 def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend, steps):
     """steps: decode steps a launch (EngineConfig.steps_per_launch), one graph of four steps back to back beside
     each size's one-step graph, over the same inputs."""
@@ -146,7 +146,7 @@ def test_fused_decode_matches_per_layer_path(tiny_pair, change, backend, monkeyp
     def generate(fused):
         cfg = EngineConfig(str(tiny_pair[0]), None, ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
                            dtype="float32", device="cuda", cuda_graph_sizes=(1, 2), max_model_len=256,
-                           backend=backend if fused else "reference")
+                           backend=backend if fused else "pytorch")
         with LLMEngine(cfg) as engine:
             out = [engine.generate([r], SamplingParams(max_tokens=20))[0].output_token_ids for r in prompts()]
             kernel = engine.runner.target.fused

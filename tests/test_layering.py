@@ -111,3 +111,10 @@ def test_every_torch_load_refuses_pickled_code():
                 calls.append((f"{mod}:{node.lineno}", safe))
     assert calls, "qual calls torch.load somewhere (the toy pipeline's generated data)"
     assert [where for where, safe in calls if not safe] == []
+
+
+def test_no_runtime_module_is_longer_than_350_lines():
+    """Small modules with one job (nano-vllm keeps every file under ~260 lines)."""
+    long = {str(p.relative_to(QUAL)): n for p in (QUAL / "runtime").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 350}
+    assert long == {}

@@ -7,6 +7,7 @@ import pytest
 
 from checkpoints import make_draft, make_target
 from qual.errors import QualError
+from qual.runtime.backends import parse_backend
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig
 from qual.runtime.engine import validate
 
@@ -30,8 +31,9 @@ def test_dcp_bounded_by_kv_head_replication(tmp_path):
 def test_backends_are_chosen_by_name_and_refused_where_they_cannot_run():
     EngineConfig("x", backend="compiled")  # torch.compile runs on the CPU too
     EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled-autotune+triton-gemm+triton-attention")
-    with pytest.raises(QualError, match="backend 'reduce-overhead': expected 'reference' or parts"):
+    with pytest.raises(QualError, match="backend 'reduce-overhead': expected 'pytorch' or parts"):
         EngineConfig("x", backend="reduce-overhead")  # inductor's own CUDA graphs inside ours: not a part
+    assert parse_backend("reference") == parse_backend("pytorch") == parse_backend(EngineConfig("x").backend)
     with pytest.raises(QualError, match="at most one of compiled"):
         EngineConfig("x", backend="compiled+compiled-autotune")
     with pytest.raises(QualError, match="triton-gemm need device cuda"):
@@ -124,11 +126,11 @@ def test_missing_or_misshapen_tensor_is_named(tmp_path, tiny_pair):
     w.pop("model.layers.1.mlp.up_proj.weight")
     save_file(w, str(t / "model.safetensors"))
     with pytest.raises(QualError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
-        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"), ModelOptions())
+        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("pytorch"), ModelOptions())
     w["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
     save_file(w, str(t / "model.safetensors"))
     with pytest.raises(QualError, match="has shape \\(3, 3\\)"):
-        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("reference"), ModelOptions())
+        Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("pytorch"), ModelOptions())
 
 
 def test_mismatched_pair_is_rejected(tmp_path, tiny_pair):
@@ -147,6 +149,6 @@ def test_reference_profile_knobs_reach_the_runtime():
     arm = synthetic_arm_config(1, tp=1, device="cuda", dtype="bfloat16", extra={"reference": knobs})
     cfg = engine_config(arm)
     assert (cfg.backend, cfg.cuda_graph_sizes, cfg.max_num_seqs) == ("compiled+triton-gemm+triton-attention", (1, 4), 3)
-    assert engine_config(synthetic_arm_config(1, tp=1)).backend == "reference"
+    assert engine_config(synthetic_arm_config(1, tp=1)).backend == "pytorch"
     with pytest.raises(QualError, match="fused needs tp 1"):  # a bad profile fails as the runtime says
         engine_config(synthetic_arm_config(1, tp=2, device="cuda", dtype="bfloat16", extra={"reference": {"backend": "fused"}}))

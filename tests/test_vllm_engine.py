@@ -19,13 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from qual.records import ArmConfig, EngineRequest, Sampling
+from qual.records import AcceptanceCounts, ArmConfig, EngineRequest, Sampling
 from qual.engines.vllm import DCP_NEEDS_GPU, VllmEngine
 from qual.engines.vllm import server as server_mod
 from qual.engines.vllm.client import VllmClient
-from qual.engines.vllm.engine import SpecDecodeCounts
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
-from qual.engines.vllm.metrics import SpecCounters
 from qual.engines.vllm.server import VllmServer, group_members
 from vllm_pair import TinyShape, build_tiny_pair
 from qual.errors import EngineError
@@ -84,14 +82,14 @@ def test_dcp_above_one_without_cuda_is_not_runnable(tmp_path, tiny_pair, started
 def test_totals_mismatch_is_an_engine_error(tmp_path):
     class Client:
         def spec_counters(self):
-            return SpecCounters(10, 70, 5, (3, 2), True)
+            return AcceptanceCounts(10, 70, 5, [3, 2])
 
     class Server:
         log_path = tmp_path / "x.log"
 
-    done = [SpecDecodeCounts(4, 28, 2, (1, 1)), SpecDecodeCounts(5, 35, 2, (2, 0))]  # sums to 9 drafts, server says 10
+    done = [AcceptanceCounts(4, 28, 2, [1, 1]), AcceptanceCounts(5, 35, 2, [2, 0])]  # sums to 9 drafts, server says 10
     with pytest.raises(EngineError, match="does not add up"):
-        VllmEngine(tmp_path)._check_totals(Server(), Client(), SpecCounters(present=True), done, 2)
+        VllmEngine(tmp_path)._check_totals(Server(), Client(), AcceptanceCounts(), done, 2)
 
 
 # -- the hang and Ctrl-C (fake interpreter: the only stand-in in this file) ------------------

@@ -8,7 +8,7 @@ from qual.errors import QualError
 from qual.options import (DCP_COMM_MODES, DEFAULT_DCP_COMM, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK,
                           DEFAULT_DTYPE, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES, check_choice, check_device,
                           check_layout, check_temperature)
-from qual.runtime.backends import parse_backend
+from qual.runtime.backends import PYTORCH, parse_backend
 
 # Batch sizes captured as CUDA graphs by default (qual/runtime/cuda_graphs.py); a step pads to the next one.
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -88,7 +88,7 @@ class EngineConfig:
     threads_per_rank: int | None = None  # CPU: torch threads per rank (None: cores // world)
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes to capture (CUDA only)
     static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
-    backend: str = "reference"  # kernel backend by name (qual/runtime/backends): reference = PyTorch only
+    backend: str = PYTORCH  # kernel backend by name (qual/runtime/backends): PyTorch operators only
     dsa_topk: str = DEFAULT_DSA_TOPK  # sparse-attention top-k under DCP, for targets that have it (qual.options)
     phase_times: bool = False  # rank 0 times the host phases of generate (LLMEngine.phase_times); off: no-op laps
     # Greedy decode steps of an unchanged batch are launched before the last one's results are read, the device

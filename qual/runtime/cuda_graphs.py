@@ -77,7 +77,7 @@ class DecodeGraphs:
             width = len(r.draft_cfg.target_layer_ids) * r.draft_cfg.layers.hidden_size
             for rid in ids:
                 r.pending[rid] = torch.zeros(Q, width, dtype=r.target.dtype, device=r.comm.device)
-        tables = {name: [[]] * batch_size for name in r.geometry}  # no blocks: every row all -1
+        tables = {name: [[]] * batch_size for name in r.caches.geometry}  # no blocks: every row all -1
         return DecodeStep(ids, [0] * batch_size, [2] * batch_size, [0] * batch_size, [1] * batch_size, tables), ids
 
     def _capture(self) -> None:
@@ -213,3 +213,18 @@ class DecodeGraphs:
             "eager_fallback_sizes": sorted(b for b in self.eager_steps if b in captured),
             "detail": self.error,
         }
+
+
+def capture_record(runner) -> dict:
+    """A runner's CUDA-graph record: its decode graphs, prefill graphs and kernel backend (every rank captures the
+    same sizes in lock-step, so rank 0's stands for all)."""
+    backend = runner.backend.record()
+    prefill = runner.prefill_graphs.record() if runner.prefill_graphs else None
+    if runner.graphs is None:
+        why = "CUDA graphs need a CUDA device" if runner.cfg.device == "cpu" else "CUDA graphs disabled (no capture sizes)"
+        return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why,
+                "backend": backend, "prefill": prefill}
+    record = {**runner.graphs.record(), "backend": backend, "prefill": prefill}
+    if prefill and prefill["status"] == "captured":  # prefill chunks replayed from graphs too, not decode only
+        record["mode"] = "FULL"
+    return record

@@ -13,6 +13,7 @@ import torch
 from qual.errors import EngineError, QualError
 from qual.records import RequestResult
 from qual.runtime.config import EngineConfig, SamplingParams
+from qual.runtime.cuda_graphs import capture_record
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner
 from qual.runtime.parallel import Comm, arm_hang_dump, init_comm, set_cpu_threads
@@ -59,7 +60,7 @@ class LLMEngine:
         # a launch ahead of the one in flight writes (scheduler.reach)
         n = self.steps_per_launch
         self.tail = reach(n, n, self.K) if self.async_decode else self.K + 1
-        self.cache = CacheManager(self.runner.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, lookahead)
+        self.cache = CacheManager(self.runner.caches.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, lookahead)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
         self.eos = frozenset(eos if isinstance(eos, (tuple, list)) else ([] if eos is None else [eos]))
@@ -109,7 +110,7 @@ class LLMEngine:
 
     def graph_capture(self) -> dict:
         """Rank 0's CUDA-graph record (every rank captures the same sizes in lock-step)."""
-        return self.runner.graph_record()
+        return capture_record(self.runner)
 
     def model_facts(self) -> dict:
         """What the run should record about the checkpoints beyond their paths (e.g. a vision tower not loaded)."""

@@ -10,13 +10,13 @@ from qual.runtime import spec_decode
 from qual.runtime.backends import parse_backend
 from qual.options import DTYPES
 from qual.runtime.config import EngineConfig
-from qual.runtime.geometry import blocks_needed
-from qual.runtime.kv_cache import KVCacheGroup, table_tensor
 from qual.runtime.models.base import DraftMeta, ModelOptions, TargetMeta
-from qual.runtime.cache_views import StepShape, build_view, draft_mask, view_geometry, view_width
-from qual.runtime.paged import Geometry, KeyIndex, KVStore, StateStore, VectorStore, key_view, write_slots
+from qual.runtime.cache_views import StepShape, draft_mask
+from qual.runtime.paged import key_view, write_slots
 from qual.runtime.parallel import Comm
 from qual.runtime.phases import OFF
+from qual.runtime.prefill import prefill
+from qual.runtime.rank_caches import RankCaches
 from qual.runtime.registry import ModelSpec
 from qual.runtime.step_args import NUMBERS, Readback, StepArgs, Stager, context_rows, pack, retire, to_device
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
@@ -34,10 +34,6 @@ class DecodeInputs:
 
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}  # qual.options names them as torch does
-
-
-def num_cache_blocks(cfg: EngineConfig, groups: list[KVCacheGroup]) -> int:
-    return cfg.cache.memory_bytes // sum(g.block_bytes(cfg.cache.block_size) for g in groups)
 
 
 class ModelRunner:
@@ -60,38 +56,17 @@ class ModelRunner:
         nbytes = torch.tensor([], dtype=dtype).element_size()
         K = self.K = (cfg.num_speculative_tokens or (draft_spec.config.block_size - 1)) if draft_spec else 0
         target_groups = target_cls.cache_groups(target_spec.config, comm, nbytes, K)
-        self.target_groups = [g.name for g in target_groups]
         self.drafter, draft_groups = None, []
         if draft_spec:
             draft_cls = draft_spec.model_class
             self.drafter = draft_cls(draft_spec.path, draft_spec.config, comm, dtype, self.target)
             draft_groups = draft_cls.cache_groups(draft_spec.config, comm, nbytes, cfg.draft_kv, cfg.cache.draft_window)
-        self.groups = target_groups + draft_groups
-        self.groups_by_name = {g.name: g for g in self.groups}
-        self.draft_groups = [g.name for g in draft_groups]
-        self.num_blocks = num_cache_blocks(cfg, self.groups)
-        B = cfg.cache.block_size
-        self.stores = {g.name: self._make_store(g, dtype) for g in self.groups}
-        self.geometry = {
-            g.name: Geometry(B, comm.dcp_size if g.spec.sharded else 1, comm.dcp_rank if g.spec.sharded else 0, cfg.parallel.interleave)
-            for g in self.groups
-        }
-        self.layer_slots = []  # draft layer -> (cache group, index inside the group)
-        for g in draft_groups:
-            for j, layer in enumerate(g.layers):
-                self.layer_slots.append((int(layer.split(".")[1]), g.name, j))
-        self.layer_slots = [(name, j) for _, name, j in sorted(self.layer_slots)]
+        self.caches = RankCaches(cfg, comm, target_groups, draft_groups, K, dtype,
+                                 lambda group: self.target.state_parts(group))
         self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
         self.first_tokens: torch.Tensor | None = None  # [n] the last prefill's greedy choices (rank 0)
         if self.draft_cfg:
             self.mask_tokens = torch.full((1,), self.draft_cfg.mask_token_id, dtype=torch.long, device=comm.device)
-        # Static key widths / table widths for graph-shaped steps: bounded by max_model_len.
-        self.max_blocks = {g.name: blocks_needed(g.spec.entries(cfg.max_model_len), B, self.geometry[g.name].dcp_size)
-                           for g in self.groups}
-        self.key_width = {name: blocks * B for name, blocks in self.max_blocks.items()}  # local tokens of a full table
-        # The static widths' key indices, built once: graph steps then build only the step-dependent half of a view.
-        self.key_index = {g.name: KeyIndex.build(view_geometry(g.spec, self.geometry[g.name]), self.key_width[g.name],
-                                                 self.max_blocks[g.name], comm.device) for g in self.groups}
         self._row_index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # P -> (rows, q_index) of a decode step
         mode = self.backend.compile_mode
         # A static-shape step whole (views, draft + verify, the next step's inputs): compiled, its ~100 small view
@@ -128,119 +103,16 @@ class ModelRunner:
         if self.backend.compile_mode:
             torch._dynamo.reset()  # this runner's compiled entries would count against the next one's limit
 
-    def graph_record(self) -> dict:
-        """This rank's CUDA-graph record: decode graphs, prefill graphs, the kernel backend."""
-        backend = self.backend.record()
-        prefill = self.prefill_graphs.record() if self.prefill_graphs else None
-        if self.graphs is None:
-            why = "CUDA graphs need a CUDA device" if self.cfg.device == "cpu" else "CUDA graphs disabled (no capture sizes)"
-            return {"status": "unsupported", "mode": None, "sizes": [], "seconds": None, "bytes": None, "detail": why,
-                    "backend": backend, "prefill": prefill}
-        record = {**self.graphs.record(), "backend": backend, "prefill": prefill}
-        if prefill and prefill["status"] == "captured":  # prefill chunks replayed from graphs too, not decode only
-            record["mode"] = "FULL"
-        return record
-
-    @property
-    def kv_bytes(self) -> dict[str, int]:
-        """Bytes each group's KV tensors take on this rank."""
-        return {name: s.nbytes for name, s in self.stores.items()}
-
-    def _make_store(self, g: KVCacheGroup, dtype: torch.dtype):
-        """The tensors of one cache group on this rank, by its kind."""
-        s, blocks, B, dev = g.spec, self.num_blocks, self.cfg.cache.block_size, self.comm.device
-        if s.kind == "gqa":
-            return KVStore(len(g.layers), blocks * B, s.num_kv_heads, s.head_dim, dtype, dev)
-        if s.kind in ("latent", "pooled"):
-            return VectorStore(len(g.layers), blocks * B, s.head_dim, dtype, dev)
-        if s.kind == "ring":
-            return VectorStore(len(g.layers), blocks * s.ring, s.head_dim, dtype, dev)
-        return StateStore(len(g.layers), blocks, 1 + self.K, self.target.state_parts(g.name), dev)
-
-    def _route(self, name: str, slots: torch.Tensor) -> torch.Tensor:
-        """Host-side: -1 write slots to the group store's trash slot."""
-        return self.stores[name].route(slots)
-
-    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
         return to_device(t, self.comm.device)
-
-    def _target_meta(self, shape: StepShape, tables, widths: dict | None = None, static: bool = False,
-                     dense: bool = False) -> TargetMeta:
-        """Target metadata: one view per target cache group, by its kind (qual/runtime/cache_views.py), built where
-        shape and tables are. static: at the key widths of a full table (graph shapes); else at widths (by group)."""
-        views = {}
-        for name in self.target_groups:
-            width = self.key_width[name] if static else (widths or {}).get(name)
-            views[name] = build_view(self.groups_by_name[name].spec, self.geometry[name], shape, tables[name],
-                                     lambda slots, n=name: self._route(n, slots), width,
-                                     self.key_index[name] if static else None)
-        return TargetMeta(shape.q_index, views, dense=dense)
 
     @torch.inference_mode()
     def execute(self, step) -> StepOutput | None:
         for rid in step.finished:
             self.pending.pop(rid, None)
         if isinstance(step, PrefillStep):
-            return self._prefill(step)
+            return prefill(self, step)
         return self._decode(step)
-
-    def _prefill(self, step: PrefillStep) -> StepOutput:
-        """Whole prompts through the target, in length-sorted chunks so padding stays small."""
-        order = sorted(range(len(step.prompts)), key=lambda i: len(step.prompts[i]))
-        parts, chunk = [], []  # (logits, choices) of each chunk, in length order
-        for i in order + [None]:
-            longest = len(step.prompts[i]) if i is not None else 0
-            if chunk and (i is None or (len(chunk) + 1) * longest > self.cfg.max_prefill_tokens):
-                parts.append(self._prefill_chunk(step, chunk))
-                chunk = []
-            if i is not None:
-                chunk.append(i)
-        logits, choices = (None if t[0] is None else torch.cat(t) if len(t) > 1 else t[0] for t in zip(*parts))
-        if order != sorted(order):  # back to the step's order
-            inverse = self._dev(torch.tensor(sorted(range(len(order)), key=order.__getitem__)))
-            logits, choices = logits[inverse], None if choices is None else choices[inverse]
-        if self.comm.rank != 0:
-            return StepOutput(logits)
-        # Greedy choices where the logits are: read by the host without waiting, and kept here, where a decode step
-        # launched before the host has read them takes them as its last tokens (DecodeStep.first_rows)
-        self.first_tokens = choices[:, 0].long()
-        return StepOutput(logits, None, self.readback.start(choices))
-
-    def _prefill_chunk(self, step: PrefillStep, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Target logits at each prompt's last token [n, V] and rank 0's greedy choices of them (pack_choices; None on
-        the other ranks)."""
-        prompts = [step.prompts[i] for i in idx]
-        rows = {name: [t[i] for i in idx] for name, t in step.tables.items()}
-        if self.prefill_graphs is not None:
-            out = self.prefill_graphs.run(prompts, rows)
-            if out is not None:
-                return out
-        tables = {name: self._dev(table_tensor(t)) for name, t in rows.items()}
-        lens = [len(p) for p in prompts]
-        tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
-        positions = torch.cat([torch.arange(n) for n in lens])
-        rows = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lens)])
-        starts = torch.tensor([0] + lens[:-1]).cumsum(0)
-        q = torch.arange(max(lens))
-        q_index = torch.where(q[None, :] < torch.tensor(lens)[:, None], starts[:, None] + q[None, :], torch.tensor(-1))
-        seq_lens = torch.tensor(lens)
-        last = starts + seq_lens - 1
-        widths = {name: view_width(self.groups_by_name[name].spec, self.geometry[name], seq_lens)
-                  for name in self.target_groups}
-        tokens, positions, rows, q_index, seq_lens, last = (self._dev(t) for t in (
-            tokens, positions, rows, q_index, seq_lens, last))
-        shape = StepShape(positions, rows, q_index, seq_lens, torch.zeros_like(seq_lens))
-        meta = self._target_meta(shape, tables, widths)
-        hidden, aux = self.target.forward(tokens, positions, meta, self.stores)
-        if self.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
-            slots = {name: self._route(name, write_slots(self.geometry[name], positions, rows, tables[name]))
-                     for name in self.draft_groups}
-            self.drafter.write_context(aux, positions, slots, self.stores, self.layer_slots)
-        # Only rank 0 samples: the other ranks skip the LM head.
-        if self.comm.rank != 0:
-            return hidden.new_zeros(len(idx), 1), None
-        logits = self.target.logits(hidden[last])
-        return logits, spec_decode.pack_choices(logits[:, None], None)
 
     def _decode(self, step: DecodeStep) -> StepOutput:
         R, n = len(step.req_ids), step.steps
@@ -368,7 +240,7 @@ class ModelRunner:
             if num_ctx > sum(counts):  # static: fixed number of context rows, the extra ones write to the trash slot
                 parts.append(torch.zeros(num_ctx - sum(counts), width, dtype=self.target.dtype, device=self.comm.device))
             feats = torch.cat(parts) if parts else torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)
-        return pack(numbers, step.tables, P, self.max_blocks if static else {}, num_ctx), feats
+        return pack(numbers, step.tables, P, self.caches.max_blocks if static else {}, num_ctx), feats
 
     def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
         """A decode step's inputs on the device: its step_args sent there, and the views built from them."""
@@ -378,14 +250,14 @@ class ModelRunner:
     def build_inputs(self, args: StepArgs, feats: torch.Tensor | None, static: bool) -> DecodeInputs:
         """Every slot, view and mask of a decode step from its StepArgs, where they are (captured into the CUDA
         graph there: no host sync given static widths)."""
-        P, Q = args.numbers.shape[1], 1 + self.K
+        P = args.numbers.shape[1]
         n = args.number("num_committed")
         rows, q_index = self.rows(P)
         positions = ((n - 1)[:, None] + q_index[0][None, :]).reshape(-1)
         counts = args.number("commit_counts")
         commit = (counts - 1).clamp(min=0)  # state after the last accepted token
         shape = StepShape(positions, rows, q_index, args.number("seq_lens"), commit)
-        target = self._target_meta(shape, args.tables, static=static, dense=True)
+        target = self.caches.target_meta(shape, args.tables, static=static, dense=True)
         inp = DecodeInputs(args.number("last_tokens"), positions, target)
         if self.drafter is None:
             return inp
@@ -394,15 +266,15 @@ class ModelRunner:
         new_len = ctx_len + counts
         block_pos = new_len[:, None] + q_index[0][None, :]
         slots, views, masks = {}, {}, {}
-        for name in self.draft_groups:
-            g, spec = self.geometry[name], self.groups_by_name[name].spec
+        for name in self.caches.draft_groups:
+            g, spec = self.caches.geometry[name], self.caches.by_name[name].spec
             table = args.tables[name]
             w = write_slots(g, ctx_pos, ctx_rows.clamp(min=0), table)
-            slots[name] = self._route(name, torch.where(ctx_rows >= 0, w, -1))
+            slots[name] = self.caches.route(name, torch.where(ctx_rows >= 0, w, -1))
             # sliding layers window each query token (vLLM); a draft_window on full layers starts at the block
             per_query = spec.attention == "sliding"
             start = None if spec.window is None or per_query else new_len - spec.window
-            views[name] = view = key_view(g, table, new_len, start, index=self.key_index[name] if static else None)
+            views[name] = view = key_view(g, table, new_len, start, index=self.caches.key_index[name] if static else None)
             masks[name] = draft_mask(view, block_pos, spec.window if per_query else None, spec.causal)
         inp.draft = DraftMeta(ctx_pos, slots, views, block_pos, masks)
         inp.ctx_features = feats
@@ -442,13 +314,13 @@ class ModelRunner:
         if self.drafter is None:
             return None
         return spec_decode.propose(self.drafter, self.target, self.comm, self.K, inp.ctx_features, inp.last_tokens,
-                                   self.mask_tokens, inp.draft, self.stores, self.layer_slots)
+                                   self.mask_tokens, inp.draft, self.caches.stores, self.caches.layer_slots)
 
     def verify_compute(self, inp: DecodeInputs, drafts: torch.Tensor | None):
         """The target over [last, drafts]: logits [P, Q, V], the proposals again, aux features [P*Q, n*H], choices."""
         P = inp.last_tokens.shape[0]
         tokens = spec_decode.verify_tokens(inp.last_tokens, drafts)
-        hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.stores)
+        hidden, aux = self.target.forward(tokens.reshape(-1), inp.positions, inp.target, self.caches.stores)
         if self.comm.rank != 0:  # only rank 0 chooses: the other ranks skip the LM head
             return hidden[:P], drafts, aux, None
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1)

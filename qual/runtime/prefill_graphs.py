@@ -120,9 +120,9 @@ class PrefillGraphs:
     def _bucket(self, P: int, L: int) -> _Bucket:
         r = self.runner
         dev = r.comm.device
-        widths = {name: blocks_needed(L, r.cfg.cache.block_size, 1) for name in r.geometry}
-        index = {name: KeyIndex.build(view_geometry(r.groups_by_name[name].spec, r.geometry[name]), L, widths[name], dev)
-                 for name in r.target_groups}  # the target's key views (the drafter's context is only written)
+        widths = {name: blocks_needed(L, r.cfg.cache.block_size, 1) for name in r.caches.geometry}
+        index = {name: KeyIndex.build(view_geometry(r.caches.by_name[name].spec, r.caches.geometry[name]), L, widths[name], dev)
+                 for name in r.caches.target_groups}  # the target's key views (the drafter's context is only written)
         size = P * L + P + sum(P * w for w in widths.values())
         b = self.buckets[(P, L)] = _Bucket(P, L, widths, torch.empty(size, dtype=torch.long, device=dev), index)
         return b
@@ -158,16 +158,16 @@ class PrefillGraphs:
         real = positions < lens[rows]  # padding tokens are written to no cache
         shape = StepShape(positions, rows, flat.view(P, L), lens, torch.zeros_like(lens))
         views = {}
-        for name in r.target_groups:
-            g = r.groups_by_name[name]
-            views[name] = build_view(g.spec, r.geometry[name], shape, tables[name],
-                                     lambda slots, n=name: r._route(n, torch.where(real, slots, -1)), L, b.index[name])
+        for name in r.caches.target_groups:
+            g = r.caches.by_name[name]
+            views[name] = build_view(g.spec, r.caches.geometry[name], shape, tables[name],
+                                     lambda slots, n=name: r.caches.route(n, torch.where(real, slots, -1)), L, b.index[name])
         hidden, aux = r.target.forward(tokens, positions, TargetMeta(shape.q_index, views, dense=True, prefill=True),
-                                       r.stores)
+                                       r.caches.stores)
         if r.drafter is not None:
-            slots = {name: write_slots(r.geometry[name], positions, rows, tables[name]) for name in r.draft_groups}
-            slots = {name: r._route(name, torch.where(real, w, -1)) for name, w in slots.items()}
-            r.drafter.write_context(aux, positions, slots, r.stores, r.layer_slots)
+            slots = {name: write_slots(r.caches.geometry[name], positions, rows, tables[name]) for name in r.caches.draft_groups}
+            slots = {name: r.caches.route(name, torch.where(real, w, -1)) for name, w in slots.items()}
+            r.drafter.write_context(aux, positions, slots, r.caches.stores, r.caches.layer_slots)
         last = torch.arange(P, device=tokens.device) * L + (lens - 1).clamp(min=0)
         logits = r.target.logits(hidden[last])
         return logits, pack_choices(logits[:, None], None)
@@ -213,7 +213,7 @@ def unsupported(runner) -> str | None:
     """Why this rank's prefill cannot run at padded shapes (None: it can)."""
     if runner.comm.tp_size > 1:
         return "prefill graphs run on one rank (tp 1)"
-    kinds = sorted({g.spec.kind for g in runner.groups} - {"gqa"})
+    kinds = sorted({g.spec.kind for g in runner.caches.groups} - {"gqa"})
     if kinds:  # a recurrent state or a pooled / ring cache would take the padding in
         return f"prefill graphs need paged K/V caches only (this pair has {', '.join(kinds)})"
     return None

@@ -1,8 +1,9 @@
 """Speculative decoding in one place: propose (the drafter's block), verify (the target's tokens), accept.
 
 Device side: `propose` runs the drafter over [last token, MASK * K] and picks K tokens on rank 0 (the argmax, or
-`candidate_walk` over a candidate head's edges; every rank then verifies rank 0's proposals); `verify_tokens` is the target's input [last, d1..dK]. Host side:
-`accept` is the greedy prefix rule and `SpecStats` the per-request counts (docs/dflash.md).
+`candidate_walk` over a candidate head's edges; every rank then verifies rank 0's proposals); `verify_tokens` is
+the target's input [last, d1..dK]. Host side: `accept` is the greedy prefix rule (a sequence counts the result in
+its records.AcceptanceCounts, qual/runtime/sequence.py) and `choose` picks a step's tokens (docs/dflash.md).
 """
 
 from __future__ import annotations

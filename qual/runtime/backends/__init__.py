@@ -3,9 +3,9 @@
 A backend names its parts, joined by "+": `compiled` (torch.compile of the decode step before graph
 capture), `triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
 `triton-attention` (the target's decode attention read in place from the paged store) and `fused`
-(one-token target decode steps through one persistent kernel for all layers). `reference` is none of
-them: PyTorch operators only. Each part says which steps it serves; the capture record carries that,
-so a step a part cannot serve is visible there, never a silent fallback.
+(one-token target decode steps through one persistent kernel for all layers). `pytorch` (the default) is
+none of them: PyTorch operators only (`reference`, its earlier name, is still read). Each part says which steps it
+serves; the capture record carries that, so a step a part cannot serve is visible there, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from qual.errors import QualError
 
+PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
+_OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
 PARTS = ("compiled", "compiled-autotune", "triton-gemm", "triton-attention", "fused")
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
@@ -86,7 +88,7 @@ class Backend:
 
     def record(self) -> dict:
         """What the capture record says about this backend: its parts and the steps each serves."""
-        return {"name": self.name, "serves": {p: SERVES[p] for p in self.parts} or {"reference": "every step"}}
+        return {"name": self.name, "serves": {p: SERVES[p] for p in self.parts} or {PYTORCH: "every step"}}
 
 
 def _need_triton(ok: bool) -> None:
@@ -95,13 +97,14 @@ def _need_triton(ok: bool) -> None:
 
 
 def parse_backend(name: str) -> Backend:
-    """`reference` or parts joined by '+' (e.g. `compiled+triton-gemm+triton-attention`)."""
-    if name == "reference":
+    """`pytorch` or parts joined by '+' (e.g. `compiled+triton-gemm+triton-attention`)."""
+    name = _OLD_NAMES.get(name, name)
+    if name == PYTORCH:
         return Backend(name)
     parts = tuple(name.split("+"))
     unknown = [p for p in parts if p not in PARTS]
     if unknown or len(set(parts)) != len(parts) or not parts:
-        raise QualError(f"backend {name!r}: expected 'reference' or parts joined by '+' from {', '.join(PARTS)}")
+        raise QualError(f"backend {name!r}: expected {PYTORCH!r} or parts joined by '+' from {', '.join(PARTS)}")
     if sum(p in COMPILE_MODES for p in parts) > 1:
         raise QualError(f"backend {name!r}: at most one of {', '.join(COMPILE_MODES)}")
     return Backend(name, parts)

@@ -67,7 +67,7 @@ class DFlashDrafter:
         shapes = weight_shapes(cfg)
         cast = lambda t: t.to(device=comm.device, dtype=dtype)  # noqa: E731
         get = lambda name: cast(require(weights, name, shapes[name], path))  # noqa: E731
-        n_ctx, hid = len(cfg.target_layer_ids), lcfg.hidden_size
+        hid = lcfg.hidden_size
         self.comm, self.target, self.dtype = comm, target, dtype
         self.layout = lay = HeadLayout.for_rank(lcfg, comm)
         self.fc = get("fc.weight")

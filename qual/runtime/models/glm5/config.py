@@ -8,8 +8,7 @@ from pathlib import Path
 
 from qual.checkpoints.fp8 import BlockFp8, parse_quantization
 from qual.errors import QualError
-
-LINEAR, INDEXED = "linear_attention", "indexed_attention"
+from qual.runtime.models.glm5.schedule import INDEXED, LINEAR, linear_attention, schedule
 
 # transformers' Glm5NextTextConfig defaults, applied to keys the file leaves out.
 _DEFAULTS = {
@@ -225,48 +224,6 @@ def _rope(text: dict, where: str) -> tuple[bool, bool, float]:
     return R > 0 and not nope, bool(interleave), float(theta)
 
 
-def _schedule(text: dict, n: int) -> tuple[list, list, list]:
-    """layer_types, mlp_layer_types and indexer_types with transformers' defaults and aliases."""
-    mlp = text.get("mlp_layer_types")
-    if mlp is None:
-        mlp = ["dense"] * min(3, n) + ["sparse"] * (n - 3)
-    layers = text.get("layer_types")
-    if layers is None:
-        layers = [LINEAR if i % 4 != 3 else INDEXED for i in range(n)]
-    layers = [INDEXED if t == "full_attention" else t for t in layers]
-    idx = text.get("indexer_types")
-    if idx is None:
-        pattern = text.get("index_topk_pattern")
-        if pattern is not None:
-            letters = {"F": "full", "S": "shared"}
-            idx = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else list(pattern)
-        else:
-            freq = max(int(text.get("index_topk_freq", 1)), 1)
-            offset = int(text.get("index_skip_topk_offset", 2))
-            idx = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
-    return list(layers), list(mlp), list(idx)
-
-
-def _linear_attn(text: dict, where: str) -> dict:
-    """The linear_* keys, with the linear_attn_config dict form applied over them."""
-    out = {k: text.get(k, _DEFAULTS[k]) for k in ("linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
-                                                  "linear_lower_bound")}
-    extra = text.get("linear_attn_config")
-    if extra is None:
-        return out
-    names = {"head_dim": "linear_head_dim", "num_heads": "linear_num_heads",
-             "short_conv_kernel_size": "linear_conv_kernel_dim", "gate_lower_bound": "linear_lower_bound"}
-    for key in extra:
-        if key not in names and key != "safe_gate":
-            raise QualError(f"{where}: unsupported key linear_attn_config.{key} (not implemented)")
-    for key, name in names.items():
-        if key in extra:
-            out[name] = extra[key]
-    if extra.get("safe_gate", True) and out["linear_lower_bound"] is None:
-        out["linear_lower_bound"] = -5.0  # transformers: a safe gate without a bound gets -5
-    return out
-
-
 def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
     for key in text:
         if key not in _IMPLEMENTED and key not in _INERT:
@@ -302,7 +259,7 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
     if kpool > 1 and not get("index_kpool_always_select_tail"):
         raise QualError(f"{where}: index_kpool_always_select_tail=false is not implemented (with index_kpool > 1)")
 
-    layers, mlp, idx = _schedule(text, n)
+    layers, mlp, idx = schedule(text, n)
     for key, values, allowed in (("layer_types", layers, (LINEAR, INDEXED)),
                                  ("mlp_layer_types", mlp, ("dense", "sparse")),
                                  ("indexer_types", idx, ("full", "shared"))):
@@ -311,7 +268,7 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
         bad = [v for v in values if v not in allowed]
         if bad:
             raise QualError(f"{where}: {key} value {bad[0]!r} is not one of {', '.join(allowed)}")
-    lin = _linear_attn(text, where)
+    lin = linear_attention(text, where, _DEFAULTS)
     if int(lin["linear_conv_kernel_dim"]) < 1:
         raise QualError(f"{where}: linear_conv_kernel_dim must be >= 1")
 

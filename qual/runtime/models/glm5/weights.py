@@ -204,7 +204,7 @@ def _load(rd, cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype, d
 
 
 def _layer(ctx: _Load, p: str, i: int) -> LayerWeights:
-    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
+    rd, cfg, cast, acc = ctx.rd, ctx.cfg, ctx.cast, ctx.acc
     hid, n = cfg.hidden_size, cfg.hc_mult
 
     def hc(which: str) -> HcWeights | None:
@@ -249,7 +249,7 @@ def _kda(ctx: _Load, p: str) -> KdaWeights:
 
 
 def _mla(ctx: _Load, p: str) -> MlaWeights:
-    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
+    rd, cfg, rank, tp, cast = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast
     H, hid, qlr, L = cfg.num_attention_heads, cfg.hidden_size, cfg.q_lora_rank, cfg.kv_lora_rank
     Dn, Dv, Dqk = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_head_dim
     Hl = _split(H, tp, "num_attention_heads", cfg)
@@ -268,7 +268,7 @@ def _mla(ctx: _Load, p: str) -> MlaWeights:
 
 
 def _indexer(ctx: _Load, p: str) -> IndexerWeights:
-    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
+    rd, cfg, cast, acc = ctx.rd, ctx.cfg, ctx.cast, ctx.acc
     Hi, Di, hid = cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size
     return IndexerWeights(
         wq_b=cast(rd.get(p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))), wk=cast(rd.get(p + "wk.weight", (Di, hid))),
@@ -282,7 +282,7 @@ def _indexer(ctx: _Load, p: str) -> IndexerWeights:
 
 
 def _mlp(ctx: _Load, p: str, inter: int, key: str) -> MlpWeights:
-    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
+    rd, cfg, rank, tp, cast = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast
     hid = cfg.hidden_size
     part = _split(inter, tp, key, cfg)
     cols = slice(rank * part, (rank + 1) * part)
@@ -292,7 +292,7 @@ def _mlp(ctx: _Load, p: str, inter: int, key: str) -> MlpWeights:
 
 
 def _moe(ctx: _Load, p: str) -> MoeWeights:
-    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
+    rd, cfg, cast, acc = ctx.rd, ctx.cfg, ctx.cast, ctx.acc
     E, hid = cfg.n_routed_experts, cfg.hidden_size
     if rd.get_fp8(f"{p}experts.0.gate_proj.weight", (cfg.moe_intermediate_size, hid)) is not None:
         gate, up, down = _fp8_experts(ctx, p)
@@ -314,7 +314,7 @@ def _moe(ctx: _Load, p: str) -> MoeWeights:
 def _fp8_experts(ctx: _Load, p: str) -> tuple[Fp8Experts, Fp8Experts, Fp8Experts]:
     """The routed experts' gate, up and down projections kept in FP8, this rank's intermediate slice of each: the
     slice must cover whole scale blocks (vLLM refuses it otherwise too)."""
-    rd, cfg, rank, tp, cast, acc = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast, ctx.acc
+    rd, cfg, rank, tp, cast = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast
     E, hid, inter, (bo, bi) = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.quantization.block
     part = _split(inter, tp, "moe_intermediate_size", cfg)
     for what, size, block in (("gate_proj and up_proj rows", part, bo), ("down_proj columns", part, bi)):
