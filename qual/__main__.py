@@ -1,6 +1,6 @@
 """`python -m qual` runs the CLI."""
 
-from qual.cli.main import main
+from qual.cli.entry import main
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,9 @@ unwritable --out; nothing half-written keeps a final name and no temporary file 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 from qual.errors import QualError
@@ -21,20 +23,26 @@ class WriteError(QualError):
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write path atomically: a temporary file beside it, fsync'd, then renamed over it."""
+    """Write path atomically: a temporary file beside it, fsync'd, then renamed over it.
+
+    The temporary file is created new (O_EXCL, a random name): a file or a link already there under any name is
+    never written through, and the rename replaces a link at `path` itself, never what it points to."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = None
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make reports unreadable to others
         os.replace(tmp, path)
     except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)  # unlinking frees space, so it works on a full disk too
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)  # unlinking frees space, so it works on a full disk too
+            except OSError:
+                pass
         raise WriteError(path, exc) from None
     return path
 
@@ -45,7 +53,8 @@ class AppendOnly:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            # O_NOFOLLOW: a journal that is a link (to a file elsewhere) is refused, never appended through
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             raise WriteError(self.path, exc) from None
 
@@ -68,3 +77,41 @@ class AppendOnly:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class DirectoryLock:
+    """An exclusive lock on a run directory for this process's life: two qual processes never write one run
+    directory at once. It is flock on the directory itself, so nothing is added to it, and the kernel drops the
+    lock when the process ends, however it ends."""
+
+    def __init__(self, directory: str | Path, what: str):
+        try:
+            self._fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise WriteError(Path(directory), exc) from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _flock_holder(os.fstat(self._fd))
+            os.close(self._fd)
+            raise QualError(f"{what} {directory} is in use by another qual process (pid {holder}); wait for it to "
+                            f"end, or stop it") from None
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _flock_holder(st: os.stat_result) -> str:
+    """The pid holding a flock on the file `st` describes, from /proc/locks ("unknown" where it cannot be read)."""
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 4242 00:2e:1311 0 EOF"
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
+            return fields[4]
+    return "unknown"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
@@ -230,9 +231,32 @@ def _connect(path: Path, read_only: bool) -> sqlite3.Connection:
     return sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
 
 
+class HistoryLocked(QualError):
+    """Another process held the history's write lock for the whole wait."""
+
+
+def _unusable(path: Path) -> str | None:
+    """Why path cannot hold a history database (None: it can, or it does not exist yet). Nothing is ever created
+    beside a path that is not a plain file (SQLite would put its journal there: /dev/null-journal)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "a link to nothing" if path.is_symlink() else None
+    except OSError as exc:  # a loop of links, a component that is not a folder
+        return f"unusable ({exc.strerror or exc})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory; give the database file's path"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a device, a FIFO or a socket); give a database file's path"
+    return None
+
+
 @contextmanager
 def _open(db_path: str | Path, create: bool) -> Iterator[sqlite3.Connection]:
     path = Path(db_path)
+    why = _unusable(path)
+    if why:
+        raise QualError(f"history {path}: {why}")
     if not path.exists():
         if not create:
             raise QualError(f"no run history at {path} (runs are recorded by `qual run --history {path}`)")
@@ -256,8 +280,9 @@ def check_history(db_path: str | Path, option: str = "--history") -> None:
     """Before any work: the history can take a row (an existing file is a qual history database we may write;
     a new one can be created). Reads only; a dry run may call it."""
     path = Path(db_path)
-    if path.is_dir():
-        raise QualError(f"{option} {path}: is a directory; give the database file's path")
+    why = _unusable(path)
+    if why:
+        raise QualError(f"{option} {path}: {why}")
     if not path.exists():
         parent = path.parent
         while not parent.exists() and parent != parent.parent:
@@ -270,6 +295,9 @@ def check_history(db_path: str | Path, option: str = "--history") -> None:
     try:  # immutable: reads the file as it is, taking no lock and leaving no -wal/-shm file behind
         with closing(_connect(path, read_only=True)) as conn:
             _schema_state(conn, path)
+            damage = conn.execute("PRAGMA quick_check").fetchone()[0]  # a damaged page, found before any arm runs
+            if damage != "ok":
+                raise QualError(f"{option} {path}: the history database is damaged ({damage})")
     except sqlite3.DatabaseError as exc:
         raise QualError(f"{option} {path}: not a usable history database ({exc})") from None
 
@@ -277,8 +305,12 @@ def check_history(db_path: str | Path, option: str = "--history") -> None:
 # ---------------------------------------------------------------- writing and reading
 
 
-def record_run(db_path: str | Path, result: Result, result_path: str | Path | None, run_id: str | None = None) -> int:
-    """Append a completed run; returns its row id. A run_id already recorded adds nothing (the row it has)."""
+def record_run(db_path: str | Path, result: Result, result_path: str | Path | None, run_id: str | None = None,
+               on_wait: Callable[[str], None] | None = None) -> int:
+    """Append a completed run; returns its row id. A run_id already recorded adds nothing (the row it has).
+
+    A database another process is writing is waited for (on_wait hears of it once), up to LOCK_TIMEOUT_S; then
+    HistoryLocked."""
     k = result.candidate.config
     cmp = result.comparison
     ci = cmp.delta_rate_ci95 or [None, None]
@@ -312,7 +344,7 @@ def record_run(db_path: str | Path, result: Result, result_path: str | Path | No
     cols = ", ".join(values)
     marks = ", ".join(f":{c}" for c in values)
     with _open(db_path, create=True) as conn:
-        conn.execute("BEGIN IMMEDIATE")
+        _begin_write(conn, Path(db_path), on_wait)
         try:
             row = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone() if run_id else None
             row_id = row[0] if row else conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", values).lastrowid
@@ -321,6 +353,26 @@ def record_run(db_path: str | Path, result: Result, result_path: str | Path | No
             _rollback(conn)
             raise
         return int(row_id)
+
+
+def _begin_write(conn: sqlite3.Connection, path: Path, on_wait: Callable[[str], None] | None) -> None:
+    """BEGIN IMMEDIATE: at once if nobody writes, else after saying so, within LOCK_TIMEOUT_S."""
+    conn.execute("PRAGMA busy_timeout = 200")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        return
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+    if on_wait:
+        on_wait(f"history {path} is being written by another process: waiting up to {LOCK_TIMEOUT_S:.0f} s")
+    conn.execute(f"PRAGMA busy_timeout = {int(LOCK_TIMEOUT_S * 1000)}")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):
+            raise HistoryLocked(f"history {path} stayed locked by another process for {LOCK_TIMEOUT_S:.0f} s") from None
+        raise
 
 
 def _where(model: str | None, filters: dict[str, Any]) -> tuple[str, list]:

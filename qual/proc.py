@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from qual.errors import QualError
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _TCP_LISTEN = "0A"  # st column of /proc/net/tcp{,6}
 
@@ -215,3 +216,69 @@ def port_listeners(port: int) -> list[tuple[str, int]]:
 def holds_socket(pids: list[int], inodes: set[int]) -> bool:
     """Whether one of pids holds one of these socket inodes."""
     return any(_socket_inodes(pid) & inodes for pid in pids)
+
+
+OUTER_TMPDIR = "QUAL_OUTER_TMPDIR"  # the temp directory outside a command's private one (PrivateTmp)
+
+
+def outer_tmpdir() -> str:
+    """Where a file that must outlive this command goes when it has no output directory (a crash's traceback)."""
+    import tempfile
+
+    return os.environ.get(OUTER_TMPDIR) or tempfile.gettempdir()
+
+
+# Unix sockets go in the temp directory (multiprocessing's pymp-*/listener-*, a vLLM server's ipc:// paths, about
+# 50 bytes below it) and a socket's path holds at most 107 bytes: past this length the folder goes under /tmp.
+SOCKET_SAFE_TMP_LEN = 48
+
+
+def _short_private_dir(outer: str, prefix: str) -> str:
+    """A new private folder under `outer` when sockets fit below it and it is writable, else under /tmp."""
+    import tempfile
+
+    for parent in dict.fromkeys([outer, "/tmp"] if len(outer) + len(prefix) + 8 <= SOCKET_SAFE_TMP_LEN else ["/tmp"]):
+        try:
+            return tempfile.mkdtemp(prefix=prefix, dir=parent)
+        except OSError:
+            continue
+    raise QualError(f"no writable temporary directory: TMPDIR={outer} and /tmp both refused a new folder")
+
+
+class PrivateTmp:
+    """One temporary folder for everything this process and its children put in the temp directory
+    (multiprocessing's pymp-*, the ranks' rendezvous, a vLLM server's IPC sockets): TMPDIR points into it, and it
+    is removed on every exit path that can still run code: at interpreter exit, or by remove() before an os._exit.
+
+    One per process (private_tmp()): multiprocessing keeps the temp folder it first used for the process's life, so
+    a second command run in the same process (the tests call the CLI's main() in-process) must find the same one.
+    """
+
+    def __init__(self, prefix: str = "qual-"):
+        import tempfile
+        from multiprocessing import util
+
+        outer = tempfile.gettempdir()
+        os.environ.setdefault(OUTER_TMPDIR, outer)  # what outlives the command: crash files
+        self.path = _short_private_dir(outer, prefix)
+        os.environ["TMPDIR"] = self.path  # children (vLLM servers, the fork server) inherit it
+        tempfile.tempdir = self.path  # and this process's own temporary files go there too
+        # Removed at exit after multiprocessing's own finalizers (which remove its pymp-* folder inside this one, at
+        # priority -100): the lowest priority runs last.
+        util.Finalize(None, self.remove, exitpriority=-1000)
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+_PRIVATE_TMP: PrivateTmp | None = None
+
+
+def private_tmp() -> PrivateTmp:
+    """This process's private temporary folder, made on first use."""
+    global _PRIVATE_TMP
+    if _PRIVATE_TMP is None:
+        _PRIVATE_TMP = PrivateTmp()
+    return _PRIVATE_TMP

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from checkpoints import make_profile
+from qual.harness.inputs import seal
 
 pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
 
@@ -168,7 +169,7 @@ def test_matched_replay_is_verified(finished_run, tmp_path):
     rec["prompt_token_ids"] = rec["prompt_token_ids"][:-1]
     journal.write_text("\n".join([json.dumps(rec), *lines[1:]]) + "\n")
     proc = qual("run", "--resume", out)
-    assert proc.returncode == 2 and "different prompt token ids" in proc.stderr
+    assert proc.returncode == 2 and "journaled with another prompt" in proc.stderr
 
 
 def test_dry_run_changes_nothing(profile, tmp_path):
@@ -205,7 +206,7 @@ def _copy_run(finished_run, tmp_path) -> tuple[Path, Path]:
     shutil.copytree(finished_run[1] / "out", out)
     plan = json.loads((out / "run.json").read_text())
     plan["options"]["history"] = str(db)
-    (out / "run.json").write_text(json.dumps(plan))
+    (out / "run.json").write_text(json.dumps(seal(plan)))  # resealed: qual refuses a run.json edited by hand
     return out, db
 
 

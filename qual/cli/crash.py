@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from qual.errors import EngineError, InternalError, QualError
+from qual.proc import outer_tmpdir
 
 CRASH_FILE = "crash.txt"
 _MESSAGE_CHARS = 200
@@ -25,7 +26,7 @@ def save_traceback(exc: BaseException, run_dir: Path | None) -> Path | None:
         except OSError:
             pass  # a full or read-only disk: the temporary directory may still take it
     try:
-        fd, name = tempfile.mkstemp(prefix="qual-crash-", suffix=".txt")
+        fd, name = tempfile.mkstemp(prefix="qual-crash-", suffix=".txt", dir=outer_tmpdir())  # not the private one
         with os.fdopen(fd, "w") as f:
             f.write(text)
         return Path(name)

@@ -12,6 +12,8 @@ import typer
 
 from qual.cli.crash import internal_error_line, save_traceback
 from qual.errors import EngineError, InternalError, QualError
+from qual.proc import private_tmp, signals_held
+from qual.stop_signals import STOP_SIGNALS
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -69,25 +71,30 @@ class Interrupts:
     def __init__(self, deadline_s: float = INTERRUPT_DEADLINE_S):
         self.deadline_s = deadline_s
         self.first: int | None = None
+        self.before_exit = lambda: None  # what a hard exit still does (the private temporary folder goes)
+        self.finished: int | None = None  # the command's exit code once it returned: a signal then exits with it
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self)
 
     def __call__(self, signum, frame):
         if self.first is not None:
             self._exit(f"{signal.Signals(signum).name} again")
+        if self.finished is not None:  # nothing left to unwind, and the outcome (a gate's exit 1) stands
+            self.before_exit()
+            os._exit(self.finished)
         self.first = signum
         timer = threading.Timer(self.deadline_s, self._exit, (f"not stopped {self.deadline_s:.0f} s after {signal.Signals(signum).name}",))
         timer.daemon = True
         timer.start()
         raise KeyboardInterrupt
 
-    @staticmethod
-    def _exit(why: str) -> None:
+    def _exit(self, why: str) -> None:
         try:
             sys.stderr.write(f"interrupted ({why}): exiting now\n")
             sys.stderr.flush()
+            self.before_exit()
         finally:
             os._exit(EXIT_INTERRUPTED)
 
@@ -108,14 +115,24 @@ def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
 
 def main() -> None:
     """Console-script entry point: one-line errors, stable exit codes."""
-    Interrupts().install()
-    _register()
-    code = run_app()
+    _register()  # still under qual.cli.entry's start-up handler: nothing has been created that an exit must undo
+    interrupts = Interrupts()
+    try:
+        with signals_held(set(STOP_SIGNALS)):  # the private folder exists only with the handler that removes it
+            tmp = private_tmp()
+            interrupts.before_exit = tmp.remove
+            interrupts.install()
+        code = run_app()  # a signal held above arrives here at the latest, inside run_app or just before it
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    interrupts.finished = code
     if code == EXIT_INTERRUPTED:
         # Everything a --resume needs is on disk and every child is gone: skip the interpreter's teardown,
         # which takes seconds once torch is loaded, so that a CI job's SIGTERM ends the process at once.
         sys.stdout.flush()
         sys.stderr.flush()
+        tmp.remove()
         os._exit(code)
     sys.exit(code)
 

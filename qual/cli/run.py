@@ -14,6 +14,7 @@ from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict, print_warnings
 from qual.engines.registry import ENGINES, get_engine
 from qual.errors import QualError
+from qual.files import DirectoryLock
 from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DRAFT_KV_MODES,
                           DSA_TOPK_MODES, SHARDED)
 from qual.paths import DEFAULT_HISTORY
@@ -21,6 +22,7 @@ from qual.paths import DEFAULT_HISTORY
 
 @app.command("run")
 def run_command(
+    ctx: typer.Context,
     model: str = typer.Option("toy", "--model", help="Model profile: a shipped name (qual/data/configs/models) or a YAML path."),
     target: Optional[str] = typer.Option(None, "--target", help="Target checkpoint directory, in place of the "
                                          "profile's (and its tokenizer's, unless the profile names a local one)."),
@@ -60,14 +62,21 @@ def run_command(
                                                   "server (default 1)."),
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
+    from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
 
+    lock = None
     if resume is not None:
+        _refuse_flags_beside_resume(ctx)
+        if not dry_run and resume.is_dir():
+            lock = DirectoryLock(resume, "--resume")  # a second resume of this run is refused at once
         saved = load_plan(resume)  # run.json validated key by key: a bad one is exit 2 naming file and key
         plan = make_plan(saved.options, dry_run=dry_run, run_id=saved.run_id)
         plan.out_dir = resume
         if plan.corpus_info["fingerprint"] != saved.fingerprint:
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
+        if not dry_run:
+            check_unchanged(saved.inputs, plan.inputs, resume)
     else:
         if engine is None:
             engine = "attach" if control_url or candidate_url else DEFAULT_ENGINE
@@ -85,6 +94,7 @@ def run_command(
         raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
     history_file(plan.history_path)
     output_dir(plan.out_dir, "--out")
+    lock = lock or DirectoryLock(plan.out_dir, "--out")
     try:
         with crash_report(plan.out_dir):  # from here on a bug's traceback goes to <out>/crash.txt
             result = _run_with_progress(plan)
@@ -93,8 +103,19 @@ def run_command(
     except KeyboardInterrupt:
         print(f"finish the run with: qual run --resume {plan.out_dir}", file=sys.stderr)
         raise
+    finally:
+        lock.release()
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)
+
+
+def _refuse_flags_beside_resume(ctx: typer.Context) -> None:
+    """--resume repeats the recorded run: every other flag would be ignored, so one given is refused by name."""
+    given = [p for p in ctx.command.params if p.name not in ("resume", "dry_run")
+             and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        flag = max(given[0].opts, key=len)
+        raise QualError(f"{flag} with --resume: a resumed run repeats what its run.json records; drop {flag}")
 
 
 def _print_dry_run(plan) -> None:

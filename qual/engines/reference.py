@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from pydantic import PositiveInt, field_validator
 
 import qual
 from qual.engines.base import KNOBS, Engine
-from qual.errors import QualError
+from qual.errors import EngineError, QualError
 from qual.options import DEFAULT_DCP_COMM, DEFAULT_DSA_TOPK, DcpComm
 from qual.provenance import local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult
@@ -28,9 +27,14 @@ def _runtime():
     held meanwhile: a Ctrl-C or a CI job's SIGTERM during torch's import is answered right after it
     (qual.proc.signals_held says why not during it)."""
     from qual.proc import signals_held
+    from qual.stop_signals import STOP_SIGNALS
 
-    with signals_held({signal.SIGINT, signal.SIGTERM}):
-        import qual.runtime.engine as engine
+    try:
+        with signals_held(set(STOP_SIGNALS)):
+            import qual.runtime.engine as engine
+    except (ImportError, OSError, MemoryError) as exc:  # a memory limit (ulimit -v), a broken torch install
+        raise EngineError(f"the embedded runtime could not load torch: {type(exc).__name__}: {exc} (is a memory "
+                          f"limit such as `ulimit -v` below what torch needs, or its install broken?)") from None
     return engine
 
 

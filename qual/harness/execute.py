@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -14,7 +14,7 @@ from qual.errors import QualError
 from qual.files import WriteError, write_text
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
-from qual.history import configuration_runs, record_run
+from qual.history import HistoryLocked, configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
 from qual.result import CorpusInfo, Result
@@ -63,9 +63,22 @@ def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) ->
 
 
 def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
-    """The arm's finished requests, each record checked against the arm (its K)."""
+    """The arm's finished requests, each record checked against the arm (its K) and against the plan: a journal
+    holds only planned requests, with their planned prompts and at most their planned tokens (run.json and the
+    journals describe one run)."""
     config: ArmConfig = plan.arms[arm]
-    return read_journal(journal_path(plan.out_dir, arm), config.num_speculative_tokens if config.draft_path else None)
+    path = journal_path(plan.out_dir, arm)
+    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None)
+    planned = {r.id: r for r in plan.requests}
+    for rid, rec in done.items():
+        req = planned.get(rid)
+        if req is None:
+            raise QualError(f"{path}: request {rid} is journaled but not in the run's plan (run.json and the journal "
+                            f"describe different runs)")
+        if tuple(rec.prompt_token_ids) != tuple(req.prompt_token_ids) or len(rec.output_token_ids) > req.max_tokens:
+            raise QualError(f"{path}: request {rid} was journaled with another prompt or more than its "
+                            f"{req.max_tokens} planned tokens (run.json and the journal describe different runs)")
+    return done
 
 
 def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
@@ -139,5 +152,9 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str
         baseline=plan.baseline, trend=trend,
     )
     paths = write_reports(result, plan.out_dir)
-    record_run(plan.history_path, result, paths["json"], plan.run_id)
+    try:
+        record_run(plan.history_path, result, paths["json"], plan.run_id, on_wait=lambda line: print(line, file=sys.stderr))
+    except HistoryLocked as exc:
+        raise QualError(f"{exc}; the run's reports are written in {plan.out_dir}: record it in the history with "
+                        f"`qual run --resume {plan.out_dir}`") from None
     return result, paths

@@ -22,6 +22,7 @@ from qual.errors import QualError
 from qual.files import write_text
 from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
+from qual.harness.inputs import check_sealed, run_inputs, seal
 from qual.history import check_history
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
                           DEVICE_PATTERN, MAX_SEED, DraftKv, DsaTopk, Dtype, check_layout)
@@ -122,6 +123,7 @@ class RunPlan:
     history_path: Path
     run_id: str = ""  # kept in run.json: a resumed run is the same run (recorded in the history once)
     baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
+    inputs: dict | None = None  # what the run depends on (qual.harness.inputs), recorded in run.json
 
     @property
     def configuration(self) -> Configuration:
@@ -130,11 +132,11 @@ class RunPlan:
 
     def save(self) -> None:
         data = {"run_id": self.run_id, "options": asdict(self.options), "corpus": self.corpus_info,
-                "arms": {k: a.to_json() for k, a in self.arms.items()}}
+                "arms": {k: a.to_json() for k, a in self.arms.items()}, "inputs": self.inputs}
         if self.baseline is not None:
             data["baseline"] = {"ref": self.baseline.ref, "chosen_by": self.baseline.chosen_by,
                                 "history_id": self.baseline.history_id, "path": str(self.baseline.path)}
-        write_text(self.out_dir / PLAN_FILE, json.dumps(data, indent=2))
+        write_text(self.out_dir / PLAN_FILE, json.dumps(seal(data), indent=2))
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -321,6 +323,8 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
         plan.baseline = resolve(o.baseline, history, plan.configuration)
         check_match(plan.baseline, arms, corpus.fingerprint, [r.id for r in selected])
+    if not dry_run:
+        plan.inputs = run_inputs(plan, profile.path)
     return plan
 
 
@@ -331,6 +335,7 @@ class SavedPlan:
     options: RunOptions
     fingerprint: str  # the corpus's, when the run started
     run_id: str | None  # None: written by a qual that kept no run id
+    inputs: dict | None = None  # None: written by a qual that recorded no inputs (qual.harness.inputs)
 
 
 def load_plan(run_dir: Path) -> SavedPlan:
@@ -346,6 +351,7 @@ def load_plan(run_dir: Path) -> SavedPlan:
         raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
         raise QualError(f"{path}: expected a JSON object")
+    check_sealed(data, str(path))
     for key in ("options", "corpus"):
         if not isinstance(data.get(key), dict):
             raise QualError(f"{path}: {key}: {'missing' if key not in data else 'must be an object'}")
@@ -359,4 +365,7 @@ def load_plan(run_dir: Path) -> SavedPlan:
         options = RunOptions(**data["options"])
     except ValidationError as exc:
         raise QualError(f"{path}: {describe_error(exc, 'options')}") from None
-    return SavedPlan(options, fingerprint, run_id)
+    inputs = data.get("inputs")
+    if inputs is not None and not isinstance(inputs, dict):
+        raise QualError(f"{path}: inputs: must be an object")
+    return SavedPlan(options, fingerprint, run_id, inputs)

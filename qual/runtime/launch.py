@@ -20,6 +20,7 @@ from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 from typing import Iterator
 
+from qual.stop_signals import STOP_SIGNALS
 from qual.runtime.registry import DRAFTERS, TARGETS
 
 _MODELS = sorted({ref.split(":")[0] for ref in (*TARGETS.values(), *DRAFTERS.values())})
@@ -27,7 +28,6 @@ _MODELS = sorted({ref.split(":")[0] for ref in (*TARGETS.values(), *DRAFTERS.val
 PRELOAD = ["qual.runtime.rank_server", "qual.runtime.engine", *_MODELS]
 # The driver alone decides when ranks stop: a Ctrl-C to the terminal's process group, or a CI job's SIGTERM to the
 # run's group, reaches rank 0, which then kills the ranks. The ranks ignore both from the moment they exist.
-STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 @contextmanager

@@ -18,10 +18,11 @@ from pathlib import Path
 from qual.errors import EngineError
 from qual.proc import die_with_parent
 from qual.runtime.config import EngineConfig
-from qual.runtime.launch import (STOP_SIGNALS, adopt_environment, environment, forked_by_server, ignored_by_children,
+from qual.runtime.launch import (adopt_environment, environment, forked_by_server, ignored_by_children,
                                  rank_context)
 from qual.runtime.model_runner import ModelRunner
 from qual.runtime.parallel import Rendezvous, abort_comm, arm_hang_dump, init_comm, set_cpu_threads, shutdown_comm
+from qual.stop_signals import STOP_SIGNALS
 
 # Seconds to wait for ranks that were told to stop (a clean close) before they are killed.
 STOP_JOIN_S = 30.0

@@ -1,0 +1,72 @@
+"""What a run depends on, recorded in run.json when it starts, so that `--resume` runs exactly the run that started:
+the options, the profile and gate files, the corpus, the checkpoints, both arms as planned and the planned requests.
+A resume recomputes them and refuses (exit 2, naming what changed) when any differs; run.json carries a digest of its
+own content, so an edit to it is refused too."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+
+from qual.checkpoints.identity import checkpoint_identity
+from qual.errors import QualError
+from qual.provenance import file_sha256
+
+SHOWN = 5  # differences named in the refusal
+
+
+def _digest(obj) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def run_inputs(plan, profile_path: str) -> dict:
+    """The identity of everything the plan was made from (plan: a RunPlan)."""
+    options = {k: v for k, v in asdict(plan.options).items() if k not in ("out", "history")}  # where, not what
+    candidate = plan.arms["candidate"]
+    return {
+        "options": options,
+        "profile": {"path": profile_path, "sha256": file_sha256(profile_path)},
+        "gate": {"path": plan.gate_path, "sha256": file_sha256(plan.gate_path)},
+        "corpus": plan.corpus_info["fingerprint"],
+        "checkpoints": {"target": checkpoint_identity(candidate.target_path),
+                        "draft": checkpoint_identity(candidate.draft_path),
+                        "tokenizer": checkpoint_identity(candidate.extra.get("tokenizer"))},
+        "arms": {name: arm.to_json() for name, arm in plan.arms.items()},
+        "requests": _digest([[r.id, list(r.prompt_token_ids), r.max_tokens] for r in plan.requests]),
+    }
+
+
+def seal(data: dict) -> dict:
+    """run.json's content with a digest of itself (key "sealed")."""
+    return {**data, "sealed": _digest({k: v for k, v in data.items() if k != "sealed"})}
+
+
+def check_sealed(data: dict, where: str) -> None:
+    """run.json as qual wrote it: its digest still matches (an edited run.json is refused)."""
+    sealed = data.get("sealed")
+    if sealed is None:
+        return  # written by a qual that sealed nothing: only the recomputed inputs are compared
+    if sealed != _digest({k: v for k, v in data.items() if k != "sealed"}):
+        raise QualError(f"{where}: edited since the run started (its digest no longer matches): a resumed run must "
+                        "be the run that started; start a new run instead")
+
+
+def _differences(saved, now, path: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = []
+        for key in sorted(set(saved) | set(now)):
+            out += _differences(saved.get(key), now.get(key), f"{path}.{key}" if path else key)
+        return out
+    return [] if saved == now else [f"{path} {json.dumps(saved)} -> {json.dumps(now)}"]
+
+
+def check_unchanged(saved: dict | None, now: dict, run_dir) -> None:
+    """The inputs recorded when the run started equal the ones a resume would run with (exit 2 naming what changed)."""
+    if saved is None:
+        return  # a run started by a qual that recorded no inputs
+    changed = _differences(saved, now)
+    if changed:
+        more = f" (and {len(changed) - SHOWN} more)" if len(changed) > SHOWN else ""
+        raise QualError(f"--resume {run_dir}: the run's inputs changed since it started: {'; '.join(changed[:SHOWN])}"
+                        f"{more}: a resumed run must run what started, so start a new run")
