@@ -155,13 +155,16 @@ def _validate_attach(o: RunOptions, attaches: bool) -> None:
     missing = [flag for flag, url in urls.items() if not url]
     if missing:
         raise QualError(f"--engine {o.engine} attaches to running servers: give {' and '.join(missing)}")
-    for flag, url in urls.items():
-        if not re.match(r"^https?://[^\s/]+", url):
-            raise QualError(f"{flag} must be an http:// or https:// URL (got {url!r})")
+    from qual.redact import check_api_key, check_server_url
+
+    for flag, url in urls.items():  # http(s), a host, no credentials, no control characters (a message never shows them)
+        check_server_url(flag, url)
     names = o.api_key_env.split(",") if o.api_key_env is not None else []
     if o.api_key_env is not None and (len(names) > 2 or not all(_ENV_NAME.match(n) for n in names)):
         raise QualError(f"--api-key-env must be NAME or CONTROL_NAME,CANDIDATE_NAME of environment variables "
                         f"(got {o.api_key_env!r})")
+    for name in names:  # a key an HTTP header cannot carry is refused now, never echoed (an unset one: at attach)
+        check_api_key(name)
 
 
 def _validate_options(o: RunOptions) -> None:

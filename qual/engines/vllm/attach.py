@@ -17,16 +17,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from pydantic import PositiveFloat
+from pydantic import Field
 
 from qual.engines.base import Engine
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.facts import ServerFacts, read_facts
 from qual.engines.vllm.metrics import counts_from_reply
+from qual.engines.vllm.transport import REDIRECTS, one_line
 from qual.errors import EngineError, QualError
 from qual.options import NOT_OBSERVED
 from qual.records import (GRAPH_NOT_OBSERVED, AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest,
                           GraphCapture, OnResult, RequestResult)
+from qual.redact import check_api_key, redact_url
 from qual.validation import Section, parse_section
 
 PER_REQUEST, METRICS_DIFF = "per_request_metrics", "metrics_diff"  # RequestResult.acceptance_source
@@ -34,14 +36,19 @@ COUNTER_SETTLE_S = 5.0  # /metrics is updated just after the reply is sent
 # Knobs an attached arm cannot apply and cannot check. Its dcp, tp, dtype are expectations, checked where reported.
 REFUSED = {"draft_kv": "--draft-kv: an attached server's build decides draft-KV replication, and its API does not say",
            "device": "--device: an attached server runs where its deployment put it"}
+MAX_DEADLINE_S = 86400.0  # a deadline setting's upper bound (a day)
 
 
 class AttachOptions(Section):
     """A profile's `attach:` section: how qual talks to servers it did not start."""
 
     served_model_name: str | None = None  # default: the one model the server lists
-    request_timeout_s: PositiveFloat = 600.0
-    connect_timeout_s: PositiveFloat = 60.0  # each call while attaching (facts, probe, /tokenize)
+    # Deadlines of whole calls, from the connect to the reply's last byte (a server sending a byte a second meets
+    # them too); the arm records them (extra.attach). docs/vllm.md, "Attach mode: limits and deadlines".
+    request_timeout_s: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)  # each completion of the run
+    # Each call while attaching (/v1/models, /version, /server_info, /metrics, the probe reply, /tokenize), and each
+    # TCP handshake of the run's calls: a silent server fails after this, not after the request deadline.
+    connect_timeout_s: float = Field(10.0, gt=0, le=MAX_DEADLINE_S)
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,12 @@ class ServerSpec:
         return cls(**{k: server[k] for k in cls.__dataclass_fields__ if k in server})
 
     @property
+    def shown_url(self) -> str:
+        return redact_url(self.url)  # the plan refuses userinfo; nothing shows one all the same
+
+    @property
     def who(self) -> str:
-        return f"{self.arm} server {self.url}"
+        return f"{self.arm} server {self.shown_url}"
 
     def api_key(self) -> str | None:
         if self.api_key_env is None:
@@ -72,6 +83,7 @@ class ServerSpec:
         if not key:
             raise QualError(f"--api-key-env {self.api_key_env}: the variable is not set (it holds the {self.arm} "
                             "server's API key)")
+        check_api_key(self.api_key_env)  # as the plan did: it may have changed since (a resumed run)
         return key
 
 
@@ -96,19 +108,19 @@ class AttachEngine(Engine):
         spec = ServerSpec.of(arm)
         facts = self._attach(arm, spec, _options(arm))
         device = facts.config("device_config").get("device") or NOT_OBSERVED  # where the deployment put it
-        return replace(arm, draft_kv=NOT_OBSERVED, device=str(device),
-                       extra={**arm.extra, "attach": {**(arm.extra.get("attach") or {}),
-                                                      "served_model_name": self._model(arm, spec, facts)}})
+        # Every setting as it applies, defaults included: the deadlines a run ran under are part of its record.
+        settings = {**_options(arm).model_dump(), "served_model_name": self._model(arm, spec, facts)}
+        return replace(arm, draft_kv=NOT_OBSERVED, device=one_line(str(device)), extra={**arm.extra, "attach": settings})
 
     def describe(self, arm: ArmConfig) -> str:
         spec = ServerSpec.of(arm)
         key = f", API key from ${spec.api_key_env}" if spec.api_key_env else ""
-        return (f"attach to {spec.url} (expects DCP {arm.dcp}, TP {arm.tp}, {arm.dtype}, K {arm.num_speculative_tokens}"
+        return (f"attach to {spec.shown_url} (expects DCP {arm.dcp}, TP {arm.tp}, {arm.dtype}, K {arm.num_speculative_tokens}"
                 f"{key}; max concurrency {spec.max_concurrency}{', exclusive' if spec.exclusive else ''})")
 
     def tokenize(self, arm: ArmConfig, prompts: list[str]) -> list[list[int]]:
         spec, options = ServerSpec.of(arm), _options(arm)
-        client = self._client(arm, spec, options, options.connect_timeout_s)
+        client = self._client(arm, spec, options, attaching=True)
         try:
             return [client.tokenize(text) for text in prompts]
         except ClientError as exc:
@@ -116,13 +128,16 @@ class AttachEngine(Engine):
 
     # -- attaching: who is there, and is it what the run expects ---------------------------------
 
-    def _client(self, arm: ArmConfig, spec: ServerSpec, options: AttachOptions, timeout_s: float) -> VllmClient:
+    def _client(self, arm: ArmConfig, spec: ServerSpec, options: AttachOptions, attaching: bool) -> VllmClient:
+        """A client whose every call has attach.connect_timeout_s while attaching, attach.request_timeout_s in a run."""
         model = options.served_model_name or arm.model
-        return VllmClient(spec.url, model, timeout_s=timeout_s, api_key=spec.api_key())
+        setting = "connect_timeout_s" if attaching else "request_timeout_s"
+        return VllmClient(spec.url, model, timeout_s=getattr(options, setting), api_key=spec.api_key(),
+                          connect_timeout_s=options.connect_timeout_s, timeout_name=f"the profile's attach.{setting}")
 
     def _attach(self, arm: ArmConfig, spec: ServerSpec, options: AttachOptions) -> ServerFacts:
         """The server's facts, refused (QualError, exit 2) where they contradict the run; unreachable: EngineError."""
-        client = self._client(arm, spec, options, options.connect_timeout_s)
+        client = self._client(arm, spec, options, attaching=True)
         try:
             facts = read_facts(client)
             client.model = self._model(arm, spec, facts)
@@ -143,7 +158,8 @@ class AttachEngine(Engine):
                 raise QualError(f"{why}, and its /metrics has no spec-decode series: acceptance cannot be measured")
         for knob, (expected, reported, source) in _verified(arm, facts).items():
             if reported is not None and reported != expected:
-                raise QualError(f"{spec.who} reports {knob} {reported} ({source}); the run expects {expected}")
+                raise QualError(f"{spec.who} reports {knob} {one_line(str(reported))} ({source}); the run expects "
+                                f"{expected}")
         return facts
 
     @staticmethod
@@ -153,19 +169,23 @@ class AttachEngine(Engine):
         if wanted is not None:
             if wanted not in names:
                 raise QualError(f"{spec.who} does not serve {wanted!r} (attach.served_model_name); it serves "
-                                f"{', '.join(map(repr, names)) or 'nothing'}")
+                                f"{one_line(', '.join(map(repr, names))) or 'nothing'}")
             return wanted
         if len(names) != 1:
-            raise QualError(f"{spec.who} serves {len(names)} models ({', '.join(map(repr, names))}): name one with "
-                            "the profile's attach.served_model_name")
+            raise QualError(f"{spec.who} serves {len(names)} models ({one_line(', '.join(map(repr, names)))}): name one "
+                            "with the profile's attach.served_model_name")
         return names[0]
 
     @staticmethod
     def _unreachable(spec: ServerSpec, exc: ClientError, during: str) -> Exception:
+        """A call that failed before the run: the user's to fix (a refused key, a URL that redirects elsewhere: exit 2)
+        or the server's (exit 3)."""
         if exc.status in (401, 403):
             how = f"the API key from ${spec.api_key_env}" if spec.api_key_env else "no API key (pass --api-key-env NAME)"
             return QualError(f"{spec.who} refused {how} (HTTP {exc.status})")
-        return EngineError(f"{spec.who} is unreachable ({during}): {exc}")
+        if exc.status in REDIRECTS:
+            return QualError(f"{spec.who}: {exc}")
+        return EngineError(f"{spec.who} {'failed' if exc.reached else 'is unreachable'} ({during}): {exc}")
 
     # -- running an arm ---------------------------------------------------------------------------
 
@@ -173,10 +193,10 @@ class AttachEngine(Engine):
             name: str) -> ArmRunInfo:
         spec, options = ServerSpec.of(arm), _options(arm)
         facts = self._attach(arm, spec, options)  # again: the server at the URL may have changed since preflight
-        client = self._client(arm, spec, options, options.request_timeout_s)
+        client = self._client(arm, spec, options, attaching=False)
         log_path = Path(run_dir) / f"{name}.attach.log"
         with open(log_path, "a", encoding="utf-8") as log:
-            _log(log, f"attached to {spec.url}: vLLM {facts.version}, model {client.model!r}, fingerprint "
+            _log(log, f"attached to {spec.shown_url}: vLLM {facts.version}, model {client.model!r}, fingerprint "
                       f"{facts.fingerprint}, per-request metrics {'yes' if facts.per_request_metrics else 'no'}, "
                       f"max concurrency {spec.max_concurrency}{', exclusive' if spec.exclusive else ''}")
             start = time.monotonic()
@@ -248,7 +268,7 @@ class _Replay:
                 last: AcceptanceCounts | None) -> AcceptanceCounts | None:
         """This request's result (journaled by on_result); the /metrics counters after it where they are read."""
         if completion.spec_decode is not None:
-            counts, source = counts_from_reply(completion.spec_decode, self.k), PER_REQUEST
+            counts, source = self._reply_counts(req, completion.spec_decode), PER_REQUEST
             if last is not None:
                 last = self._settled(last, counts)
         elif self.k == 0:
@@ -274,6 +294,14 @@ class _Replay:
             acceptance_source=source,
         ))
         return last
+
+    def _reply_counts(self, req: EngineRequest, metrics) -> AcceptanceCounts:
+        try:
+            return counts_from_reply(metrics, self.k)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise EngineError(f"{self.spec.who}: the reply to request {req.id} carries spec-decode metrics qual cannot "
+                              f"read ({one_line(repr(metrics))}): `qual run --resume {self.run_dir}` finishes the run "
+                              "once the server answers as vLLM does", self.log_path) from exc
 
     def _counters(self, when: str) -> AcceptanceCounts:
         try:
@@ -370,7 +398,7 @@ def _facts(arm: ArmConfig, spec: ServerSpec, facts: ServerFacts, sources: dict[s
     else:
         policy = "/metrics counter diffs at concurrency 1 (--exclusive)"
     return {
-        "server_url": spec.url,
+        "server_url": spec.shown_url,
         "server": facts.summary(),
         "server_command": None,  # qual did not start it: the deployment's command is not visible
         "acceptance_source": policy,

@@ -1,22 +1,24 @@
-"""Minimal client for the server's OpenAI-compatible API and /metrics (stdlib only)."""
+"""Client for the server's OpenAI-compatible API and /metrics (stdlib only: qual/engines/vllm/transport.py).
+
+Every call has a deadline, a reply cap by endpoint and no redirect to another origin (transport.py says why)."""
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from qual.engines.vllm.metrics import parse_spec_counters
+from qual.engines.vllm.transport import MiB, ClientError, fetch
 from qual.records import AcceptanceCounts
 
+__all__ = ["ClientError", "Completion", "VllmClient", "answers_health", "REPLY_CAPS"]
 
-class ClientError(Exception):
-    """The server refused or failed a request (HTTP error, bad reply, connection lost)."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status  # the HTTP status where the server answered; None where it did not
+# The largest reply read from each endpoint; generous for completions (the prompt's ids come back with the output's)
+# and /tokenize, tight where a reply is a few KiB. A larger reply is a ClientError naming the URL.
+REPLY_CAPS = {"/v1/completions": 64 * MiB, "/tokenize": 64 * MiB, "/metrics": 16 * MiB}
+OTHER_REPLY_CAP = 4 * MiB  # /v1/models, /version, /server_info, /health
+CONNECT_TIMEOUT_S = 10.0  # each TCP (and TLS) handshake, unless the caller says otherwise
 
 
 @dataclass
@@ -31,12 +33,18 @@ class Completion:
 
 
 class VllmClient:
-    """Talks to one server at base_url, with its API key (sent on every request)."""
+    """Talks to one server at base_url, with its API key (sent on every request).
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, api_key: str | None = None):
+    timeout_s is each call's deadline, from its connect to its reply's last byte (timeout_name: the setting that
+    chose it, named where it passes); connect_timeout_s bounds each handshake."""
+
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, api_key: str | None = None,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, timeout_name: str = "the client's deadline"):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_name = timeout_name
         self._api_key = api_key  # sent as a bearer token (vLLM's --api-key guards /v1/*)
 
     def __repr__(self) -> str:  # never the key
@@ -44,29 +52,22 @@ class VllmClient:
 
     def _request(self, path: str, payload: dict | None = None) -> bytes:
         data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data)
-        if self._api_key:
-            req.add_header("Authorization", f"Bearer {self._api_key}")
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.read()
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")[:500]
-            raise ClientError(f"HTTP {exc.code} from {path}: {body}", exc.code) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise ClientError(f"{path}: {exc}") from exc
+            headers["Content-Type"] = "application/json"
+        return fetch(self.base_url + path, data=data, headers=headers,
+                     max_bytes=REPLY_CAPS.get(urlsplit(path).path, OTHER_REPLY_CAP), deadline_s=self.timeout_s,
+                     connect_s=self.connect_timeout_s, deadline_name=self.timeout_name)
 
     def get_json(self, path: str, payload: dict | None = None) -> dict:
         """A JSON object from GET path (POST where payload is given)."""
         raw = self._request(path, payload)
         try:
             body = json.loads(raw)
-        except ValueError as exc:
-            raise ClientError(f"{path}: not JSON: {raw[:200]!r}") from exc
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
+            raise ClientError(f"{path}: not JSON: {raw[:200]!r}", reached=True) from exc
         if not isinstance(body, dict):
-            raise ClientError(f"{path}: expected a JSON object, got {raw[:200]!r}")
+            raise ClientError(f"{path}: expected a JSON object, got {raw[:200]!r}", reached=True)
         return body
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
@@ -78,7 +79,7 @@ class VllmClient:
         body = self.get_json("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise ClientError(f"/tokenize: no token list in the reply: {str(body)[:200]}")
+            raise ClientError(f"/tokenize: no token list in the reply: {str(body)[:200]}", reached=True)
         return tokens
 
     def spec_counters(self) -> AcceptanceCounts:
@@ -86,7 +87,7 @@ class VllmClient:
         return parse_spec_counters(self.metrics_text())
 
     def metrics_text(self) -> str:
-        return self._request("/metrics").decode()
+        return self._request("/metrics").decode(errors="replace")
 
     def complete(
         self, prompt_token_ids: list[int], max_tokens: int, temperature: float, seed: int
@@ -108,25 +109,33 @@ class VllmClient:
             body = json.loads(raw)
             choice = body["choices"][0]
             output = choice["token_ids"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ClientError(f"unexpected /v1/completions reply: {raw[:300]!r}") from exc
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+            raise ClientError(f"unexpected /v1/completions reply: {raw[:300]!r}", reached=True) from exc
         if output is None:
-            raise ClientError("the server returned no token_ids (does it support return_token_ids?)")
+            raise ClientError("the server returned no token_ids (does it support return_token_ids?)", reached=True)
         prompt_ids = choice.get("prompt_token_ids") or body.get("prompt_token_ids") or list(prompt_token_ids)
+        if not all(isinstance(ids, list) and all(type(t) is int for t in ids) for ids in (output, prompt_ids)):
+            raise ClientError(f"unexpected /v1/completions reply (token ids that are not integers): {raw[:300]!r}",
+                              reached=True)
         metrics = body.get("metrics") or choice.get("metrics") or {}
         return Completion(
             prompt_token_ids=list(prompt_ids),
             output_token_ids=list(output),
             finish_reason=choice.get("finish_reason") or "length",
-            spec_decode=metrics.get("speculative_decoding") if isinstance(metrics, dict) else None,
+            spec_decode=_object(metrics.get("speculative_decoding")) if isinstance(metrics, dict) else None,
             fingerprint=body.get("system_fingerprint"),
         )
 
 
+def _object(value) -> dict | None:
+    return value if isinstance(value, dict) else None  # what is not an object carries no metrics
+
+
 def answers_health(base_url: str, timeout_s: float) -> bool:
-    """Whether base_url's /health answers 200 now (a launched server's or an attached one's)."""
+    """Whether base_url's /health answers 200 within timeout_s (a launched server's or an attached one's)."""
     try:
-        with urllib.request.urlopen(base_url + "/health", timeout=timeout_s) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+        fetch(base_url.rstrip("/") + "/health", max_bytes=OTHER_REPLY_CAP, deadline_s=timeout_s,
+              connect_s=min(timeout_s, CONNECT_TIMEOUT_S), deadline_name="the /health check's")
+        return True
+    except (ClientError, ValueError):
         return False

@@ -205,7 +205,8 @@ class VllmEngine(Engine):
         """With the server healthy: its capture record, then the replay (wall time, output tokens)."""
         capture = parse_graph_capture(server.log_text(), options.requested_cudagraph_mode,
                                       options.cudagraph_capture_sizes)
-        client = VllmClient(server.base_url, served, timeout_s=options.request_timeout_s, api_key=server.api_key)
+        client = VllmClient(server.base_url, served, timeout_s=options.request_timeout_s, api_key=server.api_key,
+                            timeout_name="the profile's vllm.request_timeout_s")
         start = time.monotonic()
         output_tokens = self._replay(arm, requests, on_result, server, client)
         return capture, time.monotonic() - start, output_tokens

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from qual.engines.vllm.client import ClientError, VllmClient
 from qual.engines.vllm.metrics import ACCEPTED_PER_POS, parse_samples
+from qual.engines.vllm.transport import one_line
 from qual.records import HostFacts
 
 CACHE_INFO = "vllm:cache_config_info"
@@ -130,14 +131,18 @@ def read_facts(client: VllmClient) -> ServerFacts:
     where a required endpoint fails (an unreachable server, a refused API key)."""
     facts = ServerFacts(url=client.base_url)
     models = client.get_json("/v1/models")  # guarded by --api-key: a wrong key fails here, before anything runs
-    facts.models = [{k: m.get(k) for k in ("id", "root", "max_model_len")} for m in models.get("data") or []
-                    if isinstance(m, dict)]
+    listed = models.get("data")
+    facts.models = [{k: m.get(k) for k in ("id", "root", "max_model_len")} for m in listed
+                    if isinstance(m, dict)] if isinstance(listed, list) else []
     version = _optional(client, "/version")
     facts.version = str(version["version"]) if version and "version" in version else None
     facts.server_info = _optional(client, "/server_info?config_format=json")
-    for name, labels, _ in parse_samples(client.metrics_text()):
-        if name == CACHE_INFO and not facts.cache_config:
-            facts.cache_config = {k: v for k, v in labels.items() if k != "engine"}
-        elif name == ACCEPTED_PER_POS:
-            facts.metrics_k = max(facts.metrics_k or 0, int(labels.get("position", -1)) + 1)
+    try:
+        for name, labels, _ in parse_samples(client.metrics_text()):
+            if name == CACHE_INFO and not facts.cache_config:
+                facts.cache_config = {k: v for k, v in labels.items() if k != "engine"}
+            elif name == ACCEPTED_PER_POS:
+                facts.metrics_k = max(facts.metrics_k or 0, int(labels.get("position", -1)) + 1)
+    except ValueError as exc:  # not Prometheus text, or a position that is no number
+        raise ClientError(f"/metrics: {one_line(str(exc))}", reached=True) from None
     return facts
