@@ -12,7 +12,6 @@ A problem is a QualError (exit 2): '<file>:<line>: <field>: <what is wrong>'.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -84,10 +83,6 @@ def check_path_name(value: str | Path, option: str) -> None:
         raise QualError(f"{option}: a path of {len(raw)} bytes is longer than the system allows (4095)")
 
 
-def name_too_long(exc: OSError) -> bool:
-    return exc.errno == errno.ENAMETOOLONG
-
-
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:80] + "..."
@@ -106,17 +101,13 @@ def _refuse(where: str, line: int | None, path: tuple, problem: str) -> QualErro
     return QualError(f"{at}: {field}: {problem}" if field else f"{at}: {problem}")
 
 
-def _text_problem(text: str) -> str | None:
+def text_problem(text: str) -> str | None:
+    """Why a decoded string cannot be text qual writes (a lone surrogate no UTF-8 encodes), or None."""
     if not text.isascii():
         bad = _SURROGATE.search(text)
         if bad is not None:
             return f"a lone surrogate (\\u{ord(bad.group()):04x}) is not text"
     return None
-
-
-def text_problem(text: str) -> str | None:
-    """Why a decoded string cannot be text qual writes (a lone surrogate no UTF-8 encodes), or None."""
-    return _text_problem(text)
 
 
 # ---------------------------------------------------------------- YAML
@@ -156,7 +147,7 @@ def _scalar_problem(loader: _Loader, node: yaml.ScalarNode) -> str | None:
         if abs(value) > MAX_INT:
             return f"{node.value} is beyond what qual reads (integers of 64 bits)"
     elif node.tag == _STR_TAG:
-        return _text_problem(node.value)
+        return text_problem(node.value)
     return None
 
 
@@ -301,7 +292,7 @@ def _walk_json(data: Any, text: str, where: str) -> None:
 
     def check(value: Any, path: tuple) -> None:
         if type(value) is str:
-            problem = _text_problem(value)
+            problem = text_problem(value)
             if problem:
                 lone = _LONE.search(text)
                 raise _refuse(where, text.count("\n", 0, lone.start()) + 1 if lone else None, path, problem)
@@ -320,7 +311,7 @@ def _walk_json(data: Any, text: str, where: str) -> None:
     while iters:
         for key, value in iters[-1]:
             if type(key) is str and not key.isascii():
-                problem = _text_problem(key)
+                problem = text_problem(key)
                 if problem:
                     raise _refuse(where, None, paths[-1], f"key {_shown(key)}: {problem}")
             if type(value) in _PLAIN:

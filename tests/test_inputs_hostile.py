@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import resource
-import shutil
 import sqlite3
 import subprocess
 import sys
