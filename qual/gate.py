@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from qual import paths
 from qual.errors import QualError
+from qual.userfiles import check_path_name, load_yaml
 from qual.validation import read_config_text, shown
 from qual.records import GRAPH_NOT_OBSERVED
 from qual.result import ARMS, ArmResult, CheckResult, GateOutcome, Result
@@ -454,6 +453,7 @@ def shipped_gates() -> list[str]:
 
 def gate_file(name_or_path: str | Path) -> Path:
     """A gate file: a path as given, or the name of a shipped one (`nightly`, `nightly-baseline`)."""
+    check_path_name(name_or_path, "--gate")
     path = Path(name_or_path)
     if path.exists() or path.suffix or len(path.parts) != 1:
         return path
@@ -469,13 +469,7 @@ def load_gate(path: str | Path) -> Gate:
     except OSError as exc:
         raise QualError(f"cannot read gate file {path}: {exc.strerror or exc} "
                         f"(shipped gates: {', '.join(shipped_gates())})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise QualError(f"{where}: invalid YAML ({getattr(exc, 'problem', None) or exc})") from None
-    return parse_rules(data, str(path))
+    return parse_rules(load_yaml(text, str(path)), str(path))
 
 
 def near_tie_margin(gate: Gate) -> float:

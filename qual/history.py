@@ -15,10 +15,12 @@ from typing import Any, Callable, Iterator, Sequence
 from qual.baseline import Configuration
 from qual.errors import QualError
 from qual.result import Result
+from qual.userfiles import check_path_name
 
 SCHEMA_VERSION = 3
 DEFAULT_STEP_PP = 2.0
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
+MAX_RUN_ID = 2**63 - 1  # SQLite's largest INTEGER PRIMARY KEY: a larger id names no run (and cannot be bound)
 
 _SCHEMA_V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -253,6 +255,7 @@ def _unusable(path: Path) -> str | None:
 
 @contextmanager
 def _open(db_path: str | Path, create: bool) -> Iterator[sqlite3.Connection]:
+    check_path_name(db_path, "--history")
     path = Path(db_path)
     why = _unusable(path)
     if why:
@@ -279,6 +282,7 @@ def _open(db_path: str | Path, create: bool) -> Iterator[sqlite3.Connection]:
 def check_history(db_path: str | Path, option: str = "--history") -> None:
     """Before any work: the history can take a row (an existing file is a qual history database we may write;
     a new one can be created). Reads only; a dry run may call it."""
+    check_path_name(db_path, option)
     path = Path(db_path)
     why = _unusable(path)
     if why:
@@ -403,6 +407,8 @@ def list_runs(db_path: str | Path, *, model: str | None = None, limit: int | Non
 
 def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
     """One run by id (QualError if absent)."""
+    if not 1 <= run_id <= MAX_RUN_ID:
+        raise QualError(f"no run {run_id} in {db_path} (run ids are 1 to {MAX_RUN_ID})")
     with _open(db_path, create=False) as conn:
         row = conn.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
     if row is None:

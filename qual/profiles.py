@@ -9,14 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import Field, PositiveInt
 
 from qual import paths
+from qual.checkpoints.config import max_positions, read_config
 from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
 from qual.options import DEFAULT_DTYPE, Dtype
+from qual.userfiles import check_path_name, load_yaml
 from qual.validation import Section, parse_section, read_config_text
 
 _MOVED = {"block_size": "reference", "kv_memory_mib": "reference"}  # keys that belong to one engine's section
@@ -40,7 +41,7 @@ class ModelProfile(Section):
     weights_dtype: Literal[WEIGHT_DTYPES] | None = None
     corpus: str = Field("humaneval", min_length=1)
     max_tokens: PositiveInt = 64
-    max_model_len: PositiveInt = 2048
+    max_model_len: PositiveInt = 2048  # unset: this, or the local target's max_position_embeddings if smaller
     vllm: dict = Field(default_factory=dict)  # validated by the vLLM engine
     reference: dict = Field(default_factory=dict)  # validated by the reference engine
     attach: dict = Field(default_factory=dict)  # validated by the attach engine (servers qual did not start)
@@ -82,10 +83,7 @@ def available_profiles() -> list[str]:
 
 def _read(path: Path) -> dict:
     try:
-        data = yaml.safe_load(read_config_text(path)) or {}
-    except (yaml.YAMLError, RecursionError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise QualError(f"{path}: malformed YAML ({first[:200]})") from None
+        data = load_yaml(read_config_text(path), str(path)) or {}
     except OSError as exc:
         raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
@@ -93,8 +91,26 @@ def _read(path: Path) -> dict:
     return data
 
 
+def _positions(profile: ModelProfile, given: bool) -> ModelProfile:
+    """max_model_len within what a local target was built for (its config.json's max_position_embeddings), as vLLM
+    has it: a profile that sets more is refused (the embedded runtime sizes its key views by max_model_len, so
+    10**12 would be an engine failure, an allocation of terabytes, instead of this file's mistake); one that sets
+    none gets the default, or the target's limit where that is smaller."""
+    target = Path(profile.target_path)
+    if not (target / "config.json").is_file():
+        return profile  # a hub id, or a checkpoint the plan reports missing
+    limit = max_positions(read_config(target))
+    if limit is None or profile.max_model_len <= limit:
+        return profile
+    if not given:
+        return profile.model_copy(update={"max_model_len": limit})
+    raise QualError(f"{profile.path}: max_model_len: {profile.max_model_len} is more positions than the target was "
+                    f"built for (max_position_embeddings {limit} in {target / 'config.json'})")
+
+
 def load_profile(name_or_path: str) -> ModelProfile:
     """A profile by name (configs/models/NAME.yaml) or by path."""
+    check_path_name(name_or_path, "--model")
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         path = paths.PROFILE_DIR / f"{name_or_path}.yaml"
@@ -109,4 +125,4 @@ def load_profile(name_or_path: str) -> ModelProfile:
         raise QualError(f"{path}: path: unknown key")
     profile = parse_section(ModelProfile, {**data, "path": str(path)}, str(path))
     sections = {name: engine_class(name).parse_options(data.get(name) or {}, str(path)) for name in ENGINES}
-    return profile.model_copy(update=sections)
+    return _positions(profile, "max_model_len" in data).model_copy(update=sections)

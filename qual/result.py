@@ -19,8 +19,10 @@ from qual.errors import QualError
 from qual.files import write_text
 from qual.records import EngineBuild, HostFacts, RecordError, RequestResult
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, ci_key
+from qual.userfiles import read_json
 
 SCHEMA = "qual.result/1"
+MAX_RESULT_BYTES = 1 << 30  # a result.json read back (compare, --baseline): every request's tokens, but bounded
 ARMS = ("control", "candidate")
 
 
@@ -343,9 +345,7 @@ def load_result(path: str | Path) -> Result:
     """Read result.json; an unknown schema or malformed file is a QualError."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, MAX_RESULT_BYTES, "result file")
     except OSError as exc:
         raise QualError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise QualError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
     return Result.from_json(data, str(path))

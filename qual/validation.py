@@ -9,13 +9,13 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from qual.errors import QualError
+from qual.userfiles import MAX_CONFIG_BYTES, read_text
 
 M = TypeVar("M", bound=BaseModel)
 
 # No coercion ("4" is not 4), no unknown keys, no NaN or infinity, immutable once parsed.
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 _SHOWN = 80  # characters of a bad value echoed back (a YAML alias bomb must not be printed whole)
-MAX_CONFIG_BYTES = 1 << 20  # profiles and gate files are small; anything larger is refused before parsing
 
 
 class Section(BaseModel):
@@ -57,14 +57,9 @@ def parse_flags(options_class, /, **values):
 
 
 def read_config_text(path: Path) -> str:
-    """A config file's text, refused (QualError) if larger than MAX_CONFIG_BYTES; OSError passes through."""
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise QualError(f"{path}: {size} bytes is larger than a config file may be ({MAX_CONFIG_BYTES})")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise QualError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    """A config file's text: a regular file of at most MAX_CONFIG_BYTES, UTF-8 (else a QualError); OSError of the
+    open passes through (qual/userfiles.py)."""
+    return read_text(path, MAX_CONFIG_BYTES, "config file")
 
 
 def parse_section(model: type[M], data, where: str, prefix: str = "") -> M:

@@ -127,7 +127,7 @@ def test_file_errors(tmp_path):
     with pytest.raises(QualError, match="no config.json"):
         load_glm5_config(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(QualError, match="malformed JSON"):
+    with pytest.raises(QualError, match="invalid JSON"):
         load_glm5_config(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(dict(model_type="qwen3")))
     with pytest.raises(QualError, match="model_type"):

@@ -9,8 +9,8 @@ QUAL = Path(__file__).resolve().parents[1] / "qual"
 # Layers that reach engines only through qual.engines.registry and know nothing of the runtime.
 ABOVE_THE_SEAM = ("qual.harness", "qual.cli", "qual.report", "qual.gate", "qual.stats", "qual.result", "qual.history",
                   "qual.records", "qual.profiles", "qual.corpus")
-NEUTRAL = ("qual.records", "qual.errors", "qual.options", "qual.validation", "qual.paths", "qual.checkpoints", "qual.files", "qual.redact",
-           "qual.proc", "qual.stop_signals")
+NEUTRAL = ("qual.records", "qual.errors", "qual.options", "qual.validation", "qual.userfiles", "qual.paths",
+           "qual.checkpoints", "qual.files", "qual.redact", "qual.proc", "qual.stop_signals")
 
 
 def _modules() -> dict[str, Path]:

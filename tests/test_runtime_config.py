@@ -74,7 +74,7 @@ def test_missing_and_malformed_checkpoints(tmp_path, tiny_pair):
     bad = tmp_path / "bad"
     shutil.copytree(target, bad)
     (bad / "config.json").write_text("{not json")
-    with pytest.raises(QualError, match="malformed JSON"):
+    with pytest.raises(QualError, match="invalid JSON"):
         validate(cfg(bad))
     (bad / "config.json").unlink()
     with pytest.raises(QualError, match="no config.json"):

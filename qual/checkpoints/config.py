@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.userfiles import MAX_CONFIG_BYTES, read_json
 
 
 def read_config(path: str | Path) -> dict:
@@ -17,9 +17,9 @@ def read_config(path: str | Path) -> dict:
     if not cfg_path.is_file():
         raise QualError(f"checkpoint {path} has no config.json")
     try:
-        data = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise QualError(f"{cfg_path}: malformed JSON ({exc})") from None
+        data = read_json(cfg_path, MAX_CONFIG_BYTES, "config.json")
+    except OSError as exc:
+        raise QualError(f"{cfg_path}: unreadable ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
         raise QualError(f"{cfg_path}: expected a JSON object")
     return data
@@ -32,3 +32,13 @@ def field(cfg: dict, key: str, where: Path, default=...):
     if default is ...:
         raise QualError(f"{Path(where) / 'config.json'}: missing field {key!r}")
     return default
+
+
+def max_positions(cfg: dict) -> int | None:
+    """The positions the model was built for (`max_position_embeddings`, at the top level or in a multimodal
+    config's text_config), or None where the config does not say."""
+    for section in (cfg, cfg.get("text_config")):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

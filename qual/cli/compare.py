@@ -9,8 +9,26 @@ import typer
 
 from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
-from qual.cli.outputs import history_file, output_dir
+from qual.cli.outputs import history_file, holds_run, output_dir
 from qual.cli.verdict import print_verdict, print_warnings
+from qual.errors import QualError
+from qual.userfiles import check_path_name
+
+
+def _refuse_input_folder(out: Path, *refs: str) -> None:
+    """--out must not hold a run, nor be where an input's result.json lies: the reports would replace its own."""
+    from qual.harness.compare import parse_ref
+
+    if out.is_dir():
+        found = holds_run(out)
+        if found is not None:
+            raise QualError(f"--out {out}: holds a run ({found}); its reports would be overwritten: give another "
+                            "directory")
+        for ref in refs:
+            result = parse_ref(ref)[0]
+            if result.resolve().parent == out.resolve():
+                raise QualError(f"--out {out}: holds {result.name}, an input of this comparison ({ref}): give "
+                                "another directory")
 
 
 @app.command("compare")
@@ -28,7 +46,9 @@ def compare_command(
     from qual.history import record_run
     from qual.report import write_reports
 
+    check_path_name(out, "--out")
     result = compare(a, b, str(gate or DEFAULT_GATE), seed)  # mismatched inputs: exit 2 before anything is made
+    _refuse_input_folder(out, a, b)
     if history:
         history_file(Path(history))
     output_dir(out, "--out")

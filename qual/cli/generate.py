@@ -16,6 +16,7 @@ from qual.errors import QualError
 from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DEVICE_PATTERN,
                           DSA_TOPK_MODES, DTYPES, MAX_SEED, DsaTopk, Dtype, check_layout)
 from qual.records import ArmConfig, EngineRequest, Sampling
+from qual.userfiles import read_text
 from qual.validation import parse_flags
 
 MAX_PROMPTS_BYTES = 64 << 20
@@ -38,11 +39,9 @@ class GenerateOptions:
 def read_prompts(path: Path, tokenizer_dir: str) -> list[tuple[str, list[int]]]:
     """JSONL lines {"id", "prompt"} (tokenized with the target's tokenizer) or {"id", "prompt_token_ids"}."""
     try:
-        if path.stat().st_size > MAX_PROMPTS_BYTES:
-            raise QualError(f"{path}: larger than {MAX_PROMPTS_BYTES >> 20} MiB")
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise QualError(f"--prompts {path}: unreadable ({exc})") from None
+        lines = read_text(path, MAX_PROMPTS_BYTES, "prompts file").splitlines()
+    except OSError as exc:
+        raise QualError(f"--prompts {path}: unreadable ({exc.strerror or exc})") from None
     out, seen, tokenizer = [], set(), None
     for n, line in enumerate(lines, 1):
         if not line.strip():

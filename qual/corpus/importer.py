@@ -19,7 +19,7 @@ from .loader import SUFFIX, check_name, corpora_dir, load_corpus
 from .manifest import CorpusManifest, manifest_path, manifest_text
 from .packages import PACKAGE_SOURCES, import_package
 from .records import Corpus, CorpusRequest
-from .validate import display_path, parse_jsonl
+from .validate import display_path, parse_jsonl_bytes, read_corpus_bytes
 
 UNKNOWN_LICENSE = "unknown (not recorded at import; pass --license)"
 
@@ -69,7 +69,8 @@ def _source_kind(source: str) -> str:
 
 
 def _import_jsonl(path: Path, limit: int | None, root: Path) -> Imported:
-    requests = parse_jsonl(path)
+    data = read_corpus_bytes(path)  # read once: the hash is of the bytes parsed
+    requests = parse_jsonl_bytes(data, display_path(path))
     if limit is not None:
         requests = requests[:limit]
     try:
@@ -79,7 +80,7 @@ def _import_jsonl(path: Path, limit: int | None, root: Path) -> Imported:
     source = {
         "kind": "jsonl",
         "path": shown,
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "sha256": hashlib.sha256(data).hexdigest(),
         "selection": f"first {limit} requests" if limit is not None else "all requests, file order",
     }
     return Imported(requests=requests, source=source, license=UNKNOWN_LICENSE)

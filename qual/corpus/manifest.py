@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.userfiles import MAX_CONFIG_BYTES, read_json
 
 from .records import Corpus
 
@@ -72,11 +73,11 @@ def manifest_text(manifest: CorpusManifest) -> str:
 def read_manifest(path: Path) -> CorpusManifest:
     """Read and check a manifest file; any problem is a one-line QualError."""
     try:
-        raw = json.loads(path.read_text("utf-8"))
+        raw = read_json(path, MAX_CONFIG_BYTES, "manifest")
     except FileNotFoundError:
         raise QualError(f"{path}: manifest missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise QualError(f"{path}: manifest is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise QualError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         raise QualError(f"{path}: not a {SCHEMA} manifest")
     try:

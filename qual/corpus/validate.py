@@ -3,6 +3,8 @@
 Rules (one JSON object per line, UTF-8):
 - required: "id" (non-empty string), "prompt" (non-blank string);
 - optional: "category" (non-empty string), "max_tokens" (integer, 1..MAX_TOKENS); null means absent;
+- strings are text: a lone surrogate (`\\ud800`, which no UTF-8 encodes) is an error;
+- the file is a regular one of at most MAX_CORPUS_BYTES (a FIFO or a device is refused unread);
 - any other key is an error (a typo such as "max_token" must not pass silently), and so is a key given
   twice in one object (JSON would keep the last value silently);
 - blank lines are errors; ids must be unique (a duplicate names both lines);
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from qual.errors import QualError
+from qual.userfiles import read_bytes, text_problem
 
 from .records import DEFAULT_CATEGORY, MAX_TOKENS, CorpusRequest
 
@@ -25,6 +28,7 @@ FIELDS = ("id", "prompt", "category", "max_tokens")
 # Problems spelled out in full in the one-line message; the rest are named by line number.
 MAX_DETAILED = 20
 _LINE_RE = re.compile(r"(?:row )?(\d+):")
+MAX_CORPUS_BYTES = 256 << 20  # read whole into memory, with every request decoded: bounded (humaneval is 87 KB)
 
 
 class CorpusFormatError(QualError):
@@ -55,8 +59,8 @@ def display_path(path: Path) -> str:
 
 
 def _quote(text: str) -> str:
-    # JSON quoting keeps a key or id with a newline in it on one line.
-    return json.dumps(text, ensure_ascii=False)
+    # JSON quoting keeps a key or id with a newline in it on one line (and a lone surrogate as its escape).
+    return json.dumps(text, ensure_ascii=text_problem(text) is not None)
 
 
 def _type_name(value: Any) -> str:
@@ -79,12 +83,16 @@ def request_from_mapping(obj: Any, loc: str) -> tuple[CorpusRequest | None, list
             problems.append(f'{loc}: field "{key}" must be a string, got {_type_name(obj[key])}')
         elif not obj[key].strip():
             problems.append(f'{loc}: field "{key}" is empty')
+        elif text_problem(obj[key]):
+            problems.append(f'{loc}: field "{key}": {text_problem(obj[key])}')
     category = obj.get("category")
     if category is not None:
         if not isinstance(category, str):
             problems.append(f'{loc}: field "category" must be a string, got {_type_name(category)}')
         elif not category.strip():
             problems.append(f'{loc}: field "category" is empty')
+        elif text_problem(category):
+            problems.append(f'{loc}: field "category": {text_problem(category)}')
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None:
         # bool is an int subclass in Python; true/false is never a token count.
@@ -175,6 +183,9 @@ def parse_jsonl_bytes(data: bytes, where: str) -> tuple[CorpusRequest, ...]:
         except ValueError as exc:  # e.g. an integer of more digits than Python converts
             problems.append(f"{loc}: invalid JSON: {str(exc).splitlines()[0][:120]}")
             continue
+        except RecursionError:  # nesting deeper than the decoder recurses (no corpus field nests at all)
+            problems.append(f"{loc}: invalid JSON: nested too deeply")
+            continue
         req, errs = request_from_mapping(obj, loc)
         if errs:
             problems.extend(errs)
@@ -194,15 +205,17 @@ def line_of(problem: str, where: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def parse_jsonl(path: Path) -> tuple[CorpusRequest, ...]:
-    """Read and validate a corpus JSONL file."""
+def read_corpus_bytes(path: Path) -> bytes:
+    """A corpus file's bytes: a regular file of at most MAX_CORPUS_BYTES (a FIFO or /dev/zero is refused)."""
     where = display_path(path)
     try:
-        data = path.read_bytes()
+        return read_bytes(path, MAX_CORPUS_BYTES, "corpus file", where)
     except FileNotFoundError:
         raise QualError(f"{where}: no such corpus file") from None
-    except IsADirectoryError:
-        raise QualError(f"{where}: is a directory, not a corpus file") from None
     except OSError as exc:
         raise QualError(f"{where}: cannot read: {exc.strerror}") from None
-    return parse_jsonl_bytes(data, where)
+
+
+def parse_jsonl(path: Path) -> tuple[CorpusRequest, ...]:
+    """Read and validate a corpus JSONL file."""
+    return parse_jsonl_bytes(read_corpus_bytes(path), display_path(path))

@@ -17,6 +17,7 @@ from qual.baseline import ARMS, Configuration
 from qual.errors import QualError
 from qual.records import ArmConfig
 from qual.result import Result, load_result
+from qual.userfiles import check_path_name
 
 LAST_PASS = "history:last-pass"
 _HISTORY_ID = re.compile(r"(?:history:)?(\d+)")
@@ -53,11 +54,16 @@ def resolve(ref: str, history_path: Path, configuration: Configuration) -> Resol
         return _from_history(ref, run, "pinned" if pinned is not None else "last pass")
     m = _HISTORY_ID.fullmatch(ref)
     if m is not None:
+        digits = m.group(1).lstrip("0") or "0"
+        if len(digits) > len(str(hist.MAX_RUN_ID)) or not 1 <= int(digits) <= hist.MAX_RUN_ID:
+            raise QualError(f"--baseline {_short(ref)}: no run can have this id "
+                            f"(history ids are 1 to {hist.MAX_RUN_ID})")
         if not history_path.exists():
             raise QualError(f"--baseline {ref}: no run history at {history_path} (a history id needs one; --history)")
-        return _from_history(ref, hist.get_run(history_path, int(m.group(1))), "history id")
+        return _from_history(ref, hist.get_run(history_path, int(digits)), "history id")
     if ref.startswith("history:"):
         raise QualError(f"--baseline {ref}: unknown history reference (use history:last-pass or history:ID)")
+    check_path_name(ref, "--baseline")
     path = Path(ref)
     if path.is_dir():
         path = path / "result.json"

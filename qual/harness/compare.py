@@ -8,6 +8,7 @@ from qual.records import ArmRunInfo, GraphCapture
 from qual.errors import QualError
 from qual.harness.build import build_result
 from qual.result import ArmResult, Result, load_result
+from qual.userfiles import check_path_name
 
 ARM_NAMES = ("control", "candidate")
 
@@ -19,6 +20,7 @@ def parse_ref(ref: str) -> tuple[Path, str]:
         path, arm = ref, "candidate"
     if arm not in ARM_NAMES:
         raise QualError(f"{ref}: arm must be one of {', '.join(ARM_NAMES)} (got {arm!r})")
+    check_path_name(path, "RESULT")
     p = Path(path)
     if p.is_dir():
         p = p / "result.json"

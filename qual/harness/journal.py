@@ -8,6 +8,9 @@ from pathlib import Path
 from qual.errors import QualError
 from qual.files import AppendOnly, WriteError
 from qual.records import RecordError, RequestResult
+from qual.userfiles import read_text
+
+MAX_JOURNAL_BYTES = 1 << 30  # a run's finished requests, every token of them: bounded like result.json
 
 
 def journal_path(out_dir: Path, arm: str) -> Path:
@@ -20,7 +23,7 @@ def read_journal(path: Path, num_speculative_tokens: int | None = None) -> dict[
     done: dict[str, RequestResult] = {}
     if not path.exists():
         return done
-    text = path.read_text()
+    text = read_text(path, MAX_JOURNAL_BYTES, "journal")  # a FIFO or device in its place is refused, not read
     lines = text.splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():

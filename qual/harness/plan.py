@@ -29,6 +29,7 @@ from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
+from qual.userfiles import check_path_name
 from qual.validation import describe_error, parse_flags, read_config_text
 
 PLAN_FILE = "run.json"
@@ -320,6 +321,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     _check_lengths(engine, arms, corpus, selected, requests, default_max)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-dcp{dcp}"
+    check_path_name(out_dir, "--out")  # a name the file system refuses (ENAMETOOLONG): exit 2 before any work
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
     plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex)

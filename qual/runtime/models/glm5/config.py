@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from qual.checkpoints.fp8 import BlockFp8, parse_quantization
 from qual.errors import QualError
 from qual.runtime.models.glm5.schedule import INDEXED, LINEAR, linear_attention, schedule
+from qual.userfiles import MAX_CONFIG_BYTES, read_json
 
 # transformers' Glm5NextTextConfig defaults, applied to keys the file leaves out.
 _DEFAULTS = {
@@ -139,9 +139,11 @@ def load_glm5_config(path: str | Path) -> Glm5Config:
     if not cfg_path.is_file():
         raise QualError(f"checkpoint {path} has no config.json")
     try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise QualError(f"{cfg_path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+        raw = read_json(cfg_path, MAX_CONFIG_BYTES, "config.json")
+    except OSError as exc:
+        raise QualError(f"{cfg_path}: unreadable ({exc.strerror or exc})") from None
+    if not isinstance(raw, dict):
+        raise QualError(f"{cfg_path}: expected a JSON object")
     return parse_glm5_config(raw, str(cfg_path))
 
 
