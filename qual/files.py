@@ -6,6 +6,7 @@ unwritable --out; nothing half-written keeps a final name and no temporary file 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import tempfile
@@ -20,6 +21,17 @@ class WriteError(QualError):
     def __init__(self, path: Path, exc: OSError):
         self.path, self.errno = Path(path), exc.errno
         super().__init__(f"cannot write {path}: {exc.strerror or exc}")
+
+    @property
+    def remedy(self) -> str:
+        """What the user does before trying again, by the cause."""
+        if self.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "free space"
+        if self.errno == errno.EROFS:
+            return "make its file system writable"
+        if self.errno in (errno.EACCES, errno.EPERM):
+            return "make it writable"
+        return "fix the cause"
 
 
 def write_text(path: str | Path, text: str) -> Path:

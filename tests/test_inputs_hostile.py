@@ -5,6 +5,7 @@ must not exhaust its memory, a read-only mount)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import yaml
 from qual import history, paths
 from qual.cli.main import main
 from qual.errors import QualError
+from qual.files import WriteError
 from qual.report import write_reports
 from qual.userfiles import MAX_DEPTH, load_json, load_yaml, read_bytes
 from synthetic import synthetic_result
@@ -284,6 +286,19 @@ def test_an_out_path_component_over_255_characters_is_refused(db, tmp_path):
                  ["history", "list", "--history", long / "h.sqlite"]):
         proc, _ = qual_process(*args)
         assert proc.returncode == 2 and "a path component of 300 bytes" in one_line(proc.stderr), proc.stderr
+    for args, flag in ((["run", "--resume", long], "--resume"), (["corpus", "import", f"{long}.jsonl", "--name", "x"],
+                                                                   "SOURCE")):
+        proc, _ = qual_process(*args)
+        assert proc.returncode == 2 and one_line(proc.stderr).startswith(f"error: {flag}: a path component of"), \
+            proc.stderr
+
+
+@pytest.mark.parametrize("err,remedy", [(errno.ENOSPC, "free space"), (errno.EROFS, "make its file system writable"),
+                                        (errno.EACCES, "make it writable"), (errno.EIO, "fix the cause")])
+def test_a_failed_write_names_the_remedy_for_its_cause(err, remedy):
+    """A write that fails mid-run (the --out checks passed) advises by the error, not "free space" for all."""
+    failure = WriteError(Path("/x/result.json"), OSError(err, os.strerror(err)))
+    assert failure.remedy == remedy
 
 
 def test_strict_json_and_yaml_name_file_line_and_field():

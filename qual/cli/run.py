@@ -18,6 +18,7 @@ from qual.files import DirectoryLock
 from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DRAFT_KV_MODES,
                           DSA_TOPK_MODES, SHARDED)
 from qual.paths import DEFAULT_HISTORY
+from qual.userfiles import check_path_name
 
 
 @app.command("run")
@@ -68,6 +69,7 @@ def run_command(
     lock = None
     if resume is not None:
         _refuse_flags_beside_resume(ctx)
+        check_path_name(resume, "--resume")
         if not dry_run and resume.is_dir():
             lock = DirectoryLock(resume, "--resume")  # a second resume of this run is refused at once
         saved = load_plan(resume)  # run.json validated key by key: a bad one is exit 2 naming file and key

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.files import write_text
+from qual.userfiles import check_path_name
 
 from .hub import PREFIX as HUB_PREFIX
 from .hub import import_hub
@@ -60,6 +60,7 @@ def _source_kind(source: str) -> str:
         return "package"
     if source.startswith(HUB_PREFIX):
         return "hf"
+    check_path_name(source, "SOURCE")  # a name the file system refuses (ENAMETOOLONG) is exit 2, not a crash
     if source.endswith(SUFFIX) or Path(source).is_file():
         return "jsonl"
     names = ", ".join(PACKAGE_SOURCES)
@@ -112,19 +113,6 @@ def collect(opts: ImportOptions, root: Path) -> Imported:
     return _import_jsonl(Path(opts.source), opts.limit, root)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # Write beside the target, then rename: a failed import never leaves half a corpus.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; corpora are ordinary repo files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def render_jsonl(requests: tuple[CorpusRequest, ...]) -> str:
     """The normalized file form: one compact object a line, fields in contract order."""
     return "".join(json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in requests)
@@ -142,7 +130,7 @@ def import_corpus(
         raise QualError(f"{display_path(dest)} already exists: pass --force to overwrite")
     imported = collect(opts, base)
     folder.mkdir(parents=True, exist_ok=True)
-    _write_atomic(dest, render_jsonl(imported.requests))
+    write_text(dest, render_jsonl(imported.requests))
     corpus = load_corpus(dest)
     if corpus.requests != imported.requests:  # pragma: no cover - writer/loader disagree
         raise QualError(f"{display_path(dest)}: written corpus does not read back identically")
@@ -154,5 +142,5 @@ def import_corpus(
         notes=imported.notes,
     )
     mpath = manifest_path(dest)
-    _write_atomic(mpath, manifest_text(manifest))
+    write_text(mpath, manifest_text(manifest))
     return corpus, manifest

@@ -18,6 +18,7 @@ from qual.history import HistoryLocked, configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
 from qual.result import CorpusInfo, Result
+from qual.userfiles import read_json
 
 ARM_ORDER = ("control", "candidate")
 TREND_RUNS = 20  # earlier runs of the configuration the baseline section's trend strip shows
@@ -37,12 +38,12 @@ def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
     if not p.exists():
         return None
     try:
-        data = json.loads(p.read_text())
+        data = read_json(p, what="arm record")
         data["graph_capture"] = GraphCapture(**data["graph_capture"])
         if data.get("build") is not None:
             data["build"] = EngineBuild.from_json(data["build"])
         info = ArmRunInfo(**data)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise QualError(f"{p}: unreadable arm record ({type(exc).__name__}: {exc})") from None
     if not all(isinstance(x, (int, float)) and x >= 0 for x in (info.wall_seconds, info.output_tokens)):
         raise QualError(f"{p}: wall_seconds and output_tokens must be numbers >= 0")
@@ -122,12 +123,12 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
 def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, dict[str, Path]]:
     """Both arms, then the Result, its four reports, and a history row (one per run: a resumed run keeps its id).
 
-    A file that cannot be written (disk full) is exit 2 naming it; the journals keep every finished request,
-    so `--resume` after freeing space repeats nothing."""
+    A file that cannot be written (disk full, read-only) is exit 2 naming it and the remedy; the journals keep
+    every finished request, so `--resume` after it repeats nothing."""
     try:
         return _execute(plan, progress)
     except WriteError as exc:
-        raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: free space, then "
+        raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: {exc.remedy}, then "
                         f"`qual run --resume {plan.out_dir}`") from None
 
 

@@ -29,7 +29,7 @@ from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
-from qual.userfiles import check_path_name
+from qual.userfiles import check_path_name, load_json
 from qual.validation import describe_error, parse_flags, read_config_text
 
 PLAN_FILE = "run.json"
@@ -349,9 +349,7 @@ def load_plan(run_dir: Path) -> SavedPlan:
     if not path.is_file():
         raise QualError(f"--resume {run_dir}: no {PLAN_FILE} there (not a qual run directory)")
     try:
-        data = json.loads(read_config_text(path))
-    except json.JSONDecodeError as exc:
-        raise QualError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        data = load_json(read_config_text(path), str(path))
     except OSError as exc:
         raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
