@@ -1,66 +1,18 @@
 """Baselines: which earlier runs are the same configuration as tonight's, and tonight's arms against one of them.
 
 A baseline is an earlier run whose arms tonight's arms are compared with, request by request (docs/statistics.md,
-"Baselines"). This module holds the records only (result.json's `baseline` key) and the configuration a run belongs
-to; finding and checking a baseline is qual.harness.baseline, computing the comparison qual.harness.build.
+"Baselines"). This module holds the records only (result.json's `baseline` key); the configuration a run belongs to
+is qual.configuration, finding and checking a baseline qual.harness.baseline, computing the comparison
+qual.harness.build.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 from qual.stats import ci_key
 
 ARMS = ("control", "candidate")
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """The configuration a run belongs to: what `history:last-pass` and pins select on.
-
-    Two runs are the same configuration when all of these agree. Checkpoint paths and contents, the engine's
-    version and install, and the draft-KV layout are not part of it: those are what changes between nights (an engine
-    upgrade, a swapped drafter) and what a baseline exists to judge. The draft-KV layout is judged by the paired
-    DCP gate, and vLLM's is only known once its build is inspected (a dry run could not name it).
-    """
-
-    model: str
-    engine: str
-    corpus_fingerprint: str
-    n_requests: int  # the replayed selection: the first n requests of the corpus (--limit)
-    temperature: float
-    seed: int
-    max_tokens: int
-    num_speculative_tokens: int
-    dcp: int  # the candidate's (the control is DCP 1)
-    tp: int
-    dtype: str
-    device: str
-
-    @classmethod
-    def of(cls, candidate: dict, corpus_fingerprint: str, n_requests: int) -> "Configuration":
-        """From the candidate arm's config (result.json arms.candidate.config) and the corpus replayed."""
-        s = candidate.get("sampling") or {}
-        return cls(
-            model=str(candidate.get("model")), engine=str(candidate.get("engine")),
-            corpus_fingerprint=str(corpus_fingerprint), n_requests=int(n_requests),
-            temperature=float(s.get("temperature", 0.0)), seed=int(s.get("seed", 0)),
-            max_tokens=int(s.get("max_tokens", 0)), num_speculative_tokens=int(candidate.get("num_speculative_tokens", 0)),
-            dcp=int(candidate.get("dcp", 0)), tp=int(candidate.get("tp", 0)),
-            dtype=str(candidate.get("dtype")), device=str(candidate.get("device")),
-        )
-
-    def key(self) -> str:
-        """Canonical text of the configuration (history's `configuration` column)."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-
-    def describe(self) -> str:
-        return (
-            f"{self.model} on {self.engine}, DCP {self.dcp} TP {self.tp} {self.dtype} {self.device}, K={self.num_speculative_tokens}, "
-            f"{self.n_requests} requests of corpus {self.corpus_fingerprint[:19]}, temperature {self.temperature:g} "
-            f"seed {self.seed} max_tokens {self.max_tokens}"
-        )
 
 
 @dataclass
@@ -101,11 +53,13 @@ class BaselineComparison:
     history_id: int | None
     result_path: str
     created_at: str  # the baseline run's
-    configuration: str  # Configuration.describe() of the baseline run
+    configuration: str  # ConfigurationKey.describe() of the baseline run
     differs: list[dict] = field(default_factory=list)  # arm, key, baseline, tonight: allowed differences, shown
     arms: dict[str, BaselineArm] = field(default_factory=dict)
     trend: list[dict] = field(default_factory=list)  # earlier runs of tonight's configuration, oldest first
     bootstrap: dict = field(default_factory=dict)
+    forced: bool = False  # --baseline-any: taken although its configuration key differs from tonight's
+    key_differences: list[dict] = field(default_factory=list)  # key, tonight, baseline: each field of the key that differs
 
     @property
     def label(self) -> str:

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from qual.baseline import Configuration
+from qual.configuration import ConfigurationKey
 from qual.errors import QualError
 from qual.result import Result
 from qual.userfiles import check_path_name
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_STEP_PP = 2.0
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 MAX_RUN_ID = 2**63 - 1  # SQLite's largest INTEGER PRIMARY KEY: a larger id names no run (and cannot be bound)
@@ -59,12 +59,14 @@ def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE UNIQUE INDEX runs_run_id ON runs (run_id)")
 
 
-def _configuration_of_row(config_json: str, corpus_fingerprint: str, n_requests: int) -> str | None:
-    """None for a row whose stored config names no candidate arm: it stays listed but never serves as a baseline
+def _configuration_of_row(config_json: str, corpus_fingerprint: str, n_requests: int,
+                          engine_version: str | None = None) -> str | None:
+    """The configuration key of a row recorded before its key was (checkpoint identities unknown: qual recorded none
+    then). None for a row whose stored config names no candidate arm: it stays listed but never serves as a baseline
     (a migration that stopped on one odd row would lock the whole history)."""
     try:
         candidate = json.loads(config_json)["candidate"]
-        return Configuration.of(candidate, corpus_fingerprint, n_requests).key()
+        return ConfigurationKey.of(candidate, corpus_fingerprint, n_requests, engine_version, None).key()
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -78,21 +80,37 @@ def _migrate_v2_to_v3(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE pins (configuration TEXT PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs (id), "
                  "pinned_at TEXT NOT NULL)")
     conn.execute("CREATE INDEX runs_configuration ON runs (configuration, created_at)")
-    rows = conn.execute("SELECT id, config_json, corpus_fingerprint, n_requests FROM runs").fetchall()
-    for run_id, config_json, fingerprint, n in rows:
-        conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (_configuration_of_row(config_json, fingerprint, n), run_id))
+    _rekey(conn)
+
+
+def _rekey(conn: sqlite3.Connection) -> None:
+    """Every row's configuration key recomputed from what it recorded, and each pin moved to its run's new key."""
+    rows = conn.execute("SELECT id, config_json, corpus_fingerprint, n_requests, engine_version FROM runs").fetchall()
+    for run_id, config_json, fingerprint, n, version in rows:
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = ?",
+                     (_configuration_of_row(config_json, fingerprint, n, version), run_id))
+    conn.execute("DELETE FROM pins WHERE run_id NOT IN (SELECT id FROM runs WHERE configuration IS NOT NULL)")
+    conn.execute("UPDATE pins SET configuration = (SELECT configuration FROM runs WHERE runs.id = pins.run_id)")
+
+
+def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
+    """The configuration key gains the engine version, the checkpoints' identities, the interleave, draft-KV and
+    sparse top-k modes (qual.configuration); rows get the qual commit that produced them."""
+    conn.execute("ALTER TABLE runs ADD COLUMN qual_commit TEXT")
+    _rekey(conn)
 
 
 # version v -> function migrating a v database to v+1 (inside the open transaction). A new database is
 # created at v1 and migrated, in the same transaction: one spelling of the schema.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1_to_v2, 2: _migrate_v2_to_v3}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1_to_v2, 2: _migrate_v2_to_v3,
+                                                               3: _migrate_v3_to_v4}
 
 _COLUMNS = (
     "id", "created_at", "model", "engine", "engine_version", "dcp", "tp", "draft_kv", "config_key",
     "corpus_name", "corpus_fingerprint", "n_requests", "control_rate", "candidate_rate", "control_mal",
     "candidate_mal", "delta_rate", "ci_lo", "ci_hi", "verdict", "failed_checks", "result_path", "config_json",
     "run_id",
-    "configuration", "baseline",
+    "configuration", "baseline", "qual_commit",
 )
 FILTERS = ("engine", "dcp", "tp", "draft_kv", "config_key", "corpus_name")
 
@@ -125,13 +143,20 @@ class HistoryRun:
     result_path: str | None
     config: dict
     run_id: str | None = None  # the run directory's run.json run_id (None: recorded without one)
-    configuration: str | None = None  # Configuration.key() (schema v3); None: recorded without one
+    configuration: str | None = None  # ConfigurationKey.key(); None: a row whose config names no candidate arm
     baseline: str | None = None  # the baseline this run was judged against, where it had one
+    qual_commit: str | None = None  # the qual commit that produced the run (schema v4; None: a wheel, or before)
+
+    @property
+    def key(self) -> ConfigurationKey | None:
+        return ConfigurationKey.from_key(self.configuration) if self.configuration else None
 
     @property
     def series(self) -> str:
-        """Trend series label: model plus the config key."""
-        return f"{self.model} {self.config_key}"
+        """The trend series a run belongs to: its configuration key's label (the model and the old config key for a
+        row without one)."""
+        key = self.key
+        return key.label() if key is not None else f"{self.model} {self.config_key}"
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "HistoryRun":
@@ -142,7 +167,8 @@ class HistoryRun:
 
 
 def config_key(result: Result) -> str:
-    """What makes two runs of one model comparable over time (besides the model)."""
+    """A short label of the candidate's settings, kept in the `config_key` column for readers of older histories;
+    series and baselines use the configuration key (qual.configuration)."""
     k = result.candidate.config
     s = k.get("sampling") or {}
     return (
@@ -344,6 +370,7 @@ def record_run(db_path: str | Path, result: Result, result_path: str | Path | No
         "run_id": run_id,
         "configuration": configuration_of(result).key(),
         "baseline": result.baseline.label if result.baseline is not None else None,
+        "qual_commit": result.candidate.provenance.qual_commit if result.candidate.provenance is not None else None,
     }
     cols = ", ".join(values)
     marks = ", ".join(f":{c}" for c in values)
@@ -417,7 +444,7 @@ def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
 
 
 def trend(db_path: str | Path, model: str | None = None, **filters: Any) -> dict[str, list[HistoryRun]]:
-    """Runs grouped by series (model + config key), oldest first within each."""
+    """Runs grouped by series (their configuration key's label), oldest first within each."""
     runs = list_runs(db_path, model=model, limit=None, **filters)
     series: dict[str, list[HistoryRun]] = {}
     for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
@@ -478,12 +505,12 @@ def detect_step_changes(runs: Sequence[HistoryRun], threshold_pp: float = DEFAUL
 # ---------------------------------------------------------------- baselines
 
 
-def configuration_of(result: Result) -> Configuration:
-    """The configuration a result belongs to (qual.baseline.Configuration)."""
-    return Configuration.of(result.candidate.config, result.corpus.fingerprint, result.corpus.count)
+def configuration_of(result: Result) -> ConfigurationKey:
+    """The configuration key a result belongs to (qual.configuration)."""
+    return ConfigurationKey.of_result(result)
 
 
-def configuration_runs(db_path: str | Path, configuration: Configuration, limit: int | None = None) -> list[HistoryRun]:
+def configuration_runs(db_path: str | Path, configuration: ConfigurationKey, limit: int | None = None) -> list[HistoryRun]:
     """Runs of one configuration, newest first."""
     sql = "SELECT * FROM runs WHERE configuration = ? ORDER BY created_at DESC, id DESC"
     args: list = [configuration.key()]
@@ -494,7 +521,7 @@ def configuration_runs(db_path: str | Path, configuration: Configuration, limit:
         return [HistoryRun.from_row(r) for r in conn.execute(sql, args)]
 
 
-def last_pass(db_path: str | Path, configuration: Configuration) -> HistoryRun | None:
+def last_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
     """The newest run of this configuration whose gate passed."""
     with _open(db_path, create=False) as conn:
         row = conn.execute(
@@ -504,7 +531,19 @@ def last_pass(db_path: str | Path, configuration: Configuration) -> HistoryRun |
     return HistoryRun.from_row(row) if row is not None else None
 
 
-def pinned_run(db_path: str | Path, configuration: Configuration) -> HistoryRun | None:
+def nearest_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
+    """The passing run of the same model whose configuration differs from this one in the fewest fields (the
+    newest of those): what `--baseline-any` compares with, and what a refusal names."""
+    with _open(db_path, create=False) as conn:
+        rows = [HistoryRun.from_row(r) for r in conn.execute(
+            "SELECT * FROM runs WHERE model = ? AND verdict = 'pass' AND configuration IS NOT NULL "
+            "ORDER BY created_at DESC, id DESC", (configuration.model,))]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: len(configuration.differences(r.key)))  # min keeps the first (newest) of a tie
+
+
+def pinned_run(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
     """The run pinned as this configuration's baseline, if one is."""
     with _open(db_path, create=False) as conn:
         row = conn.execute(

@@ -38,6 +38,10 @@ DcpComm = Literal[DCP_COMM_MODES]
 DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?)$"
 DEFAULT_DEVICE = "cpu"
 
+# Hub revisions a profile may pin for a target or drafter given as a hub id; ArmConfig.extra keys of the same names
+# (set only when named): the vLLM engine applies them, the others refuse them, provenance records them.
+REVISION_KEYS = ("target_revision", "draft_revision")
+
 DEFAULT_ENGINE = "reference"  # the engines' names are the registry's (qual/engines/registry.py)
 
 DEFAULT_DCP = 4  # the candidate's DCP size when neither --dcp nor the profile says

@@ -29,6 +29,10 @@ class ModelProfile(Section):
     name: str
     target: str = Field(min_length=1)
     draft: str | None = None
+    # The hub revisions (a branch, tag or commit) of a target or drafter given as a hub id: passed to the engine
+    # and recorded in provenance. A local directory is identified by its content; a revision for one is refused.
+    target_revision: str | None = Field(None, min_length=1)
+    draft_revision: str | None = Field(None, min_length=1)
     num_speculative_tokens: PositiveInt
     description: str = ""
     tokenizer: str | None = None
@@ -125,4 +129,17 @@ def load_profile(name_or_path: str) -> ModelProfile:
         raise QualError(f"{path}: path: unknown key")
     profile = parse_section(ModelProfile, {**data, "path": str(path)}, str(path))
     sections = {name: engine_class(name).parse_options(data.get(name) or {}, str(path)) for name in ENGINES}
+    _check_revisions(profile)
     return _positions(profile, "max_model_len" in data).model_copy(update=sections)
+
+
+def _check_revisions(profile: ModelProfile) -> None:
+    """A hub revision belongs to a hub id: a local directory is what it holds (its content hash identifies it)."""
+    for key, checkpoint in (("target_revision", profile.target_path), ("draft_revision", profile.draft_path)):
+        if getattr(profile, key) is None:
+            continue
+        if checkpoint is None:
+            raise QualError(f"{profile.path}: {key}: the profile names no drafter")
+        if Path(checkpoint).exists():
+            raise QualError(f"{profile.path}: {key}: {checkpoint} is a local directory, identified by its content; "
+                            "a hub revision applies to a hub id")

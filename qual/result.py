@@ -53,6 +53,19 @@ class Throughput:
         return self.output_tokens / self.generate_seconds if self.generate_seconds else None
 
 
+class CheckpointRecord(TypedDict):
+    """One checkpoint as a run used it (qual.checkpoints.identity.checkpoint_record)."""
+
+    path: str
+    revision: str | None  # the hub revision the profile pins (target_revision / draft_revision)
+    identity: str  # "sha256:<hex>" of a local directory's files, "hub:<id>@<revision>", or "not observed (...)"
+
+
+class Checkpoints(TypedDict):
+    target: CheckpointRecord
+    draft: CheckpointRecord | None  # None: no drafter
+
+
 @dataclass
 class Provenance:
     """Which qual, machine, engine build and inputs produced one arm (the harness collects it; qual.provenance)."""
@@ -64,6 +77,7 @@ class Provenance:
     engine: EngineBuild
     corpus_fingerprint: str
     gate_sha256: str | None  # the gate file's bytes
+    checkpoints: Checkpoints | None = None  # None in results written before qual recorded them
 
     @classmethod
     def from_json(cls, d: dict) -> "Provenance":

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from qual import history, paths
-from qual.baseline import Configuration
+from qual.configuration import ConfigurationKey
 from qual.cli.main import main
 from qual.corpus import load_corpus
 from qual.errors import QualError
@@ -37,6 +37,11 @@ RUNS = {
     "other DCP": dict(day=6, dcp=2),
     "other dtype": dict(day=6, dtype="bfloat16"),
     "other K": dict(day=6, num_speculative_tokens=3),
+    "other draft KV": dict(day=6, draft_kv="sharded"),
+    "other interleave": dict(day=6, interleave=2),
+    "other sparse top-k": dict(day=6, dsa_topk="union"),
+    "other target": dict(day=6, target_path="models/other/target"),
+    "other drafter": dict(day=6, draft_path="models/other/draft"),
     "other model, failing": dict(day=7, model="tiny", rules=FAILING),
     "only failing": dict(day=7, model="only-fails", rules=FAILING),
 }
@@ -53,6 +58,11 @@ EXPECTED = {
     "other DCP": "other DCP",
     "other dtype": "other dtype",
     "other K": "other K",
+    "other draft KV": "other draft KV",
+    "other interleave": "other interleave",
+    "other sparse top-k": "other sparse top-k",
+    "other target": "other target",
+    "other drafter": "other drafter",
     "only failing": None,
 }
 
@@ -81,7 +91,7 @@ def test_last_pass_picks_the_newest_passing_run_of_the_same_configuration(record
     configuration = history.configuration_of(results[tonight])
     want = EXPECTED[tonight]
     if want is None:
-        with pytest.raises(QualError, match=r"--baseline history:last-pass: no passing run of this configuration"):
+        with pytest.raises(QualError, match=r"--baseline history:last-pass: no passing run of model only-fails"):
             resolve(LAST_PASS, db, configuration)
         return
     got = resolve(LAST_PASS, db, configuration)
@@ -97,9 +107,25 @@ def test_every_field_of_the_configuration_separates_runs(recorded):
     """The table covers the configuration: each of its fields is varied by some row (so none is left unchecked)."""
     _, _, results = recorded
     base = history.configuration_of(results["same, newest pass"])
-    varied = {f for n in RUNS for f in Configuration.__dataclass_fields__
+    varied = {f for n in RUNS for f in ConfigurationKey.__dataclass_fields__
               if getattr(history.configuration_of(results[n]), f) != getattr(base, f)}
-    assert varied == set(Configuration.__dataclass_fields__) - {"tp", "device"}  # tp follows dcp here; one device
+    # tp follows dcp here; one device; every synthetic run records one engine version (a real run's changes with
+    # the engine: test_checkpoint_identity covers the checkpoints and the version through `qual run`)
+    assert varied == set(ConfigurationKey.__dataclass_fields__) - {"tp", "device", "engine_version"}
+
+
+def test_another_configuration_is_refused_by_name_unless_forced(recorded):
+    """history:last-pass with no run of tonight's key names the nearest passing run and each field that differs;
+    --baseline-any takes that run and keeps the differences."""
+    db, ids, results = recorded
+    tonight = replace(history.configuration_of(results["same, newest pass"]), device="cuda")  # no run used cuda
+    nearest = ids["same, newest pass"]  # one field apart (the device), the newer of two such; every "other" run is two
+    with pytest.raises(QualError, match=rf"no passing run of this configuration .* the nearest, run {nearest} .* "
+                                        r"differs in device: this run cuda, baseline cpu; pass --baseline-any"):
+        resolve(LAST_PASS, db, tonight)
+    got = resolve(LAST_PASS, db, tonight, any_key=True)
+    assert (got.history_id, got.chosen_by, got.forced) == (nearest, "nearest pass", True)
+    assert got.key_differences == [("device", "cuda", "cpu")]
 
 
 def test_a_pinned_run_wins_over_the_last_pass_until_unpinned(recorded):
@@ -129,8 +155,12 @@ def test_history_ids_and_paths_resolve(recorded, tmp_path):
     configuration = history.configuration_of(results["same, newest pass"])
     i = ids["other engine"]
     for ref in (str(i), f"history:{i}"):
-        got = resolve(ref, db, configuration)
-        assert (got.history_id, got.chosen_by) == (i, "history id")  # an explicit id needs no matching configuration
+        with pytest.raises(QualError, match=r"is another configuration: engine: this run reference, baseline vllm; "
+                                            r"pass --baseline-any"):
+            resolve(ref, db, configuration)
+        got = resolve(ref, db, configuration, any_key=True)
+        assert (got.history_id, got.chosen_by, got.key_differences) == (i, "history id", [("engine", "reference", "vllm")])
+    got = resolve(str(ids["same, old pass"]), db, configuration)
     by_path = resolve(str(got.path.parent), db, configuration)
     assert (by_path.history_id, by_path.chosen_by, by_path.path) == (None, "result file", got.path)
     assert resolve(str(got.path), db, configuration).result.to_json() == load_result(got.path).to_json()
@@ -141,7 +171,7 @@ def test_history_ids_and_paths_resolve(recorded, tmp_path):
             resolve(ref, db, configuration)
     with pytest.raises(QualError, match="no run history at"):
         resolve("3", tmp_path / "none.sqlite", configuration)
-    with pytest.raises(QualError, match="no passing run"):
+    with pytest.raises(QualError, match="no passing run of model toy"):
         resolve(LAST_PASS, tmp_path / "none.sqlite", configuration)
 
 
@@ -209,33 +239,48 @@ def toy_baseline(tmp_path_factory):
     control, candidate = synthetic_pair(4, 0.7, 0.7)
     control = [replace(r, id=i, category="code") for r, i in zip(control, ids)]
     candidate = [replace(r, id=i, category="code") for r, i in zip(candidate, ids)]
+    toy = plan.arms["candidate"]  # the real checkpoints: their identities are tonight's
     res = synthetic_result(pair=(control, candidate), n_resamples=50, fingerprint=plan.corpus_info["fingerprint"],
-                           corpus_name="humaneval", tp=4)
+                           corpus_name="humaneval", tp=4, target_path=toy.target_path, draft_path=toy.draft_path)
     return save_result(res, tmp_path_factory.mktemp("baseline") / "result.json").parent
 
 
 @pytest.mark.parametrize(
-    "extra, words",
+    "extra, key_words, words",
     [
-        ([], None),
-        (["--corpus", "smoke"], "corpus fingerprint: baseline"),
-        (["--temperature", "0.5"], "sampling temperature: baseline 0.0, this run 0.5"),
-        (["--max-tokens", "32"], "sampling max_tokens: baseline 64, this run 32"),
-        (["--model", "glm-5.3-flash"], "model: baseline toy, this run glm-5.3-flash"),
-        (["--limit", "5"], "1 of this run's 5 requests are not in the baseline's control arm"),
+        ([], None, None),
+        (["--corpus", "smoke"], "corpus_fingerprint: this run", "corpus fingerprint: baseline"),
+        (["--temperature", "0.5"], "temperature: this run 0.5, baseline 0.0",
+         "sampling temperature: baseline 0.0, this run 0.5"),
+        (["--max-tokens", "32"], "max_tokens: this run 32, baseline 64", "sampling max_tokens: baseline 64, this run 32"),
+        (["--model", "glm-5.3-flash"], "model: this run glm-5.3-flash, baseline toy",
+         "model: baseline toy, this run glm-5.3-flash"),
+        (["--limit", "5"], "n_requests: this run 5, baseline 4",
+         "1 of this run's 5 requests are not in the baseline's control arm"),
+        (["--dcp", "2"], "tp: this run 2, baseline 4; dcp: this run 2, baseline 4", None),
     ],
 )
-def test_dry_run_checks_the_baseline_before_anything_runs(toy_baseline, tmp_path, capsys, extra, words):
+def test_dry_run_checks_the_baseline_before_anything_runs(toy_baseline, tmp_path, capsys, extra, key_words, words):
+    """Another configuration key is refused, naming each field; --baseline-any takes it, but never one that cannot be
+    compared request by request (another model, corpus, sampling, K, or requests it lacks)."""
     argv = ["run", "--limit", "4", "--dry-run", "--baseline", toy_baseline, "--history", tmp_path / "h.sqlite", *extra]
     code, out, err = qual(argv, capsys)
-    if words is None:
+    if key_words is None:
         assert code == 0, err
-        assert "# baseline: " in out and "matches this run's model, corpus, sampling and K" in out
+        assert "# baseline: " in out and "the same configuration" in out
         return
     assert code == 2, out + err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: --baseline {toy_baseline}: ") and words in lines[0], err
-    assert "does not match this run" in lines[0] and not (tmp_path / "h.sqlite").exists()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --baseline {toy_baseline}: ") and key_words in lines[0], err
+    assert "is another configuration" in lines[0] and not (tmp_path / "h.sqlite").exists()
+    code, out, err = qual([*argv, "--baseline-any"], capsys)
+    if words is None:
+        assert code == 0, err
+        assert f"another configuration, taken with --baseline-any: {key_words}" in out
+        return
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "does not match this run" in lines[0] and words in lines[0], err
 
 
 def test_a_gate_that_needs_a_baseline_is_refused_without_one(tmp_path, capsys):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
 
 from qual import history
+from qual.configuration import NO_IDENTITY
 from qual.errors import QualError
 from synthetic import synthetic_result
 
@@ -100,6 +103,33 @@ def test_trend_groups_series_and_detects_steps(db):
     assert history.detect_step_changes(nightly, threshold_pp=50.0) == []
 
 
+def test_a_series_is_one_configuration_key(db):
+    """Runs of another request count (--limit) or draft-KV layout are other series: no step between them."""
+    history.record_run(db, synthetic_result(16, 0.75, 0.60, n_resamples=100, created_at="2026-12-06T02:00:00+00:00"),
+                       "reports/small/result.json")
+    series = history.trend(db, model="toy")
+    assert sorted(len(v) for v in series.values()) == [1, 1, 4]
+    assert {r.n_requests for v in series.values() for r in v if len(v) == 1} == {16, 40}
+    assert all(s.run_id not in (5, 6) for s in history.detect_step_changes([r for v in series.values() for r in v]))
+    labels = sorted(series)
+    assert sum("n=16" in label for label in labels) == 1 and sum("kv=sharded" in label for label in labels) == 1
+
+
+def test_cli_trend_json_and_fail_on_step(db):
+    runner, app = CliRunner(), _cli()
+    out = runner.invoke(app, ["history", "trend", "--json", "--history", str(db)])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    nightly = next(s for s in data["series"] if len(s["runs"]) == 4)
+    assert nightly["configuration"]["n_requests"] == 40 and nightly["configuration"]["draft_kv"] == "replicated"
+    assert [r["id"] for r in nightly["runs"]] == [1, 2, 3, 4]
+    assert [(s["previous_run_id"], s["run_id"]) for s in data["steps"]] == [(2, 3), (3, 4)]
+    out = runner.invoke(app, ["history", "trend", "--fail-on-step", "--history", str(db)])
+    assert out.exit_code == 1 and "2 step change(s)" in out.output
+    out = runner.invoke(app, ["history", "trend", "--fail-on-step", "--threshold-pp", "50", "--history", str(db)])
+    assert out.exit_code == 0 and "no step changes > 50 pp" in out.output
+
+
 def test_step_notes_corpus_change(db):
     runs = history.trend(db)
     nightly = next(v for v in runs.values() if len(v) == 4)
@@ -120,6 +150,9 @@ def test_cli_list_show_trend(db, tmp_path):
     out = runner.invoke(app, ["history", "list", "--history", str(db)])
     assert out.exit_code == 0, out.output
     assert "FAIL" in out.output and "sharded" in out.output
+    head, first = out.output.splitlines()[2], out.output.splitlines()[4]  # title, blank, header, rule, newest run
+    assert all(col in head for col in ("engine", "commit", "requests")), out.output
+    assert "qual-reference 0.1.0" in first and " 40 " in first, out.output
     out = runner.invoke(app, ["history", "show", "3", "--history", str(db)])
     assert out.exit_code == 0 and "acceptance_delta_lower_bound" in out.output
     plot = tmp_path / "trend.svg"
@@ -204,7 +237,7 @@ def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path):
 
 # ---------------------------------------------------------------- baselines (schema v3)
 
-_V1_COLUMNS = ", ".join(c for c in history._COLUMNS if c not in ("run_id", "configuration", "baseline"))
+_V1_COLUMNS = ", ".join(c for c in history._COLUMNS if c not in ("run_id", "configuration", "baseline", "qual_commit"))
 
 
 def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
@@ -218,13 +251,43 @@ def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
     conn.close()
     runs = history.list_runs(old)
     assert [r.id for r in runs] == [5, 4, 3, 2, 1]
-    assert [r.configuration for r in runs] == [r.configuration for r in history.list_runs(db)]
-    night = _night(4)
-    assert history.last_pass(old, history.configuration_of(night)).id == 4  # nights 3 and 5 (sharded draft KV) failed
+    # the same keys, but for the checkpoints' identities: a run recorded before qual kept them has none
+    unknown = dict(target=NO_IDENTITY, draft=NO_IDENTITY)
+    assert [r.key for r in runs] == [replace(r.key, **unknown) for r in history.list_runs(db)]
+    night = replace(history.configuration_of(_night(4)), **unknown)
+    assert history.last_pass(old, night).id == 4  # nights 3 and 5 (sharded draft KV) failed
     assert history.pin(old, 2, "2026-12-06T00:00:00+00:00")[0].id == 2
     with sqlite3.connect(old) as conn:
-        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "3"
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "4"
     conn.close()
+
+
+def test_a_v3_history_keeps_its_pins_under_the_new_key(tmp_path):
+    """v3 keyed configurations without the engine version, checkpoints, interleave or modes: v4 recomputes every
+    row's key and moves each pin to its run's new key."""
+    path = tmp_path / "v3.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(history._SCHEMA_V1)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '3')")
+        history._migrate_v1_to_v2(conn)
+        history._migrate_v2_to_v3(conn)
+        conn.execute("UPDATE meta SET value = '3'")
+    conn.close()
+    # a v3 row: the columns v3 had, its configuration as v3 spelled it, and a pin on it
+    night = _night(2)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "INSERT INTO runs (created_at, model, engine, engine_version, dcp, tp, draft_kv, config_key, corpus_name, "
+            "corpus_fingerprint, n_requests, verdict, failed_checks, config_json, configuration) VALUES "
+            "(?, 'toy', 'reference', 'qual-reference 0.1.0', 4, 4, 'replicated', 'k', 'c', ?, 40, 'pass', '[]', ?, "
+            "'{\"v3\": 1}')",
+            (night.created_at, night.corpus.fingerprint,
+             json.dumps({"control": night.control.config, "candidate": night.candidate.config})))
+        conn.execute("INSERT INTO pins VALUES ('{\"v3\": 1}', 1, '2026-12-03T00:00:00+00:00')")
+    conn.close()
+    key = replace(history.configuration_of(night), target=NO_IDENTITY, draft=NO_IDENTITY)
+    assert history.get_run(path, 1).key == key
+    assert history.pinned_run(path, key).id == 1
 
 
 def test_a_new_history_is_created_at_the_current_schema(db):
@@ -233,7 +296,7 @@ def test_a_new_history_is_created_at_the_current_schema(db):
         columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     conn.close()
-    assert columns[-2:] == ["configuration", "baseline"] and "pins" in tables
+    assert columns[-3:] == ["configuration", "baseline", "qual_commit"] and "pins" in tables
     assert history.get_run(db, 1).configuration == history.configuration_of(_night(1)).key()
 
 

@@ -229,3 +229,19 @@ def test_every_profile_argv_parses_with_vllms_own_parser(tmp_path):
             assert res["cudagraph_mode"].endswith(opts.cudagraph_mode)
             assert res["sizes"] == opts.cudagraph_capture_sizes
     assert results[-1] == {"ok": False, "error": "argparse exit 2"}
+
+
+def test_hub_revisions_come_from_the_profile_alone(tmp_path):
+    """target_revision / draft_revision (profile keys, in ArmConfig.extra) reach vLLM; the same set another way is
+    refused by name, so provenance records the revision that ran."""
+    arm = _arm()
+    arm = replace(arm, extra={**arm.extra, "target_revision": "v1.2", "draft_revision": "abc123"})
+    args = serve_args(arm, VllmOptions.from_extra(arm.extra), 9, _fake_install(tmp_path, []))
+    assert _value(args, "--revision") == "v1.2"
+    assert json.loads(_value(args, "--speculative-config"))["revision"] == "abc123"
+    assert "--revision" not in serve_args(_arm(), VllmOptions.from_extra(_arm().extra), 9, _fake_install(tmp_path, []))
+    for extra_args in (["--revision", "x"], ["--rev=x"], ["--revis", "x"]):
+        with pytest.raises(QualError, match="is refused: the profile's target_revision sets it"):
+            VllmOptions.from_extra({"vllm": {"extra_args": extra_args}})
+    with pytest.raises(QualError, match="revision is refused: the profile's draft_revision sets it"):
+        VllmOptions.from_extra({"vllm": {"speculative_config": {"revision": "x"}}})

@@ -58,7 +58,7 @@ def nights(tmp_path_factory):
     path = root / "toy-vllm-unpatched.yaml"
     path.write_text(yaml.safe_dump(profile))
     tonight = qual("run", *SLICE, "--engine", "vllm", "--model", path, "--gate", GATE_DIR / "nightly-baseline.yaml",
-                   "--baseline", root / "reference", "--out", root / "vllm", "--history", db)
+                   "--baseline", root / "reference", "--baseline-any", "--out", root / "vllm", "--history", db)
     return root, tonight
 
 
@@ -141,6 +141,9 @@ def test_against_the_reference_baseline_the_gate_fails_naming_the_positions(nigh
         assert all(p["ci"][1] < 0 for p in a["per_position"])  # each named drop is significant at this size
     differs = {(d["arm"], d["key"]): (d["baseline"], d["tonight"]) for d in r["baseline"]["differs"]}
     assert differs[("control", "engine")] == ("reference", "vllm")  # the engine may differ, and is shown
+    # another configuration key (engine, its version, the drafter's draft-KV build), taken with --baseline-any
+    forced = {d["key"] for d in r["baseline"]["key_differences"]}
+    assert r["baseline"]["forced"] and {"engine", "engine_version"} <= forced, forced
     summary = (root / "vllm" / "summary.md").read_text()
     assert "### Against the baseline" in summary and "both arms engine: reference → vllm" in summary
     assert '<failure message="control: position(s) 0, 1, 2' in (root / "vllm" / "junit.xml").read_text()

@@ -2,7 +2,9 @@
 tokenizer), so that a drafter swapped in at the same path is a different checkpoint.
 
 Hashing a real checkpoint reads hundreds of gigabytes: the hash is cached by path, and reused while every file keeps
-its size and modification time (qual.paths.cache_dir()/checkpoint-hashes.json).
+its inode, size, modification time and status-change time (qual.paths.cache_dir()/checkpoint-hashes.json). The
+status-change time is set by the kernel on every write, rename or copy into place, and no tool can set it back, so a
+file replaced by one of the same size and a preserved modification time (`cp -p`, `rsync -t`) is still rehashed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 def _stamp(files: list[Path]) -> list:
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    stats = [(f.name, f.stat()) for f in files]
+    return [[name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for name, st in stats]
 
 
 def _hash(files: list[Path]) -> str:
@@ -65,3 +68,14 @@ def checkpoint_identity(path: str | Path | None) -> str | None:
     except (OSError, WriteError):
         pass  # a cache that cannot be written costs a rehash next time, nothing else
     return digest
+
+
+def checkpoint_record(path: str | None, revision: str | None = None) -> dict | None:
+    """What provenance records of one checkpoint: its path as given, the hub revision a profile pins, and its
+    identity: the content hash of a local directory, else "hub:<id>@<revision>" ("@unpinned" where the profile
+    names none: the hub's newest, which may change between nights unseen). None for no checkpoint (no drafter)."""
+    if path is None:
+        return None
+    digest = checkpoint_identity(path)
+    identity = digest if digest is not None else f"hub:{path}@{revision or 'unpinned'}"
+    return {"path": str(path), "revision": revision, "identity": identity}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -15,7 +17,7 @@ from rich.table import Table
 
 from qual import history as hist
 from qual.paths import DEFAULT_HISTORY
-from qual.cli.main import app
+from qual.cli.main import EXIT_GATE_FAILED, app
 
 
 history_app = typer.Typer(no_args_is_help=True, help="Run history: list, show and trend recorded runs.")
@@ -27,7 +29,7 @@ HistoryOpt = typer.Option(DEFAULT_HISTORY, "--history", help="History database (
 def _console() -> Console:
     # Pipes and CI logs have no width; 80 columns would fold every row.
     console = Console()
-    return console if console.is_terminal else Console(width=120)
+    return console if console.is_terminal else Console(width=200)
 
 
 def _pct(x: float | None) -> str:
@@ -64,12 +66,13 @@ def list_cmd(
         console.print(f"no runs recorded in {_t(history)}")
         return
     table = Table(title=f"qual runs ({_t(history)})", box=box.SIMPLE_HEAD)
-    for col, justify in (("id", "right"), ("created (UTC)", "left"), ("model", "left"), ("dcp", "right"),
-                         ("draft kv", "left"), ("control", "right"), ("candidate", "right"), ("delta pp", "right"),
-                         ("verdict", "left")):
+    for col, justify in (("id", "right"), ("created (UTC)", "left"), ("model", "left"), ("engine", "left"),
+                         ("commit", "left"), ("dcp", "right"), ("draft kv", "left"), ("requests", "right"),
+                         ("control", "right"), ("candidate", "right"), ("delta pp", "right"), ("verdict", "left")):
         table.add_column(col, justify=justify)
     for r in runs:
-        table.add_row(str(r.id), _t(r.created_at[:16].replace("T", " ")), _t(r.model), str(r.dcp), _t(r.draft_kv),
+        table.add_row(str(r.id), _t(r.created_at[:16].replace("T", " ")), _t(r.model), _t(r.engine_version or r.engine),
+                      _t((r.qual_commit or "-")[:10]), str(r.dcp), _t(r.draft_kv), str(r.n_requests),
                       _pct(r.control_rate), _pct(r.candidate_rate), _pp(r.delta_rate), _verdict(r.verdict))
     console.print(table)
 
@@ -86,7 +89,8 @@ def show_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history l
     for k, v in (
         ("created", _t(r.created_at)), ("verdict", _verdict(r.verdict)),
         ("failed checks", _t(", ".join(r.failed_checks) or "none")), ("model", _t(r.model)),
-        ("engine", _t(f"{r.engine} ({r.engine_version})")), ("series", _t(r.config_key)),
+        ("engine", _t(f"{r.engine} ({r.engine_version})")), ("qual commit", _t(r.qual_commit or "n/a")),
+        ("series", _t(r.series)),
         ("corpus", _t(f"{r.corpus_name} ({r.n_requests} requests) {r.corpus_fingerprint}")),
         ("control rate", _pct(r.control_rate)), ("candidate rate", _pct(r.candidate_rate)),
         ("delta", _t(f"{_pp(r.delta_rate)} pp, 95% CI {ci}")),
@@ -114,24 +118,17 @@ def trend_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the plot here (.png or .svg)."),
     threshold_pp: float = typer.Option(hist.DEFAULT_STEP_PP, "--threshold-pp", min=0.0,
                                        help="Flag changes larger than this between consecutive runs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the series and step changes as JSON."),
+    fail_on_step: bool = typer.Option(False, "--fail-on-step", help="Exit 1 when a step change is flagged."),
 ) -> None:
-    """Acceptance over time per model/config; flags step changes between consecutive runs."""
+    """Acceptance over time per configuration (qual.configuration); flags step changes between consecutive runs."""
     series = hist.trend(history, model=model, dcp=dcp, draft_kv=draft_kv)
     runs = [r for rows in series.values() for r in rows]
     steps = hist.detect_step_changes(runs, threshold_pp)
-    console = _console()
-    for label, rows in series.items():
-        latest = rows[-1]
-        console.print(f"{_t(label)}: {len(rows)} runs, latest control {_pct(latest.control_rate)} "
-                      f"candidate {_pct(latest.candidate_rate)} ({_verdict(latest.verdict)})", highlight=False)
-    if not series:
-        console.print(f"no runs recorded in {_t(history)}")
-    if steps:
-        console.print(f"[bold red]{len(steps)} step change(s) > {threshold_pp:g} pp:[/]")
-        for s in steps:
-            console.print(f"  {_t(s.describe())}", highlight=False)
-    elif series:
-        console.print(f"no step changes > {threshold_pp:g} pp")
+    if as_json:
+        print(json.dumps(_trend_json(series, steps, threshold_pp), indent=2))
+    else:
+        _print_trend(series, steps, threshold_pp, history)
     if out is not None:
         from qual.report import plots
 
@@ -139,7 +136,43 @@ def trend_cmd(
                   for label, rows in series.items()}
         marks = [(s.series, _when(s.created_at), s.arm, s.after) for s in steps]
         path = plots.save_figure(plots.trend_figure(points, marks), out)
-        console.print(f"plot written to {_t(path)}")
+        print(f"plot written to {path}", file=sys.stderr if as_json else sys.stdout)
+    if steps and fail_on_step:
+        raise typer.Exit(EXIT_GATE_FAILED)
+
+
+def _print_trend(series: dict, steps: list, threshold_pp: float, history: Path) -> None:
+    console = _console()
+    for label, rows in series.items():
+        latest = rows[-1]
+        console.print(f"{_t(label)}: {len(rows)} runs, latest control {_pct(latest.control_rate)} "
+                      f"candidate {_pct(latest.candidate_rate)} ({_verdict(latest.verdict)})", highlight=False,
+                      soft_wrap=True)
+    if not series:
+        console.print(f"no runs recorded in {_t(history)}")
+    if steps:
+        console.print(f"[bold red]{len(steps)} step change(s) > {threshold_pp:g} pp:[/]")
+        for s in steps:
+            console.print(f"  {_t(s.describe())}", highlight=False, soft_wrap=True)
+    elif series:
+        console.print(f"no step changes > {threshold_pp:g} pp")
+
+
+def _trend_json(series: dict, steps: list, threshold_pp: float) -> dict:
+    """Each series: its configuration key (fields) and runs, oldest first; the flagged steps."""
+    return {
+        "threshold_pp": threshold_pp,
+        "series": [{"label": label,
+                    "configuration": asdict(rows[0].key) if rows[0].key is not None else None,
+                    "runs": [{"id": r.id, "created_at": r.created_at, "qual_commit": r.qual_commit,
+                              "engine_version": r.engine_version, "n_requests": r.n_requests, "verdict": r.verdict,
+                              "control_rate": r.control_rate, "candidate_rate": r.candidate_rate,
+                              "delta_rate": r.delta_rate, "result_path": r.result_path} for r in rows]}
+                   for label, rows in series.items()],
+        "steps": [{"series": s.series, "arm": s.arm, "previous_run_id": s.previous_run_id, "run_id": s.run_id,
+                   "created_at": s.created_at, "before": s.before, "after": s.after, "delta_pp": s.delta * 100,
+                   "notes": s.notes} for s in steps],
+    }
 
 
 baseline_app = typer.Typer(
@@ -164,8 +197,7 @@ def pin_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history li
     run, previous = hist.pin(history, run_id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     # Plain print: run fields are recorded text, never console markup.
     replaced = f" (replaces run {previous})" if previous is not None else ""
-    print(f"run {run.id} is now the baseline of its configuration{replaced}: {run.model} {run.config_key}, "
-          f"{run.n_requests} requests, {run.corpus_fingerprint[:19]}")
+    print(f"run {run.id} is now the baseline of its configuration{replaced}: {run.series}")
     if run.verdict != "pass":
         print(f"note: run {run.id} failed its gate ({', '.join(run.failed_checks)}); it is pinned as asked")
 
@@ -184,6 +216,5 @@ def pins_cmd(history: Path = HistoryOpt) -> None:
     if not pins:
         print(f"no pinned runs in {history}")
     for run, pinned_at in pins:
-        print(f"run {run.id} pinned {pinned_at}: {run.model} {run.config_key}, {run.n_requests} requests, "
-              f"{run.corpus_fingerprint[:19]} ({run.verdict}, control {_pct(run.control_rate)}, "
+        print(f"run {run.id} pinned {pinned_at}: {run.series} ({run.verdict}, control {_pct(run.control_rate)}, "
               f"candidate {_pct(run.candidate_rate)})")

@@ -12,6 +12,7 @@ from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
 from qual.cli.verdict import print_verdict, print_warnings
+from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
 from qual.errors import QualError
 from qual.files import DirectoryLock
@@ -50,6 +51,8 @@ def run_command(
     baseline: Optional[str] = typer.Option(
         None, "--baseline", help="Also compare each arm with an earlier run: a run directory or result.json, a history "
         "id, or history:last-pass (the run pinned for this configuration, else its newest passing run)."),
+    baseline_any: bool = typer.Option(False, "--baseline-any", help="Let a baseline of another configuration key serve "
+                                      "(another engine version, checkpoint, layout...); the differences are recorded."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
     control_url: Optional[str] = typer.Option(None, "--control-url", help="Attach: the running control server (an "
@@ -85,7 +88,7 @@ def run_command(
         options = run_options(model=model, target=target, draft=draft, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
-                              dsa_topk=dsa_topk, baseline=baseline, control_url=control_url,
+                              dsa_topk=dsa_topk, baseline=baseline, baseline_any=baseline_any, control_url=control_url,
                               candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
                               max_concurrency=max_concurrency)
         plan = make_plan(options, dry_run=dry_run)
@@ -120,6 +123,13 @@ def _refuse_flags_beside_resume(ctx: typer.Context) -> None:
         raise QualError(f"{flag} with --resume: a resumed run repeats what its run.json records; drop {flag}")
 
 
+def baseline_match(b) -> str:
+    """How the baseline relates to this run's configuration key (a ResolvedBaseline)."""
+    if not b.key_differences:
+        return "the same configuration"
+    return f"another configuration, taken with --baseline-any: {describe_differences(b.key_differences)}"
+
+
 def _print_dry_run(plan) -> None:
     print(f"# dry run: nothing is started or written (out would be {plan.out_dir})")
     print(f"# corpus {plan.corpus_info['name']}: {plan.corpus_info['count']} requests, {plan.corpus_info['fingerprint']}")
@@ -127,7 +137,7 @@ def _print_dry_run(plan) -> None:
     for arm, config in plan.arms.items():
         print(f"{arm}: {engine.describe(config)}")
     if plan.baseline is not None:
-        print(f"# baseline: {plan.baseline.describe()}; matches this run's model, corpus, sampling and K")
+        print(f"# baseline: {plan.baseline.describe()}; {baseline_match(plan.baseline)}")
 
 
 def _run_with_progress(plan):

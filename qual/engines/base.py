@@ -33,6 +33,11 @@ class Engine(ABC):
         QualError (exit 2), never a run that claims a configuration it did not run.
         """
 
+    def version(self, arm: ArmConfig) -> str | None:
+        """The engine_version this arm's run will record (ArmRunInfo.engine_version), known before it runs where the
+        engine can tell (after preflight); None where it cannot yet. Part of the configuration key."""
+        return None
+
     def max_model_len(self, arm: ArmConfig) -> int:
         """The most positions one request may use in this arm (default: the profile's max_model_len)."""
         return int(arm.extra["max_model_len"])

@@ -103,11 +103,14 @@ class ReferenceEngine(Engine):
     name = "reference"
     honours = frozenset(KNOBS)
     local_checkpoints = True
-    version = f"qual-reference {qual.__version__}"
+    version_label = f"qual-reference {qual.__version__}"
 
     @classmethod
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(ReferenceOptions, section, where, "reference").model_dump()
+
+    def version(self, arm: ArmConfig) -> str:
+        return self.version_label
 
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         if arm.tp > 1:  # a real run follows: its CPU rank server starts now, importing while this process does
@@ -162,7 +165,7 @@ class ReferenceEngine(Engine):
             decode = engine.decode_record()
         wall = time.perf_counter() - start
         return ArmRunInfo(
-            engine_version=self.version,
+            engine_version=self.version_label,
             graph_capture=GraphCapture(**{k: v for k, v in graphs.items() if k in GraphCapture.__dataclass_fields__}),
             wall_seconds=wall,
             generate_seconds=generating,

@@ -8,12 +8,13 @@ must share with tonight's run, and what may differ, is `mismatches` below (docs/
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Sequence
 
 from qual import history as hist
-from qual.baseline import ARMS, Configuration
+from qual.baseline import ARMS
+from qual.configuration import ConfigurationKey, describe_differences
 from qual.errors import QualError
 from qual.records import ArmConfig
 from qual.result import Result, load_result
@@ -35,23 +36,54 @@ class ResolvedBaseline:
     history_id: int | None
     path: Path
     result: Result
+    # --baseline-any: the configuration-key fields in which the baseline differs from tonight's run (field, tonight,
+    # baseline); empty when the keys agree
+    key_differences: list[tuple[str, object, object]] = dataclass_field(default_factory=list)
+    forced: bool = False  # --baseline-any was given
 
     def describe(self) -> str:
         which = self.path if self.history_id is None else f"run {self.history_id} ({self.chosen_by}, {self.path})"
         return f"{which}, created {self.result.created_at}"
 
 
-def resolve(ref: str, history_path: Path, configuration: Configuration) -> ResolvedBaseline:
-    """The baseline run REF names (QualError, one line, if there is none or its result cannot be read)."""
+ANY = "--baseline-any"
+
+
+def resolve(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool = False) -> ResolvedBaseline:
+    """The baseline run REF names (QualError, one line, if there is none or its result cannot be read), checked
+    against tonight's configuration key: a baseline of another key is refused, naming the fields that differ, unless
+    any_key (--baseline-any), which takes it and records the differences."""
+    found = _find(ref, history_path, configuration, any_key)
+    theirs = ConfigurationKey.of_result(found.result)
+    diffs = configuration.differences(theirs, unknown_matches=True)
+    if diffs and not any_key:
+        raise QualError(f"--baseline {ref}: {found.describe()} is another configuration: "
+                        f"{describe_differences(diffs)}; pass {ANY} to compare with it anyway (recorded in the result)")
+    found.key_differences, found.forced = diffs, any_key
+    return found
+
+
+def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool) -> ResolvedBaseline:
     if ref == LAST_PASS:
         pinned = hist.pinned_run(history_path, configuration) if history_path.exists() else None
         run = pinned or (hist.last_pass(history_path, configuration) if history_path.exists() else None)
-        if run is None:
+        if run is not None:
+            return _from_history(ref, run, "pinned" if pinned is not None else "last pass")
+        nearest = hist.nearest_pass(history_path, configuration) if history_path.exists() else None
+        if nearest is not None and not configuration.differences(nearest.key, unknown_matches=True):
+            return _from_history(ref, nearest, "last pass")  # tonight's key not wholly known yet (a dry run)
+        if nearest is not None and any_key:
+            return _from_history(ref, nearest, "nearest pass")
+        if nearest is not None:
             raise QualError(
-                f"--baseline {ref}: no passing run of this configuration in {history_path} ({configuration.describe()}); "
-                "record one first (e.g. a run with the nightly gate) or pin one (`qual history baseline pin ID`)"
+                f"--baseline {ref}: no passing run of this configuration in {history_path}; the nearest, run "
+                f"{nearest.id} of {nearest.created_at}, differs in {describe_differences(configuration.differences(nearest.key))}; "
+                f"pass {ANY} to compare with it anyway, or record a run of this configuration first"
             )
-        return _from_history(ref, run, "pinned" if pinned is not None else "last pass")
+        raise QualError(
+            f"--baseline {ref}: no passing run of model {configuration.model} in {history_path}; "
+            "record one first (e.g. a run with the nightly gate) or pin one (`qual history baseline pin ID`)"
+        )
     m = _HISTORY_ID.fullmatch(ref)
     if m is not None:
         digits = m.group(1).lstrip("0") or "0"

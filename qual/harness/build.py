@@ -12,6 +12,7 @@ from qual.baseline import ARMS, BaselineArm, BaselineComparison
 from qual.gate import Gate, baseline_confidences, confidences, evaluate, load_gate, near_tie_margin
 from qual.harness.baseline import ResolvedBaseline, differences
 from qual.history import HistoryRun, configuration_of
+from qual.harness.inputs import checkpoint_records
 from qual.provenance import file_sha256, local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, RequestResult
 from qual.result import ArmResult, Comparison, CorpusInfo, GateOutcome, Provenance, Result, Throughput, ci_key
@@ -42,6 +43,7 @@ def provenance(config: dict, info: ArmRunInfo, corpus_fingerprint: str, gate_sou
                                          source="the engine reported no build facts"),
         corpus_fingerprint=corpus_fingerprint,
         gate_sha256=file_sha256(gate_file) if gate_file is not None and gate_file.is_file() else None,
+        checkpoints=checkpoint_records(config),
     )
 
 
@@ -199,6 +201,8 @@ def baseline_comparison(
         result_path=str(resolved.path),
         created_at=base.created_at,
         configuration=configuration_of(base).describe(),
+        forced=resolved.forced,
+        key_differences=[{"key": k, "tonight": t, "baseline": b} for k, t, b in resolved.key_differences],
         differs=differences(base, {n: a.config for n, a in arms.items()}, {n: a.engine_version for n, a in arms.items()}),
         arms=compared,
         trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.verdict, "control_rate": r.control_rate,

@@ -9,7 +9,8 @@ import hashlib
 import json
 from dataclasses import asdict
 
-from qual.checkpoints.identity import checkpoint_identity
+from qual.checkpoints.identity import checkpoint_identity, checkpoint_record
+from qual.engines.registry import engine_class
 from qual.errors import QualError
 from qual.provenance import file_sha256
 
@@ -35,6 +36,25 @@ def run_inputs(plan, profile_path: str) -> dict:
         "arms": {name: arm.to_json() for name, arm in plan.arms.items()},
         "requests": _digest([[r.id, list(r.prompt_token_ids), r.max_tokens] for r in plan.requests]),
     }
+
+
+ATTACHED = "not observed (an attached server loaded its own checkpoints)"
+
+
+def checkpoint_records(arm: dict) -> dict:
+    """Provenance's record of an arm's target and drafter (path, hub revision, identity: qual.checkpoints.identity).
+    An attached server's checkpoints are whatever it loaded: the profile's paths say nothing about them."""
+    extra = arm.get("extra") or {}
+    records = {"target": checkpoint_record(arm.get("target_path"), extra.get("target_revision")),
+               "draft": checkpoint_record(arm.get("draft_path"), extra.get("draft_revision"))}
+    if engine_class(str(arm.get("engine"))).attaches:
+        records = {name: {**rec, "identity": ATTACHED} if rec else None for name, rec in records.items()}
+    return records
+
+
+def identities(records: dict) -> dict:
+    """{"target": identity, "draft": identity or None}: what the configuration key takes from the records."""
+    return {name: (rec or {}).get("identity") for name, rec in records.items()}
 
 
 def seal(data: dict) -> dict:

@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from qual import paths
-from qual.baseline import Configuration
+from qual.configuration import ConfigurationKey
 from qual.checkpoints.weights import inspect_weights
 from qual.corpus import load_corpus
 from qual.corpus.records import MAX_TOKENS
@@ -22,10 +22,10 @@ from qual.errors import QualError
 from qual.files import write_text
 from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
-from qual.harness.inputs import check_sealed, run_inputs, seal
+from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
 from qual.history import check_history
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
-                          DEVICE_PATTERN, MAX_SEED, DraftKv, DsaTopk, Dtype, check_layout)
+                          DEVICE_PATTERN, MAX_SEED, REVISION_KEYS, DraftKv, DsaTopk, Dtype, check_layout)
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
@@ -69,6 +69,7 @@ class RunOptions:
     dtype: Dtype | None = None
     dsa_topk: DsaTopk | None = None  # sparse-attention targets (default: the engine's, DEFAULT_DSA_TOPK)
     baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
+    baseline_any: bool = False  # take a baseline of another configuration key (the differences are recorded)
     # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
     control_url: str | None = _text()
     candidate_url: str | None = _text()
@@ -89,6 +90,8 @@ class RunOptions:
                 parts.append(f"{flag} {value}")
         if self.exclusive:
             parts.append("--exclusive")
+        if self.baseline_any:
+            parts.append("--baseline-any")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
         return " ".join(parts)
 
@@ -125,11 +128,14 @@ class RunPlan:
     run_id: str = ""  # kept in run.json: a resumed run is the same run (recorded in the history once)
     baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
     inputs: dict | None = None  # what the run depends on (qual.harness.inputs), recorded in run.json
+    engine_version: str | None = None  # the candidate engine's, as its run will record it (None: not known yet)
 
     @property
-    def configuration(self) -> Configuration:
-        """The configuration this run belongs to (history:last-pass and pins select on it)."""
-        return Configuration.of(self.arms["candidate"].to_json(), self.corpus_info["fingerprint"], self.corpus_info["count"])
+    def configuration(self) -> ConfigurationKey:
+        """The configuration key this run belongs to (history:last-pass, pins, the report's strip select on it)."""
+        candidate = self.arms["candidate"].to_json()
+        return ConfigurationKey.of(candidate, self.corpus_info["fingerprint"], self.corpus_info["count"],
+                                   self.engine_version, identities(checkpoint_records(candidate)))
 
     def save(self) -> None:
         data = {"run_id": self.run_id, "options": asdict(self.options), "corpus": self.corpus_info,
@@ -301,6 +307,9 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
              o.engine: profile.section(o.engine)}
     if profile.weights_dtype is not None:  # the cast the profile asked for is part of what ran
         extra["weights_dtype"] = profile.weights_dtype
+    for key in REVISION_KEYS:  # hub revisions: the engine applies them (or refuses), provenance records them
+        if getattr(profile, key) is not None:
+            extra[key] = getattr(profile, key)
     candidate = ArmConfig(
         engine=o.engine, model=profile.name, dcp=dcp, tp=tp, draft_kv=o.draft_kv or DEFAULT_DRAFT_KV,
         target_path=profile.target_path, draft_path=profile.draft_path,
@@ -324,9 +333,12 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     check_path_name(out_dir, "--out")  # a name the file system refuses (ENAMETOOLONG): exit 2 before any work
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
-    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex)
+    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
+                   engine_version=engine.version(arms["candidate"]))
+    if o.baseline_any and o.baseline is None:
+        raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
-        plan.baseline = resolve(o.baseline, history, plan.configuration)
+        plan.baseline = resolve(o.baseline, history, plan.configuration, o.baseline_any)
         check_match(plan.baseline, arms, corpus.fingerprint, [r.id for r in selected])
     if not dry_run:
         plan.inputs = run_inputs(plan, profile.path)

@@ -87,6 +87,15 @@ def trend_points(result: Result) -> list[tuple[str, float | None, float | None, 
     return points
 
 
+def forced(b: BaselineComparison) -> str | None:
+    """The line saying a baseline of another configuration key was taken (--baseline-any), None where it was not."""
+    if not b.key_differences:
+        return None
+    keys = "; ".join(f"{d['key']}: baseline {_short(str(d['baseline']))}, tonight {_short(str(d['tonight']))}"
+                     for d in b.key_differences)
+    return f"another configuration, taken with --baseline-any: {keys}"
+
+
 def differs(b: BaselineComparison, limit: int = 12) -> list[str]:
     """'candidate engine: reference -> vllm' lines; the keys both arms share are named once."""
     seen: dict[tuple, list[str]] = {}

@@ -81,6 +81,7 @@ def render(result: Result, report_dir: Path | None = None) -> str:
         bl=bl,
         bl_arms=bview.arm_rows(bl) if bl is not None else [],
         bl_differs=bview.differs(bl) if bl is not None else [],
+        bl_forced=bview.forced(bl) if bl is not None else None,
         bl_position_arms=position_arms,
         bl_positions=position_table,
         bl_moved=bview.moved(bl) if bl is not None else [],

@@ -68,6 +68,7 @@ def _baseline(result: Result) -> list[str]:
     lines = ["", f"### Against the baseline: {cell(b.label)}", "",
              f"`{cell(b.result_path)}` ({cell(b.chosen_by)}, created {cell(b.created_at)}). "
              f"Differs: {cell('; '.join(bview.differs(b, limit=6)) or 'nothing but the time it ran')}.", "",
+             *([f"⚠️ {cell(bview.forced(b))}.", ""] if bview.forced(b) else []),
              "| arm | requests | baseline | tonight | Δ (95% CI) | mean acceptance length |", "|---|---:|---:|---:|---|---|"]
     for a in bview.arm_rows(b):
         if not a.compared:

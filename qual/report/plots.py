@@ -10,6 +10,7 @@ import io
 import os
 import re
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -21,6 +22,7 @@ if "MPLCONFIGDIR" not in os.environ:
 
 import matplotlib  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import dates as mdates  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -157,11 +159,24 @@ def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple]) -> Figu
             if marked:
                 ax.scatter([s[1] for s in marked], [(s[3] or 0) * 100 for s in marked], s=140, facecolors="none",
                            edgecolors=STEP_COLOR, linewidths=1.8, label="step change", zorder=5)
-            ax.set_title(label, fontsize=9, loc="left")
+            ax.set_title(textwrap.fill(label, 130), fontsize=8, loc="left")  # a configuration key's label is long
             ax.set_ylabel("acceptance (%)")
             ax.legend(loc="best", frameon=False)
-            fig.autofmt_xdate()
+            _time_axis(ax, [p[0] for p in pts])
         return fig
+
+
+def _time_axis(ax, times: list) -> None:
+    """Dates every panel shows (not only the lowest), at the scale the runs span: two runs minutes apart read as
+    minutes apart, not as a default span of years around them."""
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=7)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    if times:
+        lo, hi = mdates.date2num(min(times)), mdates.date2num(max(times))
+        pad = max((hi - lo) * 0.05, 5 / (24 * 60))  # at least five minutes each side (one run, or runs close together)
+        ax.set_xlim(mdates.num2date(lo - pad), mdates.num2date(hi + pad))
+    ax.tick_params(axis="x", labelbottom=True, labelsize=8)
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:

@@ -78,6 +78,18 @@ def _verified(arm: ArmResult) -> str | None:
                                                      "not reported, unverified") for k, c in checks.items())
 
 
+def _checkpoint(arm: ArmResult, which: str) -> str:
+    """A checkpoint's identity, hub revision and path (qual.checkpoints.identity), as provenance recorded them."""
+    p = arm.provenance
+    if p is None or p.checkpoints is None:
+        return "not recorded"
+    rec = p.checkpoints.get(which)
+    if rec is None:
+        return "none"
+    revision = f" (revision {rec['revision']})" if rec.get("revision") else ""
+    return f"{rec.get('identity')}{revision} · {rec.get('path')}"
+
+
 def _prov(arm: ArmResult, what) -> str:
     return what(arm.provenance) if arm.provenance is not None else "not recorded"
 
@@ -108,6 +120,8 @@ def engine_facts(result: Result) -> list[FactRow]:
                                    + (f"git {p.qual_commit[:12]}{' (modified)' if p.qual_checkout_dirty else ''}"
                                       if p.qual_commit else "(installed, no checkout)"))),
         row("qual host", lambda a: _prov(a, lambda p: _host(p.host))),
+        row("target checkpoint", lambda a: _checkpoint(a, "target")),
+        row("draft checkpoint", lambda a: _checkpoint(a, "draft")),
         row("corpus fingerprint", lambda a: _prov(a, lambda p: p.corpus_fingerprint)),
         row("gate file", lambda a: _prov(a, lambda p: p.gate_sha256 or "inline rules")),
     ]

@@ -69,6 +69,10 @@ class VllmOptions(Section):
     @classmethod
     def _no_reserved_flags(cls, args: list[str]) -> list[str]:
         for arg in args:
+            name = arg.split("=", 1)[0].replace("_", "-")
+            if len(name) >= 5 and "--revision".startswith(name):  # argparse takes --rev for --revision
+                raise ValueError(f"{arg[:40]} is refused: the profile's target_revision sets it (and provenance "
+                                 "records it)")
             flag = reserved_flag(arg)
             if flag:
                 raise ValueError(f"{arg[:40]} is refused: qual sets {flag} itself (the server listens on {HOST} "
@@ -83,6 +87,13 @@ class VllmOptions(Section):
                 raise ValueError(f"{str(name)[:40]} is refused: qual sets it itself (the server's API key, and loopback "
                                  f"for its sockets)")
         return env
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _no_draft_revision(cls, config: dict) -> dict:
+        if "revision" in config:
+            raise ValueError("revision is refused: the profile's draft_revision sets it (and provenance records it)")
+        return config
 
     @field_validator("cudagraph_mode")
     @classmethod
@@ -150,6 +161,8 @@ def serve_args(arm: ArmConfig, options: VllmOptions, port: int, install: VllmIns
         "--dtype", arm.dtype,
         "--tensor-parallel-size", str(arm.tp),
     ]
+    if arm.extra.get("target_revision"):
+        args += ["--revision", arm.extra["target_revision"]]
     # DCP flags only when they say something, so builds without them still parse a DCP1 arm.
     if arm.dcp > 1 or arm.interleave > 1:
         args += ["--decode-context-parallel-size", str(arm.dcp),
@@ -174,6 +187,8 @@ def serve_args(arm: ArmConfig, options: VllmOptions, port: int, install: VllmIns
     if speculative:
         spec = {"method": "dflash", "model": resolve_path(arm.draft_path, repo_root),
                 "num_speculative_tokens": arm.num_speculative_tokens, **options.speculative_config}
+        if arm.extra.get("draft_revision"):
+            spec["revision"] = arm.extra["draft_revision"]
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if options.enforce_eager:
         args.append("--enforce-eager")

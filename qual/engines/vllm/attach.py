@@ -25,7 +25,7 @@ from qual.engines.vllm.facts import ServerFacts, read_facts
 from qual.engines.vllm.metrics import counts_from_reply
 from qual.engines.vllm.transport import REDIRECTS, one_line
 from qual.errors import EngineError, QualError
-from qual.options import NOT_OBSERVED
+from qual.options import NOT_OBSERVED, REVISION_KEYS
 from qual.records import (GRAPH_NOT_OBSERVED, AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest,
                           GraphCapture, OnResult, RequestResult)
 from qual.redact import check_api_key, redact_url
@@ -87,8 +87,11 @@ class ServerSpec:
         return key
 
 
+OBSERVED = ("server_version",)  # kept beside the settings in ArmConfig.extra["attach"] by preflight: facts, not options
+
+
 def _options(arm: ArmConfig) -> AttachOptions:
-    return AttachOptions(**(arm.extra.get("attach") or {}))
+    return AttachOptions(**{k: v for k, v in (arm.extra.get("attach") or {}).items() if k not in OBSERVED})
 
 
 class AttachEngine(Engine):
@@ -105,12 +108,21 @@ class AttachEngine(Engine):
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         for knob in sorted(requested & set(REFUSED)):
             raise QualError(REFUSED[knob])
+        for key in REVISION_KEYS:
+            if arm.extra.get(key):
+                raise QualError(f"{key}: an attached server loaded its checkpoints itself; qual cannot apply a hub "
+                                "revision to it (remove the key from the profile)")
         spec = ServerSpec.of(arm)
         facts = self._attach(arm, spec, _options(arm))
         device = facts.config("device_config").get("device") or NOT_OBSERVED  # where the deployment put it
         # Every setting as it applies, defaults included: the deadlines a run ran under are part of its record.
-        settings = {**_options(arm).model_dump(), "served_model_name": self._model(arm, spec, facts)}
+        settings = {**_options(arm).model_dump(), "served_model_name": self._model(arm, spec, facts),
+                    "server_version": facts.version}
         return replace(arm, draft_kv=NOT_OBSERVED, device=one_line(str(device)), extra={**arm.extra, "attach": settings})
+
+    def version(self, arm: ArmConfig) -> str | None:
+        attached = arm.extra.get("attach") or {}
+        return _version_label(attached["server_version"]) if "server_version" in attached else None  # after preflight
 
     def describe(self, arm: ArmConfig) -> str:
         spec = ServerSpec.of(arm)
@@ -202,8 +214,7 @@ class AttachEngine(Engine):
             start = time.monotonic()
             sources, output_tokens = _Replay(arm, spec, client, log, log_path, run_dir).run(requests, on_result)
             wall = time.monotonic() - start
-        version = facts.version or "unknown version"
-        return ArmRunInfo(engine_version=f"vllm {version} (attached)", graph_capture=_graph_capture(facts),
+        return ArmRunInfo(engine_version=_version_label(facts.version), graph_capture=_graph_capture(facts),
                           wall_seconds=wall, generate_seconds=wall, output_tokens=output_tokens,
                           log_path=str(log_path), build=_build(facts), extra=_facts(arm, spec, facts, sources))
 
@@ -353,6 +364,10 @@ class _Replay:
         return EngineError(f"{self.spec.who} {what} during request {req.id} ({exc}); {kept} finished request"
                            f"{'' if kept == 1 else 's'} of this arm kept: `qual run --resume {self.run_dir}` finishes "
                            "the run once the server answers", self.log_path)
+
+
+def _version_label(version: str | None) -> str:
+    return f"vllm {version or 'unknown version'} (attached)"
 
 
 def _log(log: TextIO, line: str) -> None:

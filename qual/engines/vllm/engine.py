@@ -87,6 +87,9 @@ class VllmEngine(Engine):
                             f"({self.engine_version(install)}) keeps draft KV {build} under DCP (see `qual doctor`)")
         return replace(arm, draft_kv=build)  # what the build runs, not what was assumed
 
+    def version(self, arm: ArmConfig) -> str:
+        return self.engine_version(self.install(VllmOptions.from_extra(arm.extra)))
+
     def max_model_len(self, arm: ArmConfig) -> int:
         return VllmOptions.from_extra(arm.extra).max_model_len or super().max_model_len(arm)
 
