@@ -18,7 +18,7 @@ from qual.baseline import BaselineComparison
 from qual.errors import QualError
 from qual.files import write_text
 from qual.records import EngineBuild, HostFacts, RecordError, RequestResult
-from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, ci_key
+from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, PositionInterval, ci_key
 from qual.userfiles import read_json
 
 SCHEMA = "qual.result/1"
@@ -211,6 +211,8 @@ class Comparison:
     per_category: list[CategoryDelta] = field(default_factory=list)
     per_request_deltas: list[RequestDelta] = field(default_factory=list)
     bootstrap: Bootstrap = field(default_factory=dict)
+    # Each draft position's rates with 95% intervals, from the resamples of delta_rate_ci (absent in older results).
+    per_position: list[PositionInterval] = field(default_factory=list)
 
     def ci_at(self, confidence: float) -> tuple[float, float] | None:
         ci = self.delta_rate_ci.get(ci_key(confidence))

@@ -159,9 +159,31 @@ def pair_by_id(
 # ---------------------------------------------------------------- bootstrap
 
 
+class PositionInterval(TypedDict):
+    """One draft position's rates in both arms and candidate - control, each with its 95% paired-bootstrap interval.
+
+    Unconditional: accepted at i / drafts; conditional: accepted at i / accepted at i - 1 (position 0: / drafts).
+    """
+
+    position: int
+    control: float | None
+    candidate: float | None
+    delta: float | None
+    ci: list[float] | None  # of delta
+    control_ci: list[float] | None
+    candidate_ci: list[float] | None
+    control_conditional: float | None
+    candidate_conditional: float | None
+    delta_conditional: float | None
+    conditional_ci: list[float] | None  # of delta_conditional
+    control_conditional_ci: list[float] | None
+    candidate_conditional_ci: list[float] | None
+
+
 @dataclass(frozen=True)
 class PairedBootstrap:
-    """Point deltas (candidate - control) and percentile CIs from a paired bootstrap over requests."""
+    """Point deltas (candidate - control) and percentile CIs from a paired bootstrap over requests; per_position
+    comes from the same resamples."""
 
     n_requests: int
     n_resamples: int
@@ -170,32 +192,70 @@ class PairedBootstrap:
     delta_rate_ci: dict[float, tuple[float, float] | None]  # confidence -> (lo, hi)
     delta_mean_acceptance_length: float | None
     delta_mean_acceptance_length_ci: dict[float, tuple[float, float] | None] = field(default_factory=dict)
+    per_position: list[PositionInterval] = field(default_factory=list)
 
 
-def _sum_ratio(num: np.ndarray, den: np.ndarray) -> float | None:
-    d = den.sum()
-    return float(num.sum() / d) if d else None
+# Columns of the per-request matrix the bootstrap resamples; the per-position counts follow them (control's K, then
+# candidate's K).
+_C_ACC, _C_TOK, _C_DRAFTS, _K_ACC, _K_TOK, _K_DRAFTS = range(6)
+_POOLED = 6
+POSITION_CONFIDENCE = 0.95  # the per-position intervals' (result.json comparison.per_position, the report's whiskers)
 
 
-def _resampled_deltas(
-    arrays: dict[str, np.ndarray], n_resamples: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Delta of rate and of mean acceptance length on each resample; NaN where undefined."""
-    n = len(arrays["c_acc"])
+def _columns(control: Sequence[RequestResult], candidate: Sequence[RequestResult], k: int) -> np.ndarray:
+    """[requests, 6 + 2K]: both arms' accepted, draft tokens, drafts, then accepted at each position."""
+    out = np.zeros((len(control), _POOLED + 2 * k), dtype=np.float64)
+    for i, (c, kk) in enumerate(zip(control, candidate)):
+        out[i, :_POOLED] = (c.accepted_tokens, c.draft_tokens, c.drafts, kk.accepted_tokens, kk.draft_tokens, kk.drafts)
+        for base, r in ((_POOLED, c), (_POOLED + k, kk)):
+            n = min(k, len(r.accepted_per_position))
+            out[i, base:base + n] = r.accepted_per_position[:n]
+    return out
+
+
+def _resampled_sums(columns: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """Column sums of each bootstrap resample of the rows (requests): [resamples, columns].
+
+    The request indices depend only on (requests, resamples, seed): the same seed gives the same resamples to every
+    number computed from them.
+    """
+    n = columns.shape[0]
     rng = np.random.default_rng(seed)
     chunk = max(1, _MAX_CHUNK_ELEMENTS // max(n, 1))
-    d_rate, d_mal = [], []
+    sums = []
+    for start in range(0, n_resamples, chunk):
+        idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))  # [resamples, requests]
+        rows = idx.shape[0]
+        # How often each request was drawn into each resample; counts times integer columns sum exactly in float64.
+        drawn = np.bincount((idx + n * np.arange(rows)[:, None]).ravel(), minlength=rows * n).reshape(rows, n)
+        sums.append(drawn.astype(np.float64) @ columns)  # [resamples, columns]
+    return np.concatenate(sums)
+
+
+def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den, NaN where den is 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        for start in range(0, n_resamples, chunk):
-            idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))  # [resamples, requests]
-            s = {k: v[idx].sum(axis=1) for k, v in arrays.items()}
-            rate_c = np.where(s["c_tok"] > 0, s["c_acc"] / s["c_tok"], np.nan)
-            rate_k = np.where(s["k_tok"] > 0, s["k_acc"] / s["k_tok"], np.nan)
-            mal_c = np.where(s["c_drafts"] > 0, 1.0 + s["c_acc"] / s["c_drafts"], np.nan)
-            mal_k = np.where(s["k_drafts"] > 0, 1.0 + s["k_acc"] / s["k_drafts"], np.nan)
-            d_rate.append(rate_k - rate_c)
-            d_mal.append(mal_k - mal_c)
-    return np.concatenate(d_rate), np.concatenate(d_mal)
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _headline(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Delta of rate and of mean acceptance length for each row of column sums; NaN where undefined."""
+    rate_c, rate_k = _div(s[:, _C_ACC], s[:, _C_TOK]), _div(s[:, _K_ACC], s[:, _K_TOK])
+    mal_c, mal_k = 1.0 + _div(s[:, _C_ACC], s[:, _C_DRAFTS]), 1.0 + _div(s[:, _K_ACC], s[:, _K_DRAFTS])
+    return rate_k - rate_c, mal_k - mal_c
+
+
+def _position_rates(s: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """Each arm's unconditional and conditional rate per position, and their deltas: [rows, K] each."""
+    out = {}
+    for arm, base, drafts in (("control", _POOLED, _C_DRAFTS), ("candidate", _POOLED + k, _K_DRAFTS)):
+        acc = s[:, base:base + k]  # [rows, K]
+        uncond = _div(acc, s[:, drafts:drafts + 1])
+        reached = np.concatenate([s[:, drafts:drafts + 1], acc[:, :-1]], axis=1)  # position 0: every draft
+        out[arm], out[f"{arm}_conditional"] = uncond, _div(acc, reached)
+    out["delta"] = out["candidate"] - out["control"]
+    out["delta_conditional"] = out["candidate_conditional"] - out["control_conditional"]
+    return out
 
 
 def _percentile_ci(samples: np.ndarray, confidence: float) -> tuple[float, float] | None:
@@ -207,6 +267,28 @@ def _percentile_ci(samples: np.ndarray, confidence: float) -> tuple[float, float
     return float(lo), float(hi)
 
 
+def _positions(columns: np.ndarray, sums: np.ndarray | None, k: int) -> list[PositionInterval]:
+    """Per position: the rates of all requests, and intervals from the resampled sums (none without them)."""
+    point = _position_rates(columns.sum(axis=0, keepdims=True), k)
+    spread = _position_rates(sums, k) if sums is not None else None
+
+    def value(key: str, i: int) -> float | None:
+        x = point[key][0, i]
+        return float(x) if np.isfinite(x) else None
+
+    def ci(key: str, i: int) -> list[float] | None:
+        interval = _percentile_ci(spread[key][:, i], POSITION_CONFIDENCE) if spread is not None else None
+        return list(interval) if interval is not None else None
+
+    return [PositionInterval(
+        position=i, control=value("control", i), candidate=value("candidate", i), delta=value("delta", i),
+        ci=ci("delta", i), control_ci=ci("control", i), candidate_ci=ci("candidate", i),
+        control_conditional=value("control_conditional", i), candidate_conditional=value("candidate_conditional", i),
+        delta_conditional=value("delta_conditional", i), conditional_ci=ci("delta_conditional", i),
+        control_conditional_ci=ci("control_conditional", i), candidate_conditional_ci=ci("candidate_conditional", i),
+    ) for i in range(k)]
+
+
 def paired_bootstrap(
     control: Sequence[RequestResult],
     candidate: Sequence[RequestResult],
@@ -215,7 +297,8 @@ def paired_bootstrap(
     seed: int = 0,
     confidences: Sequence[float] = (0.95,),
 ) -> PairedBootstrap:
-    """Resample request indices (same indices for both arms) and take CIs of the ratio-of-sums deltas.
+    """Resample request indices (same indices for both arms) and take CIs of the ratio-of-sums deltas: the pooled
+    rate and mean acceptance length at each of `confidences`, each draft position's rates at POSITION_CONFIDENCE.
 
     `control[i]` and `candidate[i]` must be the same request (see pair_requests).
     """
@@ -223,84 +306,29 @@ def paired_bootstrap(
         raise QualError(f"paired bootstrap needs equal arms, got {len(control)} and {len(candidate)} requests")
     if n_resamples < 1:
         raise QualError(f"bootstrap resamples must be >= 1, got {n_resamples}")
-    arrays = {
-        "c_acc": np.array([r.accepted_tokens for r in control], dtype=np.float64),
-        "c_tok": np.array([r.draft_tokens for r in control], dtype=np.float64),
-        "c_drafts": np.array([r.drafts for r in control], dtype=np.float64),
-        "k_acc": np.array([r.accepted_tokens for r in candidate], dtype=np.float64),
-        "k_tok": np.array([r.draft_tokens for r in candidate], dtype=np.float64),
-        "k_drafts": np.array([r.drafts for r in candidate], dtype=np.float64),
-    }
-    rate_c = _sum_ratio(arrays["c_acc"], arrays["c_tok"])
-    rate_k = _sum_ratio(arrays["k_acc"], arrays["k_tok"])
-    mal_c = _sum_ratio(arrays["c_acc"], arrays["c_drafts"])
-    mal_k = _sum_ratio(arrays["k_acc"], arrays["k_drafts"])
-    delta_rate = rate_k - rate_c if rate_c is not None and rate_k is not None else None
-    delta_mal = mal_k - mal_c if mal_c is not None and mal_k is not None else None
-    if len(control) == 0 or delta_rate is None:
+    k = max((len(r.accepted_per_position) for r in (*control, *candidate)), default=0)
+    columns = _columns(control, candidate, k)
+    total = columns.sum(axis=0)
+    rate_c, rate_k = _ratio(total[_C_ACC], total[_C_TOK]), _ratio(total[_K_ACC], total[_K_TOK])
+    mal_c, mal_k = _ratio(total[_C_ACC], total[_C_DRAFTS]), _ratio(total[_K_ACC], total[_K_DRAFTS])
+    d_rate = rate_k - rate_c if rate_c is not None and rate_k is not None else None
+    d_mal = mal_k - mal_c if mal_c is not None and mal_k is not None else None
+    if len(control) == 0 or d_rate is None:
         empty = {float(c): None for c in confidences}
-        return PairedBootstrap(len(control), n_resamples, seed, delta_rate, empty, delta_mal, dict(empty))
-    d_rate, d_mal = _resampled_deltas(arrays, n_resamples, seed)
+        return PairedBootstrap(len(control), n_resamples, seed, d_rate, empty, d_mal, dict(empty),
+                               _positions(columns, None, k))
+    sums = _resampled_sums(columns, n_resamples, seed)
+    rates, mals = _headline(sums)
     return PairedBootstrap(
         n_requests=len(control),
         n_resamples=n_resamples,
         seed=seed,
-        delta_rate=delta_rate,
-        delta_rate_ci={float(c): _percentile_ci(d_rate, c) for c in confidences},
-        delta_mean_acceptance_length=delta_mal,
-        delta_mean_acceptance_length_ci={float(c): _percentile_ci(d_mal, c) for c in confidences},
+        delta_rate=d_rate,
+        delta_rate_ci={float(c): _percentile_ci(rates, c) for c in confidences},
+        delta_mean_acceptance_length=d_mal,
+        delta_mean_acceptance_length_ci={float(c): _percentile_ci(mals, c) for c in confidences},
+        per_position=_positions(columns, sums, k),
     )
-
-
-def _position_matrix(rows: Sequence[RequestResult], k: int) -> np.ndarray:
-    out = np.zeros((len(rows), k), dtype=np.float64)  # [requests, K]
-    for i, r in enumerate(rows):
-        n = min(k, len(r.accepted_per_position))
-        out[i, :n] = r.accepted_per_position[:n]
-    return out
-
-
-def per_position_deltas(
-    control: Sequence[RequestResult],
-    candidate: Sequence[RequestResult],
-    *,
-    n_resamples: int = DEFAULT_RESAMPLES,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> list[dict]:
-    """Per draft position: both arms' unconditional rates (accepted at i / drafts), candidate - control, and a
-    paired-bootstrap percentile interval of that delta (`control[i]` and `candidate[i]` the same request)."""
-    if len(control) != len(candidate):
-        raise QualError(f"per-position deltas need equal arms, got {len(control)} and {len(candidate)} requests")
-    k = max((len(r.accepted_per_position) for r in (*control, *candidate)), default=0)
-    if k == 0:
-        return []
-    acc_c, acc_k = _position_matrix(control, k), _position_matrix(candidate, k)
-    drafts_c = np.array([r.drafts for r in control], dtype=np.float64)
-    drafts_k = np.array([r.drafts for r in candidate], dtype=np.float64)
-    rate_c = [_ratio(x, drafts_c.sum()) for x in acc_c.sum(axis=0)]
-    rate_k = [_ratio(x, drafts_k.sum()) for x in acc_k.sum(axis=0)]
-    n = len(control)
-    samples = []
-    if n and drafts_c.sum() and drafts_k.sum():
-        rng = np.random.default_rng(seed)
-        chunk = max(1, _MAX_CHUNK_ELEMENTS // max(n * k, 1))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for start in range(0, n_resamples, chunk):
-                idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))  # [resamples, requests]
-                dc, dk = drafts_c[idx].sum(axis=1), drafts_k[idx].sum(axis=1)  # [resamples]
-                rc = acc_c[idx].sum(axis=1) / dc[:, None]  # [resamples, K]
-                rk = acc_k[idx].sum(axis=1) / dk[:, None]
-                samples.append(np.where((dc > 0)[:, None] & (dk > 0)[:, None], rk - rc, np.nan))
-    deltas = np.concatenate(samples) if samples else np.empty((0, k))
-    rows = []
-    for i in range(k):
-        c, kk = rate_c[i], rate_k[i]
-        ci = _percentile_ci(deltas[:, i], confidence) if deltas.size else None
-        rows.append({"position": i, "control": c, "candidate": kk,
-                     "delta": kk - c if c is not None and kk is not None else None,
-                     "ci": list(ci) if ci is not None else None})
-    return rows
 
 
 # ---------------------------------------------------------------- per request / category

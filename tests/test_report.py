@@ -8,10 +8,12 @@ import subprocess
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 
+import markupsafe
 import pytest
 
 from qual.records import GraphCapture
-from qual.report import html, junit, markdown, write_reports
+
+from qual.report import common, html, junit, markdown, write_reports
 from qual import history
 from qual.harness.build import build_result
 from synthetic import as_baseline, synthetic_gate, synthetic_pair, synthetic_result, synthetic_run_info, truncated
@@ -262,3 +264,60 @@ def test_report_carries_the_engines_facts(tmp_path):
     assert '<a href="1.vllm.log">' in page and '<a href="4.vllm.log">' in page  # relative to the page's folder
     assert "vllm serve /m --x &lt;b&gt;" in page  # a server command is untrusted text too
     assert "| throughput |" in md and "-20.0% (×0.80, generating)" in md
+
+
+# ---------------------------------------------------------------- per position, per request, the files beside
+
+
+def test_per_position_rows_carry_the_bootstrap_intervals(hostile):
+    page = html.render(hostile)
+    section = page[page.index("Acceptance per draft position"):page.index("Per-request paired deltas")]
+    assert "Whiskers: each arm's 95% interval" in section and "the same 500 resamples, seed 0" in section
+    rows = re.findall(r'<tr>\s*<td class="n">(\d)</td>(.*?)</tr>', section, re.S)
+    assert [int(i) for i, _ in rows] == [p["position"] for p in hostile.comparison.per_position] == list(range(7))
+    for (_, cells), p in zip(rows, hostile.comparison.per_position):
+        assert common.ci_pp(p["ci"], False) in cells and common.ci_pp(p["conditional_ci"], False) in cells
+    older = replace(hostile, comparison=replace(hostile.comparison, per_position=[]))
+    assert "No intervals: this result carries none per position." in html.render(older)
+
+
+def test_every_request_is_listed_largest_drop_first(hostile):
+    page = html.render(hostile)
+    table = page[page.index('<table id="all-requests">'):]
+    table = table[:table.index("</table>")]
+    ids = re.findall(r'<td class="id"><code>(.*?)</code></td>', table)
+    deltas = sorted(hostile.comparison.per_request_deltas, key=lambda r: (r["delta"] is None, r["delta"] or 0.0))
+    assert len(ids) == len(hostile.control.per_request) == 30
+    assert ids == [markupsafe.escape(r["id"]) for r in deltas]
+    assert page.index("<details>") < page.index('<table id="all-requests">')  # collapsed until opened
+    n_tokens = {r.id: len(r.output_token_ids) for r in hostile.control.per_request}
+    first = deltas[0]
+    assert re.search(rf'<td class="n">{n_tokens[first["id"]]}</td></tr>', table)
+
+
+def test_links_to_the_files_beside_the_report(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("control.requests.jsonl", "candidate.requests.jsonl", "control.vllm.log", 'odd "<name>".log'):
+        (out / name).write_text("x\n")
+    (out / "linked.log").symlink_to(out / "control.vllm.log")
+    page = write_reports(synthetic_result(6), out)["html"].read_text()
+    section = page[page.index('<h2 id="files">'):]
+    hrefs = re.findall(r'<a href="([^"]*)">', section)
+    # result.json, summary.md and junit.xml are written before the page, so it finds them; no run.json here
+    assert hrefs == ["result.json", "summary.md", "junit.xml", "candidate.requests.jsonl", "control.requests.jsonl",
+                     "control.vllm.log", "odd%20%22%3Cname%3E%22.log"]
+    assert all(not h.startswith(("/", "file:")) for h in hrefs)  # relative: the folder opens anywhere
+    assert "odd &#34;&lt;name&gt;&#34;.log" in section and '<a href="#files">files</a>' in page
+    assert '<h2 id="files">' not in html.render(synthetic_result(6))  # no folder, no links
+
+
+def test_per_position_figure_draws_one_whisker_per_interval():
+    from qual.report import plots
+
+    rates = [0.7, 0.5, 0.3]
+    bare = plots.per_position_svg(rates, rates, rates, rates).count("<use")  # tick marks
+    intervals = {"control": [[0.6, 0.8]] * 3, "candidate": [[0.6, 0.8], None, [0.2, 0.4]],
+                 "candidate_conditional": [[0.65, 0.75]]}  # shorter than the bars: the rest have none
+    drawn = plots.per_position_svg(rates, rates, rates, rates, intervals).count("<use")
+    assert drawn - bare == 2 * 6  # two caps a whisker

@@ -24,7 +24,7 @@ CONTRACT = {
     "graph_capture": ["status", "sizes", "mode", "seconds", "bytes"],
     "throughput": ["wall_seconds", "output_tokens", "tokens_per_second"],
     "comparison": ["delta_rate", "delta_rate_ci95", "delta_mean_acceptance_length", "target_outputs_identical",
-                   "output_divergence", "proposal_divergence", "per_category", "per_request_deltas"],
+                   "output_divergence", "proposal_divergence", "per_category", "per_request_deltas", "per_position"],
     "gate": ["passed", "checks"],
     "check": ["name", "passed", "detail"],
 }
@@ -56,6 +56,9 @@ def test_result_json_has_every_contract_key(tmp_path):
     assert len(cmp["delta_rate_ci95"]) == 2 and cmp["delta_rate_ci95"][0] <= cmp["delta_rate"] <= cmp["delta_rate_ci95"][1]
     assert {"overall", "per_position"} <= set(cmp["proposal_divergence"])
     assert {"category", "n", "control_rate", "candidate_rate", "delta"} <= set(cmp["per_category"][0])
+    assert [p["position"] for p in cmp["per_position"]] == list(range(7))
+    keys = {"control", "candidate", "delta", "ci", "control_ci", "candidate_ci", "conditional_ci"}
+    assert keys <= set(cmp["per_position"][0])
     assert set(CONTRACT["gate"]) <= set(data["gate"])
     assert set(CONTRACT["check"]) <= set(data["gate"]["checks"][0])
     assert data["arms"]["control"]["config"]["dcp"] == 1 and data["arms"]["candidate"]["config"]["dcp"] == 4

@@ -15,7 +15,6 @@ from qual.stats import (
     pair_requests,
     paired_bootstrap,
     per_category,
-    per_position_deltas,
     per_request_deltas,
     proposal_divergence,
 )
@@ -182,22 +181,44 @@ def test_pair_by_id_orders_the_reference_like_tonight_and_allows_a_superset():
         pair_by_id(reference + reference[:1], tonight)
 
 
-def test_per_position_deltas_invariants():
+def _positions(control, candidate, **kw):
+    return paired_bootstrap(control, candidate, **kw).per_position
+
+
+def test_per_position_intervals_invariants():
     control, candidate = synthetic_pair(80, 0.7, 0.6, seed=5)
-    rows = per_position_deltas(control, candidate, n_resamples=400, seed=1)
+    rows = _positions(control, candidate, n_resamples=400, seed=1)
     a, b = acceptance_summary(control), acceptance_summary(candidate)
     assert [r["position"] for r in rows] == list(range(7))
-    for r, pc, pk in zip(rows, a.per_position, b.per_position):
+    for r, pc, pk, cc, kc in zip(rows, a.per_position, b.per_position, a.per_position_conditional,
+                                 b.per_position_conditional):
         assert r["control"] == pytest.approx(pc) and r["candidate"] == pytest.approx(pk)
+        assert r["control_conditional"] == pytest.approx(cc) and r["candidate_conditional"] == pytest.approx(kc)
         assert r["delta"] == pytest.approx(pk - pc) and r["ci"][0] <= r["delta"] <= r["ci"][1]
+        assert r["delta_conditional"] == pytest.approx(kc - cc)
+        assert r["conditional_ci"][0] <= r["delta_conditional"] <= r["conditional_ci"][1]
+        for arm in ("control", "candidate", "control_conditional", "candidate_conditional"):
+            ci = r[f"{arm}_ci"]
+            assert 0 <= ci[0] <= r[arm] <= ci[1] <= 1
         assert r["ci"][1] < 0  # per-token 0.7 -> 0.6 lowers every position, clearly at 80 requests
-    same = per_position_deltas(control, control, n_resamples=50)
-    assert all(r["delta"] == 0 and r["ci"] == [0, 0] for r in same)
+    assert rows[0]["control_conditional_ci"] == rows[0]["control_ci"]  # position 0: conditional is unconditional
+    same = _positions(control, control, n_resamples=50)
+    assert all(r["delta"] == 0 and r["ci"] == [0, 0] and r["conditional_ci"] == [0, 0] for r in same)
     # the interval comes from resampling requests: reversing the pairing's order changes nothing
-    again = per_position_deltas(control[::-1], candidate[::-1], n_resamples=400, seed=1)
+    again = _positions(control[::-1], candidate[::-1], n_resamples=400, seed=1)
     assert [r["delta"] for r in again] == pytest.approx([r["delta"] for r in rows])
-    assert per_position_deltas([], []) == []
-    none = per_position_deltas([synthetic_request("a", [])], [synthetic_request("a", [])])
-    assert all(r["control"] is None and r["ci"] is None for r in none)
+    assert _positions([], []) == []
+    none = _positions([synthetic_request("a", [])], [synthetic_request("a", [])])
+    assert all(r["control"] is None and r["ci"] is None and r["control_ci"] is None for r in none)
     with pytest.raises(QualError, match="equal arms"):
-        per_position_deltas(control, candidate[:3])
+        paired_bootstrap(control, candidate[:3])
+
+
+def test_per_position_intervals_come_from_the_headline_resamples():
+    """With one draft position, position 0's rate is the pooled rate: its interval must be the headline's, exactly,
+    which holds only if both come from the same resamples."""
+    control, candidate = synthetic_pair(60, 0.6, 0.5, seed=9, k=1)
+    boot = paired_bootstrap(control, candidate, n_resamples=500, seed=4)
+    (row,) = boot.per_position
+    assert row["delta"] == pytest.approx(boot.delta_rate)
+    assert tuple(row["ci"]) == pytest.approx(boot.delta_rate_ci[0.95], abs=1e-15)

@@ -25,7 +25,6 @@ from qual.stats import (
     pair_requests,
     paired_bootstrap,
     per_category,
-    per_position_deltas,
     per_request_deltas,
     proposal_divergence,
 )
@@ -125,6 +124,7 @@ def compare_arms(
         proposal_divergence=proposal_divergence(control, candidate),
         per_category=per_category(control, candidate),
         per_request_deltas=per_request_deltas(control, candidate),
+        per_position=boot.per_position,
         bootstrap={
             "unit": "request",
             "method": "paired percentile",
@@ -148,7 +148,6 @@ def compare_with_baseline(
     levels = sorted({0.95, *confidence_levels})
     boot = paired_bootstrap(base, now, n_resamples=n_resamples, seed=seed, confidences=levels)
     a, b = acceptance_summary(base), acceptance_summary(now)
-    positions = per_position_deltas(base, now, n_resamples=n_resamples, seed=seed)
     moved = [d for d in per_request_deltas(base, now) if d["delta"]]
     moved.sort(key=lambda d: (-abs(d["delta"]), d["id"]))
     mal_ci = boot.delta_mean_acceptance_length_ci.get(0.95)
@@ -165,7 +164,7 @@ def compare_with_baseline(
         delta_mean_acceptance_length=boot.delta_mean_acceptance_length,
         delta_mean_acceptance_length_ci95=list(mal_ci) if mal_ci is not None else None,
         per_position=[{"position": p["position"], "baseline": p["control"], "tonight": p["candidate"],
-                       "delta": p["delta"], "ci": p["ci"]} for p in positions],
+                       "delta": p["delta"], "ci": p["ci"]} for p in boot.per_position],
         per_category=[{"category": c["category"], "n": c["n"], "baseline_rate": c["control_rate"],
                        "tonight_rate": c["candidate_rate"], "delta": c["delta"]} for c in per_category(base, now)],
         moved=[{"id": d["id"], "category": d["category"], "baseline_rate": d["control_rate"],

@@ -16,4 +16,6 @@ def write_reports(result: Result, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     writers = {"json": json.write, "html": html.write, "markdown": markdown.write, "junit": junit.write}
-    return {kind: writers[kind](result, out / name) for kind, name in FILES.items()}
+    # report.html last: it links to the files beside it that exist when it is written.
+    written = {kind: writers[kind](result, out / FILES[kind]) for kind in sorted(FILES, key=lambda k: k == "html")}
+    return {kind: written[kind] for kind in FILES}

@@ -24,9 +24,9 @@ def num(x: float | None, digits: int = 3, signed: bool = False) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
-def ci_pp(ci: list[float] | tuple[float, float] | None) -> str:
-    """A rate-delta interval in pp: '[-9.10, -8.20] pp'."""
-    return "n/a" if ci is None else f"[{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}] pp"
+def ci_pp(ci: list[float] | tuple[float, float] | None, unit: bool = True) -> str:
+    """A rate-delta interval in pp: '[-9.10, -8.20] pp' ('[-9.10, -8.20]' without the unit)."""
+    return "n/a" if ci is None else f"[{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}]" + (" pp" if unit else "")
 
 
 def gib(nbytes: int | None) -> str:

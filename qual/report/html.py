@@ -1,4 +1,5 @@
-"""report.html: one self-contained offline page (inline CSS and SVG, no scripts, no fetches)."""
+"""report.html: one self-contained offline page (inline CSS and SVG, no scripts, no fetches; relative links to the files
+beside it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from qual.report import baseline as bview
-from qual.report import common, plots, provenance
+from qual.report import common, plots, provenance, siblings, tables
 from qual.files import write_text
 from qual.result import Result
 
@@ -37,28 +38,17 @@ def _figures(result: Result) -> dict[str, Markup]:
         figures["trend_strip"] = Markup(plots.trend_strip_svg(bview.trend_points(result)))
     return {
         **figures,
-        "per_position": Markup(
-            plots.per_position_svg(a.per_position, b.per_position, a.per_position_conditional, b.per_position_conditional)
-        ),
+        "per_position": Markup(plots.per_position_svg(
+            a.per_position, b.per_position, a.per_position_conditional, b.per_position_conditional,
+            tables.position_intervals(result),
+        )),
         "delta_hist": Markup(plots.delta_histogram_svg(deltas, result.comparison.delta_rate)),
     }
 
 
 def render(result: Result, report_dir: Path | None = None) -> str:
-    """The report page as a string; links to the arms' logs are relative to report_dir (the page's folder)."""
-    a, b = result.control.acceptance, result.candidate.acceptance
-    k = max(len(a.per_position), len(b.per_position))
-    pad = lambda xs: list(xs) + [None] * (k - len(xs))  # noqa: E731
-    prop = result.comparison.proposal_divergence or {}
-    diff = lambda x, y: y - x if x is not None and y is not None else None  # noqa: E731
-    positions = []
-    for i in range(k):
-        c, kk = pad(a.per_position)[i], pad(b.per_position)[i]
-        cc, kc = pad(a.per_position_conditional)[i], pad(b.per_position_conditional)[i]
-        positions.append(
-            {"i": i, "c": c, "k": kk, "d": diff(c, kk), "cc": cc, "kc": kc, "dc": diff(cc, kc),
-             "prop": pad(prop.get("per_position", []))[i]}
-        )
+    """The report page as a string; links to the arms' logs and the files beside the page are relative to report_dir
+    (the page's folder)."""
     categories = sorted(
         result.comparison.per_category, key=lambda r: (r["delta"] is None, r["delta"] or 0.0, r["category"])
     )
@@ -70,9 +60,10 @@ def render(result: Result, report_dir: Path | None = None) -> str:
         title=common.title(result),
         headline=common.headline(result),
         failed=result.gate.failed,
-        positions=positions,
+        positions=tables.position_rows(result),
         categories=categories,
         worst=common.worst_requests(result),
+        requests=tables.request_rows(result),
         counts=common.delta_counts(result),
         graph=common.graph_rows(result),
         config=common.config_diff(result),
@@ -87,6 +78,7 @@ def render(result: Result, report_dir: Path | None = None) -> str:
         bl_moved=bview.moved(bl) if bl is not None else [],
         facts=provenance.engine_facts(result),
         logs={arm: provenance.log_href(a, report_dir) for arm, a in result.arms.items()},
+        files=siblings.siblings(report_dir),
     )
 
 

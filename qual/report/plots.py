@@ -12,7 +12,7 @@ import re
 import tempfile
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 # matplotlib writes a font cache into its config dir: keep it out of the
 # user's home unless they chose one.
@@ -31,6 +31,7 @@ from qual.errors import QualError  # noqa: E402
 CONTROL_COLOR = "#4c72b0"
 CANDIDATE_COLOR = "#dd8452"
 STEP_COLOR = "#c0392b"
+ERROR_COLOR = "#333333"
 
 _RC = {
     "svg.fonttype": "none",  # text stays text: small, selectable, no glyph defs to collide
@@ -65,25 +66,44 @@ def _nan(xs: Sequence[float | None]) -> np.ndarray:
     return np.array([np.nan if x is None else x for x in xs], dtype=float)
 
 
+def _whiskers(values: np.ndarray, intervals: Sequence[Sequence[float] | None], n: int) -> np.ndarray:
+    """matplotlib's asymmetric error bars [2, n] around values from [lo, hi] intervals (same units); NaN: none."""
+    lo_hi = np.full((2, n), np.nan)
+    for i, ci in enumerate(list(intervals)[:n]):
+        if ci is not None and np.isfinite(values[i]):
+            lo_hi[:, i] = (max(0.0, values[i] - ci[0]), max(0.0, ci[1] - values[i]))
+    return lo_hi
+
+
 def per_position_svg(
     control_uncond: Sequence[float | None],
     candidate_uncond: Sequence[float | None],
     control_cond: Sequence[float | None],
     candidate_cond: Sequence[float | None],
+    intervals: Mapping[str, Sequence[Sequence[float] | None]] | None = None,
 ) -> str:
-    """Grouped bars per draft position: unconditional (left) and conditional (right) acceptance."""
+    """Grouped bars per draft position: unconditional (left) and conditional (right) acceptance.
+
+    intervals: "control", "candidate", "control_conditional", "candidate_conditional" -> [lo, hi] (fractions) per
+    position, drawn as whiskers; a position without one has none.
+    """
+    intervals = intervals or {}
     with matplotlib.rc_context(_RC):
         fig = _figure(9.0, 3.2)
         axes = fig.subplots(1, 2, sharey=True)
         panels = (
-            (axes[0], control_uncond, candidate_uncond, "unconditional: accepted at i / drafts"),
-            (axes[1], control_cond, candidate_cond, "conditional: accepted at i / accepted at i-1"),
+            (axes[0], control_uncond, candidate_uncond, "", "unconditional: accepted at i / drafts"),
+            (axes[1], control_cond, candidate_cond, "_conditional", "conditional: accepted at i / accepted at i-1"),
         )
-        for ax, c, k, label in panels:
+        for ax, c, k, suffix, label in panels:
             n = max(len(c), len(k))
             x = np.arange(n)
-            ax.bar(x - 0.2, _nan(list(c) + [None] * (n - len(c))) * 100, 0.4, label="control", color=CONTROL_COLOR)
-            ax.bar(x + 0.2, _nan(list(k) + [None] * (n - len(k))) * 100, 0.4, label="candidate", color=CANDIDATE_COLOR)
+            bars = ((-0.2, c, "control", CONTROL_COLOR), (0.2, k, "candidate", CANDIDATE_COLOR))
+            for offset, values, arm, color in bars:
+                y = _nan(list(values) + [None] * (n - len(values))) * 100
+                ci = [None if v is None else [v[0] * 100, v[1] * 100] for v in intervals.get(arm + suffix, [])]
+                ax.bar(x + offset, y, 0.4, label=arm, color=color, yerr=_whiskers(y, ci, n),
+                       error_kw={"ecolor": ERROR_COLOR, "elinewidth": 0.9, "capsize": 2.0})
             ax.set_title(label)
             ax.set_xlabel("draft position")
             ax.set_xticks(x)
