@@ -226,7 +226,8 @@ MAX_TOKENS = 8
 @pytest.fixture
 def qual(capsys, monkeypatch, tmp_path):
     """`qual run ARGS` through the console entry point, in this process, timed; --out and --history in tmp_path,
-    temporary files (a crash file's fallback) in tmp_path/tmp, the key in KEY_ENV."""
+    temporary files (a crash file's fallback) in tmp_path/tmp, the key in KEY_ENV; `lines`: stderr after the run's
+    progress lines."""
     from qual.cli.main import main
 
     (tmp_path / "tmp").mkdir()
@@ -249,9 +250,12 @@ def qual(capsys, monkeypatch, tmp_path):
             for s, h in handlers.items():
                 signal.signal(s, h)  # main() installs its own
         got = capsys.readouterr()
+        err = got.err.strip().splitlines()
+        progress = [ln for ln in err if ln.startswith("progress: ")]  # where the arms started: before any message
+        assert err[:len(progress)] == progress, err
+        lines = err[len(progress):]
         return SimpleNamespace(returncode=code, stdout=got.out, stderr=got.err, seconds=seconds,
-                               line=got.err.strip().splitlines()[-1] if got.err.strip() else "",
-                               lines=got.err.strip().splitlines())
+                               line=lines[-1] if lines else "", lines=lines)
 
     return call
 

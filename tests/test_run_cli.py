@@ -262,8 +262,10 @@ def test_a_full_disk_is_exit_2_leaves_no_temporary_file_and_resumes(profile, sma
     out, db = small_disk / "out", tmp_path / "h.sqlite"
     proc = qual("run", "--model", profile, "--dcp", 1, "--limit", 2, "--out", out, "--history", db)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith(f"error: cannot write {out / 'result.json'}: No space left on device")
-    assert f"qual run --resume {out}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    *progress, error = proc.stderr.strip().splitlines()  # the arms ran: their progress lines come first
+    assert all(line.startswith("progress: ") for line in progress), proc.stderr
+    assert error.startswith(f"error: cannot write {out / 'result.json'}: No space left on device")
+    assert f"qual run --resume {out}" in error
     assert list(out.glob("*.tmp")) == [] and not (out / "result.json").exists() and history_rows(db) == 0
     journaled = {arm: (out / f"{arm}.requests.jsonl").read_text() for arm in ("control", "candidate")}
     assert all(len(text.splitlines()) == 2 for text in journaled.values())

@@ -54,6 +54,8 @@ def run_command(
     baseline_any: bool = typer.Option(False, "--baseline-any", help="Let a baseline of another configuration key serve "
                                       "(another engine version, checkpoint, layout...); the differences are recorded."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr (the verdict, warnings and errors "
+                               "still print)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
     control_url: Optional[str] = typer.Option(None, "--control-url", help="Attach: the running control server (an "
                                               "OpenAI-compatible vLLM server qual did not start)."),
@@ -66,6 +68,8 @@ def run_command(
                                                   "server (default 1)."),
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
+    from qual.cli.progress import RunProgress
+    from qual.harness.execute import execute
     from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
 
@@ -95,6 +99,7 @@ def run_command(
     if dry_run:
         _print_dry_run(plan)
         return
+    progress = RunProgress({arm: f"{arm} (dcp {c.dcp}, tp {c.tp})" for arm, c in plan.arms.items()}, quiet=quiet)
     if resume is None and plan.out_dir.is_dir() and any(plan.out_dir.iterdir()):
         raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
     history_file(plan.history_path)
@@ -102,7 +107,8 @@ def run_command(
     lock = lock or DirectoryLock(plan.out_dir, "--out")
     try:
         with crash_report(plan.out_dir):  # from here on a bug's traceback goes to <out>/crash.txt
-            result = _run_with_progress(plan)
+            with progress:
+                result, _ = execute(plan, progress)
             print_warnings(result)
             print_verdict(result, "control", "candidate", plan.out_dir)
     except KeyboardInterrupt:
@@ -116,7 +122,7 @@ def run_command(
 
 def _refuse_flags_beside_resume(ctx: typer.Context) -> None:
     """--resume repeats the recorded run: every other flag would be ignored, so one given is refused by name."""
-    given = [p for p in ctx.command.params if p.name not in ("resume", "dry_run")
+    given = [p for p in ctx.command.params if p.name not in ("resume", "dry_run", "quiet")
              and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") != "DEFAULT"]
     if given:
         flag = max(given[0].opts, key=len)
@@ -138,22 +144,3 @@ def _print_dry_run(plan) -> None:
         print(f"{arm}: {engine.describe(config)}")
     if plan.baseline is not None:
         print(f"# baseline: {plan.baseline.describe()}; {baseline_match(plan.baseline)}")
-
-
-def _run_with_progress(plan):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from qual.harness.execute import execute
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=False, disable=not sys.stderr.isatty()) as bar:
-        tasks = {}
-
-        def progress(arm: str, finished: int, total: int) -> None:
-            if arm not in tasks:
-                c = plan.arms[arm]
-                tasks[arm] = bar.add_task(f"{arm} (dcp {c.dcp}, tp {c.tp})", total=total)
-            bar.update(tasks[arm], completed=finished)
-
-        result, _ = execute(plan, progress)
-    return result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,7 +22,26 @@ from qual.userfiles import read_json
 
 ARM_ORDER = ("control", "candidate")
 TREND_RUNS = 20  # earlier runs of the configuration the baseline section's trend strip shows
-Progress = Callable[[str, int, int], None]  # (arm, finished, total)
+
+# What the harness can observe of a run, in order: an arm starts (its engine starts, then its first requests run: a
+# prefill is not seen apart from decoding), its requests finish one by one, the arm ends; after both, the reports.
+STARTING, DECODING, DONE, REPORTS = "starting", "decoding", "done", "reports"
+
+
+@dataclass(frozen=True, slots=True)
+class ArmProgress:
+    """One arm at a phase change or a finished request; REPORTS (arm "run") is the run's last phase."""
+
+    arm: str
+    phase: str          # STARTING | DECODING | DONE | REPORTS
+    done: int           # requests finished, journaled ones of an earlier piece included
+    total: int
+    resumed: int        # of `done`, those journaled before this process started the arm
+    accepted_tokens: int
+    draft_tokens: int
+
+
+Progress = Callable[[ArmProgress], None]
 
 
 def info_path(out_dir: Path, arm: str) -> Path:
@@ -91,18 +110,28 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
     todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
     total = len(plan.requests)
     prior = _load_info(plan.out_dir, arm)
-    if not todo and prior is not None:
+    resumed = len(done)
+    accepted = sum(r.accepted_tokens for r in done.values())
+    drafted = sum(r.draft_tokens for r in done.values())
+
+    def report(phase: str) -> None:
+        if progress:
+            progress(ArmProgress(arm, phase, len(done), total, resumed, accepted, drafted))
+
+    if not todo and prior is not None:  # finished by an earlier piece
+        report(DONE)
         return prior, done
     journal = Journal(path)
 
     def on_result(res: RequestResult) -> None:
+        nonlocal accepted, drafted
         journal.append(res)
         done[res.id] = res
-        if progress:
-            progress(arm, len(done), total)
+        accepted += res.accepted_tokens
+        drafted += res.draft_tokens
+        report(DECODING)
 
-    if progress:
-        progress(arm, len(done), total)
+    report(STARTING)
     try:
         info = get_engine(config.engine).run(config, todo, on_result, plan.out_dir, arm)
     finally:
@@ -117,6 +146,7 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
         both = info.generate_seconds is not None and prior.generate_seconds is not None
         info.generate_seconds = info.generate_seconds + prior.generate_seconds if both else None
     _save_info(plan.out_dir, arm, info)
+    report(DONE)
     return info, done
 
 
@@ -144,6 +174,8 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str
         ordered = [results[r.id] for r in plan.requests if r.id in results]
         info.output_tokens = sum(len(r.output_token_ids) for r in ordered)  # all pieces of a resumed arm
         arms[arm] = (plan.arms[arm], info, ordered)
+    if progress:  # the comparison (its bootstrap), the reports and the history row
+        progress(ArmProgress("run", REPORTS, 0, 0, 0, 0, 0))
     trend = []
     if plan.baseline is not None and plan.history_path.exists():
         trend = configuration_runs(plan.history_path, plan.configuration, limit=TREND_RUNS)
@@ -154,7 +186,9 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str
     )
     paths = write_reports(result, plan.out_dir)
     try:
-        record_run(plan.history_path, result, paths["json"], plan.run_id, on_wait=lambda line: print(line, file=sys.stderr))
+        # one write a line: a progress heartbeat from another thread never lands inside it
+        record_run(plan.history_path, result, paths["json"], plan.run_id,
+                   on_wait=lambda line: sys.stderr.write(line + "\n"))
     except HistoryLocked as exc:
         raise QualError(f"{exc}; the run's reports are written in {plan.out_dir}: record it in the history with "
                         f"`qual run --resume {plan.out_dir}`") from None
