@@ -243,10 +243,11 @@ def test_compare_refuses_an_impossible_result_record(finished_run, tmp_path):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 128 KiB tmpfs (root only): a real full filesystem under --out."""
+    """A 1 MiB tmpfs (root only): a real full filesystem under --out (the reports of a resumed run fit once the
+    filler is gone)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mnt)]).returncode:
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
         pytest.skip("needs root to mount a small tmpfs")
     try:
         yield mnt
