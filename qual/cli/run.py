@@ -65,6 +65,7 @@ def run_command(
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
     from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
+    from qual.report.junit import gate_suite
 
     lock = None
     if resume is not None:
@@ -97,8 +98,10 @@ def run_command(
     history_file(plan.history_path)
     output_dir(plan.out_dir, "--out")
     lock = lock or DirectoryLock(plan.out_dir, "--out")
+    suite = gate_suite(plan.arms["candidate"].model, plan.arms["candidate"].dcp)
     try:
-        with crash_report(plan.out_dir):  # from here on a bug's traceback goes to <out>/crash.txt
+        # From here on a bug's traceback goes to <out>/crash.txt, and exits 3 and 4 leave a junit.xml naming the cause.
+        with crash_report(plan.out_dir, suite):
             result = _run_with_progress(plan)
             print_warnings(result)
             print_verdict(result, "control", "candidate", plan.out_dir)
