@@ -1,7 +1,8 @@
 """The JSON Schema of result.json, generated from its typed records (dataclasses and TypedDicts of qual.result,
 qual.records, qual.stats).
 
-`python -m qual.schema --write` regenerates docs/result.schema.json; it refuses to drop or retype a key of the
+`python -m qual.schema --write` regenerates qual/data/result.schema.json, the one copy: it ships in the wheel,
+`qual schema` prints it and docs/result.schema.json is a link to it. It refuses to drop or retype a key of the
 committed schema while the schema string (qual.result.SCHEMA) is unchanged: extend, never rename.
 
 Numbers may be null: result.json writes an undefined rate (NaN) as null (qual.result._finite). Keys added after a
@@ -16,14 +17,14 @@ import json
 import sys
 import types
 import typing
-from pathlib import Path
 from typing import Any, Union
 
+from qual.paths import RESULT_SCHEMA
 from qual.records import ArmConfig, GraphCapture
 from qual.result import SCHEMA, ArmResult, Result
 from qual.stats import AcceptanceJson
 
-COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "result.schema.json"
+COMMITTED = RESULT_SCHEMA
 # Fields whose JSON form another type describes (ArmResult keeps its config as a dict; an arm's acceptance is written
 # as its counts and the rates derived from them).
 JSON_FORM: dict[tuple[type, str], Any] = {(ArmResult, "config"): ArmConfig, (ArmResult, "graph_capture"): GraphCapture,
@@ -157,7 +158,7 @@ def dumps(schema: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qual.schema", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {COMMITTED.relative_to(COMMITTED.parents[1])}")
+    parser.add_argument("--write", action="store_true", help=f"write {COMMITTED.relative_to(COMMITTED.parents[2])}")
     args = parser.parse_args(argv)
     schema = result_schema()
     if not args.write:

@@ -33,8 +33,8 @@ def tiny_pair(tmp_path_factory):
 
 
 # Every result.json a test writes (directly or through a `qual` subprocess) must validate against the committed
-# schema, docs/result.schema.json: checked after each test module (its tmp folder names the test), for the files
-# that are new or changed since the last check.
+# schema, qual/data/result.schema.json: checked after each test module (its tmp folder names the test), for the
+# files that are new or changed since the last check.
 _VALIDATED: dict[Path, int] = {}
 
 
@@ -47,7 +47,9 @@ def result_schema_validator():
     except ImportError:
         pytest.fail("jsonschema is missing: `make install` installs the dev extra (pyproject.toml)", pytrace=False)
 
-    schema = json.loads((Path(__file__).parents[1] / "docs" / "result.schema.json").read_text())
+    from qual.paths import RESULT_SCHEMA
+
+    schema = json.loads(RESULT_SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
@@ -71,8 +73,8 @@ def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_va
         errors = sorted(result_schema_validator.iter_errors(data), key=lambda e: e.path)
         if errors:
             where = "/".join(map(str, errors[0].path))
-            pytest.fail(f"{path} does not match docs/result.schema.json at {where or '(top)'}: {errors[0].message} "
-                        f"({len(errors)} error(s))", pytrace=False)
+            pytest.fail(f"{path} does not match qual/data/result.schema.json at {where or '(top)'}: "
+                        f"{errors[0].message} ({len(errors)} error(s))", pytrace=False)
 
 
 # Modules whose tests start vLLM servers or many engine processes run first: `make test` spreads modules over two

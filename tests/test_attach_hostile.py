@@ -15,6 +15,7 @@ import json
 import socket
 import threading
 import time
+import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from qual.paths import DATA_DIR
@@ -519,6 +520,30 @@ def test_a_vllm_error_mid_run_shows_its_message(qual, tmp_path):
     assert len(proc.lines) == 1
     assert ("(HTTP 400 from /v1/completions: This model's maximum context length is 2048 tokens. \\x1b[2J); 1 finished "
             "request of this arm kept") in proc.line
+
+
+def test_an_engine_failure_mid_run_leaves_a_junit_error_naming_it(qual, tmp_path):
+    """Exit 3 inside the run directory: junit.xml holds one test case in error whose message is stderr's line (the
+    server's message, a token it echoed redacted), so a CI job publishing JUnit shows why there is no verdict."""
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrSt"
+
+    def refuse(h, method, path, body, requests):
+        if requests == 2 and path == "/v1/completions":
+            send(h, 500, {"error": {"message": f"worker died holding {token}", "type": "InternalServerError"}})
+            return True
+        return False
+
+    with FakeVllm(refuse) as server:
+        proc = qual(*attach(server.url))
+    assert proc.returncode == 3, proc.stderr
+    root = ET.parse(tmp_path / "o" / "junit.xml").getroot()
+    assert (root.get("tests"), root.get("errors"), root.get("failures")) == ("1", "1", "0")
+    [case] = root.iter("testcase")
+    error = case.find("error")
+    assert case.get("name") == "engine_failure" and error.get("type") == "EngineError"
+    assert error.get("message") == proc.line and "worker died holding <redacted>" in proc.line
+    assert case.get("classname") == "qual.gate.toy.dcp4"
+    nowhere(tmp_path, KEY, token, printed=proc.stderr)
 
 
 # -- the --dry-run weak spot: secrets by value shape --------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,23 @@ def test_h_is_help_everywhere():
         short, long = runner.invoke(app, [*command, "-h"]), runner.invoke(app, [*command, "--help"])
         assert short.exit_code == long.exit_code == 0, (command, short.output)
         assert short.output == long.output and "Usage:" in short.output, command
+
+
+def test_no_flag_shows_a_value_placeholder_in_help():
+    """A flag takes no value: no command's help shows `<bool>` after one (typer's rich panel did, `--dry-run <bool>`),
+    while options that take a value keep their type."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from qual.cli.main import _register, app
+
+    _register()
+    runner = CliRunner()
+    helps = {" ".join(c) or "qual": runner.invoke(app, [*c, "--help"], terminal_width=200).output
+             for c in _commands(typer.main.get_command(app))}
+    assert [name for name, text in helps.items() if "<bool>" in text.lower()] == []
+    assert re.search(r"--dry-run\s+Print both arms", helps["run"]) and re.search(r"--limit\s+<int>", helps["run"])
+    assert re.search(r"--help\s+-h\s+Show this message", helps["doctor"])
 
 
 def test_run_and_history_share_the_default_history(tmp_path, monkeypatch):

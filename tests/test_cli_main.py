@@ -8,6 +8,7 @@ TP 1, so no rank process starts.
 import sqlite3
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,9 @@ def test_a_broken_renderer_is_exit_4_with_the_traceback_in_the_run_directory(pro
     for arm in ("control", "candidate"):
         assert len((tmp_path / "out" / f"{arm}.requests.jsonl").read_text().splitlines()) == 2
     assert _history_rows(tmp_path / "h.sqlite") == 0
+    # junit.xml says why the run has no verdict: one test case in error, the line stderr showed
+    [case] = ET.parse(tmp_path / "out" / "junit.xml").getroot().iter("testcase")
+    assert case.get("name") == "internal_error" and case.find("error").get("message") == line
 
 
 def _history_rows(db: Path) -> int:

@@ -21,6 +21,17 @@ def sh(*cmd, cwd=None, timeout=900, env=None) -> subprocess.CompletedProcess:
     return proc
 
 
+def test_the_wheel_ships_the_result_schema(tmp_path):
+    """result.json's schema is package data: the wheel holds the generated one, where `qual schema` reads it."""
+    import zipfile
+
+    from qual.schema import dumps, result_schema
+
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, ROOT)
+    with zipfile.ZipFile(next(tmp_path.glob("qual-*.whl"))) as wheel:
+        assert wheel.read("qual/data/result.schema.json").decode() == dumps(result_schema())
+
+
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path):
     dist = tmp_path / "dist"
@@ -29,13 +40,15 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path):
     venv = tmp_path / "venv"
     sh(sys.executable, "-m", "venv", venv)
     py = venv / "bin" / "python"
+    # Nothing of the checkout is seen from the venv: under PYTHONPATH=<checkout> pip would take the checkout's
+    # qual.egg-info (left by the wheel build) for an installed qual and skip the wheel.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "QUAL_ROOT")}
     # --no-compile: pip would byte-compile every module of torch and the dependencies (~30 s of two cores' time);
     # Python compiles what the run imports anyway.
-    sh(py, "-m", "pip", "install", "-q", "--no-compile", TORCH)  # CPU torch first: an unpinned torch pulls CUDA
-    sh(py, "-m", "pip", "install", "-q", "--no-compile", wheel)
+    sh(py, "-m", "pip", "install", "-q", "--no-compile", TORCH, env=env)  # CPU torch first: unpinned, it pulls CUDA
+    sh(py, "-m", "pip", "install", "-q", "--no-compile", wheel, env=env)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "QUAL_ROOT")}
     proc = subprocess.run([venv / "bin" / "qual", "run", "--dcp", "2", "--limit", "2", "--max-tokens", "8"], cwd=work,
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -44,3 +57,5 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path):
     result = json.loads((runs[0] / "result.json").read_text())
     assert result["arms"]["candidate"]["config"]["target_path"].startswith(str(venv))  # the toy pair: package data
     assert len(result["arms"]["control"]["per_request"]) == 2
+    printed = sh(venv / "bin" / "qual", "schema", cwd=work, env=env).stdout  # the schema, from the package
+    assert json.loads(printed)["$id"] == result["schema"]

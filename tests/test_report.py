@@ -126,6 +126,19 @@ def test_junit_survives_control_characters():
     ET.fromstring(junit.render(res).encode())
 
 
+def test_junit_of_a_run_without_a_verdict_is_one_error_naming_the_cause():
+    """Exits 3 and 4 leave one test case in error: the cause on one line, secret shapes redacted, XML-safe."""
+    message = "engine failure: server said\nHTTP 500 hf_AbCdEfGhIjKlMnOpQrSt \x1b[2J (log: /tmp/x.log)"
+    root = ET.fromstring(junit.render_error("qual.gate.toy.dcp4", "engine_failure", message, "EngineError",
+                                            "2026-12-01T00:00:00+00:00").encode())
+    assert (root.get("tests"), root.get("errors"), root.get("failures")) == ("1", "1", "0")
+    [case] = root.findall(".//testcase")
+    assert case.get("name") == "engine_failure" and case.get("classname") == "qual.gate.toy.dcp4"
+    error = case.find("error")
+    assert error.get("type") == "EngineError" and error.text == error.get("message")
+    assert error.get("message") == "engine failure: server said HTTP 500 <redacted> \ufffd[2J (log: /tmp/x.log)"
+
+
 def test_write_reports(tmp_path):
     paths = write_reports(synthetic_result(8), tmp_path / "out")
     assert {p.name for p in paths.values()} == {"result.json", "report.html", "summary.md", "junit.xml"}

@@ -1,10 +1,12 @@
-"""docs/result.schema.json: generated from the records, current, validating, and never broken within a version."""
+"""qual/data/result.schema.json (docs/result.schema.json links to it): generated from the records, current,
+validating, never broken within a version, and printed by `qual schema`."""
 
 from __future__ import annotations
 
 import json
 import typing
 from dataclasses import make_dataclass
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,24 @@ from synthetic import synthetic_result
 
 def test_committed_schema_is_the_generated_one():
     assert json.loads(COMMITTED.read_text()) == result_schema(), \
-        "docs/result.schema.json is stale: run `python -m qual.schema --write`"
+        "qual/data/result.schema.json is stale: run `python -m qual.schema --write`"
+
+
+def test_docs_links_to_the_one_copy():
+    docs = Path(__file__).resolve().parents[1] / "docs" / "result.schema.json"
+    assert docs.is_symlink() and docs.resolve() == COMMITTED.resolve()
+
+
+def test_qual_schema_prints_the_generated_schema(capsys):
+    import jsonschema
+
+    from qual.cli.main import _register, run_app
+
+    _register()
+    assert run_app(["schema"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == schema_mod.dumps(result_schema())
+    jsonschema.Draft202012Validator.check_schema(json.loads(printed))
 
 
 def test_no_key_of_the_committed_schema_is_renamed_or_removed():

@@ -45,6 +45,7 @@ def compare_command(
     from qual.paths import DEFAULT_GATE
     from qual.history import record_run
     from qual.report import write_reports
+    from qual.report.junit import gate_suite
 
     check_path_name(out, "--out")
     result = compare(a, b, str(gate or DEFAULT_GATE), seed)  # mismatched inputs: exit 2 before anything is made
@@ -52,7 +53,9 @@ def compare_command(
     if history:
         history_file(Path(history))
     output_dir(out, "--out")
-    with crash_report(out):  # from here on a bug's traceback goes to <out>/crash.txt
+    cfg = result.candidate.config
+    # From here on a bug's traceback goes to <out>/crash.txt, and junit.xml names it.
+    with crash_report(out, gate_suite(cfg.get("model", "model"), cfg.get("dcp", "?"))):
         paths = write_reports(result, out)
         if history:
             record_run(history, result, paths["json"])

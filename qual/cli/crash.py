@@ -1,4 +1,6 @@
-"""Unexpected exceptions (bugs in qual): one line on stderr, exit 4, the traceback kept in a file."""
+"""Unexpected exceptions (bugs in qual): one line on stderr, exit 4, the traceback kept in a file. Inside a run's
+output directory an engine failure (exit 3) or an internal error (exit 4) also leaves a junit.xml whose one test
+case is in error, naming the cause: a CI job that publishes JUnit shows why the run has no verdict."""
 
 from __future__ import annotations
 
@@ -43,12 +45,33 @@ def internal_error_line(exc: BaseException, saved: Path | None) -> str:
     return f"internal error (a bug in qual): {type(exc).__name__}{': ' + message if message else ''}; {where}"
 
 
+def error_junit(run_dir: Path, suite: str, exc: EngineError | InternalError) -> Path | None:
+    """<run_dir>/junit.xml with one test case in error: the line stderr shows for exc (secret shapes redacted).
+    None if it cannot be written: the exit code and the line on stderr are what counts."""
+    from qual.report import FILES, junit
+
+    if isinstance(exc, EngineError):
+        case, message = "engine_failure", f"engine failure: {exc}"
+    else:
+        case, message = "internal_error", str(exc)
+    try:
+        return junit.write_error(Path(run_dir) / FILES["junit"], suite, case, message, type(exc).__name__)
+    except Exception:  # noqa: BLE001 - a full disk, or a bug here, must not replace the error being reported
+        return None
+
+
 @contextmanager
-def crash_report(run_dir: Path):
-    """Turn an unexpected exception inside a run into InternalError, its traceback saved in the run directory."""
+def crash_report(run_dir: Path, suite: str = "qual"):
+    """Turn an unexpected exception inside a run into InternalError, its traceback saved in the run directory; an
+    engine failure or internal error leaves junit.xml there naming it (test suite `suite`)."""
     try:
         yield
-    except (QualError, EngineError, InternalError):
+    except QualError:
+        raise
+    except (EngineError, InternalError) as exc:
+        error_junit(run_dir, suite, exc)
         raise
     except Exception as exc:
-        raise InternalError(internal_error_line(exc, save_traceback(exc, run_dir))) from exc
+        error = InternalError(internal_error_line(exc, save_traceback(exc, run_dir)))
+        error_junit(run_dir, suite, error)
+        raise error from exc

@@ -1,4 +1,7 @@
-"""`qual doctor`: what this machine can run — Python, torch and GPUs, vLLM and its DFlash/DCP support."""
+"""`qual doctor`: what this machine can run — Python, torch and GPUs, vLLM and its DFlash/DCP support.
+
+It exits 0 whatever it finds; with --strict it exits 1 when a check says no (✗), so that a CI job can stop on a
+machine that cannot run what it is for (an unknown, ?, does not fail it)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from dataclasses import asdict
 
 import typer
 
-from qual.cli.main import app
+from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.engines.registry import ENGINES, engine_class
 from qual.records import DoctorCheck
 
@@ -49,15 +52,20 @@ def collect_checks() -> list[DoctorCheck]:
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evidence behind each verdict."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when any check says no (✗); without it, exit 0."),
 ) -> None:
     """Check Python, torch, GPUs and each vLLM install (version, DFlash, replicated draft KV under DCP, qual's patch)."""
     checks = collect_checks()
     if as_json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
-        return
-    width = max(len(c.name) for c in checks)
-    for c in checks:
-        print(f"{MARK[c.verdict]} {c.name.ljust(width)}  {c.detail}")
-        if verbose or c.verdict != "yes":
-            for line in c.evidence:
-                print(f"  {' ' * width}    {line}")
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            print(f"{MARK[c.verdict]} {c.name.ljust(width)}  {c.detail}")
+            if verbose or c.verdict != "yes":
+                for line in c.evidence:
+                    print(f"  {' ' * width}    {line}")
+    failed = [c.name for c in checks if c.verdict == "no"]
+    if strict and failed:
+        print(f"doctor --strict: {len(failed)} check(s) failed: {', '.join(failed)}", file=sys.stderr)
+        raise typer.Exit(EXIT_GATE_FAILED)

@@ -9,11 +9,31 @@ import sys
 import threading
 
 import typer
+import typer.core
 
 from qual.cli.crash import internal_error_line, save_traceback
 from qual.errors import EngineError, InternalError, QualError
 from qual.proc import private_tmp, signals_held
 from qual.stop_signals import STOP_SIGNALS
+
+
+def _flags_show_no_value_type() -> None:
+    """Help shows no `<bool>` after a flag (`--dry-run`, `--help`): typer's rich help panel (from 0.2x, where typer
+    carries its own click) prints every option's type, flags included, as if `--dry-run <bool>` took a value; its
+    plain help, like click's, prints none for a flag. A flag's type is left out of the rich panel the same way."""
+    option = getattr(typer.core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_show_no_type", False):  # an older typer (click's metavar), or done
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and not self.count else shown(self, ctx)
+
+    display_type_rich.flags_show_no_type = True
+    option.display_type_rich = display_type_rich
+
+
+_flags_show_no_value_type()
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -55,7 +75,7 @@ INTERRUPT_DEADLINE_S = 8.0
 
 
 # Subcommand modules; importing one registers its commands on `app`.
-SUBCOMMAND_MODULES: list[str] = ["run", "compare", "generate", "corpus", "toy", "history", "doctor"]
+SUBCOMMAND_MODULES: list[str] = ["run", "compare", "generate", "corpus", "toy", "history", "doctor", "schema"]
 
 
 def _register() -> None:

@@ -72,6 +72,7 @@ def run_command(
     from qual.harness.execute import execute
     from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
+    from qual.report.junit import gate_suite
 
     lock = None
     if resume is not None:
@@ -105,8 +106,10 @@ def run_command(
     history_file(plan.history_path)
     output_dir(plan.out_dir, "--out")
     lock = lock or DirectoryLock(plan.out_dir, "--out")
+    suite = gate_suite(plan.arms["candidate"].model, plan.arms["candidate"].dcp)
     try:
-        with crash_report(plan.out_dir):  # from here on a bug's traceback goes to <out>/crash.txt
+        # From here on a bug's traceback goes to <out>/crash.txt, and exits 3 and 4 leave a junit.xml naming the cause.
+        with crash_report(plan.out_dir, suite):
             with progress:
                 result, _ = execute(plan, progress)
             print_warnings(result)

@@ -1,12 +1,15 @@
-"""junit.xml: one test case per gate check, a <failure> carrying the detail when it failed."""
+"""junit.xml: one test case per gate check, a <failure> carrying the detail when it failed; or, for a run that ended
+in an engine failure (exit 3) or an internal error (exit 4), one test case whose <error> names the cause."""
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 from pathlib import Path
 
 from qual.files import write_text
+from qual.redact import redact_text
 from qual.result import Result
 
 # Characters XML 1.0 cannot carry even escaped; drop them rather than emit an unparsable file.
@@ -17,13 +20,18 @@ def _x(text: object) -> str:
     return _INVALID_XML.sub("\ufffd", str(text))
 
 
+def gate_suite(model: object, dcp: object) -> str:
+    """The test suite's name: one per model and candidate DCP size, whatever the run's outcome."""
+    return f"qual.gate.{model}.dcp{dcp}"
+
+
 def render(result: Result) -> str:
     """The JUnit XML document as text."""
     checks = result.gate.checks
     failures = sum(not c.passed and not c.skipped for c in checks)
     skipped = sum(c.skipped for c in checks)
     cfg = result.candidate.config
-    suite_name = f"qual.gate.{cfg.get('model', 'model')}.dcp{cfg.get('dcp', '?')}"
+    suite_name = gate_suite(cfg.get("model", "model"), cfg.get("dcp", "?"))
     root = ET.Element("testsuites", name="qual", tests=str(len(checks)), failures=str(failures), errors="0")
     suite = ET.SubElement(
         root, "testsuite", name=_x(suite_name), tests=str(len(checks)), failures=str(failures),
@@ -53,6 +61,19 @@ def render(result: Result) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def render_error(suite_name: str, case: str, message: str, error_type: str, timestamp: str) -> str:
+    """The JUnit XML document of a run that ended without a verdict: one test case in error, its message the cause
+    on one line, secret shapes redacted (the same text as stderr's line)."""
+    line = redact_text(" ".join(message.split()))
+    root = ET.Element("testsuites", name="qual", tests="1", failures="0", errors="1")
+    suite = ET.SubElement(root, "testsuite", name=_x(suite_name), tests="1", failures="0", errors="1", skipped="0",
+                          timestamp=_x(timestamp), time="0")
+    case_el = ET.SubElement(suite, "testcase", classname=_x(suite_name), name=_x(case), time="0")
+    ET.SubElement(case_el, "error", message=_x(line), type=_x(error_type)).text = _x(line)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
 def _baseline_properties(result: Result) -> list[tuple[str, object]]:
     b = result.baseline
     if b is None:
@@ -66,3 +87,8 @@ def _baseline_properties(result: Result) -> list[tuple[str, object]]:
 
 def write(result: Result, path: str | Path) -> Path:
     return write_text(path, render(result))
+
+
+def write_error(path: str | Path, suite_name: str, case: str, message: str, error_type: str) -> Path:
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return write_text(path, render_error(suite_name, case, message, error_type, now))
