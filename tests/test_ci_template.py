@@ -243,3 +243,49 @@ def test_shellcheck_finds_nothing_in_the_run_scripts(workflow, tmp_path):
                 scripts.append(str(path))
     proc = subprocess.run(["shellcheck", "--shell=bash", *scripts], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the gate step's own script, night after night ---------------------------------------------------------------------
+
+def _night(workflow: dict, root: Path, profile: Path, name: str, accept: bool = False) -> tuple[int, str]:
+    """The CPU job's gate step, run as GitHub runs it (bash -e, in the checkout), with `.venv/bin/qual` this qual."""
+    step = workflow["jobs"]["gate-cpu"]["steps"][_index(workflow["jobs"]["gate-cpu"]["steps"], _gate)]
+    script = root / "gate.sh"
+    script.write_text(step["run"])
+    out = root / f"{name}.out"
+    env = {**os.environ, "QUAL_MODEL": str(profile), "QUAL_DCP": "2", "QUAL_ACCEPT": "true" if accept else "false",
+           "QUAL_RUN_DIR": f"reports/runs/{name}", "GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(root / "cache")}
+    proc = subprocess.run(["bash", "-e", str(script)], cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr  # the step records the exit code; the job's last step fails on it
+    code = int(re.search(r"exit_code=(\d+)", out.read_text()).group(1))
+    return code, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="the gate step reads `qual history trend --json` with jq")
+def test_the_gate_step_catches_a_swapped_drafter_until_it_is_accepted(workflow, tmp_path):
+    """Night 1 has nothing to compare with and records a pass; night 2 compares with it; night 3's drafter was
+    swapped at the same path: exit 2 naming it; a dispatch that accepts the new configuration compares it with the
+    nearest passing run and records the new key, which the next night compares with."""
+    from checkpoints import make_profile
+
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "qual").write_text(f"#!/bin/sh\nexec {sys.executable} -m qual \"$@\"\n")
+    (bin_dir / "qual").chmod(0o755)
+    profile = make_profile(tmp_path / "models")
+    code, err = _night(workflow, tmp_path, profile, "1-1")
+    assert code == 0, err
+    code, err = _night(workflow, tmp_path, profile, "2-1")
+    assert code in (0, 1), err
+    result = (tmp_path / "reports" / "runs" / "2-1" / "result.json").read_text()
+    assert '"chosen_by": "last pass"' in result
+    draft = next((profile.parent / "draft").glob("*.safetensors"))
+    data = bytearray(draft.read_bytes())
+    data[-8] ^= 1  # one weight's last mantissa bit
+    draft.write_bytes(bytes(data))
+    code, err = _night(workflow, tmp_path, profile, "3-1")
+    assert code == 2 and "differs in draft: this run sha256:" in err and "--baseline-any" in err, err
+    code, err = _night(workflow, tmp_path, profile, "4-1", accept=True)
+    assert code in (0, 1), err
+    result = (tmp_path / "reports" / "runs" / "4-1" / "result.json").read_text()
+    assert '"forced": true' in result and '"key": "draft"' in result

@@ -49,6 +49,15 @@ def _t(value: object) -> str:
     return escape(str(value))
 
 
+def _model_name(model: str | None) -> str | None:
+    """--model as recorded: a profile name, or a profile file given as `qual run --model` takes it (its name)."""
+    if model is None or not model.endswith((".yaml", ".yml")) or not Path(model).is_file():
+        return model
+    from qual.profiles import load_profile
+
+    return load_profile(model).name
+
+
 def _verdict(v: str) -> str:
     return "[green]pass[/]" if v == "pass" else "[bold red]FAIL[/]"
 
@@ -56,11 +65,11 @@ def _verdict(v: str) -> str:
 @history_app.command("list")
 def list_cmd(
     history: Path = HistoryOpt,
-    model: Optional[str] = typer.Option(None, "--model", help="Only this model."),
+    model: Optional[str] = typer.Option(None, "--model", help="Only this model (a profile name, or its file)."),
     limit: int = typer.Option(20, "--limit", min=1, help="Newest N runs."),
 ) -> None:
     """Recorded runs, newest first."""
-    runs = hist.list_runs(history, model=model, limit=limit)
+    runs = hist.list_runs(history, model=_model_name(model), limit=limit)
     console = _console()
     if not runs:
         console.print(f"no runs recorded in {_t(history)}")
@@ -112,7 +121,7 @@ def _when(created_at: str) -> datetime:
 @history_app.command("trend")
 def trend_cmd(
     history: Path = HistoryOpt,
-    model: Optional[str] = typer.Option(None, "--model", help="Only this model."),
+    model: Optional[str] = typer.Option(None, "--model", help="Only this model (a profile name, or its file)."),
     dcp: Optional[int] = typer.Option(None, "--dcp", help="Only candidates of this DCP size."),
     draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="Only this draft KV layout."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the plot here (.png or .svg)."),
@@ -122,7 +131,7 @@ def trend_cmd(
     fail_on_step: bool = typer.Option(False, "--fail-on-step", help="Exit 1 when a step change is flagged."),
 ) -> None:
     """Acceptance over time per configuration (qual.configuration); flags step changes between consecutive runs."""
-    series = hist.trend(history, model=model, dcp=dcp, draft_kv=draft_kv)
+    series = hist.trend(history, model=_model_name(model), dcp=dcp, draft_kv=draft_kv)
     runs = [r for rows in series.values() for r in rows]
     steps = hist.detect_step_changes(runs, threshold_pp)
     if as_json:
