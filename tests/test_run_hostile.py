@@ -77,6 +77,20 @@ def test_a_resume_after_the_profile_changed_is_refused_naming_what_changed(run, 
         profile.write_text(original)
 
 
+def test_a_run_started_before_an_option_existed_resumes(run, tmp_path):
+    """run.json of a qual that had no --baseline-any: the option, left off now, is what that run ran."""
+    from qual.harness.inputs import seal
+
+    out = copy_run(run, tmp_path)
+    (out / "candidate.requests.jsonl").write_text("")
+    (out / "candidate.arm.json").unlink()
+    plan = json.loads((out / "run.json").read_text())
+    del plan["options"]["baseline_any"], plan["inputs"]["options"]["baseline_any"], plan["sealed"]
+    (out / "run.json").write_text(json.dumps(seal(plan)))
+    proc = qual("run", "--resume", out, "-q")
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_an_edited_run_json_is_refused(run, tmp_path):
     out = copy_run(run, tmp_path)
     plan = json.loads((out / "run.json").read_text())

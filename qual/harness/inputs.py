@@ -72,10 +72,15 @@ def check_sealed(data: dict, where: str) -> None:
                         "be the run that started; start a new run instead")
 
 
+_OFF = (None, False, {}, [])  # the value a key a later qual added has when nobody asked for it
+
+
 def _differences(saved, now, path: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(now, dict):
         out = []
         for key in sorted(set(saved) | set(now)):
+            if key not in saved and now[key] in _OFF:
+                continue  # an option or field added since the run started, left off: what that run ran
             out += _differences(saved.get(key), now.get(key), f"{path}.{key}" if path else key)
         return out
     return [] if saved == now else [f"{path} {json.dumps(saved)} -> {json.dumps(now)}"]
