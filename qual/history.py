@@ -553,6 +553,18 @@ def pinned_run(db_path: str | Path, configuration: ConfigurationKey) -> HistoryR
     return HistoryRun.from_row(row) if row is not None else None
 
 
+def baseline_result_paths(db_path: str | Path) -> list[str]:
+    """The result files a baseline may still be read from: each pinned run's, and each configuration's newest passing
+    run's (what `history:last-pass` picks, and `--baseline-any` nearest among). Paths as recorded, sorted."""
+    with _open(db_path, create=False) as conn:
+        rows = conn.execute(
+            "SELECT result_path FROM runs WHERE id IN (SELECT run_id FROM pins) UNION "
+            "SELECT (SELECT result_path FROM runs AS r WHERE r.configuration = c.configuration AND r.verdict = 'pass' "
+            "ORDER BY r.created_at DESC, r.id DESC LIMIT 1) FROM (SELECT DISTINCT configuration FROM runs) AS c"
+        ).fetchall()
+    return sorted({p for (p,) in rows if p})
+
+
 def pin(db_path: str | Path, run_id: int, pinned_at: str) -> tuple[HistoryRun, int | None]:
     """Make run_id the baseline of its configuration; returns the run and the run it replaces (if any)."""
     run = get_run(db_path, run_id)

@@ -141,10 +141,16 @@ def _prune_script(workflow: dict) -> str:
     return scripts["gate-cpu"]
 
 
+def _venv_qual(root: Path) -> None:
+    """`.venv/bin/qual` in a checkout at root: this qual."""
+    qual = root / ".venv" / "bin" / "qual"
+    qual.parent.mkdir(parents=True, exist_ok=True)
+    qual.write_text(f"#!/bin/sh\nexec {sys.executable} -m qual \"$@\"\n")
+    qual.chmod(0o755)
+
+
 def _run_prune(workflow: dict, root: Path, keep: int) -> subprocess.CompletedProcess:
-    (root / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
-    if not (root / ".venv" / "bin" / "python").exists():
-        (root / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    _venv_qual(root)
     script = root / "prune.sh"
     script.write_text(_prune_script(workflow))
     proc = subprocess.run(["bash", "-e", str(script)], cwd=root, capture_output=True, text=True, timeout=60,
@@ -268,10 +274,7 @@ def test_the_gate_step_catches_a_swapped_drafter_until_it_is_accepted(workflow, 
     nearest passing run and records the new key, which the next night compares with."""
     from checkpoints import make_profile
 
-    bin_dir = tmp_path / ".venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "qual").write_text(f"#!/bin/sh\nexec {sys.executable} -m qual \"$@\"\n")
-    (bin_dir / "qual").chmod(0o755)
+    _venv_qual(tmp_path)
     profile = make_profile(tmp_path / "models")
     code, err = _night(workflow, tmp_path, profile, "1-1")
     assert code == 0, err

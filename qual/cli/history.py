@@ -218,6 +218,14 @@ def unpin_cmd(run_id: int = typer.Argument(..., help="A pinned run's id."), hist
     print(f"run {run.id} is no longer pinned; history:last-pass takes the newest passing run of its configuration")
 
 
+@baseline_app.command("dirs")
+def dirs_cmd(history: Path = HistoryOpt) -> None:
+    """The run directories a baseline may still be read from (pinned runs, each configuration's newest pass), one
+    per line: what a job that prunes old run directories must keep."""
+    for path in hist.baseline_result_paths(history):
+        print(Path(path).parent)
+
+
 @baseline_app.command("list")
 def pins_cmd(history: Path = HistoryOpt) -> None:
     """Pinned runs, one per configuration."""
