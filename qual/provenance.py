@@ -14,7 +14,6 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-import qual
 from qual.paths import source_checkout
 from qual.records import HostFacts
 

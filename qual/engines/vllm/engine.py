@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from dataclasses import replace
