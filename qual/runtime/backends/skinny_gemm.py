@@ -10,10 +10,10 @@ fuses it into the next elementwise kernel) is the product.
 
 With programmatic dependent launch (`pdl`, Hopper and later) a launch may start while the kernel before it
 finishes: each program waits for that kernel (whose output x is) before its first load, then lets the kernel
-after it launch, so that kernel's launch overlaps this one's stream of weights. Letting the next kernel launch
-before the wait chains launches without bound (each waiting grid holds SM slots the running one could use), and
-asking L2 for the first columns of each slab before the wait was slower on the 8B shape's chain of products
-(bench/skinny_gemm_sweep.py --chain, docs/PERFORMANCE.md).
+after it launch. PDL pays where a product is followed by a small kernel, as everywhere in a decode step, and costs
+where two products follow each other (bench/skinny_gemm_sweep.py --chain measures both; docs/PERFORMANCE.md),
+likely because a grid launched early holds SM slots while it waits. Asking L2 for the first columns of each slab
+before the wait was tried and was slower.
 """
 
 from __future__ import annotations
