@@ -1,11 +1,20 @@
 """GPU benchmark: decode tokens/s vs transformers, HBM roofline, speculative speedup, KV bytes per rank.
 
     python3 bench/gpu_bench.py [--out bench.json] [--backends pytorch,compiled+triton-gemm+triton-attention,...]
-                               [--models qwen3-0.6b-shape,toy] [--batches 1,8] [--no-spec] [--prompt-tokens N]
-                               [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
+                               [--models qwen3-0.6b-shape,8b-shape,toy] [--batches 1,8] [--no-spec] [--no-hf]
+                               [--prompt-tokens N] [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
+                               [--stream 64 --stream-batch 8]
 
 Backends are the runtime's (qual/runtime/backends): pytorch, or parts joined by "+" (compiled,
-compiled-autotune, triton-gemm, triton-attention, fused).
+compiled-autotune, triton-gemm, triton-attention, fused, pdl).
+
+Models: qwen3-0.6b-shape and 8b-shape (a Qwen3 layout with Llama-3-8B's dimensions: hidden 4096, 32 layers, 32
+query heads x 128, 8 KV heads, FFN 14,336, vocabulary 128,256, untied LM head), random bf16 weights written once
+per call; toy, the shipped pair. One engine per model and backend serves every batch size.
+
+--stream N: N HumanEval requests of the toy pair, at most --stream-batch in flight (a finished request's place
+goes to the next waiting one at once), speculative and plain, each against its bound (tokens a decode step
+committed / the --stream-batch graph's step time).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
@@ -21,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from qual.checkpoints.qwen3 import Qwen3Config, random_target_weights, write_qwen3
+from qual.checkpoints.qwen3 import Qwen3Config, layer_weight_shapes, write_qwen3
 from qual.paths import DATA_DIR
 from qual.runtime.backends import PYTORCH, parse_backend
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
@@ -30,6 +39,10 @@ from qual.runtime.engine import GenerationRequest, LLMEngine
 QWEN3_0_6B = Qwen3Config(vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                          num_key_value_heads=8, head_dim=128, intermediate_size=3072, tie_word_embeddings=True,
                          eos_token_id=151645)
+SHAPE_8B = Qwen3Config(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=14336, tie_word_embeddings=False,
+                       rope_theta=500000.0, max_position_embeddings=8192, eos_token_id=128001)
+SHAPES = {"qwen3-0.6b-shape": QWEN3_0_6B, "8b-shape": SHAPE_8B}
 TOY = DATA_DIR / "models" / "toy"
 
 
@@ -111,9 +124,19 @@ def kernel_table(graph, replays: int = 10, top: int = 12) -> dict:
 
 
 def random_qwen3(path: Path, cfg: Qwen3Config) -> Path:
-    """A random-init Qwen3 checkpoint of the given shape (bf16, small weights), HF format."""
-    w = random_target_weights(cfg, seed=0, scale=0.02)
-    w["model.embed_tokens.weight"] *= 0.02
+    """A random Qwen3 checkpoint of the given shape in bf16, HF format: matrices N(0, 0.02^2), the embedding
+    N(0, 0.0004^2), norms near 1; drawn on the GPU (an 8B shape's 15 GB in seconds)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    for i in range(cfg.num_hidden_layers):
+        shapes.update(layer_weight_shapes(cfg, f"model.layers.{i}."))
+    w = {}
+    for name, shape in shapes.items():
+        t = torch.randn(shape, device="cuda", generator=g)
+        scale = 0.02 * 0.02 if name == "model.embed_tokens.weight" else 0.02
+        w[name] = (1.0 + 0.1 * t if len(shape) == 1 else t * scale).to(torch.bfloat16).cpu()
     return write_qwen3(path, cfg, w, dtype=torch.bfloat16)
 
 
@@ -129,9 +152,10 @@ def weight_bytes_read(target, rows: int) -> int:
     return n * t.embed.element_size()
 
 
-def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_tokens: int, sizes=(1, 8), prompts=None,
-         max_model_len: int | None = None, kernels: bool = False,
-         **engine_kw):
+def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, new_tokens: int, sizes=(1, 8),
+         prompts=None, max_model_len: int | None = None, kernels: bool = False, **engine_kw) -> dict[int, dict]:
+    """One engine, then for each batch size a warm-up generate and a timed one: {batch: record}. prompts: the
+    requests of a single batch entry (the batch size is then the engine's max_num_seqs at most)."""
     # 16 GiB of KV: 8 rows of 4k tokens of the 0.6B shape take 3.7 GB
     cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=16 << 30), dtype="bfloat16", device="cuda",
@@ -139,40 +163,51 @@ def ours(target: Path, draft: Path | None, batch: int, prompt_len: int, new_toke
                        phase_times=True, **engine_kw)
     t_init = time.perf_counter()
     g = torch.Generator().manual_seed(1)
+    res = {}
     with LLMEngine(cfg) as engine:
         init_s = time.perf_counter() - t_init  # includes compilation and graph capture
         vocab = engine.target_cfg.vocab_size
-        reqs = prompts or [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab - 2, (prompt_len,), generator=g).tolist()), new_tokens)
-                           for i in range(batch)]
-        sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-        engine.generate(reqs, sp)  # warm-up
-        ahead = engine.steps_ahead
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        out = engine.generate(reqs, sp)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t
-        phases = engine.phase_times()
-        phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
-        phases["launches"] = engine.decode_record()["launches"]  # over both generates
-        rec = engine.graph_capture()
-        graphs = engine.runner.graphs
-        step_s = replay_seconds(graphs.graphs[batch]) if graphs and batch in graphs.graphs else None
-        table = kernel_table(graphs.graphs[batch]) if kernels and step_s else None
-        wbytes = weight_bytes_read(engine.runner.target, batch)
-        # Keys of the longest context in this run: not the graphs' static key width (max_model_len), whose padding a
-        # kernel may read but need not; reading it costs time and earns no roofline credit
-        kv_keys = min(engine.runner.caches.key_width["target"], prompt_len + new_tokens)
-        tc = engine.target_cfg
-        kv_bytes = batch * kv_keys * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * 2
+        for batch in batches:
+            reqs = prompts or [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab - 2, (prompt_len,), generator=g).tolist()),
+                                                 new_tokens) for i in range(batch)]
+            res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels)
+            res[batch]["init_s"] = init_s
+    return res
+
+
+def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: bool, kernels: bool) -> dict:
+    """A warm-up generate of reqs, then a timed one; the graph of `batch` rows replayed alone for the bound."""
+    sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    engine.generate(reqs, sp)  # warm-up
+    ahead, launches = engine.steps_ahead, dict(engine.launches)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = engine.generate(reqs, sp)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    phases = engine.phase_times()
+    phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
+    phases["launches"] = {k: v - launches.get(k, 0) for k, v in engine.launches.items()}  # of the timed generate
+    rec = engine.graph_capture()
+    graphs = engine.runner.graphs
+    step_s = replay_seconds(graphs.graphs[batch]) if graphs and batch in graphs.graphs else None
+    table = kernel_table(graphs.graphs[batch]) if kernels and step_s else None
+    wbytes = weight_bytes_read(engine.runner.target, batch)
+    # Keys of the longest context in this run: not the graphs' static key width (max_model_len), whose padding a
+    # kernel may read but need not; reading it costs time and earns no roofline credit
+    kv_keys = min(engine.runner.caches.key_width["target"], prompt_len + new_tokens)
+    tc = engine.target_cfg
+    kv_bytes = batch * kv_keys * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * 2
     tokens = sum(len(r.output_token_ids) for r in out)
-    acc = sum(r.accepted_tokens for r in out) / max(1, sum(r.draft_tokens for r in out)) if draft else None
+    acc = sum(r.accepted_tokens for r in out) / max(1, sum(r.draft_tokens for r in out)) if spec else None
     # The bound: tokens a decode step commits (over the whole run, prefill's first tokens excluded) per graph step
     per_step = (tokens - len(out)) / max(1, phases["decode_steps"])
     bound = per_step / step_s if step_s else None
     return {"tokens_per_s": tokens / wall, "bound_tokens_per_s": bound, "tokens_per_decode_step": per_step,
-            "phase_times": phases, "wall_s": wall, "init_s": init_s, "graph_step_s": step_s, "weight_bytes_read": wbytes,
-            "kv_bytes_read_per_step": kv_bytes, "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes", "prefill")},
+            "requests": len(out), "tokens": tokens, "phase_times": phases, "wall_s": wall, "graph_step_s": step_s,
+            "graph_share": phases["decode_steps"] * step_s / wall if step_s else None,
+            "weight_bytes_read": wbytes, "kv_bytes_read_per_step": kv_bytes,
+            "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes", "prefill")},
             "acceptance_rate": acc, "kernel_table": table}
 
 
@@ -210,9 +245,9 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
     return out
 
 
-def sizes_for(batch: int, backend: str) -> tuple[int, ...]:
-    # a compiled engine captures only the size it runs: each captured size is a compilation
-    return (batch,) if "compiled" in backend else tuple(sorted({1, 8, batch}))
+def sizes_for(batches: list[int], backend: str) -> tuple[int, ...]:
+    # a compiled engine captures only the sizes it runs: each captured size is a compilation
+    return tuple(sorted(set(batches))) if "compiled" in backend else tuple(sorted({1, 8, *batches}))
 
 
 def end_to_end_rows(res: dict):
@@ -253,6 +288,58 @@ def print_kernels(res: dict) -> None:
             print(f"  {k['us']:8.1f} us  x{k['launches']:5.1f}  {k['kernel']}")
 
 
+def decode_row(name: str, batch: int, o: dict, h: dict | None, bw: float) -> dict:
+    """A plain decode row: ours against transformers, the roofline, and the weight bandwidth end to end (weight bytes
+    a step x steps a second of the timed generate, prefill included) over the copy bandwidth."""
+    step = o["graph_step_s"]
+    roof = (o["weight_bytes_read"] + o["kv_bytes_read_per_step"]) / step / bw if step else None
+    e2e_bw = o["weight_bytes_read"] * o["tokens_per_s"] / batch / bw
+    row = {"ours": o, "roofline": roof, "e2e_weight_bw_over_copy_bw": e2e_bw}
+    if h:
+        row.update(hf=h, speedup_vs_hf=o["tokens_per_s"] / h["tokens_per_s"])
+    print(f"{name} b{batch}: {o['tokens_per_s']:.0f} tok/s, step {1e3 * step if step else float('nan'):.3f} ms, "
+          f"e2e weight bw / copy bw {100 * e2e_bw:.1f}%, graph share {100 * (o['graph_share'] or 0):.1f}%", flush=True)
+    return row
+
+
+def print_decode_rows(res: dict, bw: float, args) -> None:
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write); decode rows: {args.prompt_tokens}-token prompts, "
+          f"{args.new_tokens} new tokens")
+    print(f"{'model':44s} {'batch':>5s} {'ours tok/s':>11s} {'hf tok/s':>9s} {'x hf':>6s} {'step ms':>8s} "
+          f"{'roofline':>8s} {'e2e W bw/copy':>13s} {'graph share':>11s}")
+    for key, r in res.items():
+        if not (isinstance(r, dict) and "e2e_weight_bw_over_copy_bw" in r):
+            continue
+        name, _, b = key.rpartition("/b")
+        o, hf_s = r["ours"], r.get("hf", {}).get("tokens_per_s")
+        st, roof = o["graph_step_s"], r["roofline"]
+        print(f"{name:44s} {int(b):5d} {o['tokens_per_s']:11.0f} {hf_s or float('nan'):9.0f} "
+              f"{o['tokens_per_s'] / hf_s if hf_s else float('nan'):6.1f} {1e3 * st if st else float('nan'):8.3f} "
+              f"{100 * roof if roof else float('nan'):7.1f}% {100 * r['e2e_weight_bw_over_copy_bw']:12.1f}% "
+              f"{100 * (o['graph_share'] or float('nan')):10.1f}%")
+
+
+def stream_row(spec: dict, plain: dict) -> dict:
+    """Speculative against plain on a kept-full stream: the speedup, the bounds' ratio and their ratio."""
+    speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
+    bounds = spec["bound_tokens_per_s"] / plain["bound_tokens_per_s"]
+    return {"spec": spec, "plain": plain, "speedup": speedup, "bounds_ratio": bounds,
+            "speedup_over_bounds_ratio": speedup / bounds}
+
+
+def print_stream_rows(res: dict) -> None:
+    for key in [k for k in res if k.startswith("toy-stream") and "error" not in res[k]]:
+        r = res[key]
+        for mode in ("spec", "plain"):
+            o = r[mode]
+            print(f"{key} {mode:5s}: {o['tokens_per_s']:.0f} tok/s, {o['tokens_per_decode_step']:.2f} tokens a step, "
+                  f"step {1e3 * o['graph_step_s']:.3f} ms, bound {o['bound_tokens_per_s']:.0f} tok/s, "
+                  f"e2e/bound {100 * o['tokens_per_s'] / o['bound_tokens_per_s']:.1f}%, "
+                  f"graph share {100 * o['graph_share']:.1f}%")
+        print(f"{key}: speedup {r['speedup']:.2f}x, bounds' ratio {r['bounds_ratio']:.2f}x, speedup / bounds' ratio "
+              f"{100 * r['speedup_over_bounds_ratio']:.1f}% (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench.json")
@@ -260,11 +347,14 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32, help="random prompt length of the decode rows: long "
                     "prompts make the step read more KV than weights (the 0.6B shape allows up to 4,096 positions)")
     ap.add_argument("--backends", default=PYTORCH, help="comma list of runtime backends (qual/runtime/backends)")
-    ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, toy")
+    ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, 8b-shape, toy")
     ap.add_argument("--batches", default="1,8", help="comma list of batch sizes of every row")
     ap.add_argument("--kernels", action="store_true", help="also profile each row's graph replay: its kernels, printed "
                     "and in --out (kernel_table)")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate beside the decode rows")
+    ap.add_argument("--stream", type=int, default=0, help="also the stream rows: this many HumanEval requests")
+    ap.add_argument("--stream-batch", type=int, default=8, help="requests in flight in the stream rows")
     ap.add_argument("--steps-per-launch", default="1", help="comma list: every row once per value "
                     "(EngineConfig.steps_per_launch; rows of n > 1 are named ~s<n>)")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
@@ -274,32 +364,39 @@ def main() -> int:
            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens}
     bw = copy_bandwidth()
     res["copy_bandwidth_Bps"] = bw
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write)", flush=True)
+    save = lambda: Path(args.out).write_text(json.dumps(res, indent=2, default=str))  # noqa: E731  (after each row)
     toy_t, toy_d = TOY / "target", TOY / "draft"
-    wanted = args.models.split(",")
+    wanted = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batches.split(",")]
     runs = {f"+{b}" if parse_backend(b).parts else "": b for b in args.backends.split(",")}
     runs = {f"{suffix}~s{n}" if n > 1 else suffix: (backend, n) for suffix, backend in runs.items()
             for n in map(int, args.steps_per_launch.split(","))}
-    rows = []
+
+    def attempt(key: str, fn):
+        try:
+            return fn()
+        except Exception as exc:  # one failing variant must not lose the others' numbers
+            res[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"{key}: {res[key]['error']}", file=sys.stderr, flush=True)
+            return None
+
     with tempfile.TemporaryDirectory() as tmp:
-        big = random_qwen3(Path(tmp) / "qwen3-0.6b", QWEN3_0_6B) if "qwen3-0.6b-shape" in wanted else None
-        models = {"qwen3-0.6b-shape": big, "toy": toy_t}
+        models = {"toy": toy_t}
         for name in wanted:
-            for batch in batches:
-                h = hf(models[name], batch, args.prompt_tokens, args.new_tokens)
-                for suffix, (backend, steps) in runs.items():
-                    key = f"{name}{suffix}/b{batch}"
-                    try:
-                        o = ours(models[name], None, batch, args.prompt_tokens, args.new_tokens, sizes_for(batch, backend),
-                                 max_model_len=args.max_model_len, backend=backend, kernels=args.kernels,
-                                 steps_per_launch=steps)
-                    except Exception as exc:  # one failing variant must not lose the others' numbers
-                        res[key] = {"error": f"{type(exc).__name__}: {exc}"}
-                        print(f"{key}: {res[key]['error']}", file=sys.stderr)
-                        continue
-                    roof = (o["weight_bytes_read"] + o["kv_bytes_read_per_step"]) / o["graph_step_s"] / bw if o["graph_step_s"] else None
-                    res[key] = {"ours": o, "hf": h, "speedup_vs_hf": o["tokens_per_s"] / h["tokens_per_s"], "roofline": roof}
-                    rows.append((name + suffix, batch, o["tokens_per_s"], h["tokens_per_s"], o["graph_step_s"], roof))
+            if name in SHAPES:
+                t = time.perf_counter()
+                models[name] = random_qwen3(Path(tmp) / name, SHAPES[name])
+                print(f"{name}: random weights written in {time.perf_counter() - t:.1f} s", flush=True)
+        for name in wanted:
+            hfs = {} if args.no_hf else {b: hf(models[name], b, args.prompt_tokens, args.new_tokens) for b in batches}
+            for suffix, (backend, steps) in runs.items():
+                outs = attempt(f"{name}{suffix}/b{batches[0]}", lambda: ours(
+                    models[name], None, batches, args.prompt_tokens, args.new_tokens, sizes_for(batches, backend),
+                    max_model_len=args.max_model_len, backend=backend, kernels=args.kernels, steps_per_launch=steps))
+                for batch, o in (outs or {}).items():
+                    res[f"{name}{suffix}/b{batch}"] = decode_row(f"{name}{suffix}", batch, o, hfs.get(batch), bw)
+                save()
         if not args.no_spec:
             first = humaneval_requests(max(batches))
             for batch in batches:
@@ -307,28 +404,33 @@ def main() -> int:
                 plen = max(len(r.prompt_token_ids) for r in reqs)
                 for suffix, (backend, steps) in runs.items():
                     key = f"toy-spec{suffix}/b{batch}"
-                    try:
-                        spec = ours(toy_t, toy_d, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend,
-                                    kernels=args.kernels, steps_per_launch=steps)
-                        plain = ours(toy_t, None, batch, plen, 64, sizes_for(batch, backend), reqs, backend=backend,
-                                     kernels=args.kernels, steps_per_launch=steps)
-                    except Exception as exc:
-                        res[key] = {"error": f"{type(exc).__name__}: {exc}"}
-                        print(f"{key}: {res[key]['error']}", file=sys.stderr)
-                        continue
-                    res[key] = {"spec": spec, "plain": plain, "speedup": spec["tokens_per_s"] / plain["tokens_per_s"]}
+                    kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps)
+                    pair = attempt(key, lambda: [ours(toy_t, d, [batch], plen, 64, sizes_for([batch], backend), **kw)[batch]
+                                                 for d in (toy_d, None)])
+                    if pair:
+                        res[key] = {"spec": pair[0], "plain": pair[1], "speedup": pair[0]["tokens_per_s"] / pair[1]["tokens_per_s"]}
+                    save()
+        if args.stream:
+            reqs, n = humaneval_requests(args.stream), args.stream_batch
+            plen = max(len(r.prompt_token_ids) for r in reqs)
+            for suffix, (backend, steps) in runs.items():
+                key = f"toy-stream{suffix}/b{n}"
+                kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps, max_num_seqs=n)
+                pair = attempt(key, lambda: [ours(toy_t, d, [n], plen, 64, sizes_for([n], backend), **kw)[n]
+                                             for d in (toy_d, None)])
+                if pair:
+                    res[key] = stream_row(*pair)
+                    print_stream_rows({key: res[key]})
+                save()
+        big = models.get("qwen3-0.6b-shape")
         res["kv_per_rank"] = kv_per_rank(big) if big else {"skipped": "the 0.6B shape was not benchmarked"}
-    Path(args.out).write_text(json.dumps(res, indent=2, default=str))
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write); decode rows: {args.prompt_tokens}-token prompts, "
-          f"{args.new_tokens} new tokens")
-    print(f"{'model':32s} {'batch':>5s} {'ours tok/s':>11s} {'hf tok/s':>9s} {'x hf':>6s} {'step ms':>8s} {'roofline':>8s}")
-    for name, b, o, h, st, roof in rows:
-        print(f"{name:32s} {b:5d} {o:11.0f} {h:9.0f} {o / h:6.1f} {1e3 * st if st else float('nan'):8.3f} "
-              f"{100 * roof if roof else float('nan'):7.1f}%")
+    save()
+    print_decode_rows(res, bw, args)
     for k in [k for k in res if k.startswith("toy-spec") and "error" not in res[k]]:
         r = res[k]
         print(f"{k} spec vs plain: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
               f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
+    print_stream_rows(res)
     print_end_to_end(res)
     print_kernels(res)
     print("target KV bytes per rank (1536-token prompt, TP2):", res["kv_per_rank"])

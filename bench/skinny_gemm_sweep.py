@@ -1,13 +1,21 @@
-"""The split-K GEMM's configurations on the Qwen3-0.6B decode projections, against cuBLAS.
+"""The split-K GEMM's configurations on a model shape's decode projections, against cuBLAS; and a decode step's
+chain of products with and without programmatic dependent launch (PDL).
 
-    python3 bench/skinny_gemm_sweep.py [--out gemm.json] [--rows 1,8]
+    python3 bench/skinny_gemm_sweep.py [--out gemm.json] [--rows 1,8] [--shape qwen3-0.6b-shape|8b-shape]
+                                       [--chain] [--no-sweep]
 
-Runs on CUDA. Each product is timed as 50 back-to-back calls captured in one CUDA graph, as inside a
-decode step. The calls cycle through copies of the weight that together exceed the L2 cache three
-times over, so every call reads its weight from HBM as a decode step does. Prints, per projection and
-row count: cuBLAS (F.linear), the kernel at `skinny_gemm.choose_config` and the best five of a grid of
-configurations (the kernel alone: inside a compiled step the sum of its partials fuses into the next
+Runs on CUDA. Each product is timed as back-to-back calls captured in one CUDA graph, as inside a decode step.
+The calls cycle through copies of the weight that together exceed the L2 cache three times over, so every call
+reads its weight from HBM as a decode step does. Prints, per projection and row count: cuBLAS (F.linear), the
+kernel at `skinny_gemm.choose_config` and the best five of a grid of configurations (a coarse grid, then warps and
+stages around its best three; the kernel alone: inside a compiled step the sum of its partials fuses into the next
 kernel), each in microseconds and weight bytes read per second.
+
+--chain: every layer's four products and the LM head of the shape (all layers' own weights, as a decode step reads
+them), each product's input made from the one before's output by a small kernel (as a compiled step's norms and
+activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best configurations, or with
+--no-sweep at choose_config's); the same with PDL (the small kernel waits where it first reads, as inductor's do);
+each also with fixed inputs and no small kernels between (products only). Each against the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -16,81 +24,221 @@ import argparse
 import itertools
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from qual.runtime.backends import skinny_gemm
+from qual.runtime.backends.skinny_gemm import GemmConfig
 
-SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
-GRID = [skinny_gemm.GemmConfig(bn, bk, s, w, st) for bn, bk, s, w, st in
-        itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4, 8, 16), (4, 8), (3, 4, 5))]
+SHAPES = {  # name -> (N, K) of w [N, K]
+    "qwen3-0.6b-shape": {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)},
+    "8b-shape": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                 "lm_head": (128256, 4096)},
+}
+LAYERS = {"qwen3-0.6b-shape": 28, "8b-shape": 32}
+COARSE = [GemmConfig(bn, bk, s) for bn, bk, s in itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4, 8, 16))]
+REFINE = [(w, st) for w, st in itertools.product((4, 8), (3, 4, 6))]
 L2_BYTES = 60 << 20  # H200
 
 
-def graph_us(fn, n: int = 50) -> float:
-    """Microseconds per fn(i) call, i = 0..n-1, replayed from one CUDA graph."""
+def graph_us(fn, n: int) -> float:
+    """Microseconds per fn(i) call, i = 0..n-1, replayed from one CUDA graph (median of 7 replays)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for i in range(3):
+        for i in range(2):
             fn(i)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for i in range(n):
             fn(i)
-    for _ in range(3):
+    g.replay()
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / 10 / n
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n)
+    del g
+    return sorted(times)[3]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy of 1 GiB, bytes read + written per second (median of 20)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(22):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * a.numel() / sorted(times[2:])[10]
+
+
+def sweep(shapes: dict, rows: list[int], res: dict) -> dict:
+    """Per (projection, rows): cuBLAS, the chosen configuration and the grid's best; returns the best configs."""
+    best = {}
+    for name, (n_out, n_in) in shapes.items():
+        w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
+        mb = w.numel() * 2 / 1e6
+        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
+        calls = max(4, min(50, int(400 / mb)))  # ~400 MB a replay
+        pick = lambda i: ws[i % copies]  # noqa: E731
+        for m in rows:
+            x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x, w).float()
+            chosen = skinny_gemm.choose_config(n_out, n_in)
+            row = {"name": name, "m": m, "MB": mb, "config": str(chosen),
+                   "cublas_us": graph_us(lambda i: F.linear(x, pick(i)), calls),
+                   "chosen_us": graph_us(lambda i: skinny_gemm.partials(x, pick(i), chosen), calls)}
+
+            def timed(cfgs):
+                out = []
+                for cfg in cfgs:
+                    if cfg.block_k * cfg.split > n_in:  # a split with no whole K block
+                        continue
+                    try:
+                        got = skinny_gemm.partials(x, w, cfg).sum(0)
+                        err = ((got - ref).abs().max() / ref.abs().max()).item()
+                        if err > 1e-2:
+                            raise ValueError(f"relative error {err:.1e}")
+                        out.append((graph_us(lambda i: skinny_gemm.partials(x, pick(i), cfg), calls), cfg))
+                    except Exception as exc:  # a config the compiler rejects (registers, shared memory)
+                        print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr)
+                return out
+
+            times = sorted(timed(COARSE), key=lambda t: t[0])
+            refined = {replace(c, num_warps=wp, num_stages=st) for _, c in times[:3] for wp, st in REFINE}
+            times = sorted(times + timed(refined - {c for _, c in times}), key=lambda t: t[0])
+            row["best"] = [(round(t, 2), str(c)) for t, c in times[:5]]
+            best[name, m] = times[0][1]
+            res["sweep"].append(row)
+            tb = lambda us: mb / us  # noqa: E731  (MB/us = TB/s)
+            print(f"{name:8s} M={m:<2d} {mb:6.1f} MB  cuBLAS {row['cublas_us']:7.2f} us {tb(row['cublas_us']):4.2f} TB/s"
+                  f"  chosen {row['chosen_us']:7.2f} us {tb(row['chosen_us']):4.2f} TB/s {chosen}", flush=True)
+            for t, c in times[:5]:
+                print(f"    {t:7.2f} us {tb(t):4.2f} TB/s  {c}", flush=True)
+    return best
+
+
+@triton.jit
+def _glue_kernel(parts_ptr, out_ptr, S, M, N, n_take, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """out[M, n_take] = sum over S of parts[S, M, N][:, :n_take], in bf16: a compiled step's small kernel between
+    two products (with PDL it waits before its first read, and lets the next kernel launch after its loads)."""
+    row, blk = tl.program_id(0), tl.program_id(1)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_take
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for s in range(S):
+        acc += tl.load(parts_ptr + (s * M + row) * N + cols, mask=ok, other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(out_ptr + row * n_take + cols, (acc * 0.01).to(tl.bfloat16), mask=ok)
+
+
+def glue(parts: torch.Tensor, n_take: int, pdl: bool) -> torch.Tensor:
+    S, M, N = parts.shape
+    out = torch.empty(M, n_take, device=parts.device, dtype=torch.bfloat16)
+    _glue_kernel[(M, triton.cdiv(n_take, 1024))](parts, out, S, M, N, n_take, BLOCK=1024, PDL=pdl,
+                                                 **({"launch_pdl": True} if pdl else {}))
+    return out
+
+
+def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None:
+    """A decode step's products in order, every layer's own weights, small kernels between: one graph replay."""
+    shapes = SHAPES[shape]
+    order = ["qkv", "o", "gate_up", "down"]
+    layers = [{p: torch.randn(*shapes[p], device="cuda", dtype=torch.bfloat16) * 0.02 for p in order}
+              for _ in range(LAYERS[shape])]
+    head = torch.randn(*shapes["lm_head"], device="cuda", dtype=torch.bfloat16) * 0.02 if "lm_head" in shapes else None
+    wbytes = sum(t.numel() * 2 for lay in layers for t in lay.values()) + (head.numel() * 2 if head is not None else 0)
+    hidden = shapes["o"][0]
+    take = {"qkv": shapes["o"][1], "o": hidden, "gate_up": shapes["down"][1], "down": hidden}  # the next input's width
+
+    def step(product, pdl: bool, glued: bool):
+        """One decode step's products (glued: each input made from the output before; else fixed inputs)."""
+        def run(m):
+            x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
+            fixed = {p: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for p, (_, k) in shapes.items()}
+
+            def one(_):
+                h = x
+                for lay in layers:
+                    for p in order:
+                        out = product(h if glued else fixed[p], lay[p], p, m)
+                        if glued:
+                            h = glue(out, take[p], pdl)
+                if head is not None:
+                    product(h if glued else fixed["lm_head"], head, "lm_head", m)
+            return one
+        return run
+
+    def cublas(h, w, p, m):  # bf16 [1, M, N]: the glue kernel sums it as one partial
+        return F.linear(h, w)[None]
+
+    def kernel(pdl: bool, swept: bool = True):
+        def f(h, w, p, m):
+            cfg = best.get((p, m)) if swept else None  # None: choose_config
+            return skinny_gemm.partials(h, w, cfg, pdl=pdl)
+        return f
+
+    variants = {"cublas": (cublas, False, True)}
+    if best:
+        variants["chosen"] = (kernel(False, swept=False), False, True)
+    variants.update({
+        "kernel": (kernel(False), False, True),
+        "kernel, products only": (kernel(False), False, False),
+        "kernel+pdl": (kernel(True), True, True),
+        "kernel+pdl, products only": (kernel(True), True, False),
+    })
+    print(f"chain: {LAYERS[shape]} layers x {order} + lm_head, {wbytes / 1e9:.2f} GB of weights; "
+          f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    for m in rows:
+        for name, (product, pdl, glued) in variants.items():
+            try:
+                us = graph_us(step(product, pdl, glued)(m), 1)
+            except Exception as exc:
+                print(f"  M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                res["chain"].append({"m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            frac = wbytes / (us * 1e-6) / bw
+            res["chain"].append({"m": m, "variant": name, "us": us, "weight_bw_over_copy_bw": frac})
+            print(f"  M={m:<2d} {name:28s} {us:8.1f} us  {wbytes / us / 1e6:5.2f} TB/s  {100 * frac:5.1f}% of copy",
+                  flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gemm.json")
     ap.add_argument("--rows", default="1,8", help="comma list of row counts (batch size x tokens a step)")
+    ap.add_argument("--shape", default="qwen3-0.6b-shape", choices=sorted(SHAPES))
+    ap.add_argument("--chain", action="store_true", help="also the decode step's chain of products (see above)")
+    ap.add_argument("--no-sweep", action="store_true", help="chain only, at the chosen configurations")
     args = ap.parse_args()
-    res = []
-    for name, (n_out, n_in) in SHAPES.items():
-        w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
-        mb = w.numel() * 2 / 1e6
-        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
-        ws = [w] + [w.clone() for _ in range(copies - 1)]
-        pick = lambda i: ws[i % copies]  # noqa: E731
-        for m in map(int, args.rows.split(",")):
-            x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
-            ref = F.linear(x, w).float()
-            chosen = skinny_gemm.choose_config(n_out, n_in)
-            row = {"name": name, "m": m, "MB": mb, "config": str(chosen),
-                   "cublas_us": graph_us(lambda i: F.linear(x, pick(i))),
-                   "chosen_us": graph_us(lambda i: skinny_gemm.partials(x, pick(i), chosen))}
-            times = []
-            for cfg in GRID:
-                if cfg.block_k * cfg.split > n_in:  # a split with no whole K block
-                    continue
-                try:
-                    got = skinny_gemm.partials(x, w, cfg).sum(0)
-                    err = ((got - ref).abs().max() / ref.abs().max()).item()
-                    if err > 1e-2:
-                        raise ValueError(f"relative error {err:.1e}")
-                    times.append((graph_us(lambda i: skinny_gemm.partials(x, pick(i), cfg)), cfg))
-                except Exception as exc:  # a config the compiler rejects (registers, shared memory)
-                    print(f"  {cfg}: {type(exc).__name__}", file=sys.stderr)
-            times.sort(key=lambda t: t[0])
-            row["best"] = [(round(t, 2), str(c)) for t, c in times[:5]]
-            res.append(row)
-            tb = lambda us: mb / us  # noqa: E731  (MB/us = TB/s)
-            print(f"{name:8s} M={m:<2d} {mb:5.1f} MB  cuBLAS {row['cublas_us']:6.2f} us {tb(row['cublas_us']):4.2f} TB/s"
-                  f"  chosen {row['chosen_us']:6.2f} us {tb(row['chosen_us']):4.2f} TB/s {chosen}", flush=True)
-            for t, c in times[:5]:
-                print(f"    {t:6.2f} us {tb(t):4.2f} TB/s  {c}", flush=True)
+    rows = [int(r) for r in args.rows.split(",")]
+    bw = copy_bandwidth()
+    res = {"device": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "sweep": [], "chain": [],
+           "pdl_available": skinny_gemm.pdl_available()}
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; PDL available: {res['pdl_available']}", flush=True)
+    best = {} if args.no_sweep else sweep(SHAPES[args.shape], rows, res)
+    res["best"] = {f"{p}/m{m}": str(c) for (p, m), c in best.items()}
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    if args.chain:
+        chain(args.shape, rows, best, bw, res)
     Path(args.out).write_text(json.dumps(res, indent=2))
     return 0
 

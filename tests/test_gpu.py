@@ -73,18 +73,24 @@ def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):
     assert got[0] > 0 and abs(got[0] - got[1]) <= 0.02 * got[0], got
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (8, 1024, 3072), (16, 100, 300), (3, 33, 129)])
-def test_skinny_gemm_kernel_matches_float64(m, n, k):
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (8, 1024, 3072), (16, 100, 300), (3, 33, 129), (1, 4096, 14336)])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_skinny_gemm_kernel_matches_float64(m, n, k, pdl):
+    """Also launched with programmatic dependent launch: the same bits."""
     from qual.runtime.backends import skinny_gemm
 
+    if pdl and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
+        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
     exact = x.double() @ w.double().T
-    got = skinny_gemm.linear(x, w)
+    got = skinny_gemm.linear(x, w, pdl=pdl)
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     # float32 accumulation, one bf16 rounding at the end: within bf16's half-ulp of the exact product
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
+    if pdl:
+        assert torch.equal(got, skinny_gemm.linear(x, w))
 
 
 @pytest.mark.parametrize("r,q,h,hk,d,s,splits", [
@@ -114,11 +120,16 @@ def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s, sp
     torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)  # float32 all the way
 
 
-@pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention"])
+@pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention", "triton-gemm+triton-attention+pdl"])
 def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
-    """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly.
+    """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly;
+    with pdl, launched with programmatic dependent launch (compiled: inductor's kernels too).
 
     bfloat16 rounding depends on shapes, so the eager run uses the graphs' padded static shapes."""
+    from qual.runtime.backends import skinny_gemm
+
+    if "pdl" in kernel and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
+        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
     from runtime_helpers import prompts
 
     common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2])

@@ -55,6 +55,16 @@ def test_fused_backend_needs_one_gpu_rank():
         EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="compiled+fused")
 
 
+def test_pdl_backend_launches_some_triton_kernels_on_a_gpu():
+    EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+triton-gemm+triton-attention+pdl")
+    EngineConfig("x", device="cuda", dtype="float32", backend="compiled+pdl")  # inductor's kernels alone
+    with pytest.raises(QualError, match="pdl need device cuda"):
+        EngineConfig("x", backend="compiled+pdl")
+    with pytest.raises(QualError, match="name at least one of them"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", backend="pdl")
+    assert parse_backend("compiled+pdl").pdl and not parse_backend("compiled").pdl
+
+
 def test_interleave_must_divide_block_size():
     with pytest.raises(QualError, match="block_size % interleave"):
         cfg("x", tp=2, dcp=2, interleave=3, block_size=4)

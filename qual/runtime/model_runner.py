@@ -44,6 +44,8 @@ class ModelRunner:
         self.phases = OFF  # the engine's timer on rank 0 when phase times are on
         dtype = TORCH_DTYPES[cfg.dtype]
         self.backend = parse_backend(cfg.backend)
+        if comm.device.type == "cuda":
+            self.backend.check_device(comm.device)
         self.draft_cfg = draft_spec.config if draft_spec else None
         aux = self.draft_cfg.aux_layer_ids if self.draft_cfg else ()
         target_cls = target_spec.model_class
@@ -68,10 +70,9 @@ class ModelRunner:
         if self.draft_cfg:
             self.mask_tokens = torch.full((1,), self.draft_cfg.mask_token_id, dtype=torch.long, device=comm.device)
         self._row_index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # P -> (rows, q_index) of a decode step
-        mode = self.backend.compile_mode
         # A static-shape step whole (views, draft + verify, the next step's inputs): compiled, its ~100 small view
         # kernels fuse with the model's elementwise work
-        self.step_fn = _compiled(self.static_step, mode) if mode else self.static_step
+        self.step_fn = self.backend.compile(self.static_step) if self.backend.compile_mode else self.static_step
         self.stager = Stager(comm.device)
         self.readback = Readback(comm.device)
         # One rank: the proposals' agreement with the target's choices (rank 0's alone) is known where the step ran.
@@ -325,17 +326,3 @@ class ModelRunner:
             return hidden[:P], drafts, aux, None
         logits = self.target.logits(hidden).view(P, tokens.shape[1], -1)
         return logits, drafts, aux, spec_decode.pack_choices(logits, drafts)
-
-
-def _compiled(fn, mode: str):
-    """torch.compile'd fn, one specialised graph per padded batch size (as the CUDA graphs are).
-
-    Dynamo keeps compiled entries per code object, across runners, and past its limit (8) would
-    silently run the rest uncompiled: raise the limit and make hitting it an error instead.
-    """
-    dyn = torch._dynamo.config
-    dyn.recompile_limit = max(dyn.recompile_limit, 64)
-    if hasattr(dyn, "fail_on_recompile_limit_hit"):
-        dyn.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, mode=mode, dynamic=False)
-

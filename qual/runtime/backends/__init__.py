@@ -2,21 +2,24 @@
 
 A backend names its parts, joined by "+": `compiled` (torch.compile of the decode step before graph
 capture), `triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
-`triton-attention` (the target's decode attention read in place from the paged store) and `fused`
-(one-token target decode steps through one persistent kernel for all layers). `pytorch` (the default) is
+`triton-attention` (the target's decode attention read in place from the paged store), `fused`
+(one-token target decode steps through one persistent kernel for all layers) and `pdl` (the step's Triton
+kernels, compiled ones too, launched with programmatic dependent launch: each may start while the one before
+finishes). `pytorch` (the default) is
 none of them: PyTorch operators only (`reference`, its earlier name, is still read). Each part says which steps it
 serves; the capture record carries that, so a step a part cannot serve is visible there, never a silent fallback.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from qual.errors import QualError
 
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
-PARTS = ("compiled", "compiled-autotune", "triton-gemm", "triton-attention", "fused")
+PARTS = ("compiled", "compiled-autotune", "triton-gemm", "triton-attention", "fused", "pdl")
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
 # (draft + verify of K+1 tokens).
@@ -27,6 +30,8 @@ SERVES = {
     "triton-attention": "the target's attention in decode and verify steps; prefill and draft attention stay PyTorch",
     "fused": "one-token target decode steps (batch 1, no drafter); verify, draft and prefill steps use the per-layer "
              "path (with compiled: the step around the kernel is compiled, the kernel launched as it is)",
+    "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention and the compiled step's "
+           "own) launched with programmatic dependent launch; cuBLAS and PyTorch's kernels wait as before",
 }
 
 
@@ -53,6 +58,10 @@ class Backend:
     def fused_decode(self) -> bool:
         return "fused" in self.parts
 
+    @property
+    def pdl(self) -> bool:
+        return "pdl" in self.parts
+
     def check(self, device: str, dtype: str, tp: int) -> None:
         """Refuse a backend that cannot run here, before any process starts."""
         gpu_only = [p for p in self.parts if p not in COMPILE_MODES]  # torch.compile also runs on the CPU
@@ -65,6 +74,24 @@ class Backend:
             raise QualError(f"backend {self.name}: fused needs dtype bfloat16, float16 or float32 (got {dtype})")
         if self.fused_decode and tp > 1:
             raise QualError(f"backend {self.name}: fused needs tp 1 (got tp {tp})")
+        if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "triton-gemm", "triton-attention"}):
+            raise QualError(f"backend {self.name}: pdl launches the Triton kernels of compiled, triton-gemm or "
+                            "triton-attention; name at least one of them")
+
+    def check_device(self, device) -> None:
+        """Refuse, once the device is known, a part this GPU or this Triton cannot run."""
+        if not self.pdl:
+            return
+        import torch
+
+        from qual.runtime.backends import skinny_gemm
+
+        if torch.cuda.get_device_capability(device) < (9, 0):
+            raise QualError(f"backend {self.name}: pdl needs a GPU of compute capability 9.0 or later "
+                            f"(got {torch.cuda.get_device_name(device)})")
+        if not skinny_gemm.pdl_available():
+            raise QualError(f"backend {self.name}: pdl needs a Triton with programmatic dependent launch "
+                            "(triton.language.extra.cuda.gdc_wait)")
 
     def linear(self):
         """The projections' GEMM."""
@@ -75,7 +102,7 @@ class Backend:
         from qual.runtime.backends import skinny_gemm
 
         _need_triton(skinny_gemm.available())
-        return skinny_gemm.linear
+        return functools.partial(skinny_gemm.linear, pdl=True) if self.pdl else skinny_gemm.linear
 
     def paged_attention(self):
         """The target's decode attention over the paged store, or None (gather the keys, then PyTorch)."""
@@ -84,7 +111,33 @@ class Backend:
         from qual.runtime.backends import paged_attention
 
         _need_triton(paged_attention.triton is not None)
-        return paged_attention.paged_attention_op
+        op = paged_attention.paged_attention_op
+        return functools.partial(op, pdl=True) if self.pdl else op
+
+    def compile(self, fn):
+        """torch.compile'd fn (compile_mode), one specialised graph per padded batch size (as the CUDA graphs are).
+        With pdl, inductor's Triton kernels launch with programmatic dependent launch (each waits for the kernel
+        before it where it first reads or writes memory).
+
+        Dynamo keeps compiled entries per code object, across runners, and past its limit (8) would
+        silently run the rest uncompiled: raise the limit and make hitting it an error instead.
+        """
+        import torch
+
+        dyn = torch._dynamo.config
+        dyn.recompile_limit = max(dyn.recompile_limit, 64)
+        if hasattr(dyn, "fail_on_recompile_limit_hit"):
+            dyn.fail_on_recompile_limit_hit = True
+        if not self.pdl:
+            return torch.compile(fn, mode=self.compile_mode, dynamic=False)
+        import torch._inductor.config as inductor_config
+
+        if not hasattr(inductor_config.triton, "enable_pdl"):
+            raise QualError(f"backend {self.name}: this torch ({torch.__version__}) cannot launch compiled kernels "
+                            "with programmatic dependent launch (no torch._inductor.config.triton.enable_pdl)")
+        # torch.compile takes a mode or options, not both: the mode's options plus PDL
+        options = {**torch._inductor.list_mode_options(self.compile_mode), "triton.enable_pdl": True}
+        return torch.compile(fn, options=options, dynamic=False)
 
     def record(self) -> dict:
         """What the capture record says about this backend: its parts and the steps each serves."""

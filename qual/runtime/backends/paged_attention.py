@@ -45,7 +45,11 @@ if triton is not None:
                                 part_acc_ptr, part_ml_ptr, S, scale,
                                 sq_r, sq_q, sq_h, sk_n, sk_h, ss_r, sm_r, sm_q, so_r, so_q, so_h, sl_r, sl_q,
                                 Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                                BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr):
+                                BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
+                                PDL: tl.constexpr):
+        if PDL:  # everything read here (queries, keys, slots, mask) is earlier kernels' output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         r, hk, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rows = tl.arange(0, BLOCK_M)  # row = g * Q + query position
         g, qi = rows // Q, rows % Q
@@ -90,8 +94,11 @@ if triton is not None:
     @triton.jit
     def _combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, so_r, so_q, so_h, sl_r, sl_q,
                         Q: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                        SPLITS: tl.constexpr):
+                        SPLITS: tl.constexpr, PDL: tl.constexpr):
         """Merges one (request, KV head)'s key splits: rescale each to the largest running max, then add."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         r, hk = tl.program_id(0), tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
         g, qi = rows // Q, rows % Q
@@ -126,13 +133,14 @@ def key_splits(programs_wanted: int, rows: int, kv_heads: int, width: int) -> in
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                    mask: torch.Tensor, scale: float, lengths: torch.Tensor | None = None, splits: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    mask: torch.Tensor, scale: float, lengths: torch.Tensor | None = None, splits: int | None = None,
+                    pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q [R, Q, H, D]; k/v_cache [slots, Hk, D]; slots [R, S]; mask [R, Q, S] bool (True = may attend).
     lengths [R] int32, optional: the mask is False from there on in each row, so those keys are not read
     (a CUDA graph's static S, up to max_model_len, costs only the keys a row has).
     splits: programs per (request, KV head), each over its share of the row's keys, merged by a second
     kernel (flash-decoding); default key_splits(), so long contexts at small batches fill the GPU.
+    pdl: launched with programmatic dependent launch (qual/runtime/backends/skinny_gemm.py says how).
 
     Returns out [R, Q, H, D] in q's dtype and lse [R, Q, H] float32 (-inf, out 0 where nothing is visible).
     """
@@ -159,14 +167,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if lengths is None:
         lengths = torch.full((R,), slots.shape[1], device=q.device, dtype=torch.int32)
     out_strides = (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1))
+    launch = {"launch_pdl": True} if pdl else {}
     _paged_attention_kernel[(R, Hk, splits)](
         q, k_cache, v_cache, slots, mask, lengths, out, lse, part_acc, part_ml, slots.shape[1], scale,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), slots.stride(0),
         mask.stride(0), mask.stride(1), *out_strides, Q=Q, G=G, D=D, BLOCK_M=block_m, BLOCK_S=BLOCK_S, SPLITS=splits,
-        num_warps=NUM_WARPS)
+        PDL=pdl, num_warps=NUM_WARPS, **launch)
     if splits > 1:
         _combine_kernel[(R, Hk)](part_acc, part_ml, out, lse, *out_strides, Q=Q, G=G, D=D, BLOCK_M=block_m,
-                                 SPLITS=splits)
+                                 SPLITS=splits, PDL=pdl, **launch)
     return out, lse
 
 
@@ -174,10 +183,10 @@ if triton is not None:
     # A custom op: torch.compile keeps the launch as one node and traces around it.
     @torch.library.custom_op("qual::paged_attention", mutates_args=())
     def paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                           mask: torch.Tensor, scale: float, lengths: torch.Tensor | None = None
+                           mask: torch.Tensor, scale: float, lengths: torch.Tensor | None = None, pdl: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        return paged_attention(q, k_cache, v_cache, slots, mask, scale, lengths)
+        return paged_attention(q, k_cache, v_cache, slots, mask, scale, lengths, pdl=pdl)
 
     @paged_attention_op.register_fake
-    def _(q, k_cache, v_cache, slots, mask, scale, lengths=None):
+    def _(q, k_cache, v_cache, slots, mask, scale, lengths=None, pdl=False):
         return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)

@@ -90,7 +90,7 @@ class Qwen3Target:
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps), features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head)
+        return self.linear(hidden, self.lm_head)  # the projections' GEMM: a decode step's largest product
 
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
         a, lay, comm = self.layers[i].attn, self.layout, self.comm
