@@ -1,4 +1,4 @@
-"""`qual history list | show | trend`: read the run history database."""
+"""`qual history list | show | trend | publish`: read the run history database."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from qual.paths import DEFAULT_HISTORY
 from qual.cli.main import EXIT_GATE_FAILED, app
 
 
-history_app = typer.Typer(no_args_is_help=True, help="Run history: list, show and trend recorded runs.")
+history_app = typer.Typer(no_args_is_help=True, help="Run history: list, show, trend and publish recorded runs.")
 app.add_typer(history_app, name="history")
 
 HistoryOpt = typer.Option(DEFAULT_HISTORY, "--history", help="History database (SQLite).")
@@ -182,6 +182,26 @@ def _trend_json(series: dict, steps: list, threshold_pp: float) -> dict:
                    "created_at": s.created_at, "before": s.before, "after": s.after, "delta_pp": s.delta * 100,
                    "notes": s.notes} for s in steps],
     }
+
+
+@history_app.command("publish")
+def publish_cmd(
+    out_dir: Path = typer.Argument(..., metavar="DIR", help="Folder for the site (new, empty, or an earlier publish)."),
+    history: Path = HistoryOpt,
+) -> None:
+    """A static site of the history: an index of configurations, a page per configuration (trends, runs) and each
+    run's report copied under DIR/runs/; offline, relative links only. DIR is replaced whole."""
+    from qual.report import site as published
+
+    result = published.publish(history, out_dir)
+    nights = result.nights
+    linked = sum(n.report is not None for n in nights)
+    n_conf, n_runs = len(result.configurations), len(nights)
+    print(f"published {n_conf} configuration{'s' if n_conf != 1 else ''}, {n_runs} run{'s' if n_runs != 1 else ''} "
+          f"({linked} with their report) to {out_dir}/index.html")
+    for n in nights:
+        if n.missing:
+            print(f"  run {n.run.id}: from its history row only: {n.missing}")
 
 
 baseline_app = typer.Typer(

@@ -16,7 +16,8 @@ from qual.result import Result
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-def _environment() -> Environment:
+def environment() -> Environment:
+    """The report templates (report.html, the published site's pages), every value escaped."""
     # Autoescape everything: corpus ids, categories and configs are untrusted text.
     env = Environment(
         loader=FileSystemLoader(str(TEMPLATES)),
@@ -54,7 +55,7 @@ def render(result: Result, report_dir: Path | None = None) -> str:
     )
     bl = result.baseline
     position_arms, position_table = bview.position_rows(bl) if bl is not None else ([], [])
-    template = _environment().get_template("report.html.j2")
+    template = environment().get_template("report.html.j2")
     return template.render(
         r=result,
         title=common.title(result),

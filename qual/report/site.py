@@ -1,0 +1,341 @@
+"""The published site of a run history (`qual history publish DIR`): an index of the configurations, one page per
+configuration (its key, its trends across nights, its runs) and each night's report copied into the site.
+
+Static and offline like report.html: inline CSS and SVG, no scripts, no fetches, relative links only, so DIR reads
+the same from file://, as a CI artifact and on GitHub Pages. The site is built from the history and the run folders
+first (records below), then rendered; it is written into a new folder beside DIR that replaces DIR whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from markupsafe import Markup
+
+from qual import history as hist
+from qual.configuration import ConfigurationKey
+from qual.errors import QualError
+from qual.files import WriteError, write_text
+from qual.report import html, site_plots
+from qual.result import load_result
+from qual.userfiles import check_path_name, read_text
+
+MARKER = "qual-site.json"  # names a folder as a site qual published: only such a folder is replaced
+RUNS, PAGES = "runs", "configurations"
+REPORT = "report.html"
+RESULT = "result.json"
+MAX_REPORT_BYTES = 1 << 28  # a report.html read for its links: every request is a row of it, but bounded
+
+
+@dataclass(frozen=True)
+class Night:
+    """One recorded run as the site shows it."""
+
+    run: hist.HistoryRun
+    sources: tuple[tuple[Path, str], ...] = ()  # (file in the run's folder, its name under runs/<id>/), report first
+    per_position: tuple[float | None, ...] | None = None  # the candidate's unconditional acceptance per draft position
+    missing: str | None = None  # why the night comes from its history row only
+
+    @property
+    def folder(self) -> str:
+        return f"{RUNS}/{self.run.id}"
+
+    @property
+    def report(self) -> str | None:
+        """The night's page relative to DIR: its report.html, else its result.json; None when nothing was copied."""
+        names = [name for _, name in self.sources]
+        for name in (REPORT, RESULT):
+            if name in names:
+                return f"{self.folder}/{name}"
+        return None
+
+    @property
+    def commit(self) -> str:
+        return (self.run.qual_commit or "n/a")[:7]
+
+    @property
+    def date(self) -> str:
+        return self.run.created_at[:10]
+
+    @property
+    def when(self) -> str:
+        return self.run.created_at[:16].replace("T", " ")
+
+    @property
+    def failed(self) -> bool:
+        return self.run.verdict != "pass"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration key's runs, oldest first."""
+
+    slug: str  # a short hash of the key: the page's file name
+    key: ConfigurationKey | None  # None: runs recorded without a candidate arm in their config
+    label: str
+    nights: tuple[Night, ...]
+
+    @property
+    def page(self) -> str:
+        return f"{PAGES}/{self.slug}.html"
+
+    @property
+    def latest(self) -> Night:
+        return self.nights[-1]
+
+    @property
+    def fields(self) -> list[tuple[str, object]]:
+        return list(asdict(self.key).items()) if self.key is not None else [("series", self.label)]
+
+
+@dataclass(frozen=True)
+class Site:
+    history: Path
+    configurations: list[Configuration]
+
+    @property
+    def nights(self) -> list[Night]:
+        return [n for c in self.configurations for n in c.nights]
+
+
+# ---------------------------------------------------------------- reading the history and the run folders
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.hrefs.extend(v for k, v in attrs if k == "href" and v)
+
+
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def _linked(run_dir: Path, report: Path) -> list[tuple[Path, str]]:
+    """The files inside run_dir that report.html links to (relative links only: a log kept elsewhere is not copied,
+    and its link in the copy leads nowhere)."""
+    parser = _Links()
+    try:
+        parser.feed(read_text(report, MAX_REPORT_BYTES, "report"))
+    except (OSError, QualError):  # unreadable, or not a report qual wrote: its links are not followed
+        return []
+    root, out = run_dir.resolve(), []
+    for href in parser.hrefs:
+        parts = urlsplit(href)
+        if parts.scheme or parts.netloc or not parts.path or parts.path.startswith("/"):
+            continue
+        path = run_dir / unquote(parts.path)
+        try:
+            name = path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if _regular(path) and name not in (n for _, n in out) and name != REPORT:
+            out.append((path, name))
+    return out
+
+
+def night(run: hist.HistoryRun) -> Night:
+    """A run with what its folder still holds: its result (read for the per-position rates, and to check that the
+    folder holds this run and not a later one written to the same --out), its report and the files that links to."""
+    if not run.result_path:
+        return Night(run, missing="no result file recorded")
+    result_path = Path(run.result_path)  # a relative path is read from the working directory, as --baseline does
+    if not _regular(result_path):
+        return Night(run, missing=f"result file {result_path} is missing")
+    try:
+        result = load_result(result_path)
+    except QualError as exc:
+        return Night(run, missing=f"result file unreadable ({exc})")
+    if result.created_at != run.created_at:
+        return Night(run, missing=f"{result_path} now holds a run of {result.created_at}")
+    run_dir = result_path.parent
+    sources = [(result_path, RESULT)]
+    report = run_dir / REPORT
+    if _regular(report):
+        sources = [(report, REPORT), *[(p, n) for p, n in _linked(run_dir, report) if n != RESULT], *sources]
+    return Night(run, tuple(sources), tuple(result.candidate.acceptance.per_position))
+
+
+def slug(identity: str) -> str:
+    """A configuration's page name: 12 hex digits of SHA-256 over its key (any file system takes it)."""
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
+
+
+def build(history_path: str | Path) -> Site:
+    """Every configuration of the history with its nights (QualError: no history, or no runs in it)."""
+    runs = hist.list_runs(history_path, limit=None)
+    if not runs:
+        raise QualError(f"no runs recorded in {history_path}: nothing to publish")
+    groups: dict[str, list[hist.HistoryRun]] = {}
+    for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
+        groups.setdefault(run.configuration or run.series, []).append(run)
+    configurations = [Configuration(slug(identity), rows[0].key, rows[0].series, tuple(night(r) for r in rows))
+                      for identity, rows in groups.items()]
+    # The configurations whose latest night failed come first; then by label.
+    configurations.sort(key=lambda c: (not c.latest.failed, c.label))
+    return Site(Path(history_path), configurations)
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _title(n: Night) -> str:
+    r = n.run
+    return (f"run {r.id} \u00b7 {n.when} UTC \u00b7 commit {n.commit} \u00b7 {r.verdict.upper()}"
+            + (f" \u00b7 {n.missing}" if n.missing else ""))
+
+
+def _columns(conf: Configuration) -> list[site_plots.Column]:
+    return [site_plots.Column(n.commit, n.date, n.failed, f"../{n.report}" if n.report else None, _title(n))
+            for n in conf.nights]
+
+
+@dataclass(frozen=True)
+class Chart:
+    svg: Markup  # built from numbers, its text escaped: safe to inline
+    legend: list[site_plots.Key]
+
+
+def charts(conf: Configuration) -> dict[str, Chart]:
+    """The configuration page's charts: both arms' acceptance; the candidate's per draft position (none when no night
+    has its result file)."""
+    nights, columns = conf.nights, _columns(conf)
+    arms = site_plots.arm_lines([n.run.control_rate for n in nights], [n.run.candidate_rate for n in nights])
+    out = {"acceptance": Chart(Markup(site_plots.chart_svg(columns, arms, "acceptance (%)")),
+                               site_plots.legend(columns, arms))}
+    k = max((len(n.per_position) for n in nights if n.per_position), default=0)
+    if k:
+        positions = [site_plots.Line(f"position {i + 1}", color,
+                                     [n.per_position[i] if n.per_position and i < len(n.per_position) else None
+                                      for n in nights])
+                     for i, color in enumerate(site_plots.position_colors(k))]
+        out["positions"] = Chart(Markup(site_plots.chart_svg(columns, positions, "candidate acceptance (%)")),
+                                 site_plots.legend(columns, positions))
+    return out
+
+
+def render_index(site: Site) -> str:
+    template = html.environment().get_template("site_index.html.j2")
+    failing = [c for c in site.configurations if c.latest.failed]
+    return template.render(site=site, failing=failing, history_name=site.history.name)
+
+
+def render_configuration(conf: Configuration) -> str:
+    template = html.environment().get_template("site_configuration.html.j2")
+    return template.render(c=conf, charts=charts(conf), nights=list(reversed(conf.nights)),
+                           missing=[n for n in conf.nights if n.missing])
+
+
+def marker(site: Site) -> str:
+    """qual-site.json: what the site holds (the folder's mark as a site qual published, so a later publish may
+    replace it)."""
+    return json.dumps({"generator": "qual history publish", "history": site.history.name,
+                       "configurations": [{"page": c.page, "label": c.label, "runs": [n.run.id for n in c.nights]}
+                                          for c in site.configurations]}, indent=2) + "\n"
+
+
+# ---------------------------------------------------------------- writing
+
+
+def check_target(out_dir: Path) -> None:
+    """DIR is new, an empty folder, or a site qual published (only that is ever replaced)."""
+    check_path_name(out_dir, "DIR")
+    if out_dir.is_symlink():
+        raise QualError(f"{out_dir} is a link; give the folder itself")
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise QualError(f"{out_dir} exists and is not a folder; give a folder for the site")
+    try:
+        entries = [p.name for p in out_dir.iterdir()]
+    except OSError as exc:
+        raise QualError(f"{out_dir}: cannot read the folder ({exc.strerror or exc})") from None
+    if entries and not _regular(out_dir / MARKER):
+        raise QualError(f"{out_dir} holds files and is not a site qual published (no {MARKER}); give a new or "
+                        "empty folder, or the folder of an earlier publish")
+
+
+def _copy(source: Path, target: Path) -> bool:
+    """Copy one file of a run (False: it could not be read, and is left out)."""
+    try:
+        src = open(source, "rb")
+    except OSError:
+        return False
+    with src:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "xb") as dst:
+                shutil.copyfileobj(src, dst)
+        except OSError as exc:
+            raise WriteError(target, exc) from None
+    return True
+
+
+def _write_site(site: Site, root: Path) -> Site:
+    """Copy each night's files into root/runs/<id>/ and write the pages; returns the site as written (a file that
+    could not be read is left out of its night)."""
+    configurations = []
+    for conf in site.configurations:
+        nights = []
+        for n in conf.nights:
+            copied = tuple((p, name) for p, name in n.sources if _copy(p, root / n.folder / name))
+            nights.append(n if copied == n.sources else Night(n.run, copied, n.per_position, n.missing))
+        configurations.append(Configuration(conf.slug, conf.key, conf.label, tuple(nights)))
+    site = Site(site.history, configurations)
+    (root / PAGES).mkdir(exist_ok=True)
+    for conf in site.configurations:
+        write_text(root / conf.page, render_configuration(conf))
+    write_text(root / "index.html", render_index(site))
+    write_text(root / MARKER, marker(site))
+    return site
+
+
+def publish(history_path: str | Path, out_dir: str | Path) -> Site:
+    """Build the site of a history into out_dir, replacing the site published there before."""
+    out = Path(os.path.abspath(out_dir))
+    check_target(out)
+    site = build(history_path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.publish-"))
+    except OSError as exc:
+        raise WriteError(out.parent, exc) from None
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the site from a web server's user
+        site = _write_site(site, tmp)
+        _replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return site
+
+
+def _replace(new: Path, out: Path) -> None:
+    """new takes out's name; the site there before (checked by check_target) is removed after."""
+    old = moved = None
+    try:
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.old-"))
+            moved = old / "site"
+            os.replace(out, moved)
+        os.replace(new, out)
+    except OSError as exc:
+        if moved is not None and moved.exists():
+            try:
+                os.replace(moved, out)  # the earlier site back where it was
+            except OSError:
+                old = None  # kept where it is rather than removed
+        raise WriteError(out, exc) from None
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

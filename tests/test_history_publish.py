@@ -1,0 +1,258 @@
+"""`qual history publish DIR` (qual.report.site): the static site of a run history, from real runs of the toy pair
+and synthetic nights; every link resolves inside DIR, failed nights are marked, and the pages fit a desktop and a
+phone in headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from dataclasses import replace
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from devtools import Browser
+from qual import history
+from qual.cli import history as _registers_history  # noqa: F401  (puts `history` on the app run_app runs)
+from qual.cli.main import run_app
+from qual.report import site as published
+from qual.report import site_plots, write_reports
+from qual.result import load_result
+from synthetic import synthetic_result
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+VIEWPORTS = {"desktop": (1400, 900), "phone": (390, 844)}
+# Synthetic nights of one configuration: (day, candidate's acceptance probability, fake qual commit); 0.62 fails.
+SYNTHETIC = [(20 + i, p, f"{c:07x}" + "0" * 33) for i, (p, c) in
+             enumerate(zip((0.75, 0.75, 0.77, 0.62, 0.75, 0.75, 0.76, 0.75), range(0xa11ce00, 0xa11ce08)))]
+MISSING_DAY = 25  # this night's run folder is deleted: it is plotted from its history row only
+
+
+def _qual_run(out: Path, db: Path, *extra: str) -> int:
+    cmd = [sys.executable, "-m", "qual", "run", "--dcp", "2", "--limit", "4", *extra, "--out", str(out),
+           "--history", str(db)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600).returncode
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    """Two real runs of the toy pair (one replicated, passing; one sharded, failing), a second night of the passing
+    one (its result re-dated a day later, reports re-rendered), and eight synthetic nights of a third configuration,
+    one failing and one whose folder is gone."""
+    root = tmp_path_factory.mktemp("history")
+    path = root / "history.sqlite"
+    assert _qual_run(root / "real-pass", path) == 0
+    assert _qual_run(root / "real-sharded", path, "--draft-kv", "sharded") == 1
+    first = load_result(root / "real-pass" / "result.json")
+    later = replace(first, created_at=first.created_at.replace(first.created_at[:10], "2099-01-01"))
+    history.record_run(path, later, write_reports(later, root / "real-pass-2")["json"])
+    for day, p, commit in SYNTHETIC:
+        res = synthetic_result(24, 0.75, p, n_resamples=200, created_at=f"2026-11-{day:02d}T02:00:00+00:00")
+        res.candidate.provenance.qual_commit = commit
+        night = root / f"synthetic-{day}"
+        history.record_run(path, res, write_reports(res, night)["json"])
+        if day == MISSING_DAY:
+            shutil.rmtree(night)
+    return path
+
+
+@pytest.fixture(scope="module")
+def site(db, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site") / "pub"
+    assert run_app(["history", "publish", str(out), "--history", str(db)]) == 0
+    return out
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.srcs: list[str] = []
+        self.tags: list[str] = []
+        self.title = ""
+        self._in_title = False
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.tags.append(tag)
+        self._in_title = tag == "title" and "svg" not in self.tags[-3:-1]
+        attrs = dict(attrs)
+        if attrs.get("href"):
+            self.hrefs.append(attrs["href"])
+        if attrs.get("src"):
+            self.srcs.append(attrs["src"])
+
+    def handle_data(self, data) -> None:
+        if self._in_title and not self.title:
+            self.title = data.strip()
+
+    def handle_endtag(self, tag) -> None:
+        self._in_title = False
+
+
+def _parse(page: Path) -> _Page:
+    parser = _Page()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+def _conf_pages(site: Path) -> dict[str, Path]:
+    """Configuration pages by the draft KV and request count their title names."""
+    out = {}
+    for page in (site / "configurations").glob("*.html"):
+        m = re.search(r" dcp(\d+) .*kv=(\w+) .* n=(\d+) ", _parse(page).title)
+        out[f"{m[2]} n={m[3]} dcp{m[1]}"] = page
+    return out
+
+
+def test_every_link_resolves_inside_the_site(site):
+    pages = sorted(site.rglob("*.html"))
+    assert site / "index.html" in pages and len(list((site / "configurations").glob("*.html"))) == 3
+    reports = list((site / "runs").glob("*/report.html"))
+    assert len(reports) == 2 + 1 + len(SYNTHETIC) - 1  # every night but the one whose folder is gone
+    for page in pages:
+        parsed = _parse(page)
+        assert "script" not in parsed.tags and "link" not in parsed.tags and parsed.srcs == [], page
+        for href in parsed.hrefs:
+            parts = urlsplit(href)
+            assert not parts.scheme and not parts.netloc, (page, href)  # nothing outside the folder
+            if not parts.path:
+                continue  # a fragment of the page itself
+            target = (page.parent / unquote(parts.path)).resolve()
+            assert target.is_file() and target.is_relative_to(site.resolve()), (page, href)
+
+
+def test_the_index_leads_with_the_failing_configuration(site):
+    text = (site / "index.html").read_text()
+    pages = _conf_pages(site)
+    rows = re.findall(r'<tr class="(pass|fail)">\s*<td class="label"><a href="([^"]+)"', text)
+    assert [verdict for verdict, _ in rows] == ["fail", "pass", "pass"]
+    assert site / rows[0][1] == pages["sharded n=4 dcp2"]
+    assert "1 configuration failed its latest run" in text
+    assert "<title>qual runs: 3 configurations, 1 failing</title>" in text
+
+
+def test_configuration_pages_mark_failed_nights_and_name_commits(site, db):
+    runs = history.list_runs(db, limit=None)
+    synthetic = _conf_pages(site)["replicated n=24 dcp4"]
+    text = synthetic.read_text()
+    # the failing night: banded in both charts, its row marked, its checks named
+    assert text.count(f'fill="{site_plots.FAIL_BAND}"/>') == 2  # its column in both charts
+    assert text.count('<tr class="fail">') == 1 and "acceptance_delta_lower_bound" in text
+    for _, _, commit in SYNTHETIC:
+        assert f">{commit[:7]}</text>" in text  # on the axis
+        assert f"<code>{commit[:7]}</code>" in text  # in the runs table
+    # the night whose folder is gone: no link, a hollow point, said so
+    gone = next(r for r in runs if r.created_at.startswith(f"2026-11-{MISSING_DAY}"))
+    assert f"run {gone.id}: none" in text  # in the runs table, and why under it
+    why = rf"<li>run {gone.id} \([^)]+\): result file \S+synthetic-{MISSING_DAY}/result.json is missing"
+    assert re.search(why, text)
+    assert f'href="../runs/{gone.id}/' not in text
+    assert "no report: from the history row only" in text
+    # every other night: its points link to its copied report
+    for r in runs:
+        if r.created_at.startswith("2026-11") and r.id != gone.id:
+            assert text.count(f'href="../runs/{r.id}/report.html"') >= 3  # column, points, table
+    real = _conf_pages(site)["replicated n=4 dcp2"].read_text()
+    commit = next(r.qual_commit for r in runs if r.n_requests == 4)
+    assert commit and f">{commit[:7]}</text>" in real and ">2099-01-01</text>" in real
+    assert 'class="fail"' not in real.split("<h2>Runs</h2>")[1]
+
+
+def test_publish_again_replaces_the_site(site, db):
+    before = {p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    (site / "stale.html").write_text("left by hand")
+    assert run_app(["history", "publish", str(site), "--history", str(db)]) == 0
+    after = {p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    assert after == before  # the same bytes, and nothing but what publish writes
+    assert [p.name for p in site.parent.iterdir()] == [site.name]  # no temporary folder left beside it
+
+
+def test_bad_input_is_one_line_and_exit_2(db, tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    empty = tmp_path / "empty.sqlite"
+    history.record_run(empty, synthetic_result(4, n_resamples=10), None)
+    with sqlite3.connect(empty) as conn:
+        conn.execute("DELETE FROM runs")
+    cases = {
+        "nothing to publish": [str(tmp_path / "site"), "--history", str(empty)],
+        "exists and is not a folder": [str(a_file), "--history", str(db)],
+        "is not a site qual published": [str(tmp_path / "mine"), "--history", str(db)],
+        "no run history at": [str(tmp_path / "site"), "--history", str(tmp_path / "none.sqlite")],
+        "path component": [str(tmp_path / ("x" * 300)), "--history", str(db)],
+    }
+    for message, argv in cases.items():
+        assert run_app(["history", "publish", *argv]) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert not (tmp_path / "site").exists()
+
+
+def test_a_result_file_overwritten_by_a_later_run_is_not_this_nights(tmp_path):
+    """Two runs written to one --out: the folder holds the later one, so the earlier night links to nothing."""
+    db = tmp_path / "h.sqlite"
+    first = synthetic_result(12, n_resamples=50, created_at="2026-11-01T02:00:00+00:00")
+    second = synthetic_result(12, n_resamples=50, created_at="2026-11-02T02:00:00+00:00")
+    history.record_run(db, first, write_reports(first, tmp_path / "run")["json"])
+    history.record_run(db, second, write_reports(second, tmp_path / "run")["json"])
+    nights = published.build(db).nights
+    assert nights[0].report is None and "now holds a run of 2026-11-02" in nights[0].missing
+    assert nights[1].report == f"runs/{nights[1].run.id}/report.html"
+
+
+# ---------------------------------------------------------------- in a browser
+
+# Run in the page: elements reaching past the window (an element inside a box that scrolls is that box's business),
+# and what was drawn.
+MEASURE = """(() => {
+  const view = document.documentElement.clientWidth;
+  const boxed = el => {
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement)
+      if (getComputedStyle(p).overflowX !== "visible") return true;
+    return false;
+  };
+  const wide = [];
+  for (const el of document.body.querySelectorAll("*")) {
+    if (boxed(el)) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width && (r.right > view + 0.5 || r.left < -0.5)) wide.push(el.tagName + " " + Math.round(r.right));
+  }
+  return {title: document.title, clientWidth: view, scrollWidth: document.documentElement.scrollWidth, wide: wide,
+          svgs: document.querySelectorAll("svg").length, circles: document.querySelectorAll("svg circle").length,
+          svg_links: document.querySelectorAll("svg a").length, rows: document.querySelectorAll("tr").length,
+          scrolling: [...document.querySelectorAll(".scroll, .plot")]
+            .filter(b => b.scrollWidth > b.clientWidth).length};
+})()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_the_site_fits_a_desktop_and_a_phone(site, tmp_path):
+    page = _conf_pages(site)["replicated n=24 dcp4"]
+    with Browser(CHROMIUM, tmp_path / "chromium-profile") as browser:
+        for name, size in VIEWPORTS.items():
+            index = browser.open((site / "index.html").as_uri(), *size)
+            layout = index.evaluate(MEASURE)
+            print(f"\n{name} index: {index.screenshot(tmp_path / f'index-{size[0]}px.png', full_page=True)}")
+            assert layout["title"] == "qual runs: 3 configurations, 1 failing"
+            assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout
+            assert layout["rows"] == 1 + 3
+            assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the table fits whole
+            conf = browser.open(page.as_uri(), *size)
+            layout = conf.evaluate(MEASURE)
+            print(f"{name} configuration page: {conf.screenshot(tmp_path / f'configuration-{size[0]}px.png', True)}")
+            assert layout["title"].startswith("qual pass: toy ")
+            assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout
+            assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the charts and the runs fit whole
+            nights, k = len(SYNTHETIC), 7
+            # points: both arms on every night, k positions on each night with a result file
+            assert layout["svgs"] == 2 and layout["circles"] == 2 * nights + k * (nights - 1), layout
+            # links: each night with a report, its column and each of its points
+            assert layout["svg_links"] == (nights - 1) * (1 + 2) + (nights - 1) * (1 + k), layout
