@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -445,11 +446,22 @@ def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
 
 def trend(db_path: str | Path, model: str | None = None, **filters: Any) -> dict[str, list[HistoryRun]]:
     """Runs grouped by series (their configuration key's label), oldest first within each."""
-    runs = list_runs(db_path, model=model, limit=None, **filters)
-    series: dict[str, list[HistoryRun]] = {}
+    return group_series(list_runs(db_path, model=model, limit=None, **filters))
+
+
+def group_series(runs: Sequence[HistoryRun]) -> dict[str, list[HistoryRun]]:
+    """Runs by configuration key, oldest first within each, under the key's label."""
+    by_key: dict[str, list[HistoryRun]] = {}
     for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
-        series.setdefault(run.series, []).append(run)
-    return series
+        by_key.setdefault(run.configuration or run.series, []).append(run)
+    labels = [rows[0].series for rows in by_key.values()]
+    # A label leaves some fields out (the seed where it is 0...): keys that share one are told apart by their hash.
+    return {(label if labels.count(label) == 1 else f"{label} #{_key_hash(key)}"): rows
+            for label, (key, rows) in zip(labels, by_key.items())}
+
+
+def _key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 # ---------------------------------------------------------------- step changes
@@ -482,11 +494,8 @@ class StepChange:
 
 def detect_step_changes(runs: Sequence[HistoryRun], threshold_pp: float = DEFAULT_STEP_PP) -> list[StepChange]:
     """Flag |change| > threshold_pp in either arm's rate between consecutive runs of the same series."""
-    by_series: dict[str, list[HistoryRun]] = {}
-    for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
-        by_series.setdefault(run.series, []).append(run)
     steps = []
-    for series, rows in by_series.items():
+    for series, rows in group_series(runs).items():
         for prev, cur in zip(rows, rows[1:]):
             notes = []
             if prev.corpus_fingerprint != cur.corpus_fingerprint:

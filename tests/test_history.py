@@ -306,3 +306,16 @@ def test_cli_pin_needs_the_result_file(db):
     assert isinstance(out.exception, QualError) and "its result file reports/night2/result.json is missing" in str(out.exception)
     out = runner.invoke(app, ["history", "baseline", "list", "--history", str(db)])
     assert out.exit_code == 0 and "no pinned runs" in out.output
+
+
+def test_keys_that_share_a_label_are_two_series(db):
+    """The label leaves a seed of 0 out: runs differing only in the seed are two series, told apart by the key hash."""
+    from qual.records import Sampling
+
+    for day in (6, 7):
+        history.record_run(db, synthetic_result(40, 0.75, 0.75, n_resamples=100, sampling=Sampling(0.0, 5, 64),
+                                                created_at=f"2026-12-{day:02d}T02:00:00+00:00"), None)
+    series = history.trend(db, model="toy")
+    assert sorted(len(v) for v in series.values()) == [1, 2, 4]
+    steps = history.detect_step_changes([r for v in series.values() for r in v])
+    assert all(s.series in series for s in steps) and all(s.run_id not in (6, 7) for s in steps)
