@@ -82,6 +82,8 @@ def test_the_trend_is_drawn_before_the_upload_that_carries_it_with_junit(workflo
     assert trend.get("if") == upload.get("if") == "always()"
     paths = [line.strip() for line in upload["with"]["path"].splitlines()]
     assert plot in paths
+    site = re.search(r"qual history publish (\S+)", trend["run"]).group(1)  # the history as a static site
+    assert site in paths
     assert {"${{ env.QUAL_RUN_DIR }}/junit.xml", "${{ env.QUAL_RUN_DIR }}/report.html"} <= set(paths)
     assert re.search(r'--out "\$QUAL_RUN_DIR"', steps[_index(steps, _gate)]["run"])  # where the upload looks
 
