@@ -45,6 +45,8 @@ REVISION_KEYS = ("target_revision", "draft_revision")
 DEFAULT_ENGINE = "reference"  # the engines' names are the registry's (qual/engines/registry.py)
 
 DEFAULT_DCP = 4  # the candidate's DCP size when neither --dcp nor the profile says
+# Several values of --dcp, --draft-kv or --dsa-topk make a run a sweep (qual/harness/sweep.py): "--dcp 2,4"
+SWEEP_SEPARATOR = ","
 DEFAULT_TEMPERATURE = 0.0  # greedy
 MAX_SEED = 2**63 - 1  # seeds travel as int64 (numpy, torch, vLLM's sampling params)
 

@@ -1,9 +1,10 @@
 """The JSON Schema of result.json, generated from its typed records (dataclasses and TypedDicts of qual.result,
-qual.records, qual.stats).
+qual.records, qual.stats); and of a sweep's result.json (qual.sweep_result), built from the same records.
 
-`python -m qual.schema --write` regenerates qual/data/result.schema.json, the one copy: it ships in the wheel,
-`qual schema` prints it and docs/result.schema.json is a link to it. It refuses to drop or retype a key of the
-committed schema while the schema string (qual.result.SCHEMA) is unchanged: extend, never rename.
+`python -m qual.schema --write` regenerates qual/data/result.schema.json and qual/data/result.sweep.schema.json, the
+one copies: they ship in the wheel, `qual schema [--sweep]` prints them and docs/ links to them. It refuses to drop or
+retype a key of a committed schema while its schema string (qual.result.SCHEMA, qual.sweep_result.SWEEP_SCHEMA) is
+unchanged: extend, never rename.
 
 Numbers may be null: result.json writes an undefined rate (NaN) as null (qual.result._finite). Keys added after a
 schema version's first release have defaults and are optional, so every file of that version validates.
@@ -19,12 +20,14 @@ import types
 import typing
 from typing import Any, Union
 
-from qual.paths import RESULT_SCHEMA
+from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
 from qual.records import ArmConfig, GraphCapture
 from qual.result import SCHEMA, ArmResult, Result
 from qual.stats import AcceptanceJson
+from qual.sweep_result import SWEEP_SCHEMA, SweepResult
 
 COMMITTED = RESULT_SCHEMA
+SWEEP_COMMITTED = SWEEP_RESULT_SCHEMA
 # Fields whose JSON form another type describes (ArmResult keeps its config as a dict; an arm's acceptance is written
 # as its counts and the rates derived from them).
 JSON_FORM: dict[tuple[type, str], Any] = {(ArmResult, "config"): ArmConfig, (ArmResult, "graph_capture"): GraphCapture,
@@ -96,6 +99,9 @@ def _record(cls: type, defs: dict) -> dict:
             props["arms"] = {"type": "object", "properties": {a: arm for a in ARMS}, "required": list(ARMS)}
             props["schema"] = {"const": SCHEMA}
             required.append("arms")
+        if cls is SweepResult:
+            props["schema"] = {"const": SWEEP_SCHEMA}
+            required.append("schema")
         doc = (cls.__doc__ or "").strip().splitlines()
         defs[name] = {"type": "object", **({"description": doc[0]} if doc else {}), "properties": props,
                       "required": required}
@@ -109,6 +115,15 @@ def result_schema() -> dict:
     top = defs.pop(Result.__name__)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA,
             "title": f"qual result.json ({SCHEMA})", **top, "$defs": dict(sorted(defs.items()))}
+
+
+def sweep_schema() -> dict:
+    """The JSON Schema of a sweep's result.json: the control arm once, per candidate what result.json holds for it."""
+    defs: dict = {}
+    _record(SweepResult, defs)
+    top = defs.pop(SweepResult.__name__)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SWEEP_SCHEMA,
+            "title": f"qual result.json of a sweep ({SWEEP_SCHEMA})", **top, "$defs": dict(sorted(defs.items()))}
 
 
 def key_paths(schema: dict) -> dict[str, str]:
@@ -158,21 +173,25 @@ def dumps(schema: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qual.schema", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {COMMITTED.relative_to(COMMITTED.parents[2])}")
+    parser.add_argument("--write", action="store_true", help=f"write {COMMITTED.relative_to(COMMITTED.parents[2])} "
+                        f"and {SWEEP_COMMITTED.relative_to(SWEEP_COMMITTED.parents[2])}")
+    parser.add_argument("--sweep", action="store_true", help="print a sweep's result.json schema")
     args = parser.parse_args(argv)
-    schema = result_schema()
     if not args.write:
-        sys.stdout.write(dumps(schema))
+        sys.stdout.write(dumps(sweep_schema() if args.sweep else result_schema()))
         return 0
-    if COMMITTED.is_file():
-        old = json.loads(COMMITTED.read_text())
-        broken = incompatible(old, schema)
+    targets = ((COMMITTED, result_schema(), "qual.result.SCHEMA"),
+               (SWEEP_COMMITTED, sweep_schema(), "qual.sweep_result.SWEEP_SCHEMA"))
+    for path, schema, constant in targets:  # every schema checked before any is written
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        broken = incompatible(old, schema) if old else []
         if broken and old.get("$id") == schema["$id"]:
-            print(f"refused: {len(broken)} key(s) of {SCHEMA} would break (extend, never rename; bump "
-                  f"qual.result.SCHEMA only if you must): " + "; ".join(broken[:10]), file=sys.stderr)
+            print(f"refused: {len(broken)} key(s) of {schema['$id']} would break (extend, never rename; bump "
+                  f"{constant} only if you must): " + "; ".join(broken[:10]), file=sys.stderr)
             return 1
-    COMMITTED.write_text(dumps(schema))
-    print(f"wrote {COMMITTED}")
+    for path, schema, _ in targets:
+        path.write_text(dumps(schema))
+        print(f"wrote {path}")
     return 0
 
 

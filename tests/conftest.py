@@ -33,8 +33,8 @@ def tiny_pair(tmp_path_factory):
 
 
 # Every result.json a test writes (directly or through a `qual` subprocess) must validate against the committed
-# schema, qual/data/result.schema.json: checked after each test module (its tmp folder names the test), for the
-# files that are new or changed since the last check.
+# schema, qual/data/result.schema.json (a sweep's: qual/data/result.sweep.schema.json): checked after each test module
+# (its tmp folder names the test), for the files that are new or changed since the last check.
 _VALIDATED: dict[Path, int] = {}
 
 
@@ -54,8 +54,21 @@ def result_schema_validator():
     return jsonschema.Draft202012Validator(schema)
 
 
+@pytest.fixture(scope="session")
+def sweep_schema_validator():
+    import json
+
+    import jsonschema
+
+    from qual.paths import SWEEP_RESULT_SCHEMA
+
+    schema = json.loads(SWEEP_RESULT_SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_validator):
+def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_validator, sweep_schema_validator):
     yield
     import json
 
@@ -68,12 +81,13 @@ def _result_json_matches_the_committed_schema(tmp_path_factory, result_schema_va
             data = json.loads(path.read_text())
         except (ValueError, OSError):
             continue  # a test's deliberately broken file (load_result refuses those; tests/test_files.py)
-        if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("qual.result/"):
+        if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(("qual.result/", "qual.result.sweep/")):
             continue  # not a result qual wrote
-        errors = sorted(result_schema_validator.iter_errors(data), key=lambda e: e.path)
+        validator = sweep_schema_validator if data["schema"].startswith("qual.result.sweep/") else result_schema_validator
+        errors = sorted(validator.iter_errors(data), key=lambda e: e.path)
         if errors:
             where = "/".join(map(str, errors[0].path))
-            pytest.fail(f"{path} does not match qual/data/result.schema.json at {where or '(top)'}: "
+            pytest.fail(f"{path} does not match the committed schema of {validator.schema['$id']} at {where or '(top)'}: "
                         f"{errors[0].message} ({len(errors)} error(s))", pytrace=False)
 
 

@@ -22,14 +22,16 @@ def sh(*cmd, cwd=None, timeout=900, env=None) -> subprocess.CompletedProcess:
 
 
 def test_the_wheel_ships_the_result_schema(tmp_path):
-    """result.json's schema is package data: the wheel holds the generated one, where `qual schema` reads it."""
+    """result.json's schemas (a run's and a sweep's) are package data: the wheel holds the generated ones, where
+    `qual schema [--sweep]` reads them."""
     import zipfile
 
-    from qual.schema import dumps, result_schema
+    from qual.schema import dumps, result_schema, sweep_schema
 
     sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, ROOT)
     with zipfile.ZipFile(next(tmp_path.glob("qual-*.whl"))) as wheel:
         assert wheel.read("qual/data/result.schema.json").decode() == dumps(result_schema())
+        assert wheel.read("qual/data/result.sweep.schema.json").decode() == dumps(sweep_schema())
 
 
 @pytest.mark.slow

@@ -334,3 +334,42 @@ def test_per_position_figure_draws_one_whisker_per_interval():
                  "candidate_conditional": [[0.65, 0.75]]}  # shorter than the bars: the rest have none
     drawn = plots.per_position_svg(rates, rates, rates, rates, intervals).count("<use")
     assert drawn - bare == 2 * 6  # two caps a whisker
+
+
+def _sweep(hostile):
+    """A sweep of two candidates against one control: the hostile result's, and one whose candidate passes."""
+    from qual.sweep_result import SweepResult
+
+    control, _ = synthetic_pair(30, 0.75, 0.68, categories=HOSTILE)
+    passing = synthetic_result(pair=(control, control), dcp=2)
+    passing.control = hostile.control  # one control for both
+    return SweepResult.of([("candidate-dcp2", passing), ("candidate-dcp4", hostile)])
+
+
+def test_a_sweeps_page_holds_the_matrix_and_each_candidates_detail(hostile):
+    sweep = _sweep(hostile)
+    page = html.render_sweep(sweep)
+    assert "<script" not in page.lower() and "</textarea>" not in page and "<img src=x" not in page
+    assert not re.search(r"<(?:script|link|iframe|object|embed)\b", page, re.I) and "default-src 'none'" in page
+    assert page.index(">FAIL<") < page.index('id="matrix"') < page.index('id="candidate-dcp2"') < \
+        page.index('id="candidate-dcp4"')
+    assert page.count("<svg") == 4 and page.count('<section class="candidate"') == 2
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    referenced = set(re.findall(r"url\(#([^)]+)\)", page)) | set(re.findall(r'href="#([^"]+)"', page))
+    assert referenced and all(ids.count(i) == 1 for i in referenced)  # every in-page reference finds one element
+    for name in ("candidate-dcp2", "candidate-dcp4"):
+        assert f'id="{name}-headline"' in page and f'href="#{name}"' in page
+    assert html.render_sweep(sweep) == page
+
+
+def test_a_sweeps_summary_and_junit(hostile):
+    sweep = _sweep(hostile)
+    md = markdown.render_sweep(sweep)
+    assert md.startswith("## ❌ FAIL: qual toy: DCP 1 → 2 candidates (DCP 2, 4; ")
+    rows = [line for line in md.splitlines() if line.startswith("| `candidate-dcp")]
+    assert len(rows) == 2 and "✅ PASS" in rows[0] and "❌ FAIL" in rows[1]
+    root = ET.fromstring(junit.render_sweep(sweep).encode())
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["qual.gate.toy.dcp2", "qual.gate.toy.dcp4"]
+    assert int(root.get("failures")) == sum(int(s.get("failures")) for s in suites) > 0
+    assert [int(s.get("failures")) for s in suites][0] == 0

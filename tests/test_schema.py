@@ -13,7 +13,7 @@ import pytest
 from qual import schema as schema_mod
 from qual.records import ArmConfig
 from qual.result import ArmResult, save_result
-from qual.schema import COMMITTED, incompatible, key_paths, result_schema
+from qual.schema import COMMITTED, SWEEP_COMMITTED, incompatible, key_paths, result_schema, sweep_schema
 from synthetic import synthetic_result
 
 
@@ -27,6 +27,39 @@ def test_docs_links_to_the_one_copy():
     assert docs.is_symlink() and docs.resolve() == COMMITTED.resolve()
 
 
+def test_the_committed_sweep_schema_is_the_generated_one_and_docs_link_to_it():
+    assert json.loads(SWEEP_COMMITTED.read_text()) == sweep_schema(), \
+        "qual/data/result.sweep.schema.json is stale: run `python -m qual.schema --write`"
+    docs = Path(__file__).resolve().parents[1] / "docs" / "result.sweep.schema.json"
+    assert docs.is_symlink() and docs.resolve() == SWEEP_COMMITTED.resolve()
+    assert incompatible(json.loads(SWEEP_COMMITTED.read_text()), sweep_schema()) == []
+
+
+def test_a_sweep_result_holds_the_control_once_and_each_candidates_keys(tmp_path, sweep_schema_validator):
+    """A sweep's result.json: per comparison the keys a single result.json has for its candidate (gate, comparison,
+    the candidate arm, warnings), the control arm once; it validates, and every key it writes is in its schema."""
+    from qual.result import Result
+    from qual.sweep_result import SweepResult, load_any, save_sweep
+
+    one, two = synthetic_result(6, 0.75, 0.7), synthetic_result(6, 0.75, 0.4)
+    sweep = SweepResult.of([("candidate-dcp2", one), ("candidate-dcp4", Result(**{**one.__dict__, "candidate": two.candidate,
+                                                                                   "comparison": two.comparison,
+                                                                                   "gate": two.gate}))])
+    data = json.loads(save_sweep(sweep, tmp_path / "result.json").read_text())
+    assert not list(sweep_schema_validator.iter_errors(data))
+    assert data["schema"] == "qual.result.sweep/1" and data["control"] == one.to_json()["arms"]["control"]
+    single = one.to_json()
+    first = data["comparisons"][0]
+    assert first["gate"] == single["gate"] and first["comparison"] == single["comparison"]
+    assert first["candidate"] == single["arms"]["candidate"] and first["warnings"] == single["warnings"]
+    names = set(key_paths(sweep_schema()))
+    for key in ("control.per_request[].output_token_ids", "comparisons[].candidate.config.dcp",
+                "comparisons[].gate.checks[].passed", "comparisons[].comparison.delta_rate_ci95", "passed", "notes"):
+        assert key in names, key
+    back = load_any(tmp_path / "result.json")
+    assert isinstance(back, SweepResult) and back.to_json() == sweep.to_json()
+
+
 def test_qual_schema_prints_the_generated_schema(capsys):
     import jsonschema
 
@@ -37,6 +70,8 @@ def test_qual_schema_prints_the_generated_schema(capsys):
     printed = capsys.readouterr().out
     assert printed == schema_mod.dumps(result_schema())
     jsonschema.Draft202012Validator.check_schema(json.loads(printed))
+    assert run_app(["schema", "--sweep"]) == 0
+    assert capsys.readouterr().out == schema_mod.dumps(sweep_schema())
 
 
 def test_no_key_of_the_committed_schema_is_renamed_or_removed():

@@ -1,4 +1,5 @@
-"""`qual run`: control (DCP 1) vs candidate (DCP N) on the same corpus, gated."""
+"""`qual run`: control (DCP 1) vs candidate (DCP N) on the same corpus, gated; or a sweep of candidates against one
+control (`--dcp 2,4 --draft-kv replicated,sharded`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import typer
 from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
-from qual.cli.verdict import print_verdict, print_warnings
+from qual.cli.verdict import print_sweep_verdict, print_verdict, print_warnings
 from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
 from qual.errors import QualError
@@ -29,15 +30,17 @@ def run_command(
     target: Optional[str] = typer.Option(None, "--target", help="Target checkpoint directory, in place of the "
                                          "profile's (and its tokenizer's, unless the profile names a local one)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter checkpoint directory, in place of the profile's."),
-    dcp: Optional[int] = typer.Option(None, "--dcp", help="Candidate DCP size (default: the profile's, else 4); the control is DCP 1."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp)."),
+    dcp: Optional[str] = typer.Option(None, "--dcp", help="Candidate DCP size (default: the profile's, else 4); the control "
+                                      "is DCP 1. A list (2,4) sweeps: one candidate per value, the control run once."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp; a "
+                                     "sweep's control: its candidates' largest)."),
     engine: Optional[str] = typer.Option(None, "--engine", help=f"{' | '.join(ENGINES)} (default {DEFAULT_ENGINE}; "
                                          "attach with --control-url/--candidate-url)."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus name or JSONL path (default: the profile's)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Replay only the first K requests."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Max new tokens per request."),
     draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help=f"{' | '.join(DRAFT_KV_MODES)} (default "
-                                           f"{DEFAULT_DRAFT_KV}: the fix; {SHARDED}: the legacy bug)."),
+                                           f"{DEFAULT_DRAFT_KV}: the fix; {SHARDED}: the legacy bug; a list sweeps)."),
     temperature: float = typer.Option(0.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
     gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules: a YAML path or a shipped gate's name (nightly, the default; nightly-baseline)."),
@@ -47,7 +50,7 @@ def run_command(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
     dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help=f"Sparse-attention targets under DCP: "
                                            f"{' | '.join(DSA_TOPK_MODES)} (default {DEFAULT_DSA_TOPK}: the global "
-                                           f"top-k; else each rank's local top-k)."),
+                                           f"top-k; else each rank's local top-k; a list sweeps)."),
     baseline: Optional[str] = typer.Option(
         None, "--baseline", help="Also compare each arm with an earlier run: a run directory or result.json, a history "
         "id, or history:last-pass (the run pinned for this configuration, else its newest passing run)."),
@@ -72,7 +75,7 @@ def run_command(
     from qual.harness.execute import execute
     from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
-    from qual.report.junit import gate_suite
+    from qual.report.junit import gate_suite, sweep_suite
 
     lock = None
     if resume is not None:
@@ -106,20 +109,25 @@ def run_command(
     history_file(plan.history_path)
     output_dir(plan.out_dir, "--out")
     lock = lock or DirectoryLock(plan.out_dir, "--out")
-    suite = gate_suite(plan.arms["candidate"].model, plan.arms["candidate"].dcp)
+    first = plan.arms[plan.candidates[0]]
+    # a sweep that ends without a verdict (exit 3 or 4) has one suite for its error: qual.gate.<model>.sweep
+    suite = sweep_suite(first.model, "sweep") if plan.is_sweep else gate_suite(first.model, first.dcp)
     try:
         # From here on a bug's traceback goes to <out>/crash.txt, and exits 3 and 4 leave a junit.xml naming the cause.
         with crash_report(plan.out_dir, suite):
             with progress:
                 result, _ = execute(plan, progress)
-            print_warnings(result)
-            print_verdict(result, "control", "candidate", plan.out_dir)
+            if plan.is_sweep:
+                print_sweep_verdict(result, plan.out_dir)
+            else:
+                print_warnings(result)
+                print_verdict(result, "control", "candidate", plan.out_dir)
     except KeyboardInterrupt:
         print(f"finish the run with: qual run --resume {plan.out_dir}", file=sys.stderr)
         raise
     finally:
         lock.release()
-    if not result.gate.passed:
+    if not (result.passed if plan.is_sweep else result.gate.passed):  # a sweep: the worst of its candidates' verdicts
         raise typer.Exit(EXIT_GATE_FAILED)
 
 

@@ -20,6 +20,29 @@ def print_verdict(result, control_label: str, candidate_label: str, report_dir: 
         print(f"  [{mark}] {check.name}: {check.detail}")
 
 
+def print_sweep_verdict(sweep, report_dir: Path) -> None:
+    """A sweep's verdict line (the worst of its candidates'), then per candidate its verdict, rates and checks; the
+    warnings and notes on stderr."""
+    import sys
+
+    from qual.report import matrix
+
+    rows = matrix.rows(sweep)
+    for note in sweep.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for name, result in sweep.results():
+        for warning in result.warnings:
+            print(f"warning: {name}: {warning}", file=sys.stderr)
+    print(f"{'PASS' if sweep.passed else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} candidates passed against "
+          f"{matrix.control_line(sweep)}; report {report_dir / 'report.html'}")
+    for row, (_, result) in zip(rows, sweep.results()):
+        print(f"  {row.verdict} {row.name} ({row.settings}): {row.rate}, delta {row.delta} {row.ci}, mean acceptance "
+              f"length ratio {row.mal_ratio}")
+        for check in result.gate.checks:
+            mark = "skip" if check.skipped else "ok" if check.passed else "FAIL"
+            print(f"    [{mark}] {check.name}: {check.detail}")
+
+
 def print_warnings(result) -> None:
     """Provenance differences between the arms (engine version, dtype, GPU type), on stderr: one line each."""
     import sys

@@ -17,7 +17,8 @@ from qual.baseline import ARMS
 from qual.configuration import ConfigurationKey, describe_differences
 from qual.errors import QualError
 from qual.records import ArmConfig
-from qual.result import Result, load_result
+from qual.result import Result
+from qual.sweep_result import SWEEP_SCHEMA, load_any
 from qual.userfiles import check_path_name
 
 LAST_PASS = "history:last-pass"
@@ -102,7 +103,7 @@ def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key
     if not path.is_file():
         raise QualError(f"--baseline {ref}: no result file at {path} (give a run directory, its result.json, "
                         f"a history id or {LAST_PASS})")
-    return ResolvedBaseline(ref, "result file", None, path, _load(ref, path))
+    return ResolvedBaseline(ref, "result file", None, path, _load(ref, path, configuration, None, any_key))
 
 
 def _from_history(ref: str, run: hist.HistoryRun, chosen_by: str) -> ResolvedBaseline:
@@ -112,14 +113,29 @@ def _from_history(ref: str, run: hist.HistoryRun, chosen_by: str) -> ResolvedBas
     if not path.is_file():
         raise QualError(f"--baseline {ref}: run {run.id}'s result file {path} is missing (relative paths are read "
                         "from the working directory)")
-    return ResolvedBaseline(ref, chosen_by, run.id, path, _load(ref, path))
+    return ResolvedBaseline(ref, chosen_by, run.id, path, _load(ref, path, None, run.configuration, False))
 
 
-def _load(ref: str, path: Path) -> Result:
+def _load(ref: str, path: Path, configuration: ConfigurationKey | None, recorded: str | None, any_key: bool) -> Result:
+    """The result at path; of a sweep's, the comparison that serves: the one a history row recorded (its configuration
+    key), else the one of tonight's configuration (with --baseline-any, the nearest)."""
     try:
-        return load_result(path)
+        loaded = load_any(path)
     except QualError as exc:
         raise QualError(f"--baseline {ref}: {exc}") from None
+    if isinstance(loaded, Result):
+        return loaded
+    keys = {name: ConfigurationKey.of_result(result) for name, result in loaded.results()}
+    if recorded is not None:
+        serving = [name for name, key in keys.items() if key.key() == recorded]
+    else:
+        serving = [name for name, key in keys.items() if not configuration.differences(key, unknown_matches=True)]
+        if not serving and any_key:
+            serving = [min(keys, key=lambda name: len(configuration.differences(keys[name])))]
+    if not serving:
+        raise QualError(f"--baseline {ref}: {path} is a sweep's result ({SWEEP_SCHEMA}) and none of its candidates "
+                        f"({', '.join(keys)}) is this run's configuration: give another run, or {ANY}")
+    return loaded.result(serving[0])
 
 
 def _short(value) -> str:

@@ -1,4 +1,6 @@
-"""`qual compare`: any two arms from earlier result files, judged like a run (e.g. engine A vs B, build N vs N+1)."""
+"""`qual compare`: any two arms from earlier result files, judged like a run (e.g. engine A vs B, build N vs N+1).
+
+A sweep's result names its arms control and its candidates' names (RESULT:candidate-dcp2-sharded)."""
 
 from __future__ import annotations
 
@@ -6,20 +8,24 @@ from pathlib import Path
 
 from qual.records import ArmRunInfo, GraphCapture
 from qual.errors import QualError
+from qual.harness.sweep import CANDIDATE
 from qual.harness.build import build_result
-from qual.result import ArmResult, Result, load_result
+from qual.result import ArmResult, Result
+from qual.sweep_result import SWEEP_SCHEMA, SweepResult, load_any
 from qual.userfiles import check_path_name
 
 ARM_NAMES = ("control", "candidate")
+SWEEP_CANDIDATE = f"{CANDIDATE}-"  # a sweep's candidates' names begin so
 
 
 def parse_ref(ref: str) -> tuple[Path, str]:
-    """RESULT[:ARM] where RESULT is result.json or a run directory; ARM defaults to candidate."""
+    """RESULT[:ARM] where RESULT is result.json or a run directory; ARM defaults to candidate (a sweep's: a candidate's
+    name)."""
     path, sep, arm = ref.rpartition(":")
     if not sep or "/" in arm:  # no ":ARM" suffix
         path, arm = ref, "candidate"
-    if arm not in ARM_NAMES:
-        raise QualError(f"{ref}: arm must be one of {', '.join(ARM_NAMES)} (got {arm!r})")
+    if arm not in ARM_NAMES and not arm.startswith(SWEEP_CANDIDATE):
+        raise QualError(f"{ref}: arm must be one of {', '.join(ARM_NAMES)} or a sweep's candidate (got {arm!r})")
     check_path_name(path, "RESULT")
     p = Path(path)
     if p.is_dir():
@@ -38,11 +44,25 @@ def _as_engine_output(arm: ArmResult):
     return arm.config, info, arm.per_request
 
 
+def arm_of(loaded: Result | SweepResult, arm: str, ref: str) -> ArmResult:
+    """The arm a reference names: control or candidate of a run; control or a candidate of a sweep (by name)."""
+    if isinstance(loaded, SweepResult):
+        if arm == "control":
+            return loaded.control
+        if arm not in loaded.names():
+            raise QualError(f"{ref}: a sweep's result ({SWEEP_SCHEMA}) has the arms control, {', '.join(loaded.names())}: "
+                            "name one (RESULT:ARM)")
+        return loaded.result(arm).candidate
+    if arm not in ARM_NAMES:
+        raise QualError(f"{ref}: a single run's result has the arms {', '.join(ARM_NAMES)} (got {arm!r})")
+    return loaded.arms[arm]
+
+
 def compare(ref_a: str, ref_b: str, gate_path: str, seed: int = 0) -> Result:
     """Result with A's arm as control and B's as candidate; both must have replayed the same corpus the same way."""
     (pa, arm_a), (pb, arm_b) = parse_ref(ref_a), parse_ref(ref_b)
-    ra, rb = load_result(pa), load_result(pb)
-    a, b = ra.arms[arm_a], rb.arms[arm_b]
+    ra, rb = load_any(pa), load_any(pb)
+    a, b = arm_of(ra, arm_a, ref_a), arm_of(rb, arm_b, ref_b)
     if ra.corpus.fingerprint != rb.corpus.fingerprint:
         raise QualError(f"cannot compare: corpus fingerprints differ ({ra.corpus.fingerprint} vs {rb.corpus.fingerprint})")
     if a.config.get("sampling") != b.config.get("sampling"):

@@ -1,10 +1,14 @@
-"""Replay a plan through both arms (resuming finished work), then compare, gate, report and record."""
+"""Replay a plan through its arms (resuming finished work), then compare, gate, report and record.
+
+A single run has two arms, control and candidate; a sweep the control and each of its candidates (qual.harness.sweep),
+each compared with the one control: one Result per candidate, one SweepResult holding them all."""
 
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -12,15 +16,16 @@ from qual.engines.registry import get_engine
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
 from qual.files import WriteError, write_text
+from qual.harness import sweep
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
 from qual.history import HistoryLocked, configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
 from qual.result import CorpusInfo, Result
+from qual.sweep_result import SweepResult
 from qual.userfiles import read_json
 
-ARM_ORDER = ("control", "candidate")
 TREND_RUNS = 20  # earlier runs of the configuration the baseline section's trend strip shows
 
 # What the harness can observe of a run, in order: an arm starts (its engine starts, then its first requests run: a
@@ -150,8 +155,9 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
     return info, done
 
 
-def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, dict[str, Path]]:
-    """Both arms, then the Result, its four reports, and a history row (one per run: a resumed run keeps its id).
+def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | SweepResult, dict[str, Path]]:
+    """Every arm, then the Result (a sweep: the SweepResult), its four reports, and a history row per comparison (a
+    resumed run keeps its id, so its rows are recorded once).
 
     A file that cannot be written (disk full, read-only) is exit 2 naming it and the remedy; the journals keep
     every finished request, so `--resume` after it repeats nothing."""
@@ -162,12 +168,13 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, di
                         f"`qual run --resume {plan.out_dir}`") from None
 
 
-def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str, Path]]:
-    journals = {arm: read_arm_journal(plan, arm) for arm in ARM_ORDER}  # a bad record: refused before any arm runs
+def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepResult, dict[str, Path]]:
+    order = [sweep.CONTROL, *plan.candidates]  # the control first: it runs once, whatever the candidates
+    journals = {arm: read_arm_journal(plan, arm) for arm in order}  # a bad record: refused before any arm runs
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.save()
     arms = {}
-    for arm in ARM_ORDER:
+    for arm in order:
         info, results = run_arm(plan, arm, progress, journals[arm])
         if info.runnable:
             check_matched(plan, arm, results)
@@ -179,16 +186,26 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str
     trend = []
     if plan.baseline is not None and plan.history_path.exists():
         trend = configuration_runs(plan.history_path, plan.configuration, limit=TREND_RUNS)
-    result = build_result(
-        CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"], plan.corpus_info["count"]),
-        arms["control"], arms["candidate"], plan.gate_path, plan.options.seed, reproduce=plan.options.command(),
-        baseline=plan.baseline, trend=trend,
-    )
+    corpus = CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"],
+                        plan.corpus_info["count"])
+    created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # one time for every comparison of a sweep
+    results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate_path, plan.options.seed,
+                                   reproduce=plan.options.command(), created_at=created_at, baseline=plan.baseline,
+                                   trend=trend))
+               for name in plan.candidates]
+    if plan.is_sweep:
+        note = sweep.tp_note(plan.arms)
+        result: Result | SweepResult = SweepResult.of(results, [note] if note else [])
+        rows = [(f"{plan.run_id}/{name}", r) for name, r in results]  # one history row per comparison
+    else:
+        result = results[0][1]
+        rows = [(plan.run_id, result)]
     paths = write_reports(result, plan.out_dir)
     try:
-        # one write a line: a progress heartbeat from another thread never lands inside it
-        record_run(plan.history_path, result, paths["json"], plan.run_id,
-                   on_wait=lambda line: sys.stderr.write(line + "\n"))
+        for run_id, row in rows:
+            # one write a line: a progress heartbeat from another thread never lands inside it
+            record_run(plan.history_path, row, paths["json"], run_id,
+                       on_wait=lambda line: sys.stderr.write(line + "\n"))
     except HistoryLocked as exc:
         raise QualError(f"{exc}; the run's reports are written in {plan.out_dir}: record it in the history with "
                         f"`qual run --resume {plan.out_dir}`") from None

@@ -23,8 +23,9 @@ def _digest(obj) -> str:
 
 def run_inputs(plan, profile_path: str) -> dict:
     """The identity of everything the plan was made from (plan: a RunPlan)."""
-    options = {k: v for k, v in asdict(plan.options).items() if k not in ("out", "history")}  # where, not what
-    candidate = plan.arms["candidate"]
+    options = {k: list(v) if isinstance(v, tuple) else v  # a sweep's lists, as run.json holds them
+               for k, v in asdict(plan.options).items() if k not in ("out", "history")}  # where, not what
+    candidate = plan.arms[plan.candidates[0]]  # a sweep's candidates share their checkpoints
     return {
         "options": options,
         "profile": {"path": profile_path, "sha256": file_sha256(profile_path)},

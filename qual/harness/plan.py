@@ -8,6 +8,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
@@ -21,11 +22,13 @@ from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
 from qual.files import write_text
 from qual.gate import gate_file, load_gate, needs_baseline
+from qual.harness import sweep
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
 from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
 from qual.history import check_history
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
-                          DEVICE_PATTERN, MAX_SEED, REVISION_KEYS, DraftKv, DsaTopk, Dtype, check_layout)
+                          DEVICE_PATTERN, MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, DraftKv, DsaTopk, Dtype,
+                          check_layout)
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
@@ -53,13 +56,14 @@ class RunOptions:
     # Checkpoint directories that replace the profile's target / draft (a real model's profile names hub ids)
     target: str | None = _text()
     draft: str | None = _text()
-    dcp: int | None = Field(None, ge=1)  # default: the profile's dcp, else DEFAULT_DCP
+    # dcp, draft_kv, dsa_topk: one value, or a list of two or more (a sweep: qual/harness/sweep.py)
+    dcp: sweep.one_or_many(Annotated[int, Field(ge=1)]) | None = None  # default: the profile's dcp, else DEFAULT_DCP
     tp: int | None = Field(None, ge=1)  # default: the profile's tp, else the DCP size
     engine: str = Field(DEFAULT_ENGINE, min_length=1)
     corpus: str | None = _text()
     limit: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    draft_kv: DraftKv | None = None  # default: DEFAULT_DRAFT_KV (reference) or what the vLLM build does
+    draft_kv: sweep.one_or_many(DraftKv) | None = None  # default: DEFAULT_DRAFT_KV (reference) or what the vLLM build does
     temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     gate: str | None = _text()
@@ -67,7 +71,7 @@ class RunOptions:
     history: str | None = _text()
     device: str | None = Field(None, pattern=DEVICE_PATTERN)  # default: DEFAULT_DEVICE
     dtype: Dtype | None = None
-    dsa_topk: DsaTopk | None = None  # sparse-attention targets (default: the engine's, DEFAULT_DSA_TOPK)
+    dsa_topk: sweep.one_or_many(DsaTopk) | None = None  # sparse-attention targets (default: the engine's, DEFAULT_DSA_TOPK)
     baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
     baseline_any: bool = False  # take a baseline of another configuration key (the differences are recorded)
     # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
@@ -86,6 +90,8 @@ class RunOptions:
                             ("--baseline", self.baseline), ("--control-url", self.control_url),
                             ("--candidate-url", self.candidate_url), ("--api-key-env", self.api_key_env),
                             ("--max-concurrency", self.max_concurrency)]:
+            if isinstance(value, tuple):  # a sweep's list
+                value = SWEEP_SEPARATOR.join(map(str, value))
             if value is not None:
                 parts.append(f"{flag} {value}")
         if self.exclusive:
@@ -111,8 +117,8 @@ class RunOptions:
 
 
 def run_options(**values) -> RunOptions:
-    """RunOptions from the command line; a bad value is a QualError naming its flag."""
-    return parse_flags(RunOptions, **values)
+    """RunOptions from the command line ("2,4" in a swept flag is a list); a bad value is a QualError naming its flag."""
+    return parse_flags(RunOptions, **sweep.split_flags(values))
 
 
 @dataclass
@@ -121,7 +127,7 @@ class RunPlan:
     profile_name: str
     corpus_info: dict  # name, path, fingerprint, count (of the selected requests)
     requests: list[EngineRequest]
-    arms: dict[str, ArmConfig]  # control, candidate
+    arms: dict[str, ArmConfig]  # control, candidate; a sweep's: control, then its candidates (qual.harness.sweep)
     gate_path: str
     out_dir: Path
     history_path: Path
@@ -131,9 +137,19 @@ class RunPlan:
     engine_version: str | None = None  # the candidate engine's, as its run will record it (None: not known yet)
 
     @property
+    def candidates(self) -> list[str]:
+        """The candidate arms' names: ["candidate"], or a sweep's, in the order they run."""
+        return [name for name in self.arms if name != sweep.CONTROL]
+
+    @property
+    def is_sweep(self) -> bool:
+        return bool(sweep.swept(self.options))
+
+    @property
     def configuration(self) -> ConfigurationKey:
-        """The configuration key this run belongs to (history:last-pass, pins, the report's strip select on it)."""
-        candidate = self.arms["candidate"].to_json()
+        """The configuration key this run belongs to (history:last-pass, pins, the report's strip select on it); a
+        sweep's first candidate's."""
+        candidate = self.arms[self.candidates[0]].to_json()
         return ConfigurationKey.of(candidate, self.corpus_info["fingerprint"], self.corpus_info["count"],
                                    self.engine_version, identities(checkpoint_records(candidate)))
 
@@ -177,6 +193,7 @@ def _validate_attach(o: RunOptions, attaches: bool) -> None:
 def _validate_options(o: RunOptions) -> None:
     # an unknown engine name is a usage error (types and ranges: RunOptions itself)
     _validate_attach(o, engine_class(o.engine).attaches)
+    sweep.check_supported(o, engine_class(o.engine).attaches)
 
 
 def _local_tokenizer(profile, engine, dry_run: bool) -> PromptTokenizer | None:
@@ -283,9 +300,9 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     """
     _validate_options(o)
     profile = _with_checkpoints(load_profile(o.model), o)
-    dcp = o.dcp or profile.dcp or DEFAULT_DCP
-    tp = o.tp or profile.tp or dcp
-    check_layout(tp, dcp)
+    dcps = [d or profile.dcp or DEFAULT_DCP for d in sweep.values(o, "dcp")]
+    for dcp in dcps:
+        check_layout(o.tp or profile.tp or dcp, dcp)
     gate_path = str(gate_file(o.gate) if o.gate else paths.DEFAULT_GATE)
     gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
     if o.baseline is None and needs_baseline(gate):
@@ -310,14 +327,15 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     for key in REVISION_KEYS:  # hub revisions: the engine applies them (or refuses), provenance records them
         if getattr(profile, key) is not None:
             extra[key] = getattr(profile, key)
-    candidate = ArmConfig(
-        engine=o.engine, model=profile.name, dcp=dcp, tp=tp, draft_kv=o.draft_kv or DEFAULT_DRAFT_KV,
+    base = ArmConfig(  # what every arm shares; sweep.arms sets each arm's dcp, tp, draft_kv and dsa_topk
+        engine=o.engine, model=profile.name, dcp=dcps[0], tp=o.tp or profile.tp or dcps[0], draft_kv=DEFAULT_DRAFT_KV,
         target_path=profile.target_path, draft_path=profile.draft_path,
         num_speculative_tokens=profile.num_speculative_tokens,
         sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
-        interleave=profile.interleave, dtype=dtype, device=o.device or DEFAULT_DEVICE, extra=extra, dsa_topk=o.dsa_topk,
+        interleave=profile.interleave, dtype=dtype, device=o.device or DEFAULT_DEVICE, extra=extra,
     )
-    arms = {"control": replace(candidate, dcp=1), "candidate": candidate}
+    # control (DCP 1), then "candidate", or a sweep's candidates; TP: --tp, else the profile's, else the DCP size
+    arms = sweep.arms(o, base, dcps, DEFAULT_DRAFT_KV, lambda dcp: o.tp or profile.tp or dcp)
     if engine.attaches:
         servers = o.servers()
         arms = {name: replace(arm, extra={**arm.extra, "server": servers[name]}) for name, arm in arms.items()}
@@ -329,12 +347,13 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
         requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer)
     _check_lengths(engine, arms, corpus, selected, requests, default_max)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-dcp{dcp}"
+    label = "sweep" if sweep.swept(o) else f"dcp{dcps[0]}"
+    out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-{label}"
     check_path_name(out_dir, "--out")  # a name the file system refuses (ENAMETOOLONG): exit 2 before any work
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
-    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
-                   engine_version=engine.version(arms["candidate"]))
+    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex)
+    plan.engine_version = engine.version(arms[plan.candidates[0]])
     if o.baseline_any and o.baseline is None:
         raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs

@@ -1,15 +1,16 @@
-"""Renderers of one Result: result.json, report.html, summary.md, junit.xml."""
+"""Renderers of one Result (or a sweep's SweepResult): result.json, report.html, summary.md, junit.xml."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from qual.result import Result
+from qual.sweep_result import SweepResult
 
 FILES = {"json": "result.json", "html": "report.html", "markdown": "summary.md", "junit": "junit.xml"}
 
 
-def write_reports(result: Result, out_dir: str | Path) -> dict[str, Path]:
+def write_reports(result: Result | SweepResult, out_dir: str | Path) -> dict[str, Path]:
     """Write all four reports into out_dir; returns {kind: path}."""
     from qual.report import html, json, junit, markdown
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from qual.files import write_text
 from qual.redact import redact_text
 from qual.result import Result
+from qual.sweep_result import SweepResult
 
 # Characters XML 1.0 cannot carry even escaped; drop them rather than emit an unparsable file.
 _INVALID_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -25,14 +26,41 @@ def gate_suite(model: object, dcp: object) -> str:
     return f"qual.gate.{model}.dcp{dcp}"
 
 
+def sweep_suite(model: object, candidate: str) -> str:
+    """A sweep's test suite of one candidate: qual.gate.<model>.dcp2-sharded for candidate-dcp2-sharded."""
+    return f"qual.gate.{model}.{candidate.removeprefix('candidate-')}"
+
+
+def _failures(result: Result) -> int:
+    return sum(not c.passed and not c.skipped for c in result.gate.checks)
+
+
 def render(result: Result) -> str:
     """The JUnit XML document as text."""
-    checks = result.gate.checks
-    failures = sum(not c.passed and not c.skipped for c in checks)
-    skipped = sum(c.skipped for c in checks)
     cfg = result.candidate.config
-    suite_name = gate_suite(cfg.get("model", "model"), cfg.get("dcp", "?"))
-    root = ET.Element("testsuites", name="qual", tests=str(len(checks)), failures=str(failures), errors="0")
+    root = ET.Element("testsuites", name="qual", tests=str(len(result.gate.checks)), failures=str(_failures(result)),
+                      errors="0")
+    _suite(root, result, gate_suite(cfg.get("model", "model"), cfg.get("dcp", "?")))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def render_sweep(sweep: SweepResult) -> str:
+    """A sweep's JUnit XML: one test suite per candidate, one test case per gate check of its comparison."""
+    results = sweep.results()
+    root = ET.Element("testsuites", name="qual", tests=str(sum(len(r.gate.checks) for _, r in results)),
+                      failures=str(sum(_failures(r) for _, r in results)), errors="0")
+    for name, result in results:
+        _suite(root, result, sweep_suite(result.candidate.config.get("model", "model"), name))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _suite(root: ET.Element, result: Result, suite_name: str) -> None:
+    """One test suite: a test case per gate check of one comparison."""
+    checks = result.gate.checks
+    failures = _failures(result)
+    skipped = sum(c.skipped for c in checks)
     suite = ET.SubElement(
         root, "testsuite", name=_x(suite_name), tests=str(len(checks)), failures=str(failures),
         errors="0", skipped=str(skipped), timestamp=_x(result.created_at), time="0",
@@ -57,8 +85,6 @@ def render(result: Result) -> str:
         else:
             failure = ET.SubElement(case, "failure", message=_x(c.detail), type="GateCheckFailed")
             failure.text = _x(c.detail)
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
 def render_error(suite_name: str, case: str, message: str, error_type: str, timestamp: str) -> str:
@@ -85,8 +111,8 @@ def _baseline_properties(result: Result) -> list[tuple[str, object]]:
     return props
 
 
-def write(result: Result, path: str | Path) -> Path:
-    return write_text(path, render(result))
+def write(result: Result | SweepResult, path: str | Path) -> Path:
+    return write_text(path, render_sweep(result) if isinstance(result, SweepResult) else render(result))
 
 
 def write_error(path: str | Path, suite_name: str, case: str, message: str, error_type: str) -> Path:

@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 from qual.report import baseline as bview
-from qual.report import common, provenance
+from qual.report import common, matrix, provenance
 from qual.files import write_text
 from qual.result import Result
+from qual.sweep_result import SweepResult
 
 
 def cell(text: object) -> str:
@@ -34,13 +35,9 @@ def render(result: Result) -> str:
         f"{n_pass}/{len(result.gate.checks)} gate checks passed on {result.corpus.count} requests "
         f"of `{cell(result.corpus.name)}`.",
         "",
-        f"| | control (DCP {cell(c_dcp)}) | candidate (DCP {cell(k_dcp)}) | candidate − control |",
-        "|---|---:|---:|---|",
+        *_headline(result, c_dcp, k_dcp),
+        "", "### Gate checks", "", *_checks(result),
     ]
-    lines += [f"| {cell(h.label)} | {cell(h.control)} | {cell(h.candidate)} | {cell(h.delta)} |" for h in common.headline(result)]
-    lines += ["", "### Gate checks", "", "| | check | detail |", "|---|---|---|"]
-    for c in result.gate.checks:
-        lines.append(f"| {'⏭️' if c.skipped else '✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |")
     if result.baseline is not None:
         lines += _baseline(result)
     cats = [r for r in result.comparison.per_category if r.get("delta") is not None]
@@ -60,6 +57,42 @@ def render(result: Result) -> str:
     if result.reproduce:
         fence = _fence(result.reproduce)
         lines += ["Reproduce:", "", f"{fence}sh", result.reproduce, fence, ""]
+    return "\n".join(lines)
+
+
+def _headline(result: Result, c_dcp, k_dcp) -> list[str]:
+    return [f"| | control (DCP {cell(c_dcp)}) | candidate (DCP {cell(k_dcp)}) | candidate − control |", "|---|---:|---:|---|",
+            *(f"| {cell(h.label)} | {cell(h.control)} | {cell(h.candidate)} | {cell(h.delta)} |"
+              for h in common.headline(result))]
+
+
+def _checks(result: Result) -> list[str]:
+    return ["| | check | detail |", "|---|---|---|",
+            *(f"| {'⏭️' if c.skipped else '✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |"
+              for c in result.gate.checks)]
+
+
+def render_sweep(sweep: SweepResult) -> str:
+    """A sweep's summary: the matrix, then each candidate's headline and gate checks."""
+    rows = matrix.rows(sweep)
+    lines = [f"## {'✅ PASS' if sweep.passed else '❌ FAIL'}: qual {cell(matrix.title(sweep))}", "",
+             f"{sum(r.passed for r in rows)}/{len(rows)} candidates passed their gate on {sweep.corpus.count} requests "
+             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", ""]
+    lines += [f"⚠️ {cell(n)}." for n in sweep.notes] + ([""] if sweep.notes else [])
+    lines += ["| candidate | settings | acceptance | Δ vs control (95% CI) | mean acceptance length ratio | "
+              "target outputs identical | graph sizes | verdict |", "|---|---|---:|---|---:|---|---|---|"]
+    lines += [f"| `{cell(r.name)}` | {cell(r.settings)} | {r.rate} | {r.delta} {r.ci} | {r.mal_ratio} | {cell(r.identical)} | "
+              f"{cell(r.graphs)} | {'✅' if r.passed else '❌'} {r.verdict}{': ' + cell(', '.join(r.failed)) if r.failed else ''} |"
+              for r in rows]
+    for name, result in sweep.results():
+        lines += ["", f"### {'✅ PASS' if result.gate.passed else '❌ FAIL'} `{cell(name)}`: {cell(common.title(result))}", "",
+                  *_headline(result, result.control.config.get("dcp"), result.candidate.config.get("dcp")), "",
+                  *_checks(result)]
+        lines += ["", *(f"- ⚠️ {cell(w)}" for w in result.warnings)] if result.warnings else []
+    lines += ["", f"Corpus fingerprint: `{cell(sweep.corpus.fingerprint)}`", ""]
+    if sweep.reproduce:
+        fence = _fence(sweep.reproduce)
+        lines += ["Reproduce:", "", f"{fence}sh", sweep.reproduce, fence, ""]
     return "\n".join(lines)
 
 
@@ -93,5 +126,5 @@ def _baseline(result: Result) -> list[str]:
     return lines
 
 
-def write(result: Result, path: str | Path) -> Path:
-    return write_text(path, render(result))
+def write(result: Result | SweepResult, path: str | Path) -> Path:
+    return write_text(path, render_sweep(result) if isinstance(result, SweepResult) else render(result))

@@ -81,11 +81,13 @@ def per_position_svg(
     control_cond: Sequence[float | None],
     candidate_cond: Sequence[float | None],
     intervals: Mapping[str, Sequence[Sequence[float] | None]] | None = None,
+    salt: str = "",
 ) -> str:
     """Grouped bars per draft position: unconditional (left) and conditional (right) acceptance.
 
     intervals: "control", "candidate", "control_conditional", "candidate_conditional" -> [lo, hi] (fractions) per
-    position, drawn as whiskers; a position without one has none.
+    position, drawn as whiskers; a position without one has none. salt: prefixes the figure's element ids (one
+    page holding several of these figures: a sweep's).
     """
     intervals = intervals or {}
     with matplotlib.rc_context(_RC):
@@ -110,10 +112,10 @@ def per_position_svg(
             ax.set_ylim(0, 100)
         axes[0].set_ylabel("acceptance (%)")
         axes[0].legend(loc="upper right", frameon=False)
-        return to_svg(fig, "per-position")
+        return to_svg(fig, f"{salt}per-position")
 
 
-def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None) -> str:
+def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None, salt: str = "") -> str:
     """Histogram of per-request paired deltas (candidate - control), in pp."""
     with matplotlib.rc_context(_RC):
         fig = _figure(9.0, 2.8)
@@ -132,7 +134,7 @@ def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None) -> st
             ax.legend(loc="upper left", frameon=False)
         ax.set_xlabel("per-request acceptance delta, candidate - control (pp)")
         ax.set_ylabel("requests")
-        return to_svg(fig, "delta-hist")
+        return to_svg(fig, f"{salt}delta-hist")
 
 
 def trend_strip_svg(points: Sequence[tuple[str, float | None, float | None, bool, bool]]) -> str:
