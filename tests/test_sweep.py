@@ -150,6 +150,17 @@ def test_one_history_row_per_comparison_keyed_by_its_candidate(toy_sweep):
     assert "starting" not in again.stderr and len(rows(db)) == 4
 
 
+def test_a_sweep_is_published_as_one_configuration_per_candidate(toy_sweep, tmp_path):
+    """`qual history publish` reads each comparison of a sweep's result.json for its own row."""
+    _, out, db = toy_sweep
+    site = tmp_path / "site"
+    proc = qual("history", "publish", site, "--history", db)
+    assert proc.returncode == 0, proc.stderr
+    assert "published 4 configurations, 4 runs (4 with their report)" in proc.stdout
+    data = json.loads((site / "qual-site.json").read_text())
+    assert "missing" not in json.dumps(data), data
+
+
 @pytest.mark.slow
 def test_the_reports_hold_a_matrix_and_each_candidates_detail(toy_sweep):
     import xml.etree.ElementTree as ET

@@ -25,8 +25,8 @@ from qual.configuration import ConfigurationKey
 from qual.errors import QualError
 from qual.files import WriteError, write_text
 from qual.report import html, site_plots
-from qual.result import load_result
-from qual.userfiles import check_path_name, read_text
+from qual.sweep_result import SweepResult, load_any
+from qual.userfiles import check_path_name, read_json, read_text
 
 MARKER = "qual-site.json"  # names a folder as a site qual published: only such a folder is replaced
 RUNS, PAGES = "runs", "configurations"
@@ -154,17 +154,33 @@ def night(run: hist.HistoryRun) -> Night:
     if not _regular(result_path):
         return Night(run, missing=f"result file {result_path} is missing")
     try:
-        result = load_result(result_path)
+        result = load_any(result_path)
     except QualError as exc:
         return Night(run, missing=f"result file unreadable ({exc})")
-    if result.created_at != run.created_at:
-        return Night(run, missing=f"{result_path} now holds a run of {result.created_at}")
+    if isinstance(result, SweepResult):  # a sweep's row is one comparison: "<run id>/<candidate>"
+        name = (run.run_id or "").rpartition("/")[2]
+        result = dict(result.results()).get(name)
+        if result is None:
+            return Night(run, missing=f"{result_path} holds no comparison {name!r}")
     run_dir = result_path.parent
+    if not _same_run(run, run_dir) and result.created_at != run.created_at:
+        return Night(run, missing=f"{result_path} now holds a run of {result.created_at}")
     sources = [(result_path, RESULT)]
     report = run_dir / REPORT
     if _regular(report):
         sources = [(report, REPORT), *[(p, n) for p, n in _linked(run_dir, report) if n != RESULT], *sources]
     return Night(run, tuple(sources), tuple(result.candidate.acceptance.per_position))
+
+
+def _same_run(run: hist.HistoryRun, run_dir: Path) -> bool:
+    """The folder's run.json names the row's run (a resumed run rewrites result.json, with a later created_at)."""
+    if not run.run_id:
+        return False
+    try:
+        plan = read_json(run_dir / "run.json", what="run.json")
+    except (OSError, QualError):
+        return False
+    return isinstance(plan, dict) and plan.get("run_id") == run.run_id.partition("/")[0]
 
 
 def slug(identity: str) -> str:
