@@ -17,10 +17,11 @@ from qual.harness.plan import RunPlan
 from qual.history import HistoryLocked, configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
+from qual.harness.speedup import PLAIN_ARM
 from qual.result import CorpusInfo, Result
 from qual.userfiles import read_json
 
-ARM_ORDER = ("control", "candidate")
+ARM_ORDER = ("control", "candidate", PLAIN_ARM)  # the plain arm only where the plan has it (--speedup)
 TREND_RUNS = 20  # earlier runs of the configuration the baseline section's trend strip shows
 
 # What the harness can observe of a run, in order: an arm starts (its engine starts, then its first requests run: a
@@ -163,11 +164,12 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result, di
 
 
 def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str, Path]]:
-    journals = {arm: read_arm_journal(plan, arm) for arm in ARM_ORDER}  # a bad record: refused before any arm runs
+    order = [arm for arm in ARM_ORDER if arm in plan.arms]
+    journals = {arm: read_arm_journal(plan, arm) for arm in order}  # a bad record: refused before any arm runs
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.save()
     arms = {}
-    for arm in ARM_ORDER:
+    for arm in order:
         info, results = run_arm(plan, arm, progress, journals[arm])
         if info.runnable:
             check_matched(plan, arm, results)
@@ -182,7 +184,7 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result, dict[str
     result = build_result(
         CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"], plan.corpus_info["count"]),
         arms["control"], arms["candidate"], plan.gate_path, plan.options.seed, reproduce=plan.options.command(),
-        baseline=plan.baseline, trend=trend,
+        baseline=plan.baseline, trend=trend, plain=arms.get(PLAIN_ARM),
     )
     paths = write_reports(result, plan.out_dir)
     try:

@@ -24,6 +24,8 @@ def _digest(obj) -> str:
 def run_inputs(plan, profile_path: str) -> dict:
     """The identity of everything the plan was made from (plan: a RunPlan)."""
     options = {k: v for k, v in asdict(plan.options).items() if k not in ("out", "history")}  # where, not what
+    if not options.get("speedup"):  # as a run started before the flag existed recorded it
+        options.pop("speedup", None)
     candidate = plan.arms["candidate"]
     return {
         "options": options,
