@@ -7,8 +7,9 @@ of qual but the error type, the options' vocabulary and the redaction of secret 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable
+from typing import Callable, Sequence, TypedDict
 
 from qual.errors import QualError
 from qual.options import DEFAULT_DEVICE, DEFAULT_DTYPE
@@ -119,6 +120,41 @@ class EngineRequest:
     max_tokens: int
 
 
+class RequestLatency(TypedDict):
+    """When one request's tokens came, in seconds from its arrival (docs/statistics.md, "Latency").
+
+    Measured with time.perf_counter where qual drives the engine: the embedded runtime's rank 0, or the vLLM client.
+    """
+
+    ttft_s: float | None  # arrival -> its first token; None: the reply came whole (not streamed)
+    tpot_s: float | None  # (last token - first token) / (output tokens - 1); None with one token or unstreamed
+    e2e_s: float  # arrival -> finished (its last token committed; a stream: its end)
+    queued_s: float | None  # arrival -> admitted (its prefill sent), where the engine schedules requests itself
+    step_times_s: list[float]  # arrival -> each step's tokens (a streamed chunk), the first token's step first
+    # Of the time from its first token to its last, what its decode steps took: the embedded runtime leaves out what
+    # it did between runs of decode steps (admitting and prefilling other requests); a stream counts it all
+    decode_steps_s: float | None  # None with fewer than two steps
+
+
+def _seconds(x: float) -> float:
+    return round(x, 6)  # microseconds: what perf_counter resolves meaningfully here
+
+
+def measured_latency(arrival: float, step_times: Sequence[float], finished: float, output_tokens: int,
+                     admitted: float | None = None, decode_steps_s: float | None = None) -> RequestLatency:
+    """A request's latency record from absolute perf_counter times: its arrival, when each step's tokens came (none:
+    an unstreamed reply), when it finished, when it was admitted and what its decode steps took, where the engine
+    says (else all of its first to last token)."""
+    steps = [_seconds(t - arrival) for t in step_times]
+    tpot = (steps[-1] - steps[0]) / (output_tokens - 1) if steps and output_tokens > 1 else None
+    span = steps[-1] - steps[0] if len(steps) > 1 else None
+    in_steps = None if span is None else min(span, _seconds(decode_steps_s)) if decode_steps_s is not None else span
+    return RequestLatency(ttft_s=steps[0] if steps else None, tpot_s=_seconds(tpot) if tpot is not None else None,
+                          e2e_s=_seconds(finished - arrival),
+                          queued_s=_seconds(admitted - arrival) if admitted is not None else None, step_times_s=steps,
+                          decode_steps_s=_seconds(in_steps) if in_steps is not None else None)
+
+
 @dataclass
 class RequestResult:
     """One request's outcome in one arm (a line of result.json per_request)."""
@@ -140,6 +176,9 @@ class RequestResult:
     # Where drafts/accepted counts came from, where the engine had a choice: "per_request_metrics" (the server's reply)
     # or "metrics_diff" (/metrics counters before and after, one request at a time); None: the engine counted itself.
     acceptance_source: str | None = None
+    # When its tokens came (time to first token, per output token, end to end); None where the engine did not measure
+    # it (results and journals written before qual did)
+    latency: RequestLatency | None = None
 
     @property
     def counts(self) -> AcceptanceCounts:
@@ -230,6 +269,36 @@ def check_record(r: RequestResult, num_speculative_tokens: int | None = None) ->
                 raise RecordError(f"{who}: draft_steps[{j}] must be [committed tokens, {k} proposed ids]")
     if r.top2_margins is not None and (not isinstance(r.top2_margins, list) or len(r.top2_margins) != n):
         raise RecordError(f"{who}: top2_margins must hold one margin per output token ({n})")
+    if r.latency is not None:
+        _check_latency(r.latency, n, who)
+
+
+def _seconds_ok(x, optional: bool = False) -> bool:
+    if x is None:
+        return optional
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _check_latency(lat, n: int, who: str) -> None:
+    """A latency record as measured_latency writes it: seconds >= 0, steps in order, none after the end, at most one
+    step a token, the first token at the first step."""
+    if not isinstance(lat, dict) or set(lat) != set(RequestLatency.__annotations__):
+        raise RecordError(f"{who}: latency must hold exactly {', '.join(RequestLatency.__annotations__)}")
+    steps = lat["step_times_s"]
+    if not isinstance(steps, list) or not all(_seconds_ok(t) for t in steps):
+        raise RecordError(f"{who}: latency.step_times_s must be a list of seconds >= 0")
+    for name in ("ttft_s", "tpot_s", "queued_s", "e2e_s", "decode_steps_s"):
+        if not _seconds_ok(lat[name], optional=name != "e2e_s"):
+            raise RecordError(f"{who}: latency.{name} must be seconds >= 0{'' if name == 'e2e_s' else ' or null'}")
+    if len(steps) > n or any(b < a for a, b in zip(steps, steps[1:])) or (steps and steps[-1] > lat["e2e_s"]):
+        raise RecordError(f"{who}: latency.step_times_s must be at most one step per output token ({n}), in order, "
+                          f"none after e2e_s")
+    if lat["ttft_s"] != (steps[0] if steps else None):
+        raise RecordError(f"{who}: latency.ttft_s must be the first step's time (null without steps)")
+    if (lat["decode_steps_s"] is None) != (len(steps) < 2) or (
+            len(steps) > 1 and lat["decode_steps_s"] > steps[-1] - steps[0] + 1e-6):
+        raise RecordError(f"{who}: latency.decode_steps_s must be at most its first to last step's seconds (null with "
+                          "fewer than two steps)")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from qual import __version__
 from qual.baseline import BaselineComparison
 from qual.errors import QualError
 from qual.files import write_text
+from qual.latency import LatencySummary
 from qual.records import EngineBuild, HostFacts, RecordError, RequestResult
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, PositionInterval, ci_key
 from qual.userfiles import read_json
@@ -99,6 +100,7 @@ class ArmResult:
     log_path: str | None = None
     provenance: Provenance | None = None  # None in results written before qual recorded it
     extra: dict = field(default_factory=dict)  # the engine's facts about the arm (records.ArmRunInfo.extra)
+    latency: LatencySummary | None = None  # None where no request was timed (results written before qual timed them)
 
     def to_json(self) -> dict:
         return {
@@ -113,6 +115,7 @@ class ArmResult:
             "log_path": self.log_path,
             "provenance": asdict(self.provenance) if self.provenance is not None else None,
             "extra": self.extra,
+            "latency": self.latency,
         }
 
     @classmethod
@@ -137,7 +140,42 @@ class ArmResult:
             log_path=d.get("log_path"),
             provenance=Provenance.from_json(d["provenance"]) if d.get("provenance") else None,
             extra=d.get("extra") or {},
+            latency=d.get("latency"),
         )
+
+
+class SpeculativeAndPlain(TypedDict):
+    """One number of the speculative arm (the candidate) and of plain decoding."""
+
+    speculative: float | None
+    plain: float | None
+
+
+@dataclass
+class Speedup:
+    """`qual run --speedup`: the candidate against plain decoding, paired per request (docs/statistics.md "Speedup").
+
+    Plain decoding is the candidate's own configuration without the drafter."""
+
+    plain: ArmResult  # the third arm: the candidate's configuration, no drafter
+    decode_tokens_per_second: SpeculativeAndPlain  # per request: sum of (tokens - 1) / sum of first-to-last seconds
+    ratio: float | None  # speculative / plain decode tokens/s
+    ratio_ci95: list[float] | None  # paired bootstrap over requests, percentile
+    n_requests: int  # paired requests both arms timed (the ratio's and the interval's)
+    mean_acceptance_length: float | None  # the candidate's: tokens a speculative step commits on average
+    step_s: SpeculativeAndPlain  # seconds of one decode step (arms.<arm>.latency.step_s)
+    bound: float | None  # mean_acceptance_length x plain step_s / speculative step_s
+    generate_tokens_per_second: SpeculativeAndPlain  # all requests together: output tokens / generation seconds
+    target_outputs_identical: bool | None  # plain decoding's outputs equal the candidate's (greedy: they must)
+    bootstrap: Bootstrap = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "plain": self.plain.to_json()}
+
+    @classmethod
+    def from_json(cls, d: dict, where: str = "speedup") -> "Speedup":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "plain"}
+        return cls(plain=ArmResult.from_json(d["plain"], f"{where}.plain"), **known)
 
 
 class OutputDivergence(TypedDict):
@@ -285,6 +323,7 @@ class Result:
     baseline: BaselineComparison | None = None  # tonight's arms against an earlier run (`qual run --baseline`)
     # Differences between the arms' provenance that change what the numbers mean (engine version, dtype, GPU type).
     warnings: list[str] = field(default_factory=list)
+    speedup: Speedup | None = None  # the candidate against plain decoding (`qual run --speedup`)
 
     @property
     def arms(self) -> dict[str, ArmResult]:
@@ -309,6 +348,8 @@ class Result:
         }
         if self.baseline is not None:  # only with --baseline: a run without one writes what it always wrote
             data["baseline"] = self.baseline.to_json()
+        if self.speedup is not None:  # only with --speedup
+            data["speedup"] = self.speedup.to_json()
         return _finite(data)
 
     @classmethod
@@ -329,6 +370,7 @@ class Result:
                 seed=d.get("seed", 0),
                 baseline=BaselineComparison.from_json(d["baseline"]) if d.get("baseline") else None,
                 warnings=list(d.get("warnings") or []),
+                speedup=Speedup.from_json(d["speedup"], f"{source}: speedup") if d.get("speedup") else None,
             )
         except (KeyError, TypeError) as exc:
             raise QualError(f"{source}: malformed result ({type(exc).__name__}: {exc})") from None

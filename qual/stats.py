@@ -15,6 +15,7 @@ import numpy as np
 
 from qual.records import AcceptanceCounts, RequestResult
 from qual.errors import QualError
+from qual.latency import decode_span
 
 DEFAULT_RESAMPLES = 2000
 # Target top-1 minus top-2 logit below which a flipped greedy token counts as a
@@ -329,6 +330,52 @@ def paired_bootstrap(
         delta_mean_acceptance_length_ci={float(c): _percentile_ci(mals, c) for c in confidences},
         per_position=_positions(columns, sums, k),
     )
+
+
+@dataclass(frozen=True)
+class SpeedupInterval:
+    """Decode tokens/s of the speculative arm and of plain decoding, their ratio, and the ratio's paired-bootstrap
+    percentile intervals over requests (docs/statistics.md "Speedup")."""
+
+    n_requests: int  # paired requests whose decode both arms timed
+    n_resamples: int
+    seed: int
+    speculative_rate: float | None  # sum of (tokens - 1) / sum of (last token - first token) seconds
+    plain_rate: float | None
+    ratio: float | None  # speculative_rate / plain_rate
+    ratio_ci: dict[float, tuple[float, float] | None] = field(default_factory=dict)
+
+
+def decode_speedup(
+    speculative: Sequence[RequestResult],
+    plain: Sequence[RequestResult],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidences: Sequence[float] = (0.95,),
+) -> SpeedupInterval:
+    """Each arm's decode rate as a ratio of sums over requests (tokens after the first / seconds from the first token
+    to the last) and speculative / plain, with percentile intervals from resampling request indices (the same for
+    both arms). Requests either arm did not time (one token, an unstreamed reply) are left out of both.
+
+    `speculative[i]` and `plain[i]` must be the same request (see pair_requests).
+    """
+    if len(speculative) != len(plain):
+        raise QualError(f"paired bootstrap needs equal arms, got {len(speculative)} and {len(plain)} requests")
+    if n_resamples < 1:
+        raise QualError(f"bootstrap resamples must be >= 1, got {n_resamples}")
+    rows = [(*a[:2], *b[:2]) for a, b in ((decode_span(s), decode_span(p)) for s, p in zip(speculative, plain))
+            if a is not None and b is not None]
+    columns = np.asarray(rows, dtype=np.float64).reshape(len(rows), 4)  # [requests, (tokens, seconds) x 2 arms]
+    total = columns.sum(axis=0)
+    spec, base = _ratio(total[0], total[1]), _ratio(total[2], total[3])
+    ratio = spec / base if spec is not None and base else None
+    if ratio is None:
+        return SpeedupInterval(len(rows), n_resamples, seed, spec, base, None, {float(c): None for c in confidences})
+    sums = _resampled_sums(columns, n_resamples, seed)
+    ratios = _div(_div(sums[:, 0], sums[:, 1]), _div(sums[:, 2], sums[:, 3]))
+    return SpeedupInterval(len(rows), n_resamples, seed, spec, base, ratio,
+                           {float(c): _percentile_ci(ratios, c) for c in confidences})
 
 
 # ---------------------------------------------------------------- per request / category

@@ -258,8 +258,9 @@ def small_disk(tmp_path):
 def test_a_full_disk_is_exit_2_leaves_no_temporary_file_and_resumes(profile, small_disk, tmp_path):
     stat = os.statvfs(small_disk)
     filler = small_disk / "filler"
-    # Room for run.json, the journals and the arm records (a page each), not for result.json.
-    filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 28 * 1024))
+    # Room for run.json and the journals (two pages each: every request's tokens and step times) and the arm records
+    # (a page each), not for result.json.
+    filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 36 * 1024))
     out, db = small_disk / "out", tmp_path / "h.sqlite"
     proc = qual("run", "--model", profile, "--dcp", 1, "--limit", 2, "--out", out, "--history", db)
     assert proc.returncode == 2, proc.stderr

@@ -7,10 +7,12 @@ from dataclasses import replace
 import pytest
 
 from qual.errors import QualError
+from qual.records import measured_latency
 from qual.stats import (
     acceptance_summary,
     common_prefix_length,
     compare_outputs,
+    decode_speedup,
     pair_by_id,
     pair_requests,
     paired_bootstrap,
@@ -222,3 +224,48 @@ def test_per_position_intervals_come_from_the_headline_resamples():
     (row,) = boot.per_position
     assert row["delta"] == pytest.approx(boot.delta_rate)
     assert tuple(row["ci"]) == pytest.approx(boot.delta_rate_ci[0.95], abs=1e-15)
+
+
+# -- decode speedup (`qual run --speedup`) ---------------------------------------------------------------------------
+
+
+def _decoded(rid: str, tokens: int, seconds: float, steps: int):
+    """A request of `tokens` output tokens whose decode (first token to last) took `seconds` over `steps` steps."""
+    r = synthetic_request(rid, [])
+    r = replace(r, output_token_ids=list(range(tokens)), drafts=0, draft_tokens=0, accepted_tokens=0,
+                accepted_per_position=[], draft_steps=[])
+    times = [0.1 + seconds * i / max(steps, 1) for i in range(steps + 1)]
+    return replace(r, latency=measured_latency(0.0, times, times[-1], tokens))
+
+
+def test_decode_speedup_is_a_ratio_of_sums_with_a_paired_interval():
+    spec = [_decoded(f"r{i}", 1 + 10 * (i + 1), 0.5 * (i + 1), 4) for i in range(6)]
+    plain = [_decoded(f"r{i}", 1 + 10 * (i + 1), 1.5 * (i + 1), 10 * (i + 1)) for i in range(6)]
+    out = decode_speedup(spec, plain, n_resamples=500, seed=3)
+    assert out.n_requests == 6
+    assert out.speculative_rate == pytest.approx(210 / 10.5) and out.plain_rate == pytest.approx(210 / 31.5)
+    assert out.ratio == pytest.approx(3.0)
+    lo, hi = out.ratio_ci[0.95]
+    assert lo == pytest.approx(3.0) and hi == pytest.approx(3.0)  # every request 3x: every resample says so
+
+
+def test_decode_speedup_interval_spans_the_requests_own_ratios():
+    factors = [1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 2.2, 2.8]
+    spec = [_decoded(f"r{i}", 41, 1.0, 10) for i in range(8)]
+    plain = [_decoded(f"r{i}", 41, f, 40) for i, f in enumerate(factors)]
+    out = decode_speedup(spec, plain, n_resamples=2000, seed=0)
+    assert out.ratio == pytest.approx(sum(factors) / 8)  # equal tokens and spec seconds: the mean factor
+    lo, hi = out.ratio_ci[0.95]
+    assert min(factors) < lo < out.ratio < hi < max(factors)
+    assert decode_speedup(spec, plain, n_resamples=2000, seed=0) == out  # the seed fixes the resamples
+
+
+def test_decode_speedup_leaves_out_what_either_arm_did_not_time():
+    spec = [_decoded("a", 11, 1.0, 5), _decoded("b", 11, 1.0, 5), replace(_decoded("c", 11, 1.0, 5), latency=None)]
+    plain = [_decoded("a", 11, 2.0, 10), _decoded("b", 1, 0.0, 0), _decoded("c", 11, 2.0, 10)]
+    out = decode_speedup(spec, plain, n_resamples=100)
+    assert out.n_requests == 1 and out.ratio == pytest.approx(2.0)  # b: one token, c: untimed
+    none = decode_speedup(spec[2:], plain[2:], n_resamples=100)
+    assert none.n_requests == 0 and none.ratio is None and none.ratio_ci == {0.95: None}
+    with pytest.raises(QualError, match="equal arms"):
+        decode_speedup(spec, plain[:2])

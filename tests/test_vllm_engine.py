@@ -25,6 +25,7 @@ from qual.engines.vllm import server as server_mod
 from qual.engines.vllm.client import VllmClient
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
 from qual.engines.vllm.server import VllmServer, group_members
+from latency_checks import assert_latency_consistent
 from vllm_pair import TinyShape, build_tiny_pair
 from qual.errors import EngineError
 
@@ -233,6 +234,21 @@ def test_real_server_acceptance_equals_its_metrics(happy_run):
     log = Path(info.log_path)
     assert log.name == "control.vllm.log" and log.read_text().startswith("# qual: ")
     print(f"\nhappy arm: {elapsed:.1f} s including server start; {total_accepted} accepted")
+
+
+@pytest.mark.vllm
+def test_streamed_replies_time_every_request_and_keep_the_servers_own_counts(happy_run):
+    """Replies are streamed (each step's tokens timed as they arrive) and the per-request spec-decode metrics still
+    come, in the usage event that ends the stream: acceptance stays the server's own, equal to its /metrics
+    (test_real_server_acceptance_equals_its_metrics)."""
+    _, results, _, _, _, _ = happy_run
+    for r in results:
+        assert r.acceptance_source == "per_request_metrics"
+        assert_latency_consistent(r)
+        assert 2 <= len(r.latency["step_times_s"]) <= 1 + r.drafts  # a chunk a step (or fewer, coalesced)
+        print(f"{r.id}: {len(r.output_token_ids)} tokens, {r.drafts} drafts, {len(r.latency['step_times_s'])} chunks; "
+              f"TTFT {r.latency['ttft_s'] * 1000:.1f} ms, TPOT {r.latency['tpot_s'] * 1000:.2f} ms, "
+              f"end to end {r.latency['e2e_s'] * 1000:.1f} ms")
 
 
 @pytest.mark.vllm

@@ -12,7 +12,7 @@ import typer
 from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.cli.outputs import history_file, output_dir
-from qual.cli.verdict import print_sweep_verdict, print_verdict, print_warnings
+from qual.cli.verdict import print_speedup, print_sweep_verdict, print_verdict, print_warnings
 from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
 from qual.errors import QualError
@@ -69,6 +69,9 @@ def run_command(
                                    "counter diffs are one request's (needed where a server sends no per-request metrics)."),
     max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="Attach: requests in flight per "
                                                   "server (default 1)."),
+    speedup: bool = typer.Option(False, "--speedup", help="Also run the candidate's configuration without the "
+                                 "drafter (plain decoding) and report decode tokens/s with and without speculation, "
+                                 "their ratio with a paired interval, and the acceptance-implied bound."),
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
     from qual.cli.progress import RunProgress
@@ -98,7 +101,7 @@ def run_command(
                               out=out, history=history, device=device, dtype=dtype,
                               dsa_topk=dsa_topk, baseline=baseline, baseline_any=baseline_any, control_url=control_url,
                               candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
-                              max_concurrency=max_concurrency)
+                              max_concurrency=max_concurrency, speedup=speedup)
         plan = make_plan(options, dry_run=dry_run)
     if dry_run:
         _print_dry_run(plan)
@@ -122,6 +125,7 @@ def run_command(
             else:
                 print_warnings(result)
                 print_verdict(result, "control", "candidate", plan.out_dir)
+                print_speedup(result)
     except KeyboardInterrupt:
         print(f"finish the run with: qual run --resume {plan.out_dir}", file=sys.stderr)
         raise

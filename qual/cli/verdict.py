@@ -49,3 +49,12 @@ def print_warnings(result) -> None:
 
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+
+
+def print_speedup(result) -> None:
+    """`--speedup`: the ratio, its interval and the bound, on one line after the gate checks (and the CPU caveat)."""
+    from qual.report.latency import CPU_SHORT, on_cpu, speedup_line
+
+    line = speedup_line(result)
+    if line is not None:
+        print(f"  {line}" + (f" ({CPU_SHORT})" if on_cpu(result) else ""))

@@ -13,6 +13,8 @@ from qual.gate import Gate, baseline_confidences, confidences, evaluate, load_ga
 from qual.harness.baseline import ResolvedBaseline, differences
 from qual.history import HistoryRun, configuration_of
 from qual.harness.inputs import checkpoint_records
+from qual.harness.speedup import speedup
+from qual.latency import latency_summary
 from qual.provenance import file_sha256, local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, RequestResult
 from qual.result import ArmResult, Comparison, CorpusInfo, GateOutcome, Provenance, Result, Throughput, ci_key
@@ -93,6 +95,7 @@ def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[Re
         log_path=info.log_path,
         provenance=prov,
         extra=dict(info.extra),
+        latency=latency_summary(requests),
     )
 
 
@@ -225,11 +228,13 @@ def build_result(
     baseline: ResolvedBaseline | None = None,
     trend: Sequence[HistoryRun] = (),
     provenances: tuple[Provenance | None, Provenance | None] | None = None,
+    plain: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]] | None = None,
 ) -> Result:
     """Summarise both arms, compare them (paired, bootstrapped) and with the baseline if given, evaluate the gate.
 
     trend: earlier runs of this configuration (history), shown beside the baseline. Each arm's provenance is
-    collected here unless given (`qual compare` keeps what the earlier runs recorded).
+    collected here unless given (`qual compare` keeps what the earlier runs recorded). plain (`--speedup`): the
+    candidate's configuration without the drafter, compared with the candidate (it decides nothing in the gate).
     """
     gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
     corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
@@ -261,6 +266,9 @@ def build_result(
         seed=seed,
         warnings=provenance_differences(ctrl, cand),
     )
+    if plain is not None:
+        arm = arm_result(*plain, provenance(_config_json(plain[0]), plain[1], corpus.fingerprint, gate.source))
+        result.speedup = speedup(cand, arm, seed=seed, n_resamples=n_resamples)
     if baseline is not None:
         result.baseline = baseline_comparison(baseline, result.arms, seed=seed, n_resamples=n_resamples,
                                               confidence_levels=baseline_confidences(gate), trend=trend)

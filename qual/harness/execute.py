@@ -22,6 +22,7 @@ from qual.harness.plan import RunPlan
 from qual.history import HistoryLocked, configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
+from qual.harness.speedup import PLAIN_ARM
 from qual.result import CorpusInfo, Result
 from qual.sweep_result import SweepResult
 from qual.userfiles import read_json
@@ -169,7 +170,8 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | S
 
 
 def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepResult, dict[str, Path]]:
-    order = [sweep.CONTROL, *plan.candidates]  # the control first: it runs once, whatever the candidates
+    # the control first (it runs once, whatever the candidates), then the candidates, then --speedup's plain arm
+    order = [sweep.CONTROL, *plan.candidates, *([PLAIN_ARM] if PLAIN_ARM in plan.arms else [])]
     journals = {arm: read_arm_journal(plan, arm) for arm in order}  # a bad record: refused before any arm runs
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.save()
@@ -191,7 +193,7 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # one time for every comparison of a sweep
     results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate_path, plan.options.seed,
                                    reproduce=plan.options.command(), created_at=created_at, baseline=plan.baseline,
-                                   trend=trend))
+                                   trend=trend, plain=arms.get(PLAIN_ARM)))
                for name in plan.candidates]
     if plan.is_sweep:
         note = sweep.tp_note(plan.arms)

@@ -25,6 +25,8 @@ def run_inputs(plan, profile_path: str) -> dict:
     """The identity of everything the plan was made from (plan: a RunPlan)."""
     options = {k: list(v) if isinstance(v, tuple) else v  # a sweep's lists, as run.json holds them
                for k, v in asdict(plan.options).items() if k not in ("out", "history")}  # where, not what
+    if not options.get("speedup"):  # as a run started before the flag existed recorded it
+        options.pop("speedup", None)
     candidate = plan.arms[plan.candidates[0]]  # a sweep's candidates share their checkpoints
     return {
         "options": options,

@@ -24,6 +24,7 @@ from qual.files import write_text
 from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness import sweep
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
+from qual.harness.speedup import PLAIN_ARM, plain_arm
 from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
 from qual.history import check_history
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
@@ -80,6 +81,7 @@ class RunOptions:
     api_key_env: str | None = _text()  # NAME (both servers) or CONTROL_NAME,CANDIDATE_NAME; the keys are never saved
     exclusive: bool = False  # the user asserts the servers serve this run alone
     max_concurrency: int | None = Field(None, ge=1)  # requests in flight per arm (default 1)
+    speedup: bool = False  # also the candidate's configuration without the drafter: what speculation buys
 
     def command(self) -> str:
         """The `qual run` command line that reproduces this run."""
@@ -98,6 +100,8 @@ class RunOptions:
             parts.append("--exclusive")
         if self.baseline_any:
             parts.append("--baseline-any")
+        if self.speedup:
+            parts.append("--speedup")
         parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
         return " ".join(parts)
 
@@ -127,7 +131,9 @@ class RunPlan:
     profile_name: str
     corpus_info: dict  # name, path, fingerprint, count (of the selected requests)
     requests: list[EngineRequest]
-    arms: dict[str, ArmConfig]  # control, candidate; a sweep's: control, then its candidates (qual.harness.sweep)
+    # control, candidate (or a sweep's candidates: qual.harness.sweep), and with --speedup plain (the candidate
+    # without its drafter)
+    arms: dict[str, ArmConfig]
     gate_path: str
     out_dir: Path
     history_path: Path
@@ -139,7 +145,7 @@ class RunPlan:
     @property
     def candidates(self) -> list[str]:
         """The candidate arms' names: ["candidate"], or a sweep's, in the order they run."""
-        return [name for name in self.arms if name != sweep.CONTROL]
+        return [name for name in self.arms if name not in (sweep.CONTROL, PLAIN_ARM)]
 
     @property
     def is_sweep(self) -> bool:
@@ -192,8 +198,14 @@ def _validate_attach(o: RunOptions, attaches: bool) -> None:
 
 def _validate_options(o: RunOptions) -> None:
     # an unknown engine name is a usage error (types and ranges: RunOptions itself)
-    _validate_attach(o, engine_class(o.engine).attaches)
-    sweep.check_supported(o, engine_class(o.engine).attaches)
+    attaches = engine_class(o.engine).attaches
+    _validate_attach(o, attaches)
+    sweep.check_supported(o, attaches)
+    if o.speedup and attaches:
+        raise QualError(f"--speedup runs the candidate's configuration without its drafter: --engine {o.engine} "
+                        "attaches to servers that run with theirs; use an engine that starts its own")
+    if o.speedup and sweep.swept(o):
+        raise QualError(f"--speedup with a sweep ({sweep.describe(o)}): measure the speedup of one candidate at a time")
 
 
 def _local_tokenizer(profile, engine, dry_run: bool) -> PromptTokenizer | None:
@@ -336,6 +348,11 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     )
     # control (DCP 1), then "candidate", or a sweep's candidates; TP: --tp, else the profile's, else the DCP size
     arms = sweep.arms(o, base, dcps, DEFAULT_DRAFT_KV, lambda dcp: o.tp or profile.tp or dcp)
+    if o.speedup:
+        if base.draft_path is None:
+            raise QualError(f"--speedup compares the candidate with plain decoding: the profile {profile.name} has no "
+                            "drafter")
+        arms[PLAIN_ARM] = plain_arm(arms[sweep.CANDIDATE])
     if engine.attaches:
         servers = o.servers()
         arms = {name: replace(arm, extra={**arm.extra, "server": servers[name]}) for name, arm in arms.items()}

@@ -9,6 +9,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from qual.report import baseline as bview
+from qual.report import latency as lview
 from qual.report import common, matrix, plots, provenance, siblings, tables
 from qual.files import write_text
 from qual.result import Result
@@ -78,6 +79,10 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
         bl_position_arms=position_arms,
         bl_positions=position_table,
         bl_moved=bview.moved(bl) if bl is not None else [],
+        latency=lview.latency_rows(result),
+        latency_arms=list(lview.arms(result)),
+        speedup=lview.speedup_line(result),
+        cpu_note=lview.CPU_NOTE if lview.on_cpu(result) else None,
         facts=provenance.engine_facts(result),
         logs={arm: provenance.log_href(a, report_dir) for arm, a in result.arms.items()},
     )

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from qual.report import baseline as bview
+from qual.report import latency as lview
 from qual.report import common, matrix, provenance
 from qual.files import write_text
 from qual.result import Result
@@ -38,6 +39,7 @@ def render(result: Result) -> str:
         *_headline(result, c_dcp, k_dcp),
         "", "### Gate checks", "", *_checks(result),
     ]
+    lines += _latency(result)
     if result.baseline is not None:
         lines += _baseline(result)
     cats = [r for r in result.comparison.per_category if r.get("delta") is not None]
@@ -94,6 +96,21 @@ def render_sweep(sweep: SweepResult) -> str:
         fence = _fence(sweep.reproduce)
         lines += ["Reproduce:", "", f"{fence}sh", sweep.reproduce, fence, ""]
     return "\n".join(lines)
+
+
+def _latency(result: Result) -> list[str]:
+    rows = lview.latency_rows(result)
+    if not rows:
+        return []
+    names = list(lview.arms(result))
+    lines = ["", "### Latency", "", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    lines += [f"| {cell(r.label)} | " + " | ".join(cell(r.cells[n]) for n in names) + " |" for r in rows]
+    speedup = lview.speedup_line(result)
+    if speedup:
+        lines += ["", cell(speedup[0].upper() + speedup[1:]) + "."]
+    if lview.on_cpu(result):
+        lines += ["", f"⚠️ {cell(lview.CPU_NOTE[0].upper() + lview.CPU_NOTE[1:])}."]
+    return lines
 
 
 def _baseline(result: Result) -> list[str]:

@@ -5,6 +5,7 @@ read back and committed here: acceptance, tokens, the next step's draft context.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Callable
 
@@ -52,6 +53,7 @@ class LLMEngine:
         self.steps_ahead = 0  # decode steps launched before the last one's results were read
         self.rows_retired = 0  # rows of finished requests run as padding so that a run of steps ahead went on
         self.launches: dict[int, int] = {}  # decode launches by the steps each ran
+        self._decoding_since = 0.0  # when the run of decode steps in progress began (rank 0's perf_counter)
         self.tally = StepTally(self.K)  # verify steps so far: the tokens a step commits, for steps_to_launch
         # Tokens written past the committed length: the verify blocks of a launch, and with async decode those of
         # the launch in flight before it.
@@ -167,7 +169,8 @@ class LLMEngine:
         on_result: Callable[[RequestResult], None] | None = None,
     ) -> list[RequestResult]:
         """Run every request to completion; results in input order (on_result as each finishes)."""
-        seqs = [Sequence(r, r.max_tokens or sampling.max_tokens, self.K) for r in requests]
+        arrival = time.perf_counter()  # every request is handed to the engine now (offline: all at once)
+        seqs = [Sequence(r, r.max_tokens or sampling.max_tokens, self.K, arrival=arrival) for r in requests]
         for s in seqs:
             if not s.prompt_len:
                 raise QualError(f"request {s.req.id}: empty prompt")
@@ -193,6 +196,9 @@ class LLMEngine:
                 raise QualError(f"request {waiting[0].req.id} does not fit the KV cache budget ({self.cfg.cache.memory_bytes} B per rank)")
             chained = None
             if admitted:
+                now = time.perf_counter()
+                for s in admitted:
+                    s.admitted = now
                 out = self._send_prefill(admitted)
                 batch = len(running) + len(admitted)
                 if chains_prefill(batch, admitted, sampling.temperature == 0, self.runner.can_launch_ahead(batch),
@@ -226,8 +232,9 @@ class LLMEngine:
             tokens, margins, _ = unpack_choices(out.choices.wait(), 1)
         else:
             tokens, margins = choose(out.logits[:, None], [s.req.id for s in seqs], [s.prompt_len for s in seqs], sampling)
+        now = time.perf_counter()
         for s, tok, m in zip(seqs, tokens, margins):
-            s.append(tok, m, self._stops(sampling))
+            s.append(tok, m, self._stops(sampling), now)
 
     def _decode(self, seqs: list[Sequence], sampling: SamplingParams, waiting: deque, chained=None) -> None:
         """Decode steps of one batch: one launch, or with async decode a run of them, each launched before the
@@ -244,6 +251,7 @@ class LLMEngine:
         chained: (admitted, prefill output) of a prefill whose first tokens were not read yet (chains_prefill): the
         first step takes them on the device, and the prefill is committed while that step runs.
         """
+        self._decoding_since = time.perf_counter()  # the latency record's decode steps are timed from here on
         ahead = launches_ahead(len(seqs), sampling.temperature == 0, self.runner.can_launch_ahead(len(seqs)),
                                bool(waiting), self.cfg.max_num_seqs)
         size = self.runner.padded_size(len(seqs))
@@ -313,6 +321,7 @@ class LLMEngine:
         # Greedy: each step's tokens, margins and proposals cross to the host in one copy (pack_choices).
         host = out.choices.wait()
         self.phases.lap("readback")
+        now = time.perf_counter()  # a launch's steps reach the host together: their tokens share its time
         for step in host:
             chosen, margins_all, drafts = unpack_choices(step, self.K + 1)
             if sampling.temperature > 0:  # a launch of one step: its logits are the step's
@@ -322,7 +331,7 @@ class LLMEngine:
                     continue
                 targets, margins = chosen[i], margins_all[i]
                 if drafts is None:
-                    s.append(targets[:1], margins[:1], self._stops(sampling))
+                    s.append(targets[:1], margins[:1], self._stops(sampling), now, self._decoding_since)
                     continue
                 a = s.record_verify(drafts[i], targets)
                 self.tally.add(a)
@@ -330,7 +339,7 @@ class LLMEngine:
                 s.pending_commit = a + 1
                 for name in self.cache.groups:  # the next draft step's context: ctx_len + pending_commit
                     self.cache.release_outside_window(name, s.req.id, s.ctx_len + s.pending_commit)
-                s.append(targets[: a + 1], margins[: a + 1], self._stops(sampling))
+                s.append(targets[: a + 1], margins[: a + 1], self._stops(sampling), now, self._decoding_since)
         self.phases.lap("commit")
         self.phases.step(len(host))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qual.records import AcceptanceCounts, RequestResult
+from qual.records import AcceptanceCounts, RequestResult, measured_latency
 from qual.runtime.spec_decode import accept
 
 
@@ -31,6 +31,12 @@ class Sequence:
     draft_steps: list[list] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    # Rank 0's time.perf_counter: handed to the engine, admitted (prefill sent), each step's tokens committed, finished
+    arrival: float = 0.0
+    admitted: float | None = None
+    step_times: list[float] = field(default_factory=list)
+    finished: float | None = None
+    decode_steps_s: float = 0.0  # the time its decode steps took: between its steps' tokens within a decode run
 
     @property
     def prompt_len(self) -> int:
@@ -53,8 +59,19 @@ class Sequence:
         self.draft_steps.append([self.num_committed, proposals])
         return a
 
-    def append(self, tokens: list[int], margins: list[float], eos: frozenset[int]) -> None:
-        """Commit verified tokens in order until max_tokens, or an EOS token (which is kept)."""
+    def append(self, tokens: list[int], margins: list[float], eos: frozenset[int], now: float = 0.0,
+               decoding_since: float | None = None) -> None:
+        """Commit verified tokens in order until max_tokens, or an EOS token (which is kept). `now`: when the host
+        learnt them (the step's time in the latency record); decoding_since: for a decode step's tokens, when the
+        run of decode steps it belongs to began (the time before it, admissions and prefills, is not the step's)."""
+        if decoding_since is not None and self.step_times:
+            self.decode_steps_s += now - max(self.step_times[-1], decoding_since)
+        self.step_times.append(now)
+        self._append(tokens, margins, eos)
+        if self.finish_reason:
+            self.finished = now
+
+    def _append(self, tokens: list[int], margins: list[float], eos: frozenset[int]) -> None:
         for tok, m in zip(tokens, margins):
             self.output.append(tok)
             self.margins.append(m)
@@ -71,4 +88,6 @@ class Sequence:
             prompt_token_ids=list(self.req.prompt_token_ids), output_token_ids=list(self.output),
             **self.counts.padded(self.K).result_fields(), finish_reason=self.finish_reason or "length",
             draft_steps=self.draft_steps, top2_margins=self.margins,
+            latency=measured_latency(self.arrival, self.step_times, self.finished or self.step_times[-1],
+                                     len(self.output), self.admitted, self.decode_steps_s),
         )

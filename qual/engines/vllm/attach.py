@@ -303,6 +303,7 @@ class _Replay:
             output_token_ids=list(completion.output_token_ids), **counts.result_fields(),
             finish_reason=completion.finish_reason,
             acceptance_source=source,
+            latency=completion.latency,
         ))
         return last
 

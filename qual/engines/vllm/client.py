@@ -5,12 +5,13 @@ Every call has a deadline, a reply cap by endpoint and no redirect to another or
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from qual.engines.vllm.metrics import parse_spec_counters
-from qual.engines.vllm.transport import MiB, ClientError, fetch
-from qual.records import AcceptanceCounts
+from qual.engines.vllm.transport import MiB, ClientError, fetch, fetch_lines, one_line
+from qual.records import AcceptanceCounts, RequestLatency, measured_latency
 
 __all__ = ["ClientError", "Completion", "VllmClient", "answers_health", "REPLY_CAPS"]
 
@@ -30,6 +31,7 @@ class Completion:
     finish_reason: str
     spec_decode: dict | None  # the response's metrics.speculative_decoding, when the server sends it
     fingerprint: str | None = None  # the response's system_fingerprint (vLLM: version, parallel sizes, config hash)
+    latency: RequestLatency | None = None  # when its tokens came (streamed: each step's; whole: the end only)
 
 
 class VllmClient:
@@ -50,11 +52,15 @@ class VllmClient:
     def __repr__(self) -> str:  # never the key
         return f"VllmClient({self.base_url!r}, {self.model!r})"
 
+    def _headers(self, json_body: bool) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        if json_body:
+            headers["Content-Type"] = "application/json"
+        return headers
+
     def _request(self, path: str, payload: dict | None = None) -> bytes:
         data = json.dumps(payload).encode() if payload is not None else None
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
+        headers = self._headers(data is not None)
         return fetch(self.base_url + path, data=data, headers=headers,
                      max_bytes=REPLY_CAPS.get(urlsplit(path).path, OTHER_REPLY_CAP), deadline_s=self.timeout_s,
                      connect_s=self.connect_timeout_s, deadline_name=self.timeout_name)
@@ -92,7 +98,9 @@ class VllmClient:
     def complete(
         self, prompt_token_ids: list[int], max_tokens: int, temperature: float, seed: int
     ) -> Completion:
-        """One /v1/completions call with token ids in; token ids out via `return_token_ids`."""
+        """One /v1/completions call with token ids in; token ids out via `return_token_ids`, streamed so that each
+        step's tokens are timed as they arrive (the usage event at the end carries the per-request metrics). A server
+        that answers whole instead is read as such, timed end to end only."""
         payload = {
             "model": self.model,
             "prompt": list(prompt_token_ids),
@@ -103,8 +111,104 @@ class VllmClient:
             "skip_special_tokens": False,
             # Generate exactly max_tokens where the caller asked for it: both arms must see equal work.
             "ignore_eos": False,
+            "stream": True,
+            "stream_options": {"include_usage": True},  # vLLM sends metrics.speculative_decoding with the usage
         }
-        raw = self._request("/v1/completions", payload)
+        reply = CompletionStream()
+        sent = time.perf_counter()
+        fetch_lines(self.base_url + "/v1/completions", reply.line, data=json.dumps(payload).encode(),
+                    headers=self._headers(json_body=True), max_bytes=REPLY_CAPS["/v1/completions"],
+                    deadline_s=self.timeout_s, connect_s=self.connect_timeout_s, deadline_name=self.timeout_name)
+        return reply.completion(list(prompt_token_ids), sent)
+
+
+def _object(value) -> dict | None:
+    return value if isinstance(value, dict) else None  # what is not an object carries no metrics
+
+
+def _ids(value) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+class CompletionStream:
+    """A /v1/completions reply read line by line: server-sent events (`data: {...}`, then `data: [DONE]`), each
+    step's token ids timed as they arrive; or, where the server answered whole, its JSON body."""
+
+    def __init__(self):
+        self.streamed: bool | None = None  # decided by the reply's first line
+        self.body: list[bytes] = []  # a whole reply's lines
+        self.output: list[int] = []
+        self.step_times: list[float] = []  # when each event with tokens arrived
+        self.prompt_ids: list[int] | None = None
+        self.finish_reason: str | None = None
+        self.metrics: dict | None = None
+        self.fingerprint: str | None = None
+        self.saw_token_ids = False
+        self.last = 0.0  # when the reply's last line arrived
+
+    def line(self, raw: bytes, now: float) -> None:
+        """One line of the reply, read at `now` (perf_counter)."""
+        self.last = now
+        if self.streamed is None and raw.strip():  # a JSON document, or events (`data:`, `:` comments, `event:`...)
+            self.streamed = raw.lstrip()[:1] not in (b"{", b"[")
+        if not self.streamed:
+            self.body.append(raw)
+            return
+        if not raw.startswith(b"data:"):
+            return  # the blank line between events, a comment, an event's other fields
+        data = raw[5:].strip()
+        if data == b"[DONE]":
+            return
+        try:
+            event = json.loads(data)
+        except (ValueError, RecursionError):
+            raise ClientError(f"unexpected /v1/completions event: {data[:300]!r}", reached=True) from None
+        if not isinstance(event, dict):
+            raise ClientError(f"unexpected /v1/completions event: {data[:300]!r}", reached=True)
+        if "error" in event:  # vLLM reports a failure mid-stream as an event
+            error = event["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise ClientError(f"/v1/completions failed mid-stream: {one_line(str(message))}", reached=True)
+        self._event(event, now, data)
+
+    def _event(self, event: dict, now: float, data: bytes) -> None:
+        choices = event.get("choices") or []
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise ClientError(f"unexpected /v1/completions event: {data[:300]!r}", reached=True)
+        for choice in choices[:1]:
+            if "token_ids" in choice:
+                self.saw_token_ids = True
+                ids = choice["token_ids"] or []
+                if not _ids(ids):
+                    raise ClientError(f"unexpected /v1/completions event (token ids that are not integers): "
+                                      f"{data[:300]!r}", reached=True)
+                if ids:
+                    self.output += ids
+                    self.step_times.append(now)
+            if choice.get("prompt_token_ids") is not None:
+                self.prompt_ids = choice["prompt_token_ids"]
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        metrics = event.get("metrics")
+        if isinstance(metrics, dict) and "speculative_decoding" in metrics:
+            self.metrics = _object(metrics["speculative_decoding"])
+        self.fingerprint = event.get("system_fingerprint") or self.fingerprint
+
+    def completion(self, prompt_token_ids: list[int], sent: float) -> Completion:
+        """The finished reply; `sent`: when the request went out (perf_counter), its latency's origin."""
+        if not self.streamed:
+            return self._whole(prompt_token_ids, sent)
+        if not self.saw_token_ids:
+            raise ClientError("the server returned no token_ids (does it support return_token_ids?)", reached=True)
+        prompt_ids = self.prompt_ids if self.prompt_ids is not None else prompt_token_ids
+        if not _ids(prompt_ids):
+            raise ClientError("unexpected /v1/completions reply (prompt token ids that are not integers)", reached=True)
+        return Completion(prompt_token_ids=list(prompt_ids), output_token_ids=self.output,
+                          finish_reason=self.finish_reason or "length", spec_decode=self.metrics,
+                          fingerprint=self.fingerprint,
+                          latency=measured_latency(sent, self.step_times, self.last, len(self.output)))
+
+    def _whole(self, prompt_token_ids: list[int], sent: float) -> Completion:
+        raw = b"".join(self.body)
         try:
             body = json.loads(raw)
             choice = body["choices"][0]
@@ -114,7 +218,7 @@ class VllmClient:
         if output is None:
             raise ClientError("the server returned no token_ids (does it support return_token_ids?)", reached=True)
         prompt_ids = choice.get("prompt_token_ids") or body.get("prompt_token_ids") or list(prompt_token_ids)
-        if not all(isinstance(ids, list) and all(type(t) is int for t in ids) for ids in (output, prompt_ids)):
+        if not all(_ids(ids) for ids in (output, prompt_ids)):
             raise ClientError(f"unexpected /v1/completions reply (token ids that are not integers): {raw[:300]!r}",
                               reached=True)
         metrics = body.get("metrics") or choice.get("metrics") or {}
@@ -124,11 +228,8 @@ class VllmClient:
             finish_reason=choice.get("finish_reason") or "length",
             spec_decode=_object(metrics.get("speculative_decoding")) if isinstance(metrics, dict) else None,
             fingerprint=body.get("system_fingerprint"),
+            latency=measured_latency(sent, [], self.last or sent, len(output)),
         )
-
-
-def _object(value) -> dict | None:
-    return value if isinstance(value, dict) else None  # what is not an object carries no metrics
 
 
 def answers_health(base_url: str, timeout_s: float) -> bool:

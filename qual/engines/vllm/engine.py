@@ -244,6 +244,7 @@ class VllmEngine(Engine):
                 prompt_token_ids=list(req.prompt_token_ids), output_token_ids=completion.output_token_ids,
                 **acc.result_fields(), finish_reason=completion.finish_reason,
                 acceptance_source=("per_request_metrics" if completion.spec_decode else "metrics_diff") if k else None,
+                latency=completion.latency,
             ))
         self._check_totals(server, client, baseline, done, k)
         return output_tokens

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Callable
 from urllib.parse import urljoin, urlsplit
 
 from qual.redact import REDACTED, redact_text, redact_url
@@ -178,6 +179,29 @@ def fetch(url: str, *, data: bytes | None = None, headers: dict[str, str] | None
     """The body of a 2xx reply to GET url (POST where data is given), read within deadline_s from the first connect
     (connect_s for each handshake) and at most max_bytes long; ClientError otherwise. deadline_name names the
     setting in the message where the deadline passes."""
+    return _call(url, data, headers, max_bytes, deadline_s, connect_s, deadline_name, _read)
+
+
+def fetch_lines(url: str, on_line: Callable[[bytes, float], None], *, data: bytes | None = None,
+                headers: dict[str, str] | None = None, max_bytes: int, deadline_s: float, connect_s: float,
+                deadline_name: str) -> None:
+    """fetch, handing on_line each line of the reply as it is read, with the time.perf_counter() then (a streamed
+    reply's events as they come), under the same deadline and cap."""
+
+    def read(resp, cap: int, url: str) -> None:
+        too_large = _too_large(resp, cap, url)
+        total = 0
+        while line := resp.readline(cap + 1 - total):
+            total += len(line)
+            if total > cap:
+                raise too_large
+            on_line(line, time.perf_counter())
+
+    _call(url, data, headers, max_bytes, deadline_s, connect_s, deadline_name, read)
+
+
+def _call(url: str, data: bytes | None, headers: dict[str, str] | None, max_bytes: int, deadline_s: float,
+          connect_s: float, deadline_name: str, read):
     headers = dict(headers or {})
     secrets = [v.split(" ", 1)[-1] for k, v in headers.items() if k.lower() == "authorization"]
     with _Deadline(deadline_s, connect_s) as deadline:
@@ -187,7 +211,7 @@ def fetch(url: str, *, data: bytes | None = None, headers: dict[str, str] | None
             try:
                 with opener.open(urllib.request.Request(current, data=data, headers=headers),
                                  timeout=max(deadline.remaining(), 0.001)) as resp:
-                    body = _read(resp, max_bytes, current)
+                    body = read(resp, max_bytes, current)
                 if deadline.fired:  # the socket was shut mid-reply: what came may end anywhere
                     raise _failed(current, None, deadline, deadline_name)
                 return body
@@ -208,13 +232,19 @@ def fetch(url: str, *, data: bytes | None = None, headers: dict[str, str] | None
     raise ClientError(f"{redact_url(url)}: more than {MAX_REDIRECTS} redirects", reached=True)
 
 
-def _read(resp, max_bytes: int, url: str) -> bytes:
-    """The reply's body, or ClientError where it is longer than max_bytes (declared or as sent)."""
+def _too_large(resp, max_bytes: int, url: str) -> ClientError:
+    """The error of a reply longer than max_bytes, raised at once where the reply declares that length."""
     declared = resp.headers.get("Content-Length", "")
     too_large = ClientError(f"{redact_url(url)}: the reply is larger than {_size(max_bytes)}, qual's cap for "
                             f"{urlsplit(url).path}; not read further", reached=True)
     if declared.isdigit() and int(declared) > max_bytes:
         raise too_large
+    return too_large
+
+
+def _read(resp, max_bytes: int, url: str) -> bytes:
+    """The reply's body, or ClientError where it is longer than max_bytes (declared or as sent)."""
+    too_large = _too_large(resp, max_bytes, url)
     chunks, total = [], 0
     while chunk := resp.read(min(_CHUNK, max_bytes + 1 - total)):
         total += len(chunk)
