@@ -302,7 +302,9 @@ def test_a_whole_run_against_the_fake_server_passes_and_records_its_deadlines(qu
     result = json.loads((tmp_path / "o" / "result.json").read_text())
     for arm in ("control", "candidate"):
         settings = result["arms"][arm]["config"]["extra"]["attach"]
-        assert settings == {"served_model_name": "toy", "request_timeout_s": 30.0, "connect_timeout_s": 10.0}
+        assert settings == {"served_model_name": "toy", "request_timeout_s": 30.0, "connect_timeout_s": 10.0,
+                            "server_version": "0.32.0"}  # the server's /version: part of the configuration key
+        assert result["arms"][arm]["engine_version"] == "vllm 0.32.0 (attached)"
         assert len(result["arms"][arm]["per_request"]) == LIMIT
     assert {auth for _, _, auth in server.server.seen} == {f"Bearer {KEY}"}
     nowhere(tmp_path, KEY, printed=proc.stdout + proc.stderr)
