@@ -111,12 +111,15 @@ class AcceptanceCounts:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A corpus request after tokenization: both arms receive identical token ids."""
+    """A corpus request after tokenization: both arms receive identical token ids (a later turn of a conversation:
+    the ids of the arm's own conversation so far, qual.harness.turns)."""
 
     id: str
     category: str
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
+    turn: int = 1  # of a conversation; a prompt is one turn
+    conversation: str | None = None  # the corpus row's id where it has several turns
 
 
 @dataclass
@@ -140,6 +143,10 @@ class RequestResult:
     # Where drafts/accepted counts came from, where the engine had a choice: "per_request_metrics" (the server's reply)
     # or "metrics_diff" (/metrics counters before and after, one request at a time); None: the engine counted itself.
     acceptance_source: str | None = None
+    # The turn of a conversation this request was (1 for a prompt), and the conversation's corpus id where it has
+    # several turns: set by the harness from the request, whatever the engine.
+    turn: int = 1
+    conversation: str | None = None
 
     @property
     def counts(self) -> AcceptanceCounts:
@@ -230,6 +237,10 @@ def check_record(r: RequestResult, num_speculative_tokens: int | None = None) ->
                 raise RecordError(f"{who}: draft_steps[{j}] must be [committed tokens, {k} proposed ids]")
     if r.top2_margins is not None and (not isinstance(r.top2_margins, list) or len(r.top2_margins) != n):
         raise RecordError(f"{who}: top2_margins must hold one margin per output token ({n})")
+    if not _is_int(r.turn) or r.turn < 1:
+        raise RecordError(f"{who}: turn must be an integer >= 1 (got {r.turn!r})")
+    if r.conversation is not None and (not isinstance(r.conversation, str) or not r.conversation):
+        raise RecordError(f"{who}: conversation must be a non-empty string or null")
 
 
 @dataclass

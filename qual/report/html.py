@@ -58,6 +58,7 @@ def render(result: Result, report_dir: Path | None = None) -> str:
     return template.render(
         r=result,
         title=common.title(result),
+        replayed=common.replayed(result),
         headline=common.headline(result),
         failed=result.gate.failed,
         positions=tables.position_rows(result),
