@@ -123,6 +123,8 @@ def _target_outputs_identical(
         parts.append(f"{len(confident)} disagreement: {shown}{more}")
     if allow == "none" and benign and not confident:
         parts.append("near ties not allowed by this rule")
+    if cmp.earlier_turns_differ:  # their prompts differ because an earlier turn's output did: counted there
+        parts.append(f"{len(cmp.earlier_turns_differ)} later turns not compared (their earlier turns differ)")
     return CheckResult(name, passed, "; ".join(parts))
 
 

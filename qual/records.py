@@ -112,12 +112,15 @@ class AcceptanceCounts:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A corpus request after tokenization: both arms receive identical token ids."""
+    """A corpus request after tokenization: both arms receive identical token ids (a later turn of a conversation:
+    the ids of the arm's own conversation so far, qual.harness.turns)."""
 
     id: str
     category: str
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
+    turn: int = 1  # of a conversation; a prompt is one turn
+    conversation: str | None = None  # the corpus row's id where it has several turns
 
 
 class RequestLatency(TypedDict):
@@ -179,6 +182,10 @@ class RequestResult:
     # When its tokens came (time to first token, per output token, end to end); None where the engine did not measure
     # it (results and journals written before qual did)
     latency: RequestLatency | None = None
+    # The turn of a conversation this request was (1 for a prompt), and the conversation's corpus id where it has
+    # several turns: set by the harness from the request, whatever the engine.
+    turn: int = 1
+    conversation: str | None = None
 
     @property
     def counts(self) -> AcceptanceCounts:
@@ -269,6 +276,10 @@ def check_record(r: RequestResult, num_speculative_tokens: int | None = None) ->
                 raise RecordError(f"{who}: draft_steps[{j}] must be [committed tokens, {k} proposed ids]")
     if r.top2_margins is not None and (not isinstance(r.top2_margins, list) or len(r.top2_margins) != n):
         raise RecordError(f"{who}: top2_margins must hold one margin per output token ({n})")
+    if not _is_int(r.turn) or r.turn < 1:
+        raise RecordError(f"{who}: turn must be an integer >= 1 (got {r.turn!r})")
+    if r.conversation is not None and (not isinstance(r.conversation, str) or not r.conversation):
+        raise RecordError(f"{who}: conversation must be a non-empty string or null")
     if r.latency is not None:
         _check_latency(r.latency, n, who)
 

@@ -62,6 +62,14 @@ class CheckpointRecord(TypedDict):
     identity: str  # "sha256:<hex>" of a local directory's files, "hub:<id>@<revision>", or "not observed (...)"
 
 
+class ChatTemplateRecord(TypedDict):
+    """The chat template a run rendered its chat rows with (qual.chat.ChatTemplate.record)."""
+
+    source: str  # the file: the tokenizer's chat_template.jinja or tokenizer_config.json, or --chat-template's
+    name: str | None  # the named template chosen ("default"), None where there was one
+    sha256: str  # of the template's text
+
+
 class Checkpoints(TypedDict):
     target: CheckpointRecord
     draft: CheckpointRecord | None  # None: no drafter
@@ -79,6 +87,7 @@ class Provenance:
     corpus_fingerprint: str
     gate_sha256: str | None  # the gate file's bytes
     checkpoints: Checkpoints | None = None  # None in results written before qual recorded them
+    chat_template: ChatTemplateRecord | None = None  # what chat rows were rendered with; None: no chat rows
 
     @classmethod
     def from_json(cls, d: dict) -> "Provenance":
@@ -213,7 +222,14 @@ class CategoryDelta(TypedDict):
     candidate_draft_tokens: int
 
 
-class RequestDelta(TypedDict):
+class _TurnOfRequest(TypedDict, total=False):
+    """A request that is a turn of a conversation of several (absent: a request of one turn)."""
+
+    turn: int
+    earlier_turns_differ: bool  # its prompts differ between the arms: their earlier answers did
+
+
+class RequestDelta(_TurnOfRequest):
     """One request's rates in both arms (qual.stats.per_request_deltas)."""
 
     id: str
@@ -221,6 +237,19 @@ class RequestDelta(TypedDict):
     control_rate: float | None
     candidate_rate: float | None
     delta: float | None
+
+
+class TurnDelta(TypedDict):
+    """One turn of the conversations: its requests' rates in both arms (qual.stats.per_turn)."""
+
+    turn: int
+    n: int
+    control_rate: float | None
+    candidate_rate: float | None
+    delta: float | None
+    control_draft_tokens: int
+    candidate_draft_tokens: int
+    earlier_turns_differ: int  # requests of this turn whose prompts differ between the arms
 
 
 class Bootstrap(TypedDict, total=False):
@@ -251,6 +280,10 @@ class Comparison:
     bootstrap: Bootstrap = field(default_factory=dict)
     # Each draft position's rates with 95% intervals, from the resamples of delta_rate_ci (absent in older results).
     per_position: list[PositionInterval] = field(default_factory=list)
+    # Conversations of several turns: acceptance per turn, and the later turns whose earlier turns differ between the
+    # arms (their prompts hold each arm's own answers; their outputs are not compared). Empty for one-turn requests.
+    per_turn: list[TurnDelta] = field(default_factory=list)
+    earlier_turns_differ: list[str] = field(default_factory=list)
 
     def ci_at(self, confidence: float) -> tuple[float, float] | None:
         ci = self.delta_rate_ci.get(ci_key(confidence))

@@ -110,7 +110,8 @@ def acceptance_summary(requests: Sequence[RequestResult]) -> Acceptance:
 def pair_requests(
     control: Sequence[RequestResult], candidate: Sequence[RequestResult]
 ) -> tuple[list[RequestResult], list[RequestResult]]:
-    """Order candidate results like control's and verify the replay was matched."""
+    """Order candidate results like control's and verify the replay was matched: identical prompts, except where a
+    later turn of a conversation holds each arm's own earlier answers (earlier_turns_differ)."""
     for arm, rows in (("control", control), ("candidate", candidate)):
         seen: set[str] = set()
         for r in rows:
@@ -128,9 +129,22 @@ def pair_requests(
         )
     paired = [by_id[r.id] for r in control]
     for a, b in zip(control, paired):
-        if list(a.prompt_token_ids) != list(b.prompt_token_ids):
+        if a.turn != b.turn:
+            raise QualError(f"request {a.id!r}: turn {a.turn} in control, {b.turn} in candidate (replay not matched)")
+        if a.turn == 1 and list(a.prompt_token_ids) != list(b.prompt_token_ids):
             raise QualError(f"request {a.id!r}: prompt token ids differ between arms (replay not matched)")
     return list(control), paired
+
+
+def history_differs(c: RequestResult, k: RequestResult) -> bool:
+    """A later turn whose prompts differ between the arms: an earlier answer of the conversation differed (a
+    target-output difference of that earlier turn, where it is counted), so this turn's outputs are not compared."""
+    return c.turn > 1 and list(c.prompt_token_ids) != list(k.prompt_token_ids)
+
+
+def earlier_turns_differ(control: Sequence[RequestResult], candidate: Sequence[RequestResult]) -> list[str]:
+    """Ids of the paired requests whose earlier turns differ between the arms (history_differs)."""
+    return [c.id for c, k in zip(control, candidate) if history_differs(c, k)]
 
 
 def pair_by_id(
@@ -140,7 +154,7 @@ def pair_by_id(
 
     Every request of tonight must be in the reference, which may hold more (a longer --limit). Prompt token ids
     are not required to agree: a tokenizer change is one of the regressions a baseline exists to catch, so the ids
-    of requests tokenized differently are returned instead (third element).
+    of first-turn requests tokenized differently are returned instead (third element).
     """
     for arm, rows in (("baseline", reference), ("tonight's", tonight)):
         seen: set[str] = set()
@@ -153,7 +167,9 @@ def pair_by_id(
     if missing:
         raise QualError(f"{len(missing)} of {len(tonight)} requests are not in the baseline (first: {missing[:3]})")
     paired = [by_id[r.id] for r in tonight]
-    retokenized = [t.id for b, t in zip(paired, tonight) if list(b.prompt_token_ids) != list(t.prompt_token_ids)]
+    # a later turn's prompt holds the run's own earlier answers: a difference there is theirs, not the tokenizer's
+    retokenized = [t.id for b, t in zip(paired, tonight)
+                   if t.turn == 1 and list(b.prompt_token_ids) != list(t.prompt_token_ids)]
     return paired, list(tonight), retokenized
 
 
@@ -186,7 +202,7 @@ class PairedBootstrap:
     """Point deltas (candidate - control) and percentile CIs from a paired bootstrap over requests; per_position
     comes from the same resamples."""
 
-    n_requests: int
+    n_requests: int  # resampling units: requests, or conversations where a request is one turn of one
     n_resamples: int
     seed: int
     delta_rate: float | None
@@ -290,6 +306,20 @@ def _positions(columns: np.ndarray, sums: np.ndarray | None, k: int) -> list[Pos
     ) for i in range(k)]
 
 
+def _by_unit(columns: np.ndarray, rows: Sequence[RequestResult]) -> np.ndarray:
+    """The rows of the turns of one conversation summed into one (a conversation's turns share their history, so
+    the conversation is what is resampled); unchanged where every request is its own unit."""
+    units = [r.conversation or f"\0{r.id}" for r in rows]  # "\0": no conversation id collides with a request id
+    if len(set(units)) == len(units):
+        return columns
+    index: dict[str, int] = {}
+    for u in units:
+        index.setdefault(u, len(index))
+    out = np.zeros((len(index), columns.shape[1]), dtype=columns.dtype)
+    np.add.at(out, [index[u] for u in units], columns)
+    return out
+
+
 def paired_bootstrap(
     control: Sequence[RequestResult],
     candidate: Sequence[RequestResult],
@@ -298,8 +328,9 @@ def paired_bootstrap(
     seed: int = 0,
     confidences: Sequence[float] = (0.95,),
 ) -> PairedBootstrap:
-    """Resample request indices (same indices for both arms) and take CIs of the ratio-of-sums deltas: the pooled
-    rate and mean acceptance length at each of `confidences`, each draft position's rates at POSITION_CONFIDENCE.
+    """Resample request indices (same indices for both arms; a conversation's turns together) and take CIs of the
+    ratio-of-sums deltas: the pooled rate and mean acceptance length at each of `confidences`, each draft position's
+    rates at POSITION_CONFIDENCE.
 
     `control[i]` and `candidate[i]` must be the same request (see pair_requests).
     """
@@ -308,7 +339,7 @@ def paired_bootstrap(
     if n_resamples < 1:
         raise QualError(f"bootstrap resamples must be >= 1, got {n_resamples}")
     k = max((len(r.accepted_per_position) for r in (*control, *candidate)), default=0)
-    columns = _columns(control, candidate, k)
+    columns = _by_unit(_columns(control, candidate, k), control)
     total = columns.sum(axis=0)
     rate_c, rate_k = _ratio(total[_C_ACC], total[_C_TOK]), _ratio(total[_K_ACC], total[_K_TOK])
     mal_c, mal_k = _ratio(total[_C_ACC], total[_C_DRAFTS]), _ratio(total[_K_ACC], total[_K_DRAFTS])
@@ -316,12 +347,12 @@ def paired_bootstrap(
     d_mal = mal_k - mal_c if mal_c is not None and mal_k is not None else None
     if len(control) == 0 or d_rate is None:
         empty = {float(c): None for c in confidences}
-        return PairedBootstrap(len(control), n_resamples, seed, d_rate, empty, d_mal, dict(empty),
+        return PairedBootstrap(columns.shape[0], n_resamples, seed, d_rate, empty, d_mal, dict(empty),
                                _positions(columns, None, k))
     sums = _resampled_sums(columns, n_resamples, seed)
     rates, mals = _headline(sums)
     return PairedBootstrap(
-        n_requests=len(control),
+        n_requests=columns.shape[0],
         n_resamples=n_resamples,
         seed=seed,
         delta_rate=d_rate,
@@ -386,19 +417,41 @@ def _request_rate(r: RequestResult) -> float | None:
 
 
 def per_request_deltas(control: Sequence[RequestResult], candidate: Sequence[RequestResult]) -> list[dict]:
-    """Per paired request: both rates and candidate - control (None where nothing was drafted)."""
+    """Per paired request: both rates and candidate - control (None where nothing was drafted); a later turn of a
+    conversation says its turn, and whether its earlier turns differ between the arms."""
     rows = []
     for c, k in zip(control, candidate):
         rc, rk = _request_rate(c), _request_rate(k)
-        rows.append(
-            {
-                "id": c.id,
-                "category": c.category,
-                "control_rate": rc,
-                "candidate_rate": rk,
-                "delta": rk - rc if rc is not None and rk is not None else None,
-            }
-        )
+        row = {
+            "id": c.id,
+            "category": c.category,
+            "control_rate": rc,
+            "candidate_rate": rk,
+            "delta": rk - rc if rc is not None and rk is not None else None,
+        }
+        if c.turn > 1 or c.conversation is not None:
+            row.update(turn=c.turn, earlier_turns_differ=history_differs(c, k))
+        rows.append(row)
+    return rows
+
+
+def per_turn(control: Sequence[RequestResult], candidate: Sequence[RequestResult]) -> list[dict]:
+    """Ratio-of-sums rates per turn of the conversations, for both arms (empty where every request is one turn),
+    with how many requests of each turn had earlier turns that differ between the arms."""
+    if all(c.turn == 1 and c.conversation is None for c in control):
+        return []
+    sums: dict[int, list[int]] = {}  # turn -> [n, control accepted, control drafted, candidate ..., history differs]
+    for c, k in zip(control, candidate, strict=True):
+        row = sums.setdefault(c.turn, [0] * 6)
+        values = (1, c.accepted_tokens, c.draft_tokens, k.accepted_tokens, k.draft_tokens, history_differs(c, k))
+        for i, v in enumerate(values):
+            row[i] += v
+    rows = []
+    for turn, (n, c_acc, c_tok, k_acc, k_tok, differ) in sorted(sums.items()):
+        rc, rk = _ratio(c_acc, c_tok), _ratio(k_acc, k_tok)
+        rows.append({"turn": turn, "n": n, "control_rate": rc, "candidate_rate": rk,
+                     "delta": rk - rc if rc is not None and rk is not None else None,
+                     "control_draft_tokens": c_tok, "candidate_draft_tokens": k_tok, "earlier_turns_differ": differ})
     return rows
 
 
@@ -455,10 +508,12 @@ def compare_outputs(
     The margin is the smaller of the two arms' target top-1 minus top-2 logits
     at the first differing output index (either arm's near tie explains a
     flip). Without any margin the flip cannot be shown benign: "disagreement".
+    A later turn whose earlier turns differ is left out: its prompts differ, and
+    the difference is the earlier turn's, counted there (earlier_turns_differ).
     """
     rows = []
     for c, k in zip(control, candidate):
-        if list(c.output_token_ids) == list(k.output_token_ids):
+        if list(c.output_token_ids) == list(k.output_token_ids) or history_differs(c, k):
             continue
         i = common_prefix_length(c.output_token_ids, k.output_token_ids)
         margins = [m for m in (_margin_at(c, i), _margin_at(k, i)) if m is not None]
@@ -493,6 +548,8 @@ def proposal_divergence(control: Sequence[RequestResult], candidate: Sequence[Re
     for c, k in zip(control, candidate):
         c_steps += len(c.draft_steps)
         k_steps += len(k.draft_steps)
+        if history_differs(c, k):  # different prompts: no context is identical
+            continue
         limit = len(c.prompt_token_ids) + common_prefix_length(c.output_token_ids, k.output_token_ids)
         k_by_key: dict[int, list[int]] = {}
         for key, props in k.draft_steps:

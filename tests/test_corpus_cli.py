@@ -40,6 +40,15 @@ def test_show_prints_literal_prompts():
     assert "<script>" in result.output and "</textarea><b>bold</b>" in result.output
 
 
+def test_show_prints_a_chat_row_as_its_messages(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"id": "c", "messages": [{"role": "user", "content": "Hi"}, {
+        "role": "assistant", "content": None}, {"role": "user", "content": "More"}]}) + "\n")
+    result = runner.invoke(app, ["corpus", "show", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "user: Hi | assistant: (generated) | user: More" in result.output
+
+
 def test_show_limit(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text(

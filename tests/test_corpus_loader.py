@@ -7,7 +7,8 @@ import json
 import pytest
 
 from qual.corpus import Corpus, CorpusRequest, available_corpora, fingerprint, load_corpus
-from qual.corpus.loader import to_dataset
+from qual.corpus.loader import from_dataset, to_dataset
+from qual.corpus.records import Message
 from qual.errors import QualError
 
 ROWS = [
@@ -96,9 +97,13 @@ def test_fingerprint_is_the_documented_function():
 
 
 def test_dataset_has_typed_columns():
-    ds = to_dataset([CorpusRequest("a", "p", "code", 4), CorpusRequest("b", "q")])
-    assert ds.column_names == ["id", "prompt", "category", "max_tokens"]
-    assert ds["max_tokens"] == [4, None]
+    chat = CorpusRequest("c", None, messages=(Message("user", "hi"), Message("assistant", None), Message("user", "more")))
+    ds = to_dataset([CorpusRequest("a", "p", "code", 4), CorpusRequest("b", "q"), chat])
+    assert ds.column_names == ["id", "prompt", "category", "max_tokens", "messages"]
+    assert ds["max_tokens"] == [4, None, None]
+    assert ds["messages"][2] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                                 {"role": "user", "content": "more"}]
+    assert from_dataset(ds)[2] == chat and from_dataset(ds)[0].messages is None
 
 
 def test_loading_is_offline(tmp_path):

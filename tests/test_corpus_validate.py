@@ -58,6 +58,24 @@ def write(tmp_path, *lines, name="c.jsonl", end="\n"):
         ('{"id": "b", "prompt": "p", "max_tokens": 100000000000000000000}',
          'field "max_tokens" must be <= 2147483647, got 100000000000000000000'),
         ('{"id": "b", "prompt": "p", "max_tokens": 1' + "0" * 5000 + "}", "invalid JSON: Exceeds the limit"),
+        # chat rows: messages in the prompt's place
+        ('{"id": "b", "prompt": "p", "messages": [{"role": "user", "content": "x"}]}',
+         'both "prompt" and "messages": a row is raw text or a chat, not both'),
+        ('{"id": "b", "messages": []}', 'field "messages" must be a non-empty list of {"role", "content"}, got an empty list'),
+        ('{"id": "b", "messages": "hi"}', 'field "messages" must be a non-empty list of {"role", "content"}, got str'),
+        ('{"id": "b", "messages": ["hi"]}', "messages[0]: expected an object, got str"),
+        ('{"id": "b", "messages": [{"role": "tool", "content": "x"}]}',
+         'messages[0]: role must be one of system, user, assistant, got "tool"'),
+        ('{"id": "b", "messages": [{"role": "user", "content": "x", "name": "n"}]}',
+         'messages[0]: unknown field "name" (allowed: role, content)'),
+        ('{"id": "b", "messages": [{"role": "user", "content": " "}]}', "messages[0]: content is empty"),
+        ('{"id": "b", "messages": [{"role": "user", "content": 3}]}', "messages[0]: content must be a string"),
+        ('{"id": "b", "messages": [{"role": "user", "content": null}]}',
+         "messages[0]: content null is an answer to generate: only an assistant message has it"),
+        ('{"id": "b", "messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": null}, '
+         '{"role": "user", "content": "x"}]}', "messages[1]: an answer to generate (content null) must follow a user message"),
+        ('{"id": "b", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null}]}',
+         "the last message must be a user's (the one the arm answers)"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, line, expected):
@@ -70,6 +88,17 @@ def test_malformed_line_names_file_and_line(tmp_path, line, expected):
     assert "\n" not in msg
     assert len(err.value.problems) >= 1
     assert isinstance(err.value, QualError)
+
+
+def test_a_chat_row_loads_with_its_turns(tmp_path):
+    path = write(tmp_path, GOOD, json.dumps({"id": "c", "category": "chat", "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "One?"},
+        {"role": "assistant", "content": "Given."}, {"role": "user", "content": "Two?"},
+        {"role": "assistant", "content": None}, {"role": "user", "content": "Three?"}]}))
+    a, c = parse_jsonl(path)
+    assert (a.turns, a.messages, c.prompt, c.turns) == (1, None, None, 2)
+    assert [m.content for m in c.messages] == ["Be brief.", "One?", "Given.", "Two?", None, "Three?"]
+    assert json.loads(json.dumps(c.to_json())) == json.loads(path.read_text().splitlines()[1])
 
 
 def test_invalid_utf8_is_named(tmp_path):

@@ -78,6 +78,38 @@ def test_a_prompt_longer_than_max_model_len_is_refused(base, tmp_path, capsys):
             "max_model_len 48")
 
 
+CHAT = {"id": "chat/1", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                                     {"role": "user", "content": "again"}]}
+
+
+def test_a_chat_row_without_a_template_is_refused_naming_the_row(base, tmp_path, capsys):
+    corpus = tmp_path / "chat.jsonl"
+    corpus.write_text(json.dumps({"id": "plain", "prompt": "x"}) + "\n" + json.dumps(CHAT) + "\n")
+    refused(["--model", base, "--dcp", 1, "--corpus", corpus], tmp_path, capsys,
+            'corpus chat: request chat/1 is a chat ("messages") and the tokenizer ')
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    refused(["--model", base, "--dcp", 1, "--chat-template", template], tmp_path, capsys,
+            f'--chat-template {template}: corpus smoke has no chat rows ("messages") for it to render')
+    refused(["--model", base, "--dcp", 1, "--corpus", corpus, "--chat-template", tmp_path / "none.jinja"], tmp_path,
+            capsys, "none.jinja: no such file")
+    template.write_text("{{ raise_exception('no ' + messages[0].role) }}")
+    refused(["--model", base, "--dcp", 1, "--corpus", corpus, "--chat-template", template], tmp_path, capsys,
+            f"corpus chat: request chat/1: the chat template ({template}) refused it: no user")
+
+
+def test_a_conversation_too_long_for_its_last_turn_is_refused(base, tmp_path, capsys):
+    """The last turn holds every earlier answer: max_tokens each (the plan's bound), before any arm runs."""
+    corpus = tmp_path / "chat.jsonl"
+    corpus.write_text(json.dumps(CHAT) + "\n")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    profile = _variant(base, tmp_path, max_model_len=40)
+    refused(["--model", profile, "--dcp", 1, "--corpus", corpus, "--chat-template", template, "--max-tokens", 16],
+            tmp_path, capsys, "request chat/1: its last turn's prompt, every earlier answer at max_tokens, 23 tokens + max_tokens 16 "
+            "needs 43 positions")
+
+
 @pytest.mark.parametrize("line,words", [
     ({"id": "a", "prompt": "x", "max_tokens": 10**20}, 'field "max_tokens" must be <= 2147483647, got 100000000000000000000'),
     ('{"id": "a", "id": "b", "prompt": "x"}', 'key "id" appears twice in one object'),

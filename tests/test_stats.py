@@ -18,6 +18,7 @@ from qual.stats import (
     paired_bootstrap,
     per_category,
     per_request_deltas,
+    per_turn,
     proposal_divergence,
 )
 from synthetic import synthetic_pair, synthetic_request
@@ -269,3 +270,49 @@ def test_decode_speedup_leaves_out_what_either_arm_did_not_time():
     assert none.n_requests == 0 and none.ratio is None and none.ratio_ci == {0.95: None}
     with pytest.raises(QualError, match="equal arms"):
         decode_speedup(spec, plain[:2])
+
+
+# ---------------------------------------------------------------- conversations of several turns
+
+
+def _turns(arm_offset: int = 0, differ: bool = False):
+    """Two conversations of two turns: (c1 turn 1, c1 turn 2, c2 turn 1, c2 turn 2). differ: the candidate's first
+    answer of c1 differs, so its second turn's prompt does too."""
+    rows = []
+    for conv, lengths in (("c1", ([3, 1], [2, 2])), ("c2", ([0, 0, 1], [4]))):
+        for turn, acc in enumerate(lengths, 1):
+            r = synthetic_request(f"{conv}/turn{turn}", acc, category="chat")
+            rows.append(replace(r, turn=turn, conversation=conv))
+    if differ:
+        first, second = rows[0], rows[1]
+        rows[0] = replace(first, output_token_ids=[7] + first.output_token_ids[1:], top2_margins=None)
+        rows[1] = replace(second, prompt_token_ids=second.prompt_token_ids + [9],
+                          output_token_ids=[8] + second.output_token_ids[1:])
+    return rows
+
+
+def test_acceptance_per_turn_and_later_turns_whose_history_differs():
+    control, candidate = _turns(), _turns(differ=True)
+    c, k = pair_requests(control, candidate)  # a later turn's prompts may differ; a first turn's may not
+    rows = per_turn(c, k)
+    assert [(t["turn"], t["n"], t["earlier_turns_differ"]) for t in rows] == [(1, 2, 0), (2, 2, 1)]
+    assert rows[0]["control_rate"] == pytest.approx((3 + 1 + 0 + 0 + 1) / (5 * 7))
+    assert rows[1]["control_rate"] == pytest.approx((2 + 2 + 4) / (3 * 7))
+    deltas = per_request_deltas(c, k)
+    assert [(d["turn"], d["earlier_turns_differ"]) for d in deltas] == [(1, False), (2, True), (1, False), (2, False)]
+    # the first turn's flip is a divergence; the second turn, built on it, is not compared again
+    assert [d["id"] for d in compare_outputs(c, k)] == ["c1/turn1"]
+    # c1's turn 1 diverges at its first output token (no step after it matches), its turn 2 is skipped: c2's 3 + 1
+    assert proposal_divergence(c, k)["matched_steps"] == 4
+    with pytest.raises(QualError, match="prompt token ids differ"):
+        pair_requests(control, [replace(candidate[0], prompt_token_ids=[1])] + candidate[1:])
+    assert per_turn(*[[replace(r, turn=1, conversation=None) for r in rows] for rows in (c, k)]) == []
+
+
+def test_the_bootstrap_resamples_conversations():
+    control, candidate = _turns(), _turns()
+    boot = paired_bootstrap(control, candidate, n_resamples=200, seed=3)
+    assert boot.n_requests == 2  # two conversations of two turns each
+    one = paired_bootstrap([replace(r, conversation=None) for r in control],
+                           [replace(r, conversation=None) for r in candidate], n_resamples=200, seed=3)
+    assert one.n_requests == 4 and one.delta_rate == boot.delta_rate == 0.0

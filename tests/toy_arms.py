@@ -13,7 +13,7 @@ def toy_control_arm(out: Path, engine: str, limit: int):
                                 temperature=0.0, out=str(out)))
     assert len(plan.requests) == limit and plan.arms["control"].dcp == 1 and plan.arms["control"].tp == 1
     plan.out_dir.mkdir(parents=True)
-    info, results = run_arm(plan, "control")
+    info, results, _ = run_arm(plan, "control")
     return info, [results[r.id] for r in plan.requests]
 
 

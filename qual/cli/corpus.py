@@ -39,6 +39,13 @@ def _manifest_status(corpus: Corpus) -> str:
     return "MISMATCH" if bad else "ok"
 
 
+def _preview(req) -> str:
+    """A row's prompt, or its conversation as role: text | ... (an answer to generate shown as such)."""
+    if req.messages is None:
+        return req.prompt
+    return " | ".join(f"{m.role}: {'(generated)' if m.content is None else m.content}" for m in req.messages)
+
+
 def _one_line(text: str, limit: int) -> str:
     flat = text.replace("\r", "").replace("\n", "⏎").replace("\t", " ")
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
@@ -100,7 +107,7 @@ def show(
             Text(req.id),
             Text(req.category),
             "" if req.max_tokens is None else str(req.max_tokens),
-            Text(_one_line(req.prompt, PROMPT_PREVIEW_CHARS)),
+            Text(_one_line(_preview(req), PROMPT_PREVIEW_CHARS)),
         )
     Console().print(table)
     if len(corpus) > limit:

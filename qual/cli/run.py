@@ -37,6 +37,8 @@ def run_command(
     engine: Optional[str] = typer.Option(None, "--engine", help=f"{' | '.join(ENGINES)} (default {DEFAULT_ENGINE}; "
                                          "attach with --control-url/--candidate-url)."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus name or JSONL path (default: the profile's)."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="A Jinja chat template file to render the "
+                                                "corpus's chat rows with, in place of the tokenizer's own."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Replay only the first K requests."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Max new tokens per request."),
     draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help=f"{' | '.join(DRAFT_KV_MODES)} (default "
@@ -96,7 +98,8 @@ def run_command(
     else:
         if engine is None:
             engine = "attach" if control_url or candidate_url else DEFAULT_ENGINE
-        options = run_options(model=model, target=target, draft=draft, dcp=dcp, tp=tp, engine=engine, corpus=corpus, limit=limit,
+        options = run_options(model=model, target=target, draft=draft, dcp=dcp, tp=tp, engine=engine, corpus=corpus,
+                              chat_template=chat_template, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
                               dsa_topk=dsa_topk, baseline=baseline, baseline_any=baseline_any, control_url=control_url,
@@ -153,7 +156,11 @@ def baseline_match(b) -> str:
 
 def _print_dry_run(plan) -> None:
     print(f"# dry run: nothing is started or written (out would be {plan.out_dir})")
-    print(f"# corpus {plan.corpus_info['name']}: {plan.corpus_info['count']} requests, {plan.corpus_info['fingerprint']}")
+    count, total = plan.corpus_info["count"], len(plan.request_ids) or plan.corpus_info["count"]
+    shown = f"{count} rows, {total} requests over their turns" if total != count else f"{count} requests"
+    print(f"# corpus {plan.corpus_info['name']}: {shown}, {plan.corpus_info['fingerprint']}")
+    if plan.prompts is not None:
+        print(f"# chat template: {plan.prompts.template.source} ({plan.prompts.template.sha256})")
     engine = get_engine(plan.options.engine)
     for arm, config in plan.arms.items():
         print(f"{arm}: {engine.describe(config)}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from qual import paths
 from qual.errors import QualError
 
-from .records import Corpus, CorpusRequest, fingerprint
+from .records import Corpus, CorpusRequest, Message, fingerprint
 from .validate import parse_jsonl
 
 if TYPE_CHECKING:  # datasets costs ~1.5 s to import: only paid when a corpus is loaded
@@ -79,10 +79,12 @@ def to_dataset(requests: Iterable[CorpusRequest]) -> datasets.Dataset:
             "prompt": datasets.Value("string"),
             "category": datasets.Value("string"),
             "max_tokens": datasets.Value("int64"),
+            "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
         }
     )
     rows = [
-        {"id": r.id, "prompt": r.prompt, "category": r.category, "max_tokens": r.max_tokens}
+        {"id": r.id, "prompt": r.prompt, "category": r.category, "max_tokens": r.max_tokens,
+         "messages": None if r.messages is None else [m.to_json() for m in r.messages]}
         for r in requests
     ]
     return datasets.Dataset.from_list(rows, features=features)
@@ -92,9 +94,10 @@ def from_dataset(ds: datasets.Dataset) -> tuple[CorpusRequest, ...]:
     """Requests back from a dataset built by to_dataset."""
     cols = ds.to_dict()
     return tuple(
-        CorpusRequest(id=i, prompt=p, category=c, max_tokens=m)
-        for i, p, c, m in zip(
-            cols["id"], cols["prompt"], cols["category"], cols["max_tokens"], strict=True
+        CorpusRequest(id=i, prompt=p, category=c, max_tokens=m,
+                      messages=None if ms is None else tuple(Message(x["role"], x["content"]) for x in ms))
+        for i, p, c, m, ms in zip(
+            cols["id"], cols["prompt"], cols["category"], cols["max_tokens"], cols["messages"], strict=True
         )
     )
 

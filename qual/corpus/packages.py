@@ -30,7 +30,7 @@ class PackageSource:
     pinned: str  # the version the shipped corpus was imported from
     file: str  # path of the data file inside the installed distribution
     license: str
-    map_row: RowMapper  # upstream row -> {"id", "prompt", "category"}
+    map_row: RowMapper  # upstream row -> {"id", "prompt" or "messages", "category"}
     description: str
     notes: str = ""
 
@@ -44,12 +44,13 @@ def _humaneval(row: dict) -> dict:
 
 
 def _mt_bench(row: dict) -> dict:
-    # First turn only: the second turn presupposes the model's own first answer.
-    return {
-        "id": f"mt-bench/{row['question_id']}",
-        "prompt": row["turns"][0],
-        "category": row["category"],
-    }
+    # Every turn: each later question follows the arm's own answer to the one before (content null).
+    messages = []
+    for question in row["turns"]:
+        if messages:
+            messages.append({"role": "assistant", "content": None})
+        messages.append({"role": "user", "content": question})
+    return {"id": f"mt-bench/{row['question_id']}", "messages": messages, "category": row["category"]}
 
 
 def _gsm8k(row: dict) -> dict:
@@ -78,7 +79,8 @@ PACKAGE_SOURCES: dict[str, PackageSource] = {
                 "MT-Bench question set, vendored under FastChat's Apache-2.0 LICENSE)"
             ),
             map_row=_mt_bench,
-            description="MT-Bench: 80 questions, first turn only; id = mt-bench/<question_id>, category = MT-Bench category",
+            description=("MT-Bench: 80 two-turn conversations, each second question after the arm's own first answer; "
+                         "id = mt-bench/<question_id>, category = MT-Bench category"),
         ),
         PackageSource(
             key="gsm8k",

@@ -14,18 +14,47 @@ DEFAULT_CATEGORY = "default"
 MAX_TOKENS = 2**31 - 1
 
 
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a chat row. An assistant message without content (None) is the arm's own answer to the
+    user message before it: the turn that message ends is generated, and the conversation goes on after it."""
+
+    role: str  # ROLES
+    content: str | None
+
+    def to_json(self) -> dict:
+        return {"role": self.role, "content": self.content}
+
+
 @dataclass(frozen=True, slots=True)
 class CorpusRequest:
-    """One prompt to replay through both arms."""
+    """One prompt to replay through both arms: raw text (`prompt`), or a conversation (`messages`) rendered with
+    the target tokenizer's chat template, of one turn or of several (qual.harness.turns)."""
 
     id: str
-    prompt: str
+    prompt: str | None
     category: str = DEFAULT_CATEGORY
     max_tokens: int | None = None
+    messages: tuple[Message, ...] | None = None
+
+    @property
+    def turns(self) -> int:
+        """Generated turns: one for a prompt, one per answer slot plus the last for a conversation."""
+        if self.messages is None:
+            return 1
+        return 1 + sum(m.role == "assistant" and m.content is None for m in self.messages)
 
     def to_json(self) -> dict:
         """The JSONL form: optional max_tokens omitted when unset."""
-        row: dict = {"id": self.id, "prompt": self.prompt, "category": self.category}
+        row: dict = {"id": self.id}
+        if self.messages is None:
+            row["prompt"] = self.prompt
+        else:
+            row["messages"] = [m.to_json() for m in self.messages]
+        row["category"] = self.category
         if self.max_tokens is not None:
             row["max_tokens"] = self.max_tokens
         return row
@@ -44,6 +73,11 @@ class Corpus:
         return len(self.requests)
 
     @property
+    def chat(self) -> bool:
+        """Some request is a conversation (rendered with a chat template)."""
+        return any(r.messages is not None for r in self.requests)
+
+    @property
     def categories(self) -> dict[str, int]:
         """Request count per category, in first-seen order."""
         counts: dict[str, int] = {}
@@ -52,12 +86,20 @@ class Corpus:
         return counts
 
 
+def _canonical_row(r: CorpusRequest) -> dict:
+    # A prompt row keeps the four fields it always had (the shipped corpora's fingerprints stand); a chat row has
+    # its messages in the prompt's place.
+    row: dict = {"id": r.id, "category": r.category, "max_tokens": r.max_tokens}
+    if r.messages is None:
+        row["prompt"] = r.prompt
+    else:
+        row["messages"] = [m.to_json() for m in r.messages]
+    return row
+
+
 def canonical_json(requests: Iterable[CorpusRequest]) -> bytes:
     """Formatting-independent serialization: every field present, sorted keys, no whitespace."""
-    rows = [
-        {"id": r.id, "prompt": r.prompt, "category": r.category, "max_tokens": r.max_tokens}
-        for r in requests
-    ]
+    rows = [_canonical_row(r) for r in requests]
     text = json.dumps(rows, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return text.encode("utf-8")
 

@@ -1,7 +1,10 @@
 """Strict line-by-line validation of corpus JSONL: every malformed line is named, none skipped.
 
 Rules (one JSON object per line, UTF-8):
-- required: "id" (non-empty string), "prompt" (non-blank string);
+- required: "id" (non-empty string), and exactly one of "prompt" (non-blank string) or "messages" (a chat: a
+  non-empty list of {"role", "content"}, role system, user or assistant, content a non-blank string; an assistant
+  message with content null is the arm's own answer to the user message just before it, a turn generated before the
+  conversation goes on; the last message is a user's, the one the arm answers);
 - optional: "category" (non-empty string), "max_tokens" (integer, 1..MAX_TOKENS); null means absent;
 - strings are text: a lone surrogate (`\\ud800`, which no UTF-8 encodes) is an error;
 - the file is a regular one of at most MAX_CORPUS_BYTES (a FIFO or a device is refused unread);
@@ -22,9 +25,10 @@ from typing import Any
 from qual.errors import QualError
 from qual.userfiles import read_bytes, text_problem
 
-from .records import DEFAULT_CATEGORY, MAX_TOKENS, CorpusRequest
+from .records import DEFAULT_CATEGORY, MAX_TOKENS, ROLES, CorpusRequest, Message
 
-FIELDS = ("id", "prompt", "category", "max_tokens")
+FIELDS = ("id", "prompt", "messages", "category", "max_tokens")
+MESSAGE_FIELDS = ("role", "content")
 # Problems spelled out in full in the one-line message; the rest are named by line number.
 MAX_DETAILED = 20
 _LINE_RE = re.compile(r"(?:row )?(\d+):")
@@ -76,15 +80,20 @@ def request_from_mapping(obj: Any, loc: str) -> tuple[CorpusRequest | None, list
     if unknown:
         names = ", ".join(_quote(k) for k in unknown)
         problems.append(f"{loc}: unknown field {names} (allowed: {', '.join(FIELDS)})")
-    for key in ("id", "prompt"):
+    chat = obj.get("messages") is not None
+    if chat and obj.get("prompt") is not None:
+        problems.append(f'{loc}: both "prompt" and "messages": a row is raw text or a chat, not both')
+    for key in ("id",) if chat else ("id", "prompt"):
         if key not in obj:
-            problems.append(f'{loc}: missing field "{key}"')
+            problems.append(f'{loc}: missing field "{key}"' + (' (or "messages")' if key == "prompt" else ""))
         elif not isinstance(obj[key], str):
             problems.append(f'{loc}: field "{key}" must be a string, got {_type_name(obj[key])}')
         elif not obj[key].strip():
             problems.append(f'{loc}: field "{key}" is empty')
         elif text_problem(obj[key]):
             problems.append(f'{loc}: field "{key}": {text_problem(obj[key])}')
+    messages, message_problems = _messages(obj["messages"], loc) if chat else (None, [])
+    problems += message_problems
     category = obj.get("category")
     if category is not None:
         if not isinstance(category, str):
@@ -109,10 +118,50 @@ def request_from_mapping(obj: Any, loc: str) -> tuple[CorpusRequest | None, list
         return None, problems
     return CorpusRequest(
         id=obj["id"],
-        prompt=obj["prompt"],
+        prompt=None if chat else obj["prompt"],
         category=category if category is not None else DEFAULT_CATEGORY,
         max_tokens=max_tokens,
+        messages=messages,
     ), []
+
+
+def _messages(value: Any, loc: str) -> tuple[tuple[Message, ...] | None, list[str]]:
+    """A chat row's messages, or the problems with them (each naming the message by its index)."""
+    if not isinstance(value, list) or not value:
+        what = "an empty list" if isinstance(value, list) else _type_name(value)
+        return None, [f'{loc}: field "messages" must be a non-empty list of {{"role", "content"}}, got {what}']
+    problems: list[str] = []
+    out: list[Message] = []
+    for i, m in enumerate(value):
+        at = f'{loc}: messages[{i}]'
+        if not isinstance(m, dict):
+            problems.append(f"{at}: expected an object, got {_type_name(m)}")
+            continue
+        unknown = [k for k in m if k not in MESSAGE_FIELDS]
+        if unknown:
+            problems.append(f"{at}: unknown field {', '.join(_quote(k) for k in unknown)} (allowed: role, content)")
+        role, content = m.get("role"), m.get("content", "")
+        if role not in ROLES:
+            shown = _quote(role) if isinstance(role, str) else _type_name(role)
+            problems.append(f"{at}: role must be one of {', '.join(ROLES)}, got {shown}")
+        if content is None:
+            before = value[i - 1] if i else None
+            if role != "assistant":
+                problems.append(f"{at}: content null is an answer to generate: only an assistant message has it")
+            elif not isinstance(before, dict) or before.get("role") != "user":
+                problems.append(f"{at}: an answer to generate (content null) must follow a user message")
+        elif not isinstance(content, str):
+            problems.append(f"{at}: content must be a string (or null: an answer to generate), got "
+                            f"{_type_name(content)}")
+        elif not content.strip():
+            problems.append(f"{at}: content is empty")
+        elif text_problem(content):
+            problems.append(f"{at}: content: {text_problem(content)}")
+        out.append(Message(role, content))
+    last = value[-1]
+    if not problems and (not isinstance(last, dict) or last.get("role") != "user"):
+        problems.append(f"{loc}: the last message must be a user's (the one the arm answers)")
+    return (None, problems) if problems else (tuple(out), [])
 
 
 class DuplicateKeyError(ValueError):

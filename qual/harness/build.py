@@ -23,11 +23,13 @@ from qual.stats import (
     DEFAULT_RESAMPLES,
     acceptance_summary,
     compare_outputs,
+    earlier_turns_differ,
     pair_by_id,
     pair_requests,
     paired_bootstrap,
     per_category,
     per_request_deltas,
+    per_turn,
     proposal_divergence,
 )
 
@@ -45,6 +47,7 @@ def provenance(config: dict, info: ArmRunInfo, corpus_fingerprint: str, gate_sou
         corpus_fingerprint=corpus_fingerprint,
         gate_sha256=file_sha256(gate_file) if gate_file is not None and gate_file.is_file() else None,
         checkpoints=checkpoint_records(config),
+        chat_template=(config.get("extra") or {}).get("chat_template"),
     )
 
 
@@ -128,8 +131,10 @@ def compare_arms(
         per_category=per_category(control, candidate),
         per_request_deltas=per_request_deltas(control, candidate),
         per_position=boot.per_position,
+        per_turn=per_turn(control, candidate),
+        earlier_turns_differ=earlier_turns_differ(control, candidate),
         bootstrap={
-            "unit": "request",
+            "unit": "conversation" if any(r.conversation for r in control) else "request",
             "method": "paired percentile",
             "resamples": n_resamples,
             "seed": seed,

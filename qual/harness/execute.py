@@ -19,6 +19,7 @@ from qual.files import WriteError, write_text
 from qual.harness import sweep
 from qual.harness.journal import Journal, journal_path, read_journal
 from qual.harness.plan import RunPlan
+from qual.harness.turns import later_turns, wave
 from qual.history import HistoryLocked, configuration_runs, record_run
 from qual.report import write_reports
 from qual.harness.build import build_result
@@ -75,27 +76,34 @@ def _load_info(out_dir: Path, arm: str) -> ArmRunInfo | None:
     return info
 
 
-def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult]) -> None:
-    """Matched replay is verified: every arm saw exactly the planned prompt token ids."""
-    for req in plan.requests:
+def check_matched(plan: RunPlan, arm: str, results: dict[str, RequestResult],
+                  planned: list[EngineRequest] | None = None) -> None:
+    """Matched replay is verified: every arm saw exactly the planned prompt token ids (of a later turn: the ones
+    the arm's own earlier answers gave, `planned`)."""
+    planned = plan.requests if planned is None else planned
+    for req in planned:
         got = results.get(req.id)
         if got is None:
             raise QualError(f"arm {arm}: request {req.id} has no result")
         if tuple(got.prompt_token_ids) != tuple(req.prompt_token_ids):
             raise QualError(f"arm {arm}: request {req.id} replayed different prompt token ids than planned (corpus or tokenizer changed?)")
-    extra = set(results) - {r.id for r in plan.requests}
+    missing = [rid for rid in plan.request_ids or [r.id for r in planned] if rid not in results]
+    if missing:
+        raise QualError(f"arm {arm}: request {missing[0]} has no result")
+    extra = set(results) - {r.id for r in planned}
     if extra:
         raise QualError(f"arm {arm}: results for requests not in the plan: {', '.join(sorted(extra)[:5])}")
 
 
 def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
     """The arm's finished requests, each record checked against the arm (its K) and against the plan: a journal
-    holds only planned requests, with their planned prompts and at most their planned tokens (run.json and the
-    journals describe one run)."""
+    holds only planned requests, with their planned prompts (a later turn's: the ones the journaled answers before
+    it give) and at most their planned tokens (run.json and the journals describe one run)."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
     done = read_journal(path, config.num_speculative_tokens if config.draft_path else None)
-    planned = {r.id: r for r in plan.requests}
+    planned = {r.id: r for r in [*plan.requests, *later_turns(plan.conversations, plan.prompts, done,
+                                                               plan.corpus_info["name"])]}
     for rid, rec in done.items():
         req = planned.get(rid)
         if req is None:
@@ -107,53 +115,92 @@ def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
     return done
 
 
-def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None,
-            done: dict[str, RequestResult] | None = None) -> tuple[ArmRunInfo, dict[str, RequestResult]]:
-    """Run one arm over the requests it has not finished yet; each result is journaled as it arrives."""
+def _merged(piece: ArmRunInfo, prior: ArmRunInfo | None) -> ArmRunInfo:
+    """A piece of an arm (one engine run: a wave of turns, or what a resume had left) after the earlier ones: time and
+    tokens add up, and each earlier piece's facts are kept (a server restarted in between may have changed)."""
+    if prior is None:
+        return piece
+    earlier = prior.extra.get("earlier_pieces", [])
+    piece.extra["earlier_pieces"] = [*earlier, {k: v for k, v in prior.extra.items() if k != "earlier_pieces"}]
+    piece.wall_seconds += prior.wall_seconds
+    piece.output_tokens += prior.output_tokens
+    both = piece.generate_seconds is not None and prior.generate_seconds is not None
+    piece.generate_seconds = piece.generate_seconds + prior.generate_seconds if both else None
+    return piece
+
+
+def _check_fits(config: ArmConfig, engine, requests: list[EngineRequest]) -> None:
+    """A later turn, built from the arm's answers, fits the arm's context (the plan checked a bound)."""
+    for r in requests:
+        needed, limit = engine.context_needed(config, len(r.prompt_token_ids), r.max_tokens), engine.max_model_len(config)
+        if needed > limit:
+            raise QualError(f"request {r.id}: its prompt after the arm's earlier answers is {len(r.prompt_token_ids)} "
+                            f"tokens; with max_tokens {r.max_tokens} it needs {needed} positions, more than the arm's "
+                            f"max_model_len {limit}")
+
+
+def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None, done: dict[str, RequestResult] | None = None
+            ) -> tuple[ArmRunInfo, dict[str, RequestResult], list[EngineRequest]]:
+    """Run one arm over the requests it has not finished yet, wave by wave of turns (a later turn's prompt holds the
+    arm's own earlier answers); each result is journaled as it arrives. Returns the arm's facts, its results and
+    every request it was given."""
     config: ArmConfig = plan.arms[arm]
+    engine = get_engine(config.engine)
     path = journal_path(plan.out_dir, arm)
     done = read_arm_journal(plan, arm) if done is None else done
-    todo: list[EngineRequest] = [r for r in plan.requests if r.id not in done]
-    total = len(plan.requests)
-    prior = _load_info(plan.out_dir, arm)
+    total = len(plan.request_ids) or len(plan.requests)
+    info = _load_info(plan.out_dir, arm)
     resumed = len(done)
     accepted = sum(r.accepted_tokens for r in done.values())
     drafted = sum(r.draft_tokens for r in done.values())
+    planned: list[EngineRequest] = []
+    journal: Journal | None = None
 
     def report(phase: str) -> None:
         if progress:
             progress(ArmProgress(arm, phase, len(done), total, resumed, accepted, drafted))
 
-    if not todo and prior is not None:  # finished by an earlier piece
-        report(DONE)
-        return prior, done
-    journal = Journal(path)
-
     def on_result(res: RequestResult) -> None:
         nonlocal accepted, drafted
+        req = asked[res.id]  # the turn and conversation are the harness's: stamped whatever the engine
+        res.turn, res.conversation = req.turn, req.conversation
         journal.append(res)
         done[res.id] = res
         accepted += res.accepted_tokens
         drafted += res.draft_tokens
         report(DECODING)
 
-    report(STARTING)
+    def run_piece(todo: list[EngineRequest]) -> ArmRunInfo:
+        nonlocal journal, info
+        journal = journal or Journal(path)
+        report(STARTING)
+        before = len(done)
+        piece = engine.run(config, todo, on_result, plan.out_dir, arm)
+        piece.extra.update(requests_run=len(todo), resumed_with=before)
+        info = _merged(piece, info)
+        _save_info(plan.out_dir, arm, info)
+        return piece
+
+    turn, batch = 1, list(plan.requests)
     try:
-        info = get_engine(config.engine).run(config, todo, on_result, plan.out_dir, arm)
+        while batch:
+            planned += batch
+            asked = {r.id: r for r in batch}
+            todo = [r for r in batch if r.id not in done]
+            if todo:
+                _check_fits(config, engine, todo)
+                if not run_piece(todo).runnable:
+                    break
+            turn += 1
+            batch = wave(plan.conversations, plan.prompts, turn, done, plan.corpus_info["name"])
+        if info is None:  # every request journaled, the arm's record not yet written: the engine's facts still count
+            asked = {}
+            run_piece([])
     finally:
-        journal.close()
-    info.extra.update(requests_run=len(todo), resumed_with=total - len(todo))
-    if prior is not None:  # resumed: time and tokens add up over the pieces
-        # Each earlier piece's facts are kept: a server restarted in between may have changed (acceptance source, build).
-        earlier = prior.extra.get("earlier_pieces", [])
-        info.extra["earlier_pieces"] = [*earlier, {k: v for k, v in prior.extra.items() if k != "earlier_pieces"}]
-        info.wall_seconds += prior.wall_seconds
-        info.output_tokens += prior.output_tokens
-        both = info.generate_seconds is not None and prior.generate_seconds is not None
-        info.generate_seconds = info.generate_seconds + prior.generate_seconds if both else None
-    _save_info(plan.out_dir, arm, info)
+        if journal is not None:
+            journal.close()
     report(DONE)
-    return info, done
+    return info, done, planned
 
 
 def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | SweepResult, dict[str, Path]]:
@@ -177,10 +224,10 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
     plan.save()
     arms = {}
     for arm in order:
-        info, results = run_arm(plan, arm, progress, journals[arm])
+        info, results, planned = run_arm(plan, arm, progress, journals[arm])
         if info.runnable:
-            check_matched(plan, arm, results)
-        ordered = [results[r.id] for r in plan.requests if r.id in results]
+            check_matched(plan, arm, results, planned)
+        ordered = [results[rid] for rid in plan.request_ids or [r.id for r in plan.requests] if rid in results]
         info.output_tokens = sum(len(r.output_token_ids) for r in ordered)  # all pieces of a resumed arm
         arms[arm] = (plan.arms[arm], info, ordered)
     if progress:  # the comparison (its bootstrap), the reports and the history row

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from qual import paths
+from qual.chat import load_template
 from qual.configuration import ConfigurationKey
 from qual.checkpoints.weights import inspect_weights
 from qual.corpus import load_corpus
@@ -26,6 +27,7 @@ from qual.harness import sweep
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
 from qual.harness.speedup import PLAIN_ARM, plain_arm
 from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
+from qual.harness.turns import ChatPrompts, Conversation, request_ids
 from qual.history import check_history
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
                           DEVICE_PATTERN, MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, DraftKv, DsaTopk, Dtype,
@@ -62,6 +64,7 @@ class RunOptions:
     tp: int | None = Field(None, ge=1)  # default: the profile's tp, else the DCP size
     engine: str = Field(DEFAULT_ENGINE, min_length=1)
     corpus: str | None = _text()
+    chat_template: str | None = _text()  # a Jinja file in place of the tokenizer's chat template (chat rows)
     limit: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     draft_kv: sweep.one_or_many(DraftKv) | None = None  # default: DEFAULT_DRAFT_KV (reference) or what the vLLM build does
@@ -87,6 +90,7 @@ class RunOptions:
         """The `qual run` command line that reproduces this run."""
         parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
         for flag, value in [("--target", self.target), ("--draft", self.draft), ("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
+                            ("--chat-template", self.chat_template),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
                             ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk),
                             ("--baseline", self.baseline), ("--control-url", self.control_url),
@@ -141,6 +145,11 @@ class RunPlan:
     baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
     inputs: dict | None = None  # what the run depends on (qual.harness.inputs), recorded in run.json
     engine_version: str | None = None  # the candidate engine's, as its run will record it (None: not known yet)
+    # Conversations of several turns: `requests` holds their first turns, each arm builds the later ones from its own
+    # answers (qual.harness.turns); request_ids: every request of the run, later turns included, in corpus order.
+    conversations: list[Conversation] = field(default_factory=list)
+    prompts: ChatPrompts | None = None
+    request_ids: list[str] = field(default_factory=list)
 
     @property
     def candidates(self) -> list[str]:
@@ -225,13 +234,22 @@ def _first_difference(a: list[int], b: list[int]) -> str:
     return f"token {i}: {a[i] if i < len(a) else 'end'} vs {b[i] if i < len(b) else 'end'} ({len(a)} vs {len(b)} tokens)"
 
 
+def _texts(corpus, selected, conversations: dict[str, Conversation], prompts: ChatPrompts | None) -> list[str]:
+    """Each request's first prompt as text: a raw prompt as it is, a chat rendered with the template up to its first
+    answer."""
+    return [r.prompt if r.messages is None else
+            prompts.render(conversations[r.id].messages(1, []), f"corpus {corpus.name}: request {r.id}")
+            for r in selected]
+
+
 def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, ArmConfig],
-              tokenizer: PromptTokenizer | None) -> list[EngineRequest]:
+              tokenizer: PromptTokenizer | None, conversations: dict[str, Conversation],
+              prompts: ChatPrompts | None) -> list[EngineRequest]:
     """Prompts are tokenized once, here, so both arms receive identical token ids. Where an arm's engine tokenizes
     too (an attached server), it must agree on every prompt: matched replay needs identical token ids.
 
     engine None (a dry run): the local tokenizer alone, no server is asked."""
-    texts = [r.prompt for r in selected]
+    texts = _texts(corpus, selected, conversations, prompts)
     theirs = {name: engine.tokenize(arm, texts) for name, arm in arms.items()} if engine is not None else {}
     if tokenizer is not None:
         ids, by = [tokenizer.encode(t) for t in texts], f"the profile's tokenizer ({tokenizer.path})"
@@ -248,8 +266,37 @@ def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, 
     for r, prompt_ids in zip(selected, ids, strict=True):
         if not prompt_ids:
             raise QualError(f"corpus {corpus.name}: request {r.id} tokenizes to nothing")
-        requests.append(EngineRequest(r.id, r.category, tuple(prompt_ids), o.max_tokens or r.max_tokens or profile.max_tokens))
+        if r.messages is not None:
+            requests.append(conversations[r.id].request(1, prompt_ids))
+        else:
+            requests.append(EngineRequest(r.id, r.category, tuple(prompt_ids), o.max_tokens or r.max_tokens or profile.max_tokens))
     return requests
+
+
+def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer | None,
+          dry_run: bool) -> ChatPrompts | None:
+    """The chat template chat rows render with (the tokenizer's, or --chat-template's); None without chat rows, or
+    on a dry run without a local tokenizer. A chat row with no template to render it is refused, naming the row."""
+    first = next((r for r in selected if r.messages is not None), None)
+    if first is None:
+        if o.chat_template is not None:
+            raise QualError(f"--chat-template {o.chat_template}: corpus {corpus.name} has no chat rows (\"messages\") "
+                            "for it to render")
+        return None
+    if tokenizer is None:
+        if dry_run:
+            return None
+        raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\"), which qual renders with "
+                        f"the tokenizer's chat template: the profile's tokenizer ({profile.tokenizer_path!r}) must be a "
+                        "local directory")
+    template = load_template(profile.tokenizer_path, o.chat_template)
+    if template is None:
+        raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\") and the tokenizer "
+                        f"{profile.tokenizer_path} has no chat template (tokenizer_config.json \"chat_template\" or "
+                        f"chat_template.jinja): give one with --chat-template FILE")
+    if o.chat_template is not None:
+        template = replace(template, source=str(Path(o.chat_template).resolve()))
+    return ChatPrompts(tokenizer, template)
 
 
 def _with_checkpoints(profile, o: RunOptions):
@@ -288,19 +335,33 @@ def _check_weights(profile, dtype: str) -> None:
                             f"{profile.path}: {key}")
 
 
+def _last_turn_bound(c: Conversation, prompts: ChatPrompts, corpus) -> int:
+    """A conversation's last prompt, in tokens, before the answers exist: the conversation rendered with empty
+    answers, plus max_tokens for each answer (a guard; each later turn is checked again once it is built)."""
+    messages = c.messages(c.turns, [""] * (c.turns - 1))
+    return len(prompts.encode(messages, f"corpus {corpus.name}: request {c.request_id(c.turns)}")) + \
+        (c.turns - 1) * c.max_tokens
+
+
 def _check_lengths(engine, arms: dict[str, ArmConfig], corpus, selected, requests: list[EngineRequest],
-                   default_max: int) -> None:
-    """Every request fits every arm's context: prompt + max_tokens (+ the engine's speculative headroom).
+                   default_max: int, conversations: dict[str, Conversation], prompts: ChatPrompts | None) -> None:
+    """Every request fits every arm's context: prompt + max_tokens (+ the engine's speculative headroom); a
+    conversation's last turn at its longest.
 
     Without token ids (a dry run with a hub tokenizer) a prompt counts as one token: max_tokens alone can
     already be impossible."""
-    lengths = {r.id: (len(r.prompt_token_ids), r.max_tokens) for r in requests}
+    lengths = {r.conversation or r.id: (len(r.prompt_token_ids), r.max_tokens) for r in requests}
+    for c in conversations.values():
+        if c.turns > 1 and prompts is not None:
+            lengths[c.row.id] = (_last_turn_bound(c, prompts, corpus), c.max_tokens)
     for r in selected:
         prompt, max_tokens = lengths.get(r.id, (1, r.max_tokens or default_max))
         for name, arm in arms.items():
             needed, limit = engine.context_needed(arm, prompt, max_tokens), engine.max_model_len(arm)
             if needed > limit:
                 what = f"prompt {prompt} tokens" if r.id in lengths else "a prompt of at least 1 token"
+                if r.turns > 1 and r.id in lengths:
+                    what = f"its last turn's prompt, every earlier answer at max_tokens, {prompt} tokens"
                 raise QualError(f"corpus {corpus.name}: request {r.id}: {what} + max_tokens {max_tokens} needs "
                                 f"{needed} positions, more than the {name} arm's max_model_len {limit}")
 
@@ -332,10 +393,15 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
     tokenizer = _local_tokenizer(profile, engine, dry_run)
     default_max = o.max_tokens or profile.max_tokens
+    prompts = _chat(profile, corpus, selected, o, tokenizer, dry_run)
+    conversations = {r.id: Conversation(r, o.max_tokens or r.max_tokens or profile.max_tokens)
+                     for r in selected if r.messages is not None}
     extra = {"max_model_len": profile.max_model_len, "tokenizer": profile.tokenizer_path,
              o.engine: profile.section(o.engine)}
     if profile.weights_dtype is not None:  # the cast the profile asked for is part of what ran
         extra["weights_dtype"] = profile.weights_dtype
+    if prompts is not None:  # the template every chat prompt was rendered with
+        extra["chat_template"] = prompts.template.record()
     for key in REVISION_KEYS:  # hub revisions: the engine applies them (or refuses), provenance records them
         if getattr(profile, key) is not None:
             extra[key] = getattr(profile, key)
@@ -359,23 +425,25 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     requests = []
     if not dry_run:  # checkpoints, head layout vs tp/dcp, installs, servers: refused before anything is written
         arms = {name: engine.preflight(arm, o.requested()) for name, arm in arms.items()}
-        requests = _tokenize(profile, corpus, selected, o, engine, arms, tokenizer)
+        requests = _tokenize(profile, corpus, selected, o, engine, arms, tokenizer, conversations, prompts)
     elif tokenizer is not None:  # a dry run checks lengths with the local tokenizer and asks no server
-        requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer)
-    _check_lengths(engine, arms, corpus, selected, requests, default_max)
+        requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer, conversations, prompts)
+    _check_lengths(engine, arms, corpus, selected, requests, default_max, conversations, prompts)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     label = "sweep" if sweep.swept(o) else f"dcp{dcps[0]}"
     out_dir = Path(o.out) if o.out else paths.REPORTS_DIR / f"{stamp}-{profile.name}-{label}"
     check_path_name(out_dir, "--out")  # a name the file system refuses (ENAMETOOLONG): exit 2 before any work
     corpus_info = {"name": corpus.name, "path": str(corpus.path), "fingerprint": corpus.fingerprint, "count": len(selected),
                    "total_in_corpus": len(corpus.requests)}
-    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex)
+    plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
+                   conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
+                   request_ids=request_ids(selected))
     plan.engine_version = engine.version(arms[plan.candidates[0]])
     if o.baseline_any and o.baseline is None:
         raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
         plan.baseline = resolve(o.baseline, history, plan.configuration, o.baseline_any)
-        check_match(plan.baseline, arms, corpus.fingerprint, [r.id for r in selected])
+        check_match(plan.baseline, arms, corpus.fingerprint, plan.request_ids)
     if not dry_run:
         plan.inputs = run_inputs(plan, profile.path)
     return plan

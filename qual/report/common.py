@@ -41,6 +41,13 @@ def throughput(t: Throughput) -> str:
     return whole if gen is None else f"{gen:.1f} tok/s generating ({whole} with start-up)"
 
 
+def replayed(result: Result) -> str:
+    """How many requests the run replayed: '8 requests', or '16 requests (8 conversations)' over several turns."""
+    n = max(len(result.control.per_request), len(result.candidate.per_request))
+    rows = result.corpus.count
+    return f"{rows} requests" if n in (0, rows) else f"{n} requests ({rows} conversations)"
+
+
 def title(result: Result) -> str:
     """'toy: DCP 1 -> DCP 4 (reference, draft KV sharded)'."""
     c, k = result.control.config, result.candidate.config
@@ -74,6 +81,8 @@ def headline(result: Result) -> list[HeadlineRow]:
             f"no: {len(kinds)}/{n} differ ({kinds.count('benign_near_tie')} near-tie, "
             f"{kinds.count('disagreement')} disagreement)"
         )
+        if cmp.earlier_turns_differ:
+            identical += f"; {len(cmp.earlier_turns_differ)} later turns not compared (earlier turns differ)"
     if prop.get("matched_steps"):
         proposals = f"{pct(prop.get('overall'), 1)} of {prop['matched_steps']} matched draft steps differ"
     else:

@@ -61,6 +61,7 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
         r=result,
         pid=pid,
         title=common.title(result),
+        replayed=common.replayed(result),
         headline=common.headline(result),
         failed=result.gate.failed,
         positions=tables.position_rows(result),

@@ -33,7 +33,7 @@ def render(result: Result) -> str:
     lines = [
         f"## {'✅ PASS' if passed else '❌ FAIL'}: qual {cell(common.title(result))}",
         "",
-        f"{n_pass}/{len(result.gate.checks)} gate checks passed on {result.corpus.count} requests "
+        f"{n_pass}/{len(result.gate.checks)} gate checks passed on {common.replayed(result)} "
         f"of `{cell(result.corpus.name)}`.",
         "",
         *_headline(result, c_dcp, k_dcp),
@@ -51,6 +51,11 @@ def render(result: Result) -> str:
             f"{common.pct(r['candidate_rate'])} | {common.pp(r['delta'])} |"
             for r in cats[:10]
         ]
+    if result.comparison.per_turn:
+        lines += ["", "### Per turn", "", "| turn | requests | control | candidate | Δ | earlier turns differ |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {t['turn']} | {t['n']} | {common.pct(t['control_rate'])} | {common.pct(t['candidate_rate'])} | "
+                  f"{common.pp(t['delta'])} | {t['earlier_turns_differ']} |" for t in result.comparison.per_turn]
     if result.warnings:
         lines += ["", "### ⚠️ The arms' provenance differs", ""] + [f"- {cell(w)}" for w in result.warnings]
     lines += ["", "### Engines and provenance", "", "| | control | candidate |", "|---|---|---|"]

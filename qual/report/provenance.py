@@ -125,7 +125,16 @@ def engine_facts(result: Result) -> list[FactRow]:
         row("corpus fingerprint", lambda a: _prov(a, lambda p: p.corpus_fingerprint)),
         row("gate file", lambda a: _prov(a, lambda p: p.gate_sha256 or "inline rules")),
     ]
+    if any(a.provenance is not None and a.provenance.chat_template for a in (c, k)):
+        rows.append(row("chat template", lambda a: _prov(a, _chat_template)))
     return rows
+
+
+def _chat_template(p) -> str:
+    t = p.chat_template
+    if not t:
+        return "none (no chat rows)"
+    return f"{t['sha256']} · {t['source']}" + (f" (named {t['name']})" if t.get("name") else "")
 
 
 def log_href(arm: ArmResult, report_dir: Path | None) -> str | None:

@@ -62,6 +62,7 @@ class RequestRow:
     candidate_rate: float | None
     delta: float | None
     tokens: str  # output tokens: one number where both arms produced as many, else "control / candidate"
+    history_differs: bool = False  # a later turn whose earlier turns differ between the arms
 
 
 def request_rows(result: Result) -> list[RequestRow]:
@@ -71,5 +72,6 @@ def request_rows(result: Result) -> list[RequestRow]:
     for r in result.comparison.per_request_deltas:
         c, k = lengths["control"].get(r["id"]), lengths["candidate"].get(r["id"])
         tokens = str(c) if c == k else f"{c if c is not None else 'n/a'} / {k if k is not None else 'n/a'}"
-        rows.append(RequestRow(r["id"], r["category"], r["control_rate"], r["candidate_rate"], r["delta"], tokens))
+        rows.append(RequestRow(r["id"], r["category"], r["control_rate"], r["candidate_rate"], r["delta"], tokens,
+                               bool(r.get("earlier_turns_differ"))))
     return sorted(rows, key=lambda r: (r.delta is None, r.delta or 0.0))

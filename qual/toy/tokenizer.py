@@ -10,7 +10,24 @@ import numpy as np
 from qual.errors import QualError
 from qual.toy.config import EOS_TOKEN, MASK_TOKEN, SPECIAL_TOKENS
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+# The toy pair's chat format. The target is a code model: turns read as Python comments, so a chat prompt stays text
+# it has seen; an answer ends with the end-of-text token, as real templates end an assistant turn with theirs.
+CHAT_TEMPLATE = """\
+{%- for message in messages %}
+    {%- if message.role == 'system' or message.role == 'user' %}
+        {{- '# ' + message.role + ':\\n# ' + message.content | replace('\\n', '\\n# ') + '\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '# assistant:\\n' + message.content + eos_token + '\\n' }}
+    {%- else %}
+        {{- raise_exception('the toy chat template knows the roles system, user and assistant, not ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '# assistant:\\n' }}
+{%- endif %}
+"""
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> None:
@@ -32,7 +49,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> None:
 
 
 def save_tokenizer(tok, out_dir: Path) -> None:
-    """Write tokenizer.json + tokenizer_config.json without importing transformers."""
+    """Write tokenizer.json, tokenizer_config.json and chat_template.jinja without importing transformers."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     config = {
@@ -51,6 +68,7 @@ def save_tokenizer(tok, out_dir: Path) -> None:
         },
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
 
 def load_tokenizer(tok_dir: Path):
