@@ -8,14 +8,13 @@ is "qual.result/1" as always; docs/ARCHITECTURE.md, "Sweeps".
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qual import __version__
 from qual.errors import QualError
-from qual.files import write_text
-from qual.result import MAX_RESULT_BYTES, SCHEMA, ArmResult, Comparison, CorpusInfo, GateOutcome, Result
+from qual.result import MAX_RESULT_BYTES, SCHEMA, ArmResult, Comparison, CorpusInfo, GateOutcome, Result, save_result
+from qual.result import dumps as result_dumps
 from qual.result import _finite as finite
 from qual.userfiles import read_json
 
@@ -120,15 +119,13 @@ class SweepResult:
 
 
 def dumps(sweep: SweepResult) -> str:
-    """result.json text of a sweep."""
-    return json.dumps(sweep.to_json(), indent=1, allow_nan=False) + "\n"
+    """result.json text of a sweep (written as a single run's is)."""
+    return result_dumps(sweep)
 
 
 def save_sweep(sweep: SweepResult, path: str | Path) -> Path:
-    """Write a sweep's result.json (atomically, as qual.result.save_result)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text(path, dumps(sweep))
+    """Write a sweep's result.json (atomically, as qual.result.save_result does a single run's)."""
+    return save_result(sweep, path)
 
 
 def load_any(path: str | Path) -> Result | SweepResult:

@@ -2,7 +2,7 @@
 tokenizer), so that a drafter swapped in at the same path is a different checkpoint.
 
 Hashing a real checkpoint reads hundreds of gigabytes: the hash is cached by path, and reused while every file keeps
-its inode, size, modification time and status-change time (qual.paths.cache_dir()/checkpoint-hashes.json). The
+its inode, size, modification time and status-change time (CACHE_FILE in qual.paths.cache_dir()). The
 status-change time is set by the kernel on every write, rename or copy into place, and no tool can set it back, so a
 file replaced by one of the same size and a preserved modification time (`cp -p`, `rsync -t`) is still rehashed.
 """
