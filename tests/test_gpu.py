@@ -54,26 +54,6 @@ def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend, steps):
     assert sum(record["replays"].values()) > 0 and record["eager_fallback_sizes"] == []
 
 
-@pytest.mark.parametrize("backend,steps", [("pytorch", 1), ("compiled", 4)])
-def test_waiting_requests_take_retired_rows_in_graphs(tiny_pair, cpu_control, backend, steps):
-    """Three in flight from graphs: finished rows turn to padding and waiting requests take them over inside the
-    run of launches ahead (their prefill from its graph, their first token and numbers put in on the device); every
-    request gets the CPU's tokens."""
-    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
-    from qual.runtime.engine import LLMEngine
-    from runtime_helpers import prompts
-
-    cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
-                       dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256, max_num_seqs=3,
-                       backend=backend, steps_per_launch=steps)
-    with LLMEngine(cfg) as engine:
-        out = engine.generate(prompts(), SamplingParams(seed=7, max_tokens=20))
-        record = engine.decode_record()
-    assert record["rows_joined"] > 0, record
-    assert outputs(out) == outputs(cpu_control)
-    assert [r.draft_steps for r in out] == [r.draft_steps for r in cpu_control]
-
-
 def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):
     """Two identical engines one after the other in one process, as the two arms of a qual run: the second must
     not look cheaper because the caching allocator kept the first one's blocks (before graph bytes were measured
