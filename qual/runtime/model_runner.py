@@ -124,7 +124,7 @@ class ModelRunner:
         if graph:
             args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
             self.phases.lap("inputs")
-            self._amend(graph.load(args, feats, step.advanced).numbers, step, args.numbers)
+            self._amend(graph.load(args, feats, step.advanced).numbers, step)
             logits, drafts, aux, choices = graph.replay(n)
             self.phases.lap("graph")
         elif static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
@@ -197,28 +197,22 @@ class ModelRunner:
         if kept is not None and not advanced:
             kept.copy_(feats)
         sent = self.stager.send(args, into=flat, tables_only=advanced)
-        self._amend(sent.numbers, step, args.numbers)
+        self._amend(sent.numbers, step)
         return sent, kept
 
-    def _amend(self, numbers: torch.Tensor, step: DecodeStep, host: torch.Tensor) -> None:
+    def _amend(self, numbers: torch.Tensor, step: DecodeStep) -> None:
         """What the host could not write into a static step's numbers, on the device: rows retired (padding from
-        now on), rows of an advanced step that newly admitted requests take (their numbers from `host`, the step's
-        numbers as the host built them), and last tokens that are the last prefill's greedy choices (the step launched
-        before they were read)."""
+        now on), and last tokens that are the last prefill's greedy choices (the step launched before they were
+        read)."""
         retire(numbers, step.retired)
-        if step.joined:
-            rows = to_device(torch.tensor(step.joined), numbers.device)
-            numbers[:, rows] = to_device(host[:, step.joined], numbers.device)
         if step.first_rows:
+            # The engine appends a prefill's requests to its batch in order: rows r0.. take picks p0.., one device copy
+            # (no index tensors to send, and the host does not wait for the prefill)
             rows, picks = zip(*step.first_rows)
             r0, p0, n = rows[0], picks[0], len(rows)
-            if rows == tuple(range(r0, r0 + n)) and picks == tuple(range(p0, p0 + n)):
-                # A prefill's requests appended to the batch in order: one device copy, no index tensors to send
-                numbers[NUMBERS.index("last_tokens"), r0 : r0 + n] = self.first_tokens[p0 : p0 + n]
-            else:  # rows taken over here and there (joined)
-                dev = numbers.device
-                numbers[NUMBERS.index("last_tokens"), to_device(torch.tensor(rows), dev)] = \
-                    self.first_tokens[to_device(torch.tensor(picks), dev)]
+            if rows != tuple(range(r0, r0 + n)) or picks != tuple(range(p0, p0 + n)):
+                raise ValueError(f"first_rows {step.first_rows}: a prefill's requests must be consecutive rows, in order")
+            numbers[NUMBERS.index("last_tokens"), r0 : r0 + n] = self.first_tokens[p0 : p0 + n]
 
     def step_args(self, step: DecodeStep, pad_to: int | None = None, static: bool = False):
         """The host-built part of a decode step: its per-request numbers and block tables (qual/runtime/step_args.py),
