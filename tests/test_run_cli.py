@@ -8,31 +8,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from checkpoints import make_profile
-from qual.cli.main import _register, run_app
+from cli_inprocess import qual_in as cli
 from qual.harness.inputs import seal
 
 pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
 
 QUAL = [sys.executable, "-m", "qual"]
-_register()  # every subcommand on the app that run_app runs
 
 
 def qual(*args, timeout=300):
     return subprocess.run([*QUAL, *map(str, args)], capture_output=True, text=True, timeout=timeout)
-
-
-def cli(capsys, *args) -> SimpleNamespace:
-    """`qual ARGS` in this process (run_app: the CLI's exit codes and one-line errors, as `python -m qual` gives them)
-    for the refusals that start no engine: a subprocess adds ~3 s of imports each and checks nothing more."""
-    capsys.readouterr()
-    code = run_app(list(map(str, args)))
-    out = capsys.readouterr()
-    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
 def history_rows(db: Path) -> int:
