@@ -41,11 +41,12 @@ def snapshot(out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A finished run of 4 requests at DCP 2 with a profile of its own (max_tokens 16)."""
+    """A finished run of 4 requests with a profile of its own (max_tokens 16); DCP 1 at TP 1 (no rank processes): the
+    run directory is what these tests use (the runs that need ranks, below, start their own)."""
     root = tmp_path_factory.mktemp("hostile")
     profile = make_profile(root / "prof", max_tokens=16)
     out, db = root / "out", root / "h.sqlite"
-    proc = qual("run", "--model", profile, "--dcp", 2, "--limit", 4, "--out", out, "--history", db)
+    proc = qual("run", "--model", profile, "--dcp", 1, "--tp", 1, "--limit", 4, "--out", out, "--history", db)
     assert proc.returncode == 0, proc.stderr
     return root, profile, out, db
 
@@ -199,7 +200,7 @@ def test_a_locked_history_is_waited_for_then_named_with_the_resume_command(run, 
     _, profile, _, _ = run
     db = tmp_path / "h.sqlite"
     monkeypatch.setattr(history, "LOCK_TIMEOUT_S", 1.0)
-    plan = make_plan(run_options(model=str(profile), dcp=2, limit=2, out=str(tmp_path / "out"), history=str(db)))
+    plan = make_plan(run_options(model=str(profile), dcp=1, tp=1, limit=2, out=str(tmp_path / "out"), history=str(db)))
     shutil.copy(run[3], db)  # a history with a run in it
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
