@@ -261,9 +261,7 @@ def _night(workflow: dict, root: Path, profile: Path, name: str, accept: bool = 
     script = root / "gate.sh"
     script.write_text(step["run"])
     out = root / f"{name}.out"
-    # DCP 1 (and so TP 1): each arm is rank 0 alone, in qual's process (no rank process starts); the step's script is
-    # what is tested, not the DCP it passes
-    env = {**os.environ, "QUAL_MODEL": str(profile), "QUAL_DCP": "1", "QUAL_ACCEPT": "true" if accept else "false",
+    env = {**os.environ, "QUAL_MODEL": str(profile), "QUAL_DCP": "2", "QUAL_ACCEPT": "true" if accept else "false",
            "QUAL_RUN_DIR": f"reports/runs/{name}", "GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(root / "cache")}
     proc = subprocess.run(["bash", "-e", str(script)], cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr  # the step records the exit code; the job's last step fails on it
