@@ -54,7 +54,7 @@ def test_a_swapped_drafter_is_another_configuration(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     profile = make_profile(tmp_path / "p")
     db = tmp_path / "h.sqlite"
-    common = ["--model", profile, "--dcp", 2, "--limit", 2, "--history", db]
+    common = ["--model", profile, "--dcp", 1, "--tp", 1, "--limit", 2, "--history", db]  # TP 1: no rank processes
     done = _qual("run", *common, "--out", tmp_path / "night1", env=env, tmp_cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     _perturb(profile.parent / "draft")

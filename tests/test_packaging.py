@@ -21,24 +21,28 @@ def sh(*cmd, cwd=None, timeout=900, env=None) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_the_wheel_ships_the_result_schema(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """qual's wheel, built once for the module."""
+    dist = tmp_path_factory.mktemp("dist")
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, ROOT)
+    return next(dist.glob("qual-*.whl"))
+
+
+def test_the_wheel_ships_the_result_schema(wheel):
     """result.json's schemas (a run's and a sweep's) are package data: the wheel holds the generated ones, where
     `qual schema [--sweep]` reads them."""
     import zipfile
 
     from qual.schema import dumps, result_schema, sweep_schema
 
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, ROOT)
-    with zipfile.ZipFile(next(tmp_path.glob("qual-*.whl"))) as wheel:
-        assert wheel.read("qual/data/result.schema.json").decode() == dumps(result_schema())
-        assert wheel.read("qual/data/result.sweep.schema.json").decode() == dumps(sweep_schema())
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("qual/data/result.schema.json").decode() == dumps(result_schema())
+        assert archive.read("qual/data/result.sweep.schema.json").decode() == dumps(sweep_schema())
 
 
 @pytest.mark.slow
-def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path):
-    dist = tmp_path / "dist"
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, ROOT)
-    wheel = next(dist.glob("qual-*.whl"))
+def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(wheel, tmp_path):
     venv = tmp_path / "venv"
     sh(sys.executable, "-m", "venv", venv)
     py = venv / "bin" / "python"

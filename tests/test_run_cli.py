@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from checkpoints import make_profile
+from cli_inprocess import qual_in as cli
 from qual.harness.inputs import seal
 
 pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
@@ -71,12 +72,12 @@ BAD_CORPORA = {
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_CORPORA))
-def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, kind):
+def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, capsys, kind):
     text, needle = BAD_CORPORA[kind]
     corpus = tmp_path / f"{kind}.jsonl"
     corpus.write_text(text)
     db = tmp_path / "h.sqlite"
-    proc = qual("run", "--model", profile, "--dcp", 2, "--corpus", corpus, "--out", tmp_path / "o", "--history", db)
+    proc = cli(capsys, "run", "--model", profile, "--dcp", 2, "--corpus", corpus, "--out", tmp_path / "o", "--history", db)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr
@@ -93,29 +94,29 @@ def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, kind):
     (["--limit", "abc"], "Invalid value for '--limit'"),  # typer >= 0.29 raises its own copy of click's errors
     (["--no-such-flag"], "No such option"),
 ])
-def test_bad_options_are_exit_2(profile, tmp_path, args, needle):
+def test_bad_options_are_exit_2(profile, tmp_path, capsys, args, needle):
     if "--model" not in args:
         args = ["--model", profile, *args]
-    proc = qual("run", *args, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+    proc = cli(capsys, "run", *args, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert history_rows(tmp_path / "h.sqlite") == 0
 
 
-def test_unwritable_out_or_history_is_exit_2_before_any_work(profile, tmp_path):
+def test_unwritable_out_or_history_is_exit_2_before_any_work(profile, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for out, history, needle in [(blocker / "o", tmp_path / "h.sqlite", "--out"),
                                  (tmp_path / "o", tmp_path, "is a directory")]:
-        proc = qual("run", "--model", profile, "--out", out, "--history", history)
+        proc = cli(capsys, "run", "--model", profile, "--out", out, "--history", history)
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert not (tmp_path / "o").exists() and history_rows(tmp_path / "h.sqlite") == 0
 
 
-def test_missing_vllm_interpreter_is_exit_2_before_any_work(tmp_path):
+def test_missing_vllm_interpreter_is_exit_2_before_any_work(tmp_path, capsys):
     profile = make_profile(tmp_path, vllm={"python": str(tmp_path / "no-venv" / "bin" / "python")})
-    proc = qual("run", "--model", profile, "--engine", "vllm", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+    proc = cli(capsys, "run", "--model", profile, "--engine", "vllm", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 2 and "no such interpreter" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
@@ -158,7 +159,7 @@ def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_
         assert c.execute("select run_id from runs").fetchall() == [(json.loads((out / "run.json").read_text())["run_id"],)]
 
 
-def test_matched_replay_is_verified(finished_run, tmp_path):
+def test_matched_replay_is_verified(finished_run, tmp_path, capsys):
     import shutil
 
     out = tmp_path / "out"
@@ -168,19 +169,19 @@ def test_matched_replay_is_verified(finished_run, tmp_path):
     rec = json.loads(lines[0])
     rec["prompt_token_ids"] = rec["prompt_token_ids"][:-1]
     journal.write_text("\n".join([json.dumps(rec), *lines[1:]]) + "\n")
-    proc = qual("run", "--resume", out)
+    proc = cli(capsys, "run", "--resume", out)
     assert proc.returncode == 2 and "journaled with another prompt" in proc.stderr
 
 
-def test_dry_run_changes_nothing(profile, tmp_path):
-    proc = qual("run", "--model", profile, "--dcp", 2, "--dry-run", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+def test_dry_run_changes_nothing(profile, tmp_path, capsys):
+    proc = cli(capsys, "run", "--model", profile, "--dcp", 2, "--dry-run", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 0 and "control:" in proc.stdout and "candidate:" in proc.stdout
     assert not (tmp_path / "o").exists() and not (tmp_path / "h.sqlite").exists()
 
 
-def test_compare_two_arms_and_refuse_unmatched(finished_run, tmp_path):
+def test_compare_two_arms_and_refuse_unmatched(finished_run, tmp_path, capsys):
     result = finished_run[1] / "out" / "result.json"
-    ok = qual("compare", f"{result}:control", result, "--out", tmp_path / "cmp")
+    ok = cli(capsys, "compare", f"{result}:control", result, "--out", tmp_path / "cmp")
     assert ok.returncode == 0, ok.stderr
     for name in ("result.json", "report.html", "summary.md", "junit.xml"):
         assert (tmp_path / "cmp" / name).is_file()
@@ -191,10 +192,10 @@ def test_compare_two_arms_and_refuse_unmatched(finished_run, tmp_path):
         change(other)
         path = tmp_path / "other.json"
         path.write_text(json.dumps(other))
-        bad = qual("compare", f"{result}:control", path, "--out", tmp_path / "bad")
+        bad = cli(capsys, "compare", f"{result}:control", path, "--out", tmp_path / "bad")
         assert bad.returncode == 2 and what in bad.stderr and not (tmp_path / "bad").exists()
     (tmp_path / "a-file").write_text("")
-    blocked = qual("compare", f"{result}:control", result, "--out", tmp_path / "a-file" / "cmp")
+    blocked = cli(capsys, "compare", f"{result}:control", result, "--out", tmp_path / "a-file" / "cmp")
     assert blocked.returncode == 2 and "--out" in blocked.stderr and len(blocked.stderr.strip().splitlines()) == 1
 
 
@@ -214,28 +215,28 @@ def _impossible(rec: dict) -> dict:
     return {**rec, "accepted_tokens": rec["draft_tokens"] + 1}  # more accepted than were drafted
 
 
-def test_resume_refuses_an_impossible_journal_record_before_any_arm_runs(finished_run, tmp_path):
+def test_resume_refuses_an_impossible_journal_record_before_any_arm_runs(finished_run, tmp_path, capsys):
     out, db = _copy_run(finished_run, tmp_path)
     journal = out / "candidate.requests.jsonl"
     lines = journal.read_text().splitlines()
     rec = json.loads(lines[2])
     journal.write_text("\n".join([*lines[:2], json.dumps(_impossible(rec)), *lines[3:]]) + "\n")
     (out / "control.requests.jsonl").write_text("")  # the control arm would have to run again: it must not
-    proc = qual("run", "--resume", out)
+    proc = cli(capsys, "run", "--resume", out)
     assert proc.returncode == 2, proc.stderr
     assert f"candidate.requests.jsonl:3: request {rec['id']}: accepted_tokens" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert (out / "control.requests.jsonl").read_text() == "" and history_rows(db) == 0
 
 
-def test_compare_refuses_an_impossible_result_record(finished_run, tmp_path):
+def test_compare_refuses_an_impossible_result_record(finished_run, tmp_path, capsys):
     result = finished_run[1] / "out" / "result.json"
     data = json.loads(result.read_text())
     rec = data["arms"]["candidate"]["per_request"][1]
     data["arms"]["candidate"]["per_request"][1] = _impossible(rec)
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(data))
-    proc = qual("compare", f"{result}:control", edited, "--out", tmp_path / "cmp")
+    proc = cli(capsys, "compare", f"{result}:control", edited, "--out", tmp_path / "cmp")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"arms.candidate.per_request[1]: request {rec['id']}: accepted_tokens" in proc.stderr
     assert not (tmp_path / "cmp").exists()

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from checkpoints import make_profile
+from cli_inprocess import qual_in
 from qual.errors import QualError
 from qual.files import DirectoryLock
 
@@ -40,11 +41,12 @@ def snapshot(out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A finished run of 4 requests at DCP 2 with a profile of its own (max_tokens 16)."""
+    """A finished run of 4 requests with a profile of its own (max_tokens 16); DCP 1 at TP 1 (no rank processes): the
+    run directory is what these tests use (the runs that need ranks, below, start their own)."""
     root = tmp_path_factory.mktemp("hostile")
     profile = make_profile(root / "prof", max_tokens=16)
     out, db = root / "out", root / "h.sqlite"
-    proc = qual("run", "--model", profile, "--dcp", 2, "--limit", 4, "--out", out, "--history", db)
+    proc = qual("run", "--model", profile, "--dcp", 1, "--tp", 1, "--limit", 4, "--out", out, "--history", db)
     assert proc.returncode == 0, proc.stderr
     return root, profile, out, db
 
@@ -57,7 +59,7 @@ def copy_run(run, tmp_path) -> Path:
     return out
 
 
-def test_a_resume_after_the_profile_changed_is_refused_naming_what_changed(run, tmp_path):
+def test_a_resume_after_the_profile_changed_is_refused_naming_what_changed(run, tmp_path, capsys):
     root, profile, _, db = run
     out = copy_run(run, tmp_path)
     (out / "candidate.requests.jsonl").write_text("")  # the candidate arm as if killed before its first request
@@ -67,7 +69,7 @@ def test_a_resume_after_the_profile_changed_is_refused_naming_what_changed(run, 
     try:
         profile.write_text(yaml.safe_dump({**edited, "max_tokens": 40}))
         before, rows = snapshot(out), history_rows(db)
-        proc = qual("run", "--resume", out)
+        proc = qual_in(capsys, "run", "--resume", out)
         assert proc.returncode == 2, proc.stderr
         line = proc.stderr.strip()
         assert len(line.splitlines()) == 1 and "the run's inputs changed since it started" in line
@@ -91,30 +93,30 @@ def test_a_run_started_before_an_option_existed_resumes(run, tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_an_edited_run_json_is_refused(run, tmp_path):
+def test_an_edited_run_json_is_refused(run, tmp_path, capsys):
     out = copy_run(run, tmp_path)
     plan = json.loads((out / "run.json").read_text())
     plan["options"]["model"] = "toy"  # the records would be labelled as another model's
     (out / "run.json").write_text(json.dumps(plan))
-    proc = qual("run", "--resume", out)
+    proc = qual_in(capsys, "run", "--resume", out)
     assert proc.returncode == 2 and "run.json: edited since the run started" in proc.stderr
 
 
-def test_a_journal_of_another_run_is_refused_before_any_arm_runs(run, tmp_path):
+def test_a_journal_of_another_run_is_refused_before_any_arm_runs(run, tmp_path, capsys):
     out = copy_run(run, tmp_path)
     lines = (out / "candidate.requests.jsonl").read_text().splitlines()
     rec = json.loads(lines[0])
     rec["prompt_token_ids"] = rec["prompt_token_ids"][1:]  # another prompt: a journal copied from another run
     (out / "candidate.requests.jsonl").write_text("\n".join([json.dumps(rec), *lines[1:]]) + "\n")
     (out / "candidate.arm.json").unlink()
-    proc = qual("run", "--resume", out)
+    proc = qual_in(capsys, "run", "--resume", out)
     assert proc.returncode == 2 and "describe different runs" in proc.stderr, proc.stderr
 
 
-def test_flags_beside_resume_are_refused(run, tmp_path):
+def test_flags_beside_resume_are_refused(run, tmp_path, capsys):
     out = copy_run(run, tmp_path)
     for flag, value in (("--dcp", "4"), ("--out", str(tmp_path / "x")), ("--limit", "2")):
-        proc = qual("run", "--resume", out, flag, value)
+        proc = qual_in(capsys, "run", "--resume", out, flag, value)
         assert proc.returncode == 2 and f"{flag} with --resume" in proc.stderr, proc.stderr
 
 
@@ -159,7 +161,7 @@ def test_links_in_the_run_directory_are_never_written_through(run, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["device", "fifo", "dangling link", "link loop", "damaged"])
-def test_an_unusable_history_is_refused_before_any_arm_runs(run, tmp_path, kind):
+def test_an_unusable_history_is_refused_before_any_arm_runs(run, tmp_path, capsys, kind):
     _, profile, _, db = run
     if kind == "device":
         history = Path("/dev/null")
@@ -178,12 +180,13 @@ def test_an_unusable_history_is_refused_before_any_arm_runs(run, tmp_path, kind)
             history.write_bytes(bytes(data))
     siblings = set(history.parent.iterdir())
     start = time.monotonic()
-    proc = qual("run", "--model", profile, "--dcp", 2, "--limit", 2, "--out", tmp_path / "out", "--history", history)
+    proc = qual_in(capsys, "run", "--model", profile, "--dcp", 2, "--limit", 2, "--out", tmp_path / "out",
+                   "--history", history)
     assert proc.returncode == 2, proc.stderr
     assert "--history" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert time.monotonic() - start < 60 and not (tmp_path / "out").exists()  # refused at plan time
     assert set(history.parent.iterdir()) == siblings  # no -journal or -wal beside it
-    listed = qual("history", "list", "--history", history)
+    listed = qual_in(capsys, "history", "list", "--history", history)
     assert listed.returncode == 2 and set(history.parent.iterdir()) == siblings
 
 
@@ -197,7 +200,7 @@ def test_a_locked_history_is_waited_for_then_named_with_the_resume_command(run, 
     _, profile, _, _ = run
     db = tmp_path / "h.sqlite"
     monkeypatch.setattr(history, "LOCK_TIMEOUT_S", 1.0)
-    plan = make_plan(run_options(model=str(profile), dcp=2, limit=2, out=str(tmp_path / "out"), history=str(db)))
+    plan = make_plan(run_options(model=str(profile), dcp=1, tp=1, limit=2, out=str(tmp_path / "out"), history=str(db)))
     shutil.copy(run[3], db)  # a history with a run in it
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")

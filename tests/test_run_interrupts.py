@@ -1,9 +1,9 @@
 """`qual run --dcp 4` as CI meets it: what it listens on, and SIGTERM / SIGINT during the candidate arm.
 
-One uninterrupted run is the reference (its sockets are read while it runs). A second run is interrupted eleven
-times at different points of its candidate arm (the fork server's imports, rank start-up, prefill, decode, between requests; SIGTERM and
-SIGINT, to the driver or to its whole process group as a terminal's Ctrl-C or a CI runner does), each time
-resumed from where the last one stopped; the finished run must equal the reference exactly.
+One uninterrupted run is the reference (its sockets are read while it runs). A second run is interrupted six
+times at different points of its candidate arm (the fork server's imports, rank start-up, the rendezvous, between requests,
+within one; SIGTERM and SIGINT, to the driver or to its whole process group as a terminal's Ctrl-C or a CI runner does),
+each time resumed from where the last one stopped; the finished run must equal the reference exactly.
 """
 
 import json
@@ -24,9 +24,9 @@ from qual.proc import alive, descendants, group_members, listeners, parent_of
 pytestmark = pytest.mark.slow
 
 QUAL = [sys.executable, "-m", "qual"]
-# The eleven kills let 13-16 candidate requests finish, depending on the machine's load (at 16 the last kill once
-# landed after the arm's last request, and the final resume had nothing left to do): 20 leave it work.
-REQUESTS = 20
+# The six kills let a few candidate requests finish (at least one after each of the three "a result" points, more
+# on an idle machine): 12 leave the final resume work.
+REQUESTS = 12
 EXIT_WITHIN_S = 10.0
 EVENT_TIMEOUT_S = 240.0  # the machine may be slow: how long to wait for a kill point to come
 
@@ -104,20 +104,16 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-# (the point in the candidate arm, seconds after it, the signal, to the whole group?)
+# (the point in the candidate arm, seconds after it, the signal, to the whole group?): each phase of the arm once, each
+# signal to the driver and to the group
 KILLS = [
     ("ranks started", 0.0, signal.SIGTERM, False),  # the ranks are unpickling their arguments
-    ("the fork server started", 1.0, signal.SIGINT, True),  # it is importing torch; the driver waits for it
-    ("ranks started", 1.0, signal.SIGTERM, False),
-    ("ranks started", 3.0, signal.SIGINT, True),  # Ctrl-C in a terminal: the whole foreground group
+    ("the fork server started", 1.0, signal.SIGINT, True),  # it is importing torch; Ctrl-C in a terminal: the group
     ("a result", 0.0, signal.SIGTERM, False),  # between requests
-    ("a result", 0.1, signal.SIGTERM, False),  # the next prefill
-    ("a result", 0.25, signal.SIGINT, False),
-    ("a result", 0.4, signal.SIGTERM, True),  # a CI runner stopping the job's group
-    ("a result", 0.6, signal.SIGTERM, False),  # decode steps
-    ("two results", 0.05, signal.SIGTERM, False),
-    # rendezvous, weights, or the first steps (machine speed); early enough that the requests left (7-9 of 20
-    # where measured, ~0.6 s each on an idle machine) are not all done, which a kill after the run's end could not test
+    ("a result", 0.25, signal.SIGINT, False),  # the next request's prefill or decode steps
+    ("a result", 0.4, signal.SIGTERM, True),  # a CI runner stopping the job's group, mid-request
+    # rendezvous, weights, or the first steps (machine speed); early enough that the requests left are not all done,
+    # which a kill after the run's end could not test
     ("ranks started", 2.0, signal.SIGTERM, False),
 ]
 
@@ -143,7 +139,7 @@ def test_sigterm_during_the_candidate_arm_stops_at_once_and_resumes_exactly(setu
         elif point == "the fork server started":
             _wait(proc, lambda: _servers(proc.pid) and not _ranks(proc.pid), point)
         else:
-            _wait(proc, lambda: _lines(journal) >= before + (2 if point == "two results" else 1), point)
+            _wait(proc, lambda: _lines(journal) > before, point)
         time.sleep(delay)
         tree = [proc.pid, *descendants(proc.pid)]
         assert proc.poll() is None, f"kill {n}: the run ended before the kill ({point} + {delay} s)"

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from checkpoints import make_profile
+from cli_inprocess import qual_in
 from latency_checks import assert_latency_consistent
 from qual.records import RequestResult
 
@@ -93,14 +94,14 @@ def test_resume_finishes_the_plain_arm_from_its_journal(speedup_run, tmp_path):
     assert json.loads((out / "plain.arm.json").read_text())["extra"]["resumed_with"] == 2
 
 
-def test_speedup_is_refused_where_it_cannot_run(profile, tmp_path):
-    attach = qual("run", "--control-url", "http://127.0.0.1:9", "--candidate-url", "http://127.0.0.1:9", "--speedup",
-                  "--dry-run")
+def test_speedup_is_refused_where_it_cannot_run(profile, tmp_path, capsys):
+    attach = qual_in(capsys, "run", "--control-url", "http://127.0.0.1:9", "--candidate-url", "http://127.0.0.1:9",
+                     "--speedup", "--dry-run")
     assert attach.returncode == 2 and "--speedup runs the candidate's configuration without its drafter" in attach.stderr
     plain = yaml.safe_load(profile.read_text())
     del plain["draft"]
     path = tmp_path / "no-draft.yaml"
     path.write_text(yaml.safe_dump(plain))
-    proc = qual("run", "--model", path, "--dcp", 1, "--speedup", "--dry-run")
+    proc = qual_in(capsys, "run", "--model", path, "--dcp", 1, "--speedup", "--dry-run")
     assert proc.returncode == 2, proc.stderr
     assert "has no drafter" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -29,6 +29,7 @@ import pytest
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
 from qual.engines.vllm.server import free_port, group_members
 from qual.paths import DATA_DIR
+from cli_inprocess import qual_in
 from toy_arms import acceptance_rate, differences, toy_control_arm
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
@@ -141,6 +142,16 @@ def qual(deployment, *args, env=None, timeout=600, servers=None):
                           env={**os.environ, **deployment["keys"], **(env or {})})
 
 
+def refused(deployment, capsys, monkeypatch, *args, env=None):
+    """`qual run` attached to the deployment's servers, in this process (qual_in): for the runs refused before a
+    request is sent, where a subprocess would add only its imports."""
+    for name, value in {**deployment["keys"], **(env or {})}.items():
+        monkeypatch.setenv(name, value)
+    s = deployment["servers"]
+    return qual_in(capsys, "run", "--control-url", s["control"].url, "--candidate-url", s["candidate"].url, "--dcp", "1",
+                   "--tp", "1", "--limit", str(LIMIT), *args)
+
+
 KEYS = ("--api-key-env", "QUAL_TEST_CONTROL_KEY,QUAL_TEST_CANDIDATE_KEY")
 
 
@@ -230,27 +241,30 @@ def test_concurrency_4_gives_the_same_per_request_acceptance(deployment, attache
     ({}, (), "refused no API key (pass --api-key-env NAME) (HTTP 401)"),
     ({"QUAL_TEST_CONTROL_KEY": ""}, KEYS, "--api-key-env QUAL_TEST_CONTROL_KEY: the variable is not set"),
 ])
-def test_a_wrong_api_key_is_exit_2_in_one_line(deployment, tmp_path, env, args, needle):
-    proc = qual(deployment, *args, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite", env=env)
+def test_a_wrong_api_key_is_exit_2_in_one_line(deployment, tmp_path, capsys, monkeypatch, env, args, needle):
+    proc = refused(deployment, capsys, monkeypatch, *args, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite",
+                   env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle.format(port=deployment["servers"]["control"].port) in lines[0], lines
     assert not (tmp_path / "o").exists() and not (tmp_path / "h.sqlite").exists()
 
 
-def test_mismatched_tokenizers_are_exit_2(deployment, tmp_path):
+def test_mismatched_tokenizers_are_exit_2(deployment, tmp_path, capsys, monkeypatch):
     corpus = tmp_path / "zebra.jsonl"
     corpus.write_text(json.dumps({"id": "plain", "prompt": "def add(a, b):"}) + "\n"
                       + json.dumps({"id": "zebra", "prompt": "def qualzebra(a, b):"}) + "\n")
-    proc = qual(deployment, *KEYS, "--corpus", corpus, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+    proc = refused(deployment, capsys, monkeypatch, *KEYS, "--corpus", corpus, "--out", tmp_path / "o", "--history",
+                   tmp_path / "h.sqlite")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "mismatched tokenizers: the candidate server tokenizes request zebra differently" in lines[0]
     assert not (tmp_path / "o").exists()
 
 
-def test_a_declared_configuration_the_server_contradicts_is_exit_2(deployment, tmp_path):
-    proc = qual(deployment, *KEYS, "--dcp", "2", "--tp", "2", "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+def test_a_declared_configuration_the_server_contradicts_is_exit_2(deployment, tmp_path, capsys, monkeypatch):
+    proc = refused(deployment, capsys, monkeypatch, *KEYS, "--dcp", "2", "--tp", "2", "--out", tmp_path / "o",
+                   "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "control server" in proc.stderr and "reports tp 1 (/server_info); the run expects 2" in proc.stderr
 
@@ -320,11 +334,11 @@ def test_resume_finishes_the_run_with_the_restarted_server(deployment, killed, a
     assert result["arms"]["candidate"]["extra"]["requests_run"] == LIMIT - len(first)
 
 
-def test_without_per_request_metrics_only_exclusive_concurrency_1_runs(deployment, killed, tmp_path):
-    proc = qual(deployment, *KEYS, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
+def test_without_per_request_metrics_only_exclusive_concurrency_1_runs(deployment, killed, tmp_path, capsys, monkeypatch):
+    proc = refused(deployment, capsys, monkeypatch, *KEYS, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 2 and "sends no per-request spec-decode metrics" in proc.stderr, proc.stderr
     assert "pass --exclusive" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    proc = qual(deployment, *KEYS, "--exclusive", "--max-concurrency", "4", "--out", tmp_path / "o",
-                "--history", tmp_path / "h.sqlite")
+    proc = refused(deployment, capsys, monkeypatch, *KEYS, "--exclusive", "--max-concurrency", "4", "--out",
+                   tmp_path / "o", "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 2 and "--max-concurrency 1, got 4" in proc.stderr, proc.stderr
     assert not (tmp_path / "o").exists()

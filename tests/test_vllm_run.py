@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_inprocess import qual_in
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
 from qual.paths import PROFILE_DIR
 from qual.proc import descendants
@@ -98,13 +99,12 @@ def test_qual_run_vllm_toy_control_arm_and_its_secret_env(tmp_path):
     assert f"HF_TOKEN={REDACTED}" in json.loads((out / "candidate.arm.json").read_text())["extra"]["server_command"].replace("'", "")
 
 
-def test_draft_kv_is_refused_where_the_build_decides_it(tmp_path):
+def test_draft_kv_is_refused_where_the_build_decides_it(tmp_path, capsys):
     """vLLM has no switch for draft-KV replication: asking for the legacy sharding is exit 2 before anything starts,
     and no run ever claims a draft-KV mode the build does not run."""
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "qual", "run", "--engine", "vllm", "--dcp", "2", "--draft-kv", "sharded",
-                           "--limit", "1", "--out", str(out), "--history", str(tmp_path / "h.sqlite")],
-                          capture_output=True, text=True, timeout=300)
+    proc = qual_in(capsys, "run", "--engine", "vllm", "--dcp", "2", "--draft-kv", "sharded", "--limit", "1", "--out", out,
+                   "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--draft-kv sharded: vLLM has no switch for draft-KV replication" in proc.stderr
     assert "keeps draft KV replicated" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
