@@ -17,7 +17,9 @@ from qual.errors import QualError
 from qual.harness.execute import DECODING, DONE, REPORTS, STARTING, ArmProgress
 
 QUAL = [sys.executable, "-m", "qual"]
-RUN = ["run", "--dcp", "2", "--limit", "4"]  # the shipped toy pair: two arms of TP 2 (rank processes start)
+# The shipped toy pair: two arms of TP 2 (rank processes start). Four tokens a request: the progress lines are per
+# request and per phase, so the toy's own 64 only make each run slower.
+RUN = ["run", "--dcp", "2", "--limit", "4", "--max-tokens", "4"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
