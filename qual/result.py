@@ -210,16 +210,21 @@ class ProposalDivergence(TypedDict, total=False):
     candidate_steps: int
 
 
-class CategoryDelta(TypedDict):
-    """One category's rates in both arms (qual.stats.per_category)."""
+class _RatesOfBothArms(TypedDict):
+    """A group of requests' acceptance rates in both arms and the draft tokens behind them."""
 
-    category: str
     n: int
     control_rate: float | None
     candidate_rate: float | None
     delta: float | None
     control_draft_tokens: int
     candidate_draft_tokens: int
+
+
+class CategoryDelta(_RatesOfBothArms):
+    """One category's rates in both arms (qual.stats.per_category)."""
+
+    category: str
 
 
 class _TurnOfRequest(TypedDict, total=False):
@@ -239,16 +244,10 @@ class RequestDelta(_TurnOfRequest):
     delta: float | None
 
 
-class TurnDelta(TypedDict):
+class TurnDelta(_RatesOfBothArms):
     """One turn of the conversations: its requests' rates in both arms (qual.stats.per_turn)."""
 
     turn: int
-    n: int
-    control_rate: float | None
-    candidate_rate: float | None
-    delta: float | None
-    control_draft_tokens: int
-    candidate_draft_tokens: int
     earlier_turns_differ: int  # requests of this turn whose prompts differ between the arms
 
 
@@ -339,6 +338,13 @@ class GateOutcome:
         return cls(passed=bool(data["passed"]), checks=checks, source=data.get("source"))
 
 
+def header_json(run) -> dict:
+    """The keys a run's result.json and a sweep's open with: its schema, when and by which qual it was written, how to
+    run it again, its seed and its corpus."""
+    return {"schema": run.schema, "created_at": run.created_at, "qual_version": run.qual_version,
+            "reproduce": run.reproduce, "seed": run.seed, "corpus": asdict(run.corpus)}
+
+
 @dataclass
 class Result:
     """Everything one `qual run` measured and decided; every report renders this."""
@@ -368,12 +374,7 @@ class Result:
 
     def to_json(self) -> dict:
         data = {
-            "schema": self.schema,
-            "created_at": self.created_at,
-            "qual_version": self.qual_version,
-            "reproduce": self.reproduce,
-            "seed": self.seed,
-            "corpus": asdict(self.corpus),
+            **header_json(self),
             "gate": self.gate.to_json(),
             "comparison": self.comparison.to_json(),
             "arms": {name: arm.to_json() for name, arm in self.arms.items()},

@@ -8,12 +8,13 @@ is "qual.result/1" as always; docs/ARCHITECTURE.md, "Sweeps".
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qual import __version__
 from qual.errors import QualError
-from qual.result import MAX_RESULT_BYTES, SCHEMA, ArmResult, Comparison, CorpusInfo, GateOutcome, Result, save_result
+from qual.result import (MAX_RESULT_BYTES, SCHEMA, ArmResult, Comparison, CorpusInfo, GateOutcome, Result,
+                         header_json, save_result)
 from qual.result import dumps as result_dumps
 from qual.result import _finite as finite
 from qual.userfiles import read_json
@@ -89,12 +90,7 @@ class SweepResult:
 
     def to_json(self) -> dict:
         return finite({
-            "schema": self.schema,
-            "created_at": self.created_at,
-            "qual_version": self.qual_version,
-            "reproduce": self.reproduce,
-            "seed": self.seed,
-            "corpus": asdict(self.corpus),
+            **header_json(self),
             "passed": self.passed,
             "notes": list(self.notes),
             "control": self.control.to_json(),
