@@ -3,7 +3,7 @@
     python3 bench/gpu_bench.py [--out bench.json] [--backends pytorch,compiled+triton-gemm+triton-attention,...]
                                [--models qwen3-0.6b-shape,8b-shape,toy] [--batches 1,8] [--no-spec] [--no-hf]
                                [--prompt-tokens N] [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
-                               [--stream 64 --stream-batch 8]
+                               [--stream 64 --stream-batch 8 --prefill-ahead 0,8]
 
 Backends are the runtime's (qual/runtime/backends): pytorch, or parts joined by "+" (compiled,
 compiled-autotune, triton-gemm, triton-attention, fused, pdl).
@@ -14,7 +14,8 @@ per call; toy, the shipped pair. One engine per model and backend serves every b
 
 --stream N: N HumanEval requests of the toy pair, at most --stream-batch in flight (a finished request's place
 goes to the next waiting one at once), speculative and plain, each against its bound (tokens a decode step
-committed / the --stream-batch graph's step time).
+committed / the --stream-batch graph's step time). --prefill-ahead: each value a pair of stream rows
+(EngineConfig.prefill_ahead; rows of n > 0 are named ~p<n>).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
@@ -355,6 +356,8 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate beside the decode rows")
     ap.add_argument("--stream", type=int, default=0, help="also the stream rows: this many HumanEval requests")
     ap.add_argument("--stream-batch", type=int, default=8, help="requests in flight in the stream rows")
+    ap.add_argument("--prefill-ahead", default="0", help="comma list: the stream rows once per value "
+                    "(EngineConfig.prefill_ahead: waiting requests prefilled with a freed row's and held ready)")
     ap.add_argument("--steps-per-launch", default="1", help="comma list: every row once per value "
                     "(EngineConfig.steps_per_launch; rows of n > 1 are named ~s<n>)")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
@@ -413,9 +416,10 @@ def main() -> int:
         if args.stream:
             reqs, n = humaneval_requests(args.stream), args.stream_batch
             plen = max(len(r.prompt_token_ids) for r in reqs)
-            for suffix, (backend, steps) in runs.items():
-                key = f"toy-stream{suffix}/b{n}"
-                kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps, max_num_seqs=n)
+            for (suffix, (backend, steps)), held in [(r, int(p)) for r in runs.items() for p in args.prefill_ahead.split(",")]:
+                key = f"toy-stream{suffix}{f'~p{held}' if held else ''}/b{n}"
+                kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps, max_num_seqs=n,
+                          prefill_ahead=held)
                 pair = attempt(key, lambda: [ours(toy_t, d, [n], plen, 64, sizes_for([n], backend), **kw)[n]
                                              for d in (toy_d, None)])
                 if pair:

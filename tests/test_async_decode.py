@@ -14,16 +14,16 @@ from runtime_helpers import prompts
 from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
 from qual.runtime.cuda_graphs import DecodeGraphs
 from qual.runtime.engine import LLMEngine
-from qual.runtime.steps import DecodeStep
+from qual.runtime.steps import DecodeStep, PrefillStep
 
 pytestmark = pytest.mark.slow
 
 
 def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0, static_shapes=True,
-           rows_retired=None, steps_per_launch=1, launches=None):
+           rows_retired=None, steps_per_launch=1, launches=None, prefill_ahead=0):
     cfg = EngineConfig(str(target), str(draft) if draft else None, cache=CacheConfig(block_size=4, memory_bytes=2**22),
                        dtype="float64", static_shapes=static_shapes, max_model_len=128, max_num_seqs=max_num_seqs,
-                       async_decode=async_decode, steps_per_launch=steps_per_launch)
+                       async_decode=async_decode, steps_per_launch=steps_per_launch, prefill_ahead=prefill_ahead)
     # Lengths differ, so requests finish at different steps (and some at EOS): batches change mid-run.
     reqs = requests or [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
     with LLMEngine(cfg) as engine:
@@ -181,3 +181,29 @@ def test_several_steps_a_launch_are_not_taken_without_async_decode(tiny_pair):
     launches = {}
     out, _ = decode(*tiny_pair, async_decode=True, static_shapes=False, steps_per_launch=4, launches=launches)
     assert set(launches) == {"1"}
+
+
+@pytest.mark.parametrize("mode", ["spec", "plain", "sampled", "spec-4-a-launch"])
+def test_requests_prefilled_ahead_and_held_ready_equal_step_by_step(tiny_pair, monkeypatch, mode):
+    """EngineConfig.prefill_ahead: with 2 rows and 8 requests of different lengths (one of a single token, finished
+    by its prefill while held), the first prefill takes the two rows' requests and three more, held ready; freed rows
+    take held requests without a prefill launch, and one prefill refills the held ones when none is left. Fewer
+    prefill launches than a prefill a freed row, and every request's tokens, drafts and acceptance as step by step."""
+    target, draft = tiny_pair[0], (None if mode == "plain" else tiny_pair[1])
+    reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 1, 20, 3, 16, 9, 20))]
+    kw = dict(max_num_seqs=2, requests=reqs, temperature=0.8 if mode == "sampled" else 0.0,
+              steps_per_launch=4 if mode == "spec-4-a-launch" else 1)
+    prefills = []
+    send = LLMEngine._step
+
+    def spy(self, step):
+        if isinstance(step, PrefillStep):
+            prefills.append(len(step.req_ids))
+        return send(self, step)
+
+    monkeypatch.setattr(LLMEngine, "_step", spy)
+    sync, _ = decode(target, draft, async_decode=False, **kw)
+    one_by_one, prefills[:] = list(prefills), []
+    out, _ = decode(target, draft, async_decode=True, prefill_ahead=3, **kw)
+    assert prefills[0] == 5 and sum(prefills) == 8 and len(prefills) < len(one_by_one), (prefills, one_by_one)
+    assert same(out, sync)

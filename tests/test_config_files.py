@@ -52,6 +52,7 @@ PROFILE_CASES = [  # (change to a valid profile, words the one-line error must h
     ({"reference": {"fused_decode": True}}, "reference.fused_decode: unknown key"),
     ({"reference": {"backend": "warp-speed"}}, "reference.backend: value error, backend 'warp-speed'"),
     ({"reference": {"cuda_graph_sizes": [1, -2]}}, "reference.cuda_graph_sizes.1: input should be greater than 0"),
+    ({"reference": {"prefill_ahead": -1}}, "reference.prefill_ahead: input should be greater than or equal to 0"),
     ({"vllm": {"gpu_memory_utilization": 1.5}}, "vllm.gpu_memory_utilization: input should be less than or equal to 1"),
     ({"vllm": {"cudagraph_mode": "SOMETIMES"}}, "vllm.cudagraph_mode: value error, not one of NONE"),
     ({"vllm": {"warp": 9}}, "vllm.warp: unknown key"),

@@ -155,10 +155,13 @@ def test_reference_profile_knobs_reach_the_runtime():
     from qual.engines.reference import engine_config
     from synthetic import synthetic_arm_config
 
-    knobs = {"backend": "compiled+triton-gemm+triton-attention", "cuda_graph_sizes": [1, 4], "max_num_seqs": 3}
+    knobs = {"backend": "compiled+triton-gemm+triton-attention", "cuda_graph_sizes": [1, 4], "max_num_seqs": 3,
+             "steps_per_launch": 2, "prefill_ahead": 5}
     arm = synthetic_arm_config(1, tp=1, device="cuda", dtype="bfloat16", extra={"reference": knobs})
     cfg = engine_config(arm)
-    assert (cfg.backend, cfg.cuda_graph_sizes, cfg.max_num_seqs) == ("compiled+triton-gemm+triton-attention", (1, 4), 3)
-    assert engine_config(synthetic_arm_config(1, tp=1)).backend == "pytorch"
+    assert (cfg.backend, cfg.cuda_graph_sizes, cfg.max_num_seqs, cfg.steps_per_launch, cfg.prefill_ahead) == \
+        ("compiled+triton-gemm+triton-attention", (1, 4), 3, 2, 5)
+    default = engine_config(synthetic_arm_config(1, tp=1))
+    assert (default.backend, default.steps_per_launch, default.prefill_ahead) == ("pytorch", 1, 0)
     with pytest.raises(QualError, match="fused needs tp 1"):  # a bad profile fails as the runtime says
         engine_config(synthetic_arm_config(1, tp=2, device="cuda", dtype="bfloat16", extra={"reference": {"backend": "fused"}}))

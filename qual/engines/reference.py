@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from pydantic import PositiveInt, field_validator
+from pydantic import NonNegativeInt, PositiveInt, field_validator
 
 import qual
 from qual.engines.base import KNOBS, Engine
@@ -62,6 +62,8 @@ class ReferenceOptions(Section):
     dcp_comm: DcpComm = DEFAULT_DCP_COMM  # how DCP partial attentions are merged
     # decode steps a launch runs back to back where async decode is taken (EngineConfig.steps_per_launch)
     steps_per_launch: PositiveInt = _ENGINE["steps_per_launch"].default
+    # waiting requests prefilled with a freed row's and held ready for the next rows (EngineConfig.prefill_ahead)
+    prefill_ahead: NonNegativeInt = _ENGINE["prefill_ahead"].default
 
     @field_validator("backend")
     @classmethod
@@ -92,6 +94,7 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         max_prefill_tokens=o.max_prefill_tokens,
         backend=o.backend,
         steps_per_launch=o.steps_per_launch,
+        prefill_ahead=o.prefill_ahead,
         dsa_topk=arm.dsa_topk or DEFAULT_DSA_TOPK,
         phase_times=phase_times_on(),
     )

@@ -104,6 +104,12 @@ class EngineConfig:
     # run at padded shapes, replayed from CUDA graphs where decode graphs are captured (qual/runtime/prefill_graphs.py);
     # 0: every prefill runs eagerly.
     prefill_graph_tokens: int = 4096
+    # Waiting requests prefilled beyond the free rows, in the same prefill, and held ready (KV and first token) until
+    # a row frees: when requests finish a few at a time (speculative decoding's uneven lengths), each freed row then
+    # takes a held request without a prefill launch of its own, where prefilling one or eight costs about the same
+    # on a GPU (a launch-bound prefill graph). Taken only when no request is held ready. 0: a freed row's request is
+    # prefilled when the row frees.
+    prefill_ahead: int = 0
 
     def __post_init__(self):
         check_choice("draft_kv", self.draft_kv, DRAFT_KV_MODES)
@@ -118,6 +124,8 @@ class EngineConfig:
         check_choice("dsa_topk", self.dsa_topk, DSA_TOPK_MODES)
         if self.steps_per_launch < 1:
             raise QualError(f"steps_per_launch must be >= 1 (got {self.steps_per_launch})")
+        if self.prefill_ahead < 0:
+            raise QualError(f"prefill_ahead must be >= 0 (got {self.prefill_ahead})")
         if self.prefill_graph_tokens < 0:
             raise QualError(f"prefill_graph_tokens must be >= 0 (got {self.prefill_graph_tokens})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):

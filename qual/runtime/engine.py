@@ -179,6 +179,7 @@ class LLMEngine:
                                 f"max_model_len {self.cfg.max_model_len}")
         done: dict[str, RequestResult] = {}
         waiting, running = deque(seqs), []
+        ready: deque[Sequence] = deque()  # prefilled ahead (EngineConfig.prefill_ahead): first token read, no row yet
         self.phases.reset()
 
         def finish(s: Sequence) -> None:
@@ -188,9 +189,15 @@ class LLMEngine:
             if on_result:
                 on_result(res)
 
-        while waiting or running:
+        while waiting or ready or running:
+            joining = [ready.popleft() for _ in range(min(len(ready), self.cfg.max_num_seqs - len(running)))]
+            running.extend(joining)
+            # Rows still free after those are prefilled now, and with prefill_ahead the next waiting requests in the
+            # same prefill, held ready: the rows that free up next take them without a prefill launch each.
+            seats = self.cfg.max_num_seqs - len(running)  # the admitted beyond these are held ready
+            ahead = self.cfg.prefill_ahead if seats and not ready else 0
             admitted = admit(waiting, len(running), self.cache, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens,
-                             self.tail)
+                             self.tail, ahead)
             self.phases.lap("schedule")
             if not admitted and not running:
                 raise QualError(f"request {waiting[0].req.id} does not fit the KV cache budget ({self.cfg.cache.memory_bytes} B per rank)")
@@ -200,21 +207,26 @@ class LLMEngine:
                 for s in admitted:
                     s.admitted = now
                 out = self._send_prefill(admitted)
-                batch = len(running) + len(admitted)
-                if chains_prefill(batch, admitted, sampling.temperature == 0, self.runner.can_launch_ahead(batch),
-                                  bool(waiting), self.cfg.max_num_seqs):
+                seated, held = admitted[:seats], admitted[seats:]
+                batch = len(running) + len(seated)
+                if chains_prefill(batch, seated, sampling.temperature == 0, self.runner.can_launch_ahead(batch),
+                                  bool(waiting or held), self.cfg.max_num_seqs):
                     chained = (admitted, out)  # committed once the first decode step is launched behind it
-                    running.extend(admitted)
+                    running.extend(seated)
+                    ready.extend(held)  # read with the seated ones; one finished by its first token goes below
                 else:
                     self._commit_prefill(admitted, out, sampling)
-                    for s in admitted:
-                        (finish if s.finish_reason else running.append)(s)
+                    for i, s in enumerate(admitted):
+                        (finish if s.finish_reason else (running if i < seats else ready).append)(s)
                 self.phases.lap("prefill")
             if running:
-                self._decode(running, sampling, waiting, chained)
+                self._decode(running, sampling, bool(waiting or ready), chained)
                 for s in [s for s in running if s.finish_reason]:
                     running.remove(s)
                     finish(s)
+            for s in [s for s in ready if s.finish_reason]:  # held ones whose first token was their last
+                ready.remove(s)
+                finish(s)
             self.phases.lap("other")
         self.runner.check_kernels()
         self.phases.stop()
@@ -236,7 +248,7 @@ class LLMEngine:
         for s, tok, m in zip(seqs, tokens, margins):
             s.append(tok, m, self._stops(sampling), now)
 
-    def _decode(self, seqs: list[Sequence], sampling: SamplingParams, waiting: deque, chained=None) -> None:
+    def _decode(self, seqs: list[Sequence], sampling: SamplingParams, waiting: bool, chained=None) -> None:
         """Decode steps of one batch: one launch, or with async decode a run of them, each launched before the
         results of the one before are read, so that the host's commit and the next launch overlap the device's
         steps. A launch runs one step, or up to steps_per_launch back to back (scheduler.steps_to_launch).
@@ -253,7 +265,7 @@ class LLMEngine:
         """
         self._decoding_since = time.perf_counter()  # the latency record's decode steps are timed from here on
         ahead = launches_ahead(len(seqs), sampling.temperature == 0, self.runner.can_launch_ahead(len(seqs)),
-                               bool(waiting), self.cfg.max_num_seqs)
+                               waiting, self.cfg.max_num_seqs)
         size = self.runner.padded_size(len(seqs))
         retired: set[int] = set()  # rows whose requests finished, padding in the steps after
         first = chained[0] if chained else ()

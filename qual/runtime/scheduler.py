@@ -11,12 +11,13 @@ from qual.runtime.sequence import Sequence
 
 
 def admit(waiting: deque[Sequence], running: int, cache: CacheManager, max_num_seqs: int, max_prefill_tokens: int,
-          tail: int) -> list[Sequence]:
-    """Take requests off the front of `waiting` while the batch has room (max_num_seqs), the prefill's token budget
-    holds them (the first one always goes) and the cache can hold each for its whole life plus `tail` positions
-    past it (what launches ahead may write); each admitted request gets its prompt's blocks."""
+          tail: int, ahead: int = 0) -> list[Sequence]:
+    """Take requests off the front of `waiting` while the batch has room (max_num_seqs, and `ahead` more to be held
+    ready for the rows that free up next: EngineConfig.prefill_ahead), the prefill's token budget holds them (the
+    first one always goes) and the cache can hold each for its whole life plus `tail` positions past it (what
+    launches ahead may write); each admitted request gets its prompt's blocks."""
     admitted, budget = [], max_prefill_tokens
-    while waiting and running + len(admitted) < max_num_seqs:
+    while waiting and running + len(admitted) < max_num_seqs + ahead:
         s = waiting[0]
         if (admitted and s.prompt_len > budget) or not cache.can_admit(s.reserved_len + tail):
             break
