@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperature=0.0, static_shapes=True,
-           rows_retired=None, steps_per_launch=1, launches=None, prefill_ahead=0):
+           rows_retired=None, steps_per_launch=1, launches=None, prefill_ahead=0, joined=None):
     cfg = EngineConfig(str(target), str(draft) if draft else None, cache=CacheConfig(block_size=4, memory_bytes=2**22),
                        dtype="float64", static_shapes=static_shapes, max_model_len=128, max_num_seqs=max_num_seqs,
                        async_decode=async_decode, steps_per_launch=steps_per_launch, prefill_ahead=prefill_ahead)
@@ -35,6 +35,8 @@ def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperatu
                           "launches": {str(k): v for k, v in sorted(engine.launches.items())}}
         if launches is not None:
             launches.update(record["launches"])
+        if joined is not None:
+            joined.append(engine.rows_joined)
         return out, engine.steps_ahead if rows_retired is None else (engine.steps_ahead, engine.rows_retired)
 
 
@@ -90,11 +92,11 @@ def test_a_first_step_refuses_prefill_rows_out_of_order(tiny_pair):
         runner.first_tokens = torch.tensor([11, 12, 13])
         step = lambda rows: DecodeStep(["a", "b", "c"], [0] * 3, [2] * 3, [0] * 3, [1] * 3, {}, first_rows=rows)  # noqa: E731
         numbers = torch.zeros(5, 4, dtype=torch.long)
-        runner._amend(numbers, step([(1, 0), (2, 1)]))
+        runner._amend(numbers, step([(1, 0), (2, 1)]), numbers, None)
         assert numbers[0].tolist() == [0, 11, 12, 0]
         for rows in ([(1, 1), (2, 0)], [(0, 0), (2, 1)]):
             with pytest.raises(ValueError, match="consecutive rows"):
-                runner._amend(numbers, step(rows))
+                runner._amend(numbers, step(rows), numbers, None)
 
 
 def test_the_graphs_capture_step_builds_static_arguments_on_the_cpu(tiny_pair):
@@ -204,6 +206,9 @@ def test_requests_prefilled_ahead_and_held_ready_equal_step_by_step(tiny_pair, m
     monkeypatch.setattr(LLMEngine, "_step", spy)
     sync, _ = decode(target, draft, async_decode=False, **kw)
     one_by_one, prefills[:] = list(prefills), []
-    out, _ = decode(target, draft, async_decode=True, prefill_ahead=3, **kw)
+    joined = []
+    out, _ = decode(target, draft, async_decode=True, prefill_ahead=3, joined=joined, **kw)
     assert prefills[0] == 5 and sum(prefills) == 8 and len(prefills) < len(one_by_one), (prefills, one_by_one)
+    # Greedy, launched ahead: held requests take finished requests' rows inside a run (sampling never runs ahead)
+    assert (joined[0] >= 2) if mode != "sampled" else joined == [0], joined
     assert same(out, sync)

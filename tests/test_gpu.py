@@ -54,6 +54,30 @@ def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend, steps):
     assert sum(record["replays"].values()) > 0 and record["eager_fallback_sizes"] == []
 
 
+@pytest.mark.parametrize("backend,steps", [("pytorch", 1), ("compiled", 1), ("pytorch", 4)])
+def test_requests_held_ready_take_rows_inside_graph_runs(tiny_pair, backend, steps):
+    """prefill_ahead from graphs: 8 requests of different lengths on 2 rows, 3 more prefilled with each freed row's
+    and held ready; a held request takes a finished one's row inside the run of graph launches, the draft context the
+    graph packed is packed again for it, and every request's tokens, drafts and acceptance equal the CPU's."""
+    from dataclasses import replace
+
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+    from qual.runtime.engine import LLMEngine
+    from runtime_helpers import prompts
+
+    reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 1, 20, 3, 16, 9, 20))]
+    cpu, _ = run(*tiny_pair, requests=reqs, max_num_seqs=2)
+    cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
+                       dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256, backend=backend,
+                       steps_per_launch=steps, max_num_seqs=2, prefill_ahead=3)
+    with LLMEngine(cfg) as engine:
+        out = engine.generate(reqs, SamplingParams(seed=7, max_tokens=20))
+        joined = engine.rows_joined
+    assert joined >= 2
+    keys = ("output_token_ids", "draft_steps", "accepted_per_position")
+    assert [[getattr(r, k) for k in keys] for r in out] == [[getattr(r, k) for k in keys] for r in cpu]
+
+
 def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):
     """Two identical engines one after the other in one process, as the two arms of a qual run: the second must
     not look cheaper because the caching allocator kept the first one's blocks (before graph bytes were measured

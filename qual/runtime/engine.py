@@ -52,6 +52,7 @@ class LLMEngine:
         self.steps_per_launch = self.runner.steps_per_launch  # the most decode steps one launch runs
         self.steps_ahead = 0  # decode steps launched before the last one's results were read
         self.rows_retired = 0  # rows of finished requests run as padding so that a run of steps ahead went on
+        self.rows_joined = 0  # rows a request held ready took over inside a run of steps ahead (_join)
         self.launches: dict[int, int] = {}  # decode launches by the steps each ran
         self._decoding_since = 0.0  # when the run of decode steps in progress began (rank 0's perf_counter)
         self.tally = StepTally(self.K)  # verify steps so far: the tokens a step commits, for steps_to_launch
@@ -220,10 +221,7 @@ class LLMEngine:
                         (finish if s.finish_reason else (running if i < seats else ready).append)(s)
                 self.phases.lap("prefill")
             if running:
-                self._decode(running, sampling, bool(waiting or ready), chained)
-                for s in [s for s in running if s.finish_reason]:
-                    running.remove(s)
-                    finish(s)
+                self._decode(running, sampling, waiting, ready, finish, chained)
             for s in [s for s in ready if s.finish_reason]:  # held ones whose first token was their last
                 ready.remove(s)
                 finish(s)
@@ -248,57 +246,95 @@ class LLMEngine:
         for s, tok, m in zip(seqs, tokens, margins):
             s.append(tok, m, self._stops(sampling), now)
 
-    def _decode(self, seqs: list[Sequence], sampling: SamplingParams, waiting: bool, chained=None) -> None:
-        """Decode steps of one batch: one launch, or with async decode a run of them, each launched before the
-        results of the one before are read, so that the host's commit and the next launch overlap the device's
-        steps. A launch runs one step, or up to steps_per_launch back to back (scheduler.steps_to_launch).
+    def _decode(self, running: list[Sequence], sampling: SamplingParams, waiting: deque, ready: deque,
+                finish: Callable[[Sequence], None], chained=None) -> None:
+        """Decode steps of the running requests: one launch, or with async decode a run of them, each launched before
+        the results of the one before are read, so that the host's commit and the next launch overlap the device's
+        steps. A launch runs one step, or up to steps_per_launch back to back (scheduler.steps_to_launch). Requests
+        that finish leave `running` through `finish` as their last launch is read.
 
-        Launching ahead needs a batch that cannot change before the next launch (full, or nothing waiting), greedy
-        choices (the device accepts: spec_decode.advance), a step some request is expected to need, and room inside
-        every request's reservation. A request that finishes is known one launch late: the launch out meanwhile is
-        read for the others, and its rows for the finished one are dropped (so are its rows of later steps in the
-        launch it finished in). The run then goes on with the finished request's row as padding (retired) while
-        nothing waits and the others still need a step of the same padded size; else it ends there.
+        Launching ahead needs a batch that cannot change before the next launch but through the rows below (full, or
+        nothing waiting), greedy choices (the device accepts: spec_decode.advance), a step some request is expected
+        to need, and room inside every request's reservation. A request that finishes is known one launch late: the
+        launch out meanwhile is read for the others, and its rows for the finished one are dropped (so are its rows
+        of later steps in the launch it finished in). In the next launch a request held ready (prefill_ahead) takes
+        its row over (_join), so the device never waits for the host to drain the run; without one held, the row is
+        padding (retired) from then on, and the run goes on while nothing waits and the others still need a step of
+        the same padded size; else it ends there.
 
         chained: (admitted, prefill output) of a prefill whose first tokens were not read yet (chains_prefill): the
         first step takes them on the device, and the prefill is committed while that step runs.
         """
         self._decoding_since = time.perf_counter()  # the latency record's decode steps are timed from here on
-        ahead = launches_ahead(len(seqs), sampling.temperature == 0, self.runner.can_launch_ahead(len(seqs)),
-                               waiting, self.cfg.max_num_seqs)
-        size = self.runner.padded_size(len(seqs))
+        ahead = launches_ahead(len(running), sampling.temperature == 0, self.runner.can_launch_ahead(len(running)),
+                               bool(waiting or ready), self.cfg.max_num_seqs)
+        rows = list(running)  # the launches' rows: row i's request (finished: padding until a held one takes it)
+        size = self.runner.padded_size(len(rows))
         retired: set[int] = set()  # rows whose requests finished, padding in the steps after
         first = chained[0] if chained else ()
-        steps = max(1, self._steps_to_launch(seqs, 0, first)) if ahead else 1
-        out = self._launch(seqs, first=first, steps=steps)
+        steps = max(1, self._steps_to_launch(rows, 0, first)) if ahead else 1
+        out, out_rows = self._launch(rows, first=first, steps=steps), list(rows)
         if chained:
             self._commit_prefill(*chained, sampling)
         while True:
-            live = [s for s in seqs if not s.finish_reason]
-            in_flight, steps = steps, self._steps_to_launch(live, steps)
-            go = ahead and steps > 0 and fits_ahead(live, in_flight, steps, self.K, self.cfg.max_model_len)
-            nxt = self._launch(seqs, advanced=True, retired=retired, steps=steps, in_flight=in_flight) if go else None
-            self._commit(seqs, out, sampling)
+            joined = self._join(rows, retired, ready, running, finish) if ahead else []
+            newcomers = [rows[i] for i in joined]
+            old = [s for i, s in enumerate(rows) if not s.finish_reason and i not in joined]
+            in_flight = steps
+            steps = max(self._steps_to_launch(old, in_flight), self._steps_to_launch(newcomers, 0))
+            go = ahead and steps > 0 and fits_ahead(old + newcomers, in_flight, steps, self.K, self.cfg.max_model_len)
+            nxt = self._launch(rows, advanced=True, retired=retired, steps=steps, in_flight=in_flight,
+                               joined=joined) if go else None
+            nxt_rows = list(rows)
+            self._commit(out_rows, out, sampling)
+            self._finish_done(running, finish)
             if nxt is None:
                 return
-            live = [s for s in seqs if not s.finish_reason]
-            newly_finished = len(live) < len(seqs) - len(retired)
-            goes_on = live and not waiting and self.runner.padded_size(len(live)) == size
+            live = [s for s in rows if not s.finish_reason]
+            newly_finished = any(s.finish_reason for i, s in enumerate(rows) if i not in retired)
+            goes_on = live and (ready or (not waiting and self.runner.padded_size(len(live)) == size))
             if newly_finished and not goes_on:
-                self._commit(seqs, nxt, sampling)
+                self._commit(nxt_rows, nxt, sampling)
+                self._finish_done(running, finish)
                 return
-            out = nxt
+            out, out_rows = nxt, nxt_rows
+
+    def _join(self, rows: list[Sequence], retired: set[int], ready: deque, running: list[Sequence],
+              finish: Callable[[Sequence], None]) -> list[int]:
+        """Requests held ready take over the rows of requests seen finished (padding or not yet), in row order:
+        returns the rows taken over. A held request whose first token was its last finishes here instead."""
+        joined = []
+        free = [i for i, s in enumerate(rows) if s.finish_reason]
+        while ready and free:
+            s = ready.popleft()
+            if s.finish_reason:
+                finish(s)
+                continue
+            i = free.pop(0)
+            rows[i] = s
+            retired.discard(i)
+            running.append(s)
+            joined.append(i)
+        self.rows_joined += len(joined)
+        return joined
+
+    @staticmethod
+    def _finish_done(running: list[Sequence], finish: Callable[[Sequence], None]) -> None:
+        for s in [s for s in running if s.finish_reason]:
+            running.remove(s)
+            finish(s)
 
     def _steps_to_launch(self, seqs: list[Sequence], in_flight: int, unread=()) -> int:
         return steps_to_launch(seqs, in_flight, self.tally.tokens_per_step, self.steps_per_launch, unread)
 
     def _launch(self, seqs: list[Sequence], advanced: bool = False, retired: set[int] | None = None, first=(),
-                steps: int = 1, in_flight: int = 0):
+                steps: int = 1, in_flight: int = 0, joined: list[int] = ()):
         """Send one decode launch of seqs: `steps` steps back to back. advanced: launched before the last launch's
         results (`in_flight` steps) were read; the device advanced their inputs, and each request's blocks cover
         the longest it can have grown to. retired (an advanced launch's): rows already padding; rows of requests
         finished since become padding now (added). first: requests of the prefill launched just before, whose
-        first tokens the device puts in."""
+        first tokens the device puts in. joined (an advanced launch's): rows requests held ready took over, whose
+        numbers the host sends."""
         far = reach(in_flight if advanced else 0, steps, self.K)  # positions written past the committed length
         self.steps_ahead += steps if advanced or first else steps - 1
         self.launches[steps] = self.launches.get(steps, 0) + 1
@@ -310,18 +346,22 @@ class LLMEngine:
                 self.cache.ensure(s.req.id, s.num_committed + extra + far)
         newly = [i for i, s in enumerate(seqs) if s.finish_reason and i not in retired] if advanced else []
         ids = [s.req.id for s in seqs]
-        tables = self._rows(ids)
-        if advanced and (retired or newly):
+        if advanced:
             retired.update(newly)
             self.rows_retired += len(newly)
-            for t in tables.values():  # a retired row writes and reads nothing (its blocks go when the run ends)
-                for i in retired:
-                    t[i] = []  # all -1 once padded
+        # A retired row writes and reads nothing: all -1 once padded (its request's blocks are freed once it is read
+        # finished; the launch in flight that still writes them runs before anything launched after, on one stream)
+        live = [i for i, s in enumerate(seqs) if not s.finish_reason]
+        tables = {name: [[] for _ in seqs] for name in self.cache.groups}
+        for name, blocks in self._rows([ids[i] for i in live]).items():
+            for i, r in zip(live, blocks):
+                tables[name][i] = r
         step = DecodeStep(
             ids, [s.output[-1] if s.output else 0 for s in seqs],
             [s.num_committed + extra for s, extra in zip(seqs, unread)], [s.ctx_len for s in seqs],
             [s.pending_commit for s in seqs], tables, advanced=advanced, retired=newly,
             first_rows=[(i, in_prefill[id(s)]) for i, s in enumerate(seqs) if id(s) in in_prefill], steps=steps,
+            joined=list(joined),
         )
         self.phases.lap("schedule")
         return self._step(step)

@@ -66,6 +66,7 @@ class ModelRunner:
         self.caches = RankCaches(cfg, comm, target_groups, draft_groups, K, dtype,
                                  lambda group: self.target.state_parts(group))
         self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
+        self.last_aux: torch.Tensor | None = None  # the last static launch's aux features (a graph's output buffer)
         self.first_tokens: torch.Tensor | None = None  # [n] the last prefill's greedy choices (rank 0)
         if self.draft_cfg:
             self.mask_tokens = torch.full((1,), self.draft_cfg.mask_token_id, dtype=torch.long, device=comm.device)
@@ -124,7 +125,7 @@ class ModelRunner:
         if graph:
             args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
             self.phases.lap("inputs")
-            self._amend(graph.load(args, feats, step.advanced).numbers, step)
+            self._amend(graph.load(args, feats, step.advanced).numbers, step, args.numbers, graph.feats)
             logits, drafts, aux, choices = graph.replay(n)
             self.phases.lap("graph")
         elif static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
@@ -139,6 +140,7 @@ class ModelRunner:
             choices = None if choices is None else choices[None]
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()  # the copy of the steps before: no wait here
+        self.last_aux = aux if static else None  # what the device packed the next step's draft context from
         Q = 1 + self.K
         if aux is not None:  # one clone for the batch: graph outputs are overwritten by the next replay
             kept = aux[: R * Q].clone()
@@ -197,14 +199,20 @@ class ModelRunner:
         if kept is not None and not advanced:
             kept.copy_(feats)
         sent = self.stager.send(args, into=flat, tables_only=advanced)
-        self._amend(sent.numbers, step)
+        self._amend(sent.numbers, step, args.numbers, kept)
         return sent, kept
 
-    def _amend(self, numbers: torch.Tensor, step: DecodeStep) -> None:
+    def _amend(self, numbers: torch.Tensor, step: DecodeStep, host: torch.Tensor, feats: torch.Tensor | None) -> None:
         """What the host could not write into a static step's numbers, on the device: rows retired (padding from
-        now on), and last tokens that are the last prefill's greedy choices (the step launched before they were
-        read)."""
+        now on), rows that requests held ready take over (their numbers from `host`, the step's numbers as the host
+        built them; the draft context `feats` packed again from the last launch's aux by the amended counts), and
+        last tokens that are the last prefill's greedy choices (the step launched before they were read)."""
         retire(numbers, step.retired)
+        if step.joined:
+            rows = to_device(torch.tensor(step.joined), numbers.device)
+            numbers[:, rows] = to_device(host[:, step.joined], numbers.device)
+            if feats is not None:  # the device packed it by the finished requests' counts (spec_decode.advance)
+                spec_decode.pack_context(feats, self.last_aux, numbers[NUMBERS.index("commit_counts")], 1 + self.K)
         if step.first_rows:
             # The engine appends a prefill's requests to its batch in order: rows r0.. take picks p0.., one device copy
             # (no index tensors to send, and the host does not wait for the prefill)

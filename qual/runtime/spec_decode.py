@@ -96,13 +96,19 @@ def advance(args, choices: torch.Tensor, aux: torch.Tensor | None, feats: torch.
                        accepted + 1 if k else counts, ctx_len + counts if k else ctx_len])
     new_counts = torch.where(real, accepted + 1, 0)
     if feats is not None:
-        rows, offset = context_sources(new_counts, feats.shape[0])
-        feats.copy_(torch.where((rows >= 0)[:, None], aux[rows.clamp(min=0) * q + offset], 0))
+        pack_context(feats, aux, new_counts, q)
     # A padding row stays padding, and commits no draft context next step (a retired row's count was packed for
     # this step only: step_args.retire)
     idle = args.numbers.clone()
     idle[NUMBERS.index("commit_counts")] = 0
     args.numbers.copy_(torch.where(real, nxt, idle))
+
+
+def pack_context(feats: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor, q: int) -> None:
+    """The draft context of a step, in place: each row's first counts[i] aux features of the step before ([P*Q, n*H]),
+    packed request after request as the host packs them (context_rows), zeros after."""
+    rows, offset = context_sources(counts, feats.shape[0])
+    feats.copy_(torch.where((rows >= 0)[:, None], aux[rows.clamp(min=0) * q + offset], 0))
 
 
 def accept(drafts: list[int], targets: list[int]) -> int:

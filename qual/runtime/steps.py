@@ -37,6 +37,10 @@ class DecodeStep:
     # (row, index in the last prefill): requests whose last token is that prefill's greedy choice, launched before
     # the host read it (last_tokens holds a placeholder there; the device fills it in)
     first_rows: list[tuple[int, int]] = field(default_factory=list)
+    # Rows of an advanced step that requests held ready take over (EngineConfig.prefill_ahead) from requests seen
+    # finished: their numbers are the host's lists above, not the device's, and the draft context the device packed
+    # for the step is packed again with their counts (ModelRunner._amend)
+    joined: list[int] = field(default_factory=list)
     # Steps this launch runs back to back, each advancing the next one's inputs on the device (async decode only;
     # EngineConfig.steps_per_launch): its choices come back as [steps, R, 2Q + K]
     steps: int = 1
