@@ -187,13 +187,14 @@ def test_several_steps_a_launch_are_not_taken_without_async_decode(tiny_pair):
 
 @pytest.mark.parametrize("mode", ["spec", "plain", "sampled", "spec-4-a-launch"])
 def test_requests_prefilled_ahead_and_held_ready_equal_step_by_step(tiny_pair, monkeypatch, mode):
-    """EngineConfig.prefill_ahead: with 2 rows and 8 requests of different lengths (one of a single token, finished
-    by its prefill while held), the first prefill takes the two rows' requests and three more, held ready; freed rows
-    take held requests without a prefill launch, and one prefill refills the held ones when none is left. Fewer
+    """EngineConfig.prefill_ahead: 8 requests of different lengths (one of a single token, finished by its prefill
+    while held) on 3 rows. When rows free and none is held, one prefill takes their requests and the next ones up
+    to a batch's worth, held ready; inside a run of launches ahead the next ones are prefilled behind the launch in
+    flight as soon as none is held, and a held request takes a finished request's row in the next launch. Fewer
     prefill launches than a prefill a freed row, and every request's tokens, drafts and acceptance as step by step."""
     target, draft = tiny_pair[0], (None if mode == "plain" else tiny_pair[1])
     reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 1, 20, 3, 16, 9, 20))]
-    kw = dict(max_num_seqs=2, requests=reqs, temperature=0.8 if mode == "sampled" else 0.0,
+    kw = dict(max_num_seqs=3, requests=reqs, temperature=0.8 if mode == "sampled" else 0.0,
               steps_per_launch=4 if mode == "spec-4-a-launch" else 1)
     prefills = []
     send = LLMEngine._step
@@ -208,7 +209,7 @@ def test_requests_prefilled_ahead_and_held_ready_equal_step_by_step(tiny_pair, m
     one_by_one, prefills[:] = list(prefills), []
     joined = []
     out, _ = decode(target, draft, async_decode=True, prefill_ahead=3, joined=joined, **kw)
-    assert prefills[0] == 5 and sum(prefills) == 8 and len(prefills) < len(one_by_one), (prefills, one_by_one)
+    assert sum(prefills) == 8 and max(prefills) <= 3 and len(prefills) < len(one_by_one), (prefills, one_by_one)
     # Greedy, launched ahead: held requests take finished requests' rows inside a run (sampling never runs ahead)
     assert (joined[0] >= 2) if mode != "sampled" else joined == [0], joined
     assert same(out, sync)

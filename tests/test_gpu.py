@@ -56,9 +56,10 @@ def test_cuda_graphs_equal_eager(tiny_pair, cpu_control, backend, steps):
 
 @pytest.mark.parametrize("backend,steps", [("pytorch", 1), ("compiled", 1), ("pytorch", 4)])
 def test_requests_held_ready_take_rows_inside_graph_runs(tiny_pair, backend, steps):
-    """prefill_ahead from graphs: 8 requests of different lengths on 2 rows, 3 more prefilled with each freed row's
-    and held ready; a held request takes a finished one's row inside the run of graph launches, the draft context the
-    graph packed is packed again for it, and every request's tokens, drafts and acceptance equal the CPU's."""
+    """prefill_ahead from graphs: 8 requests of different lengths on 3 rows, the next ones prefilled behind the launch
+    in flight and held ready; a held request takes a finished one's row inside the run of graph launches, the draft
+    context the graph packed is packed again for it, and every request's tokens, drafts and acceptance equal the
+    CPU's."""
     from dataclasses import replace
 
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
@@ -66,16 +67,43 @@ def test_requests_held_ready_take_rows_inside_graph_runs(tiny_pair, backend, ste
     from runtime_helpers import prompts
 
     reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 1, 20, 3, 16, 9, 20))]
-    cpu, _ = run(*tiny_pair, requests=reqs, max_num_seqs=2)
+    cpu, _ = run(*tiny_pair, requests=reqs, max_num_seqs=3)
     cfg = EngineConfig(str(tiny_pair[0]), str(tiny_pair[1]), ParallelConfig(1, 1, 1), CacheConfig(block_size=4, memory_bytes=2**22),
                        dtype="float64", device="cuda", cuda_graph_sizes=GRAPHS, max_model_len=256, backend=backend,
-                       steps_per_launch=steps, max_num_seqs=2, prefill_ahead=3)
+                       steps_per_launch=steps, max_num_seqs=3, prefill_ahead=3)
     with LLMEngine(cfg) as engine:
         out = engine.generate(reqs, SamplingParams(seed=7, max_tokens=20))
         joined = engine.rows_joined
     assert joined >= 2
     keys = ("output_token_ids", "draft_steps", "accepted_per_position")
     assert [[getattr(r, k) for k in keys] for r in out] == [[getattr(r, k) for k in keys] for r in cpu]
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "compiled"])
+def test_a_kept_full_stream_is_the_same_with_requests_held_ready(backend):
+    """The shipped toy pair in float64 from CUDA graphs, 24 HumanEval prompts × 64 tokens on 8 rows (the benchmark's
+    kept-full stream, shorter): with 7 requests held ready, a step a launch and four, every request's tokens and
+    acceptance at each draft position equal the stream without (float64: batch composition changes nothing)."""
+    from qual.corpus import load_corpus
+    from qual.paths import DATA_DIR
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+    from qual.runtime.engine import GenerationRequest, LLMEngine
+    from qual.tokenize import PromptTokenizer
+
+    toy = DATA_DIR / "models" / "toy"
+    tok = PromptTokenizer(str(toy / "target"))
+    reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 64) for r in load_corpus("humaneval").requests[:24]]
+    got = {}
+    for held, steps in [(0, 1), (7, 1), (7, 4)]:
+        cfg = EngineConfig(str(toy / "target"), str(toy / "draft"), ParallelConfig(1, 1, 1),
+                           CacheConfig(block_size=16, memory_bytes=1 << 30), dtype="float64", device="cuda",
+                           cuda_graph_sizes=(1, 2, 4, 8), max_model_len=1024, max_num_seqs=8, backend=backend,
+                           steps_per_launch=steps, prefill_ahead=held)
+        with LLMEngine(cfg) as engine:
+            out = engine.generate(reqs, SamplingParams(max_tokens=64, ignore_eos=True))
+            assert (engine.rows_joined > 0) == (held > 0)
+        got[held, steps] = [(r.output_token_ids, r.accepted_per_position) for r in out]
+    assert got[7, 1] == got[0, 1] and got[7, 4] == got[0, 1]
 
 
 def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):

@@ -194,9 +194,10 @@ class LLMEngine:
             joining = [ready.popleft() for _ in range(min(len(ready), self.cfg.max_num_seqs - len(running)))]
             running.extend(joining)
             # Rows still free after those are prefilled now, and with prefill_ahead the next waiting requests in the
-            # same prefill, held ready: the rows that free up next take them without a prefill launch each.
+            # same prefill (a batch's worth at most), held ready: the rows that free up next take them without a
+            # prefill launch each.
             seats = self.cfg.max_num_seqs - len(running)  # the admitted beyond these are held ready
-            ahead = self.cfg.prefill_ahead if seats and not ready else 0
+            ahead = min(self.cfg.prefill_ahead, self.cfg.max_num_seqs - seats) if seats and not ready else 0
             admitted = admit(waiting, len(running), self.cache, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens,
                              self.tail, ahead)
             self.phases.lap("schedule")
@@ -278,6 +279,8 @@ class LLMEngine:
             self._commit_prefill(*chained, sampling)
         while True:
             joined = self._join(rows, retired, ready, running, finish) if ahead else []
+            # None held any more: the next ones are prefilled now, behind the launch in flight, and read with it
+            refill = self._prefill_ahead(waiting) if ahead and self.cfg.prefill_ahead and not ready else None
             newcomers = [rows[i] for i in joined]
             old = [s for i, s in enumerate(rows) if not s.finish_reason and i not in joined]
             in_flight = steps
@@ -288,6 +291,9 @@ class LLMEngine:
             nxt_rows = list(rows)
             self._commit(out_rows, out, sampling)
             self._finish_done(running, finish)
+            if refill:
+                self._commit_prefill(*refill, sampling)
+                ready.extend(refill[0])
             if nxt is None:
                 return
             live = [s for s in rows if not s.finish_reason]
@@ -317,6 +323,20 @@ class LLMEngine:
             joined.append(i)
         self.rows_joined += len(joined)
         return joined
+
+    def _prefill_ahead(self, waiting: deque):
+        """Prefill the next prefill_ahead waiting requests (a batch's worth at most) to be held ready: (admitted,
+        prefill output), or None when none waits or fits."""
+        admitted = admit(waiting, 0, self.cache, min(self.cfg.prefill_ahead, self.cfg.max_num_seqs),
+                         self.cfg.max_prefill_tokens, self.tail)
+        if not admitted:
+            return None
+        now = time.perf_counter()
+        for s in admitted:
+            s.admitted = now
+        out = self._send_prefill(admitted)
+        self.phases.lap("prefill")
+        return admitted, out
 
     @staticmethod
     def _finish_done(running: list[Sequence], finish: Callable[[Sequence], None]) -> None:

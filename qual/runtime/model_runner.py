@@ -208,9 +208,9 @@ class ModelRunner:
         built them; the draft context `feats` packed again from the last launch's aux by the amended counts), and
         last tokens that are the last prefill's greedy choices (the step launched before they were read)."""
         retire(numbers, step.retired)
-        if step.joined:
-            rows = to_device(torch.tensor(step.joined), numbers.device)
-            numbers[:, rows] = to_device(host[:, step.joined], numbers.device)
+        if step.joined:  # the rows and their numbers in one copy
+            sent = to_device(torch.cat([torch.tensor(step.joined)[None], host[:, step.joined]]), numbers.device)
+            numbers[:, sent[0]] = sent[1:]
             if feats is not None:  # the device packed it by the finished requests' counts (spec_decode.advance)
                 spec_decode.pack_context(feats, self.last_aux, numbers[NUMBERS.index("commit_counts")], 1 + self.K)
         if step.first_rows:

@@ -164,22 +164,25 @@ class Stager:
 
 
 class Readback:
-    """A step's packed choices on the host without waiting for them: a copy into one of two page-locked buffers,
-    started when the step is launched and waited for when its results are read. Two, because with async decode
-    the next step's copy starts before this one's is read (a graph's outputs are overwritten by its next replay,
+    """A step's packed choices on the host without waiting for them: a copy into one of three page-locked buffers,
+    started when the step is launched and waited for when its results are read. Three, because with async decode
+    the next launch's copy starts before this one's is read, and a prefill of requests held ready
+    (EngineConfig.prefill_ahead) may go out between the two (a graph's outputs are overwritten by its next replay,
     hence the copy). On the CPU the step is done when it returns, and its outputs are its own: nothing to copy."""
+
+    SLOTS = 3
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self._slots: list[list] = [[None, torch.cuda.Event() if self.cuda else None] for _ in range(2)]
+        self._slots: list[list] = [[None, torch.cuda.Event() if self.cuda else None] for _ in range(self.SLOTS)]
         self._next = 0
 
     def start(self, t: torch.Tensor) -> "PendingReadback":
         if not self.cuda:
             return PendingReadback(t, None)
         slot = self._slots[self._next]
-        self._next ^= 1
-        slot[1].synchronize()  # the copy two steps back was read before this slot is written again
+        self._next = (self._next + 1) % self.SLOTS
+        slot[1].synchronize()  # the copy three starts back was read before this slot is written again
         if slot[0] is None or slot[0].numel() < t.numel():
             slot[0] = torch.empty(max(t.numel(), 4096), dtype=t.dtype, pin_memory=True)
         host = slot[0][: t.numel()].view(t.shape)
@@ -190,7 +193,7 @@ class Readback:
 
 @dataclass
 class PendingReadback:
-    """A readback under way: wait() gives the host tensor once its copy is done (valid until two more start)."""
+    """A readback under way: wait() gives the host tensor once its copy is done (valid until three more start)."""
 
     host: torch.Tensor
     event: object
