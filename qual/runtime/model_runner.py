@@ -66,7 +66,7 @@ class ModelRunner:
         self.caches = RankCaches(cfg, comm, target_groups, draft_groups, K, dtype,
                                  lambda group: self.target.state_parts(group))
         self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
-        self.last_aux: torch.Tensor | None = None  # the last static launch's aux features (a graph's output buffer)
+        self.last_aux: torch.Tensor | None = None  # the last static launch's aux features, its requests' rows
         self.first_tokens: torch.Tensor | None = None  # [n] the last prefill's greedy choices (rank 0)
         if self.draft_cfg:
             self.mask_tokens = torch.full((1,), self.draft_cfg.mask_token_id, dtype=torch.long, device=comm.device)
@@ -98,6 +98,7 @@ class ModelRunner:
 
     def close(self) -> None:
         """Release what must go before the process group does (CUDA graphs holding NCCL kernels)."""
+        self.last_aux = None
         if self.graphs is not None:
             self.graphs.release()
         if self.prefill_graphs is not None:
@@ -140,12 +141,15 @@ class ModelRunner:
             choices = None if choices is None else choices[None]
         if getattr(self.target, "fused", None) is not None:
             self.target.fused.check()  # the copy of the steps before: no wait here
-        self.last_aux = aux if static else None  # what the device packed the next step's draft context from
         Q = 1 + self.K
+        kept = None
         if aux is not None:  # one clone for the batch: graph outputs are overwritten by the next replay
             kept = aux[: R * Q].clone()
             for i, rid in enumerate(step.req_ids):
                 self.pending[rid] = kept[i * Q : (i + 1) * Q]
+        # What the device packed the next step's draft context from (its rows past R are padding, which packs
+        # nothing): the clone, not the graph's output, which no reference may hold past the graphs' release
+        self.last_aux = kept if static else None
         # Started now, read when the engine commits the step: with async decode, after the next step is launched
         read = self.readback.start(choices[:, :R]) if choices is not None else None
         self.phases.lap("commit")
