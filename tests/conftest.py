@@ -32,6 +32,42 @@ def tiny_pair(tmp_path_factory):
     return make_target(root / "target"), make_draft(root / "draft")
 
 
+# The shipped toy pair's first 24 HumanEval prompts at its 64 tokens, DCP 1, TP 1, greedy, on the reference engine:
+# the embedded runtime's arm that the vLLM modules compare vLLM with. tests/test_vllm_fidelity.py takes the whole run as
+# its baseline; tests/test_vllm_engine.py (the launching engine) and tests/test_vllm_attach.py (the attached servers)
+# compare their requests with its control arm. One `qual run` serves all three: the first module to ask runs it,
+# the others (on either xdist worker) wait for it and read it. The run lives beside the workers' own folders
+# (pytest-xdist's recipe: a file lock in the base folder's parent), so it is checked against the committed schema
+# here, not by the per-module check below.
+TOY_REFERENCE_LIMIT = 24
+
+
+@pytest.fixture(scope="session")
+def toy_reference_run(tmp_path_factory, result_schema_validator) -> Path:
+    """The folder of `qual run --dcp 1 --tp 1 --limit 24` on the toy (result.json, its reports, history.sqlite)."""
+    import json
+    import shutil
+    import subprocess
+
+    from filelock import FileLock
+
+    xdist = "PYTEST_XDIST_WORKER" in os.environ  # without xdist, the base folder's parent holds other sessions' folders
+    shared = tmp_path_factory.getbasetemp().parent if xdist else tmp_path_factory.mktemp("shared")
+    root = shared / "toy-reference"
+    with FileLock(str(shared / "toy-reference.lock")):
+        if not (root / "done").exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a failed attempt left
+            root.mkdir()
+            proc = subprocess.run([sys.executable, "-m", "qual", "run", "--dcp", "1", "--tp", "1", "--limit",
+                                   str(TOY_REFERENCE_LIMIT), "--out", str(root / "out"), "--history",
+                                   str(root / "history.sqlite")], capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            (root / "done").write_text("")
+    errors = list(result_schema_validator.iter_errors(json.loads((root / "out" / "result.json").read_text())))
+    assert not errors, errors[0].message
+    return root
+
+
 # Every result.json a test writes (directly or through a `qual` subprocess) must validate against the committed
 # schema, qual/data/result.schema.json (a sweep's: qual/data/result.sweep.schema.json): checked after each test module
 # (its tmp folder names the test), for the files that are new or changed since the last check.

@@ -125,7 +125,7 @@ def test_missing_vllm_interpreter_is_exit_2_before_any_work(tmp_path, capsys):
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
-def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_path):
+def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_path, capsys):
     out, db = tmp_path / "out", tmp_path / "h.sqlite"
     proc = subprocess.Popen([*QUAL, "run", "--model", str(profile), "--dcp", "2", "--limit", str(LIMIT),
                              "--out", str(out), "--history", str(db)],
@@ -157,7 +157,7 @@ def test_resume_after_kill_loses_and_repeats_nothing(profile, finished_run, tmp_
         t = got["arms"][arm]["throughput"]  # the control arm's time adds up over its two pieces
         assert 0 < t["generate_seconds"] < t["wall_seconds"]
     assert history_rows(db) == 1
-    again = qual("run", "--resume", out)  # a finished run, resumed: the same run, recorded once
+    again = cli(capsys, "run", "--resume", out)  # a finished run, resumed (nothing runs): the same run, recorded once
     assert again.returncode == 0, again.stderr
     assert history_rows(db) == 1
     with sqlite3.connect(db) as c:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from checkpoints import make_profile
+from cli_inprocess import qual_in
 from nic_env import nic_env
 from qual.errors import QualError
 from qual.harness.journal import read_journal
@@ -137,7 +138,7 @@ def test_a_sweep_fails_the_sharded_candidates_and_runs_the_control_once(toy_swee
 
 
 @pytest.mark.slow
-def test_one_history_row_per_comparison_keyed_by_its_candidate(toy_sweep):
+def test_one_history_row_per_comparison_keyed_by_its_candidate(toy_sweep, capsys):
     from qual.configuration import ConfigurationKey
     from qual.sweep_result import load_any
 
@@ -150,16 +151,16 @@ def test_one_history_row_per_comparison_keyed_by_its_candidate(toy_sweep):
     sweep = load_any(out / "result.json")
     assert [r[5] for r in recorded] == [ConfigurationKey.of_result(sweep.result(n)).key() for n in NAMES]
     assert {r[6] for r in recorded} == {str(out / "result.json")}
-    again = qual("run", "--resume", out)  # a finished sweep resumed: nothing runs, no row is added
+    again = qual_in(capsys, "run", "--resume", out)  # a finished sweep resumed: nothing runs, no row is added
     assert again.returncode == 1, again.stderr
     assert "starting" not in again.stderr and len(rows(db)) == 4
 
 
-def test_a_sweep_is_published_as_one_configuration_per_candidate(toy_sweep, tmp_path):
+def test_a_sweep_is_published_as_one_configuration_per_candidate(toy_sweep, tmp_path, capsys):
     """`qual history publish` reads each comparison of a sweep's result.json for its own row."""
     _, out, db = toy_sweep
     site = tmp_path / "site"
-    proc = qual("history", "publish", site, "--history", db)
+    proc = qual_in(capsys, "history", "publish", site, "--history", db)
     assert proc.returncode == 0, proc.stderr
     assert "published 4 configurations, 4 runs (4 with their report)" in proc.stdout
     data = json.loads((site / "qual-site.json").read_text())
@@ -239,13 +240,13 @@ def test_a_sweeps_comparison_is_the_single_run_of_its_candidate(toy_sweep, shard
 
 
 @pytest.mark.slow
-def test_compare_and_baseline_read_a_sweeps_result(toy_sweep, tmp_path):
+def test_compare_and_baseline_read_a_sweeps_result(toy_sweep, tmp_path, capsys):
     from qual.harness.baseline import resolve
 
     _, out, db = toy_sweep
-    proc = qual("compare", f"{out}:control", f"{out}:{NAMES[3]}", "--out", tmp_path / "c")
+    proc = qual_in(capsys, "compare", f"{out}:control", f"{out}:{NAMES[3]}", "--out", tmp_path / "c")
     assert proc.returncode == 1 and "acceptance_delta_lower_bound" in proc.stdout, proc.stderr
-    proc = qual("compare", f"{out}:control", str(out), "--out", tmp_path / "d")  # the default arm, candidate: no such arm
+    proc = qual_in(capsys, "compare", f"{out}:control", str(out), "--out", tmp_path / "d")  # the default arm, candidate: no such arm
     assert proc.returncode == 2 and f"has the arms control, {', '.join(NAMES)}" in proc.stderr
     # --baseline: a history row of a sweep serves with its own comparison; a result file with this run's
     plan = make_plan(run_options(dcp="2", draft_kv="sharded", limit=LIMIT, history=str(db)), dry_run=True)

