@@ -104,11 +104,12 @@ class EngineConfig:
     # run at padded shapes, replayed from CUDA graphs where decode graphs are captured (qual/runtime/prefill_graphs.py);
     # 0: every prefill runs eagerly.
     prefill_graph_tokens: int = 4096
-    # Waiting requests prefilled beyond the free rows, in the same prefill, and held ready (KV and first token) until
-    # a row frees: when requests finish a few at a time (speculative decoding's uneven lengths), each freed row then
-    # takes a held request without a prefill launch of its own, where prefilling one or eight costs about the same
-    # on a GPU (a launch-bound prefill graph). Taken only when no request is held ready. 0: a freed row's request is
-    # prefilled when the row frees.
+    # Waiting requests prefilled beyond the free rows (up to this many, a batch's worth in one prefill) and held ready
+    # (KV and first token) until a row frees: when requests finish a few at a time (speculative decoding's uneven
+    # lengths), each freed row then takes a held request without a prefill launch of its own, inside a run of launches
+    # ahead (qual/runtime/decode_runs.py), where prefilling one or eight costs about the same on a GPU (a launch-bound
+    # prefill graph). Refilled once none is held. 0: a freed row's request is prefilled when the row frees. Off by
+    # default: a held request's wait for a row counts as decode time in its latency record.
     prefill_ahead: int = 0
 
     def __post_init__(self):

@@ -102,17 +102,15 @@ class DecodeRuns:
                          self.cfg.max_prefill_tokens, self.tail)
         if not admitted:
             return None
-        now = time.perf_counter()
-        for s in admitted:
-            s.admitted = now
         out = self._send_prefill(admitted)
         self.phases.lap("prefill")
         return admitted, out
 
     @staticmethod
-    def _finish_done(running: list[Sequence], finish: Callable[[Sequence], None]) -> None:
-        for s in [s for s in running if s.finish_reason]:
-            running.remove(s)
+    def _finish_done(seqs: list[Sequence] | deque, finish: Callable[[Sequence], None]) -> None:
+        """Finish the requests of `seqs` that are done, and take them out of it."""
+        for s in [s for s in seqs if s.finish_reason]:
+            seqs.remove(s)
             finish(s)
 
     def _steps_to_launch(self, seqs: list[Sequence], in_flight: int, unread=()) -> int:

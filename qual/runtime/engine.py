@@ -206,9 +206,6 @@ class LLMEngine(DecodeRuns):
                 raise QualError(f"request {waiting[0].req.id} does not fit the KV cache budget ({self.cfg.cache.memory_bytes} B per rank)")
             chained = None
             if admitted:
-                now = time.perf_counter()
-                for s in admitted:
-                    s.admitted = now
                 out = self._send_prefill(admitted)
                 seated, held = admitted[:seats], admitted[seats:]
                 batch = len(running) + len(seated)
@@ -224,16 +221,17 @@ class LLMEngine(DecodeRuns):
                 self.phases.lap("prefill")
             if running:
                 self._decode(running, sampling, waiting, ready, finish, chained)
-            for s in [s for s in ready if s.finish_reason]:  # held ones whose first token was their last
-                ready.remove(s)
-                finish(s)
+            self._finish_done(ready, finish)  # held ones whose first token was their last
             self.phases.lap("other")
         self.runner.check_kernels()
         self.phases.stop()
         return [done[r.id] for r in requests]
 
     def _send_prefill(self, seqs: list[Sequence]):
+        """Send the prefill of newly admitted requests (their admission time is now)."""
+        now = time.perf_counter()
         for s in seqs:
+            s.admitted = now
             s.ctx_len, s.pending_commit = s.prompt_len, 0  # the prefill writes the prompt's draft context
         ids = [s.req.id for s in seqs]
         return self._step(PrefillStep(ids, [list(s.req.prompt_token_ids) for s in seqs], self._rows(ids)))
