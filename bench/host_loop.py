@@ -1,12 +1,15 @@
 """Host work per decode step: the engine's and the rank's own time, with the device's share taken away.
 
-    python3 bench/host_loop.py [--batch 8] [--plain] [--generates 30] [--profile]
+    python3 bench/host_loop.py [--batch 8] [--requests N] [--plain] [--generates 30] [--profile]
 
-The toy pair on the CPU at static shapes with async decode (the loop a CUDA run takes), first HumanEval prompts,
-64 new tokens. Each step's compute (and each prefill bucket's) is replaced by its first result for that shape, so
+The toy pair on the CPU at static shapes with async decode (the loop a CUDA run takes), the first --requests
+HumanEval prompts (default: --batch of them), at most --batch in flight (a finished request's row goes to the next
+one), 64 new tokens. Each step's compute (and each prefill bucket's) is replaced by its first result for that shape, so
 what is timed is scheduling, the step's inputs, commit and readback: the host work that sets the pace where a
 device step is shorter than it (compiled steps: docs/PERFORMANCE.md). Tokens are not the model's (every step
-commits what the first one chose). Prints the best generate's microseconds per decode step and the phases.
+commits what the first one chose). Prints the best and the mean generate's microseconds per decode step (the
+mean holds the garbage collector's full walks of the whole heap, about 100 ms each on the 2-core machine, which
+land in some generates only) and the phases.
 --profile: cProfile of further generates, by own time.
 """
 
@@ -40,6 +43,7 @@ def first_result(fn, key):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--requests", type=int, help="HumanEval prompts a generate runs (default: --batch)")
     ap.add_argument("--plain", action="store_true", help="no drafter: plain decoding")
     ap.add_argument("--generates", type=int, default=30)
     ap.add_argument("--profile", action="store_true")
@@ -48,10 +52,11 @@ def main() -> int:
                                                        lambda runner, step_args, feats, n: (step_args.numel, n))
     prefill_graphs.PrefillGraphs._compute = first_result(prefill_graphs.PrefillGraphs._compute,
                                                          lambda graphs, b: (b.rows, b.length))
-    reqs = humaneval_requests(args.batch)
+    reqs = humaneval_requests(args.requests or args.batch)
     cfg = EngineConfig(str(TOY / "target"), None if args.plain else str(TOY / "draft"), ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=1 << 30), dtype="float32", device="cpu",
-                       max_model_len=256, static_shapes=True, async_decode=True, phase_times=True)
+                       max_model_len=max(len(r.prompt_token_ids) for r in reqs) + 64 + 32, static_shapes=True,
+                       async_decode=True, phase_times=True, max_num_seqs=args.batch)
     sp = SamplingParams(max_tokens=64, ignore_eos=True)
     with LLMEngine(cfg) as engine:
         engine.generate(reqs, sp)  # every shape's first result
@@ -62,9 +67,10 @@ def main() -> int:
             walls.append(time.perf_counter() - t)
         phases = engine.phase_times()
         steps = phases["decode_steps"]
-        best = min(walls)
-        print(f"batch {args.batch} {'plain' if args.plain else 'spec'}: best of {args.generates} generates {1e3 * best:.3f} ms, "
-              f"{steps} decode steps: {1e6 * best / steps:.1f} us a step; last generate's phases, us a step: "
+        best, mean = min(walls), sum(walls) / len(walls)
+        print(f"batch {args.batch}, {len(reqs)} requests, {'plain' if args.plain else 'spec'}: {args.generates} generates, "
+              f"best {1e3 * best:.3f} ms, mean {1e3 * mean:.3f} ms, {steps} decode steps: {1e6 * best / steps:.1f} us "
+              f"a step (best), {1e6 * mean / steps:.1f} (mean); last generate's phases, us a step: "
               + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in phases["ms_per_step"].items() if v))
         if args.profile:
             prof = cProfile.Profile()
