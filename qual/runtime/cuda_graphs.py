@@ -5,7 +5,10 @@ warm-up; a step is padded to the next captured size (pad rows see nothing and wr
 trash slot). Steps larger than every captured size run eagerly and are counted as such.
 With EngineConfig.steps_per_launch = n > 1 each size also has a graph of n steps back to back
 (each advancing the next one's inputs), over the same input buffers as its one-step graph: a
-launch of either kind leaves the inputs advanced for the next launch of either kind.
+launch of either kind leaves the inputs advanced for the next launch of either kind. Under async
+decode each of them also has a join graph: in a launch ahead, rows that requests held ready take
+over get their numbers and the draft context is packed again (spec_decode.join_rows) in one replay,
+where eagerly that is about sixteen small launches of the host's (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import time
 import torch
 
 from qual.runtime.config import DEFAULT_SIZES
+from qual.runtime.spec_decode import join_rows
+from qual.runtime.step_args import NUMBERS
 
 
 class _Graph:
@@ -25,6 +30,10 @@ class _Graph:
     def __init__(self, batch_size: int, flat: torch.Tensor, feats, stager):
         self.batch_size, self.flat, self.feats, self.stager = batch_size, flat, feats, stager
         self.runs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # steps -> (graph, its outputs)
+        # Async decode: steps -> the join graph reading that run's aux; its input, spec_decode.join_rows' table
+        self.joins: dict[int, torch.cuda.CUDAGraph] = {}
+        self.join_table = torch.zeros(1 + len(NUMBERS), batch_size, dtype=torch.long, device=flat.device)
+        self.last_steps: int | None = None  # the run replayed last: the one whose aux a join packs from
 
     def load(self, args, feats, advanced: bool = False):
         """Refill the static inputs (one host-to-device copy and one device copy); returns the step's arguments as
@@ -42,10 +51,20 @@ class _Graph:
         [steps, P, W]."""
         graph, outputs = self.runs[steps]
         graph.replay()
+        self.last_steps = steps
         return outputs
 
+    def join(self, table: torch.Tensor) -> None:
+        """Rows that requests held ready take over, in a launch ahead (after load, before replay): table is
+        step_args.join_table's, copied in without the host waiting; the join graph of the run replayed last packs
+        the draft context from that run's aux."""
+        if self.last_steps not in self.joins:
+            raise ValueError(f"a join at batch size {self.batch_size} without a launch of that size before it")
+        self.join_table.copy_(table.pin_memory(), non_blocking=True)
+        self.joins[self.last_steps].replay()
+
     def reset(self) -> None:
-        for graph, _ in self.runs.values():
+        for graph in [*(g for g, _ in self.runs.values()), *self.joins.values()]:
             graph.reset()
 
 
@@ -146,7 +165,31 @@ class DecodeGraphs:
             # The dummy step writes only the trash slots; its advanced numbers are put back.
             graph.replay()
             runner.stager.send(host, into=flat)
+        if runner.async_decode:  # rows are taken over in launches ahead only
+            for n, (_, out) in made.runs.items():
+                made.joins[n] = self._capture_join(made, args.numbers, out[2], mode)
+            made.last_steps = None
+            runner.stager.send(host, into=flat)
         return made
+
+    def _capture_join(self, made: _Graph, numbers: torch.Tensor, aux: torch.Tensor | None, mode: str):
+        """The join graph of one run: spec_decode.join_rows over the size's static numbers, draft context and that
+        run's aux output. Its table is all zeros here, so the warm-up changes no number."""
+        q = 1 + self.runner.K
+
+        def run():
+            join_rows(numbers, made.join_table, made.feats, aux, q)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run()  # warm-up: the kernels' first launches, the allocator
+        torch.cuda.current_stream().wait_stream(stream)
+        self._quiesce()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=mode):
+            run()
+        return graph
 
     def _quiesce(self) -> None:
         """All ranks at the same point with no GPU or NCCL work in flight."""

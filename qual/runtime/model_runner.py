@@ -18,7 +18,8 @@ from qual.runtime.phases import OFF
 from qual.runtime.prefill import prefill
 from qual.runtime.rank_caches import RankCaches
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import NUMBERS, Readback, StepArgs, Stager, context_rows, pack, retire, to_device
+from qual.runtime.step_args import (NUMBERS, Readback, StepArgs, Stager, context_rows, join_table, pack, retire,
+                                    to_device)
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
 
@@ -126,7 +127,7 @@ class ModelRunner:
         if graph:
             args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
             self.phases.lap("inputs")
-            self._amend(graph.load(args, feats, step.advanced).numbers, step, args.numbers, graph.feats)
+            self._amend(graph.load(args, feats, step.advanced).numbers, step, args.numbers, graph.feats, graph)
             logits, drafts, aux, choices = graph.replay(n)
             self.phases.lap("graph")
         elif static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
@@ -206,17 +207,20 @@ class ModelRunner:
         self._amend(sent.numbers, step, args.numbers, kept)
         return sent, kept
 
-    def _amend(self, numbers: torch.Tensor, step: DecodeStep, host: torch.Tensor, feats: torch.Tensor | None) -> None:
+    def _amend(self, numbers: torch.Tensor, step: DecodeStep, host: torch.Tensor, feats: torch.Tensor | None,
+               graph=None) -> None:
         """What the host could not write into a static step's numbers, on the device: rows retired (padding from
         now on), rows that requests held ready take over (their numbers from `host`, the step's numbers as the host
-        built them; the draft context `feats` packed again from the last launch's aux by the amended counts), and
-        last tokens that are the last prefill's greedy choices (the step launched before they were read)."""
+        built them; the draft context `feats` packed again from the last launch's aux by the amended counts: a
+        graph's captured join, else spec_decode.join_rows eagerly), and last tokens that are the last prefill's
+        greedy choices (the step launched before they were read)."""
         retire(numbers, step.retired)
-        if step.joined:  # the rows and their numbers in one copy
-            sent = to_device(torch.cat([torch.tensor(step.joined)[None], host[:, step.joined]]), numbers.device)
-            numbers[:, sent[0]] = sent[1:]
-            if feats is not None:  # the device packed it by the finished requests' counts (spec_decode.advance)
-                spec_decode.pack_context(feats, self.last_aux, numbers[NUMBERS.index("commit_counts")], 1 + self.K)
+        if step.joined:  # the device packed the context by the finished requests' counts (spec_decode.advance)
+            table = join_table(step.joined, host)
+            if graph is not None:
+                graph.join(table)
+            else:
+                spec_decode.join_rows(numbers, to_device(table, numbers.device), feats, self.last_aux, 1 + self.K)
         if step.first_rows:
             # The engine appends a prefill's requests to its batch in order: rows r0.. take picks p0.., one device copy
             # (no index tensors to send, and the host does not wait for the prefill)

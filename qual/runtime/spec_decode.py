@@ -104,6 +104,17 @@ def advance(args, choices: torch.Tensor, aux: torch.Tensor | None, feats: torch.
     args.numbers.copy_(torch.where(real, nxt, idle))
 
 
+def join_rows(numbers: torch.Tensor, table: torch.Tensor, feats: torch.Tensor | None, aux: torch.Tensor | None,
+              q: int) -> None:
+    """Rows that requests held ready take over in a launch ahead, in place and on the device: where table[0] is set,
+    the step's numbers [5, P] become table[1:] (join_table: the host's numbers for those rows), and the draft context
+    is packed again from the last launch's aux by the amended commit counts. Fixed shapes and no host values, so a
+    CUDA graph replays it (qual/runtime/cuda_graphs.py) as eagerly run."""
+    numbers.copy_(torch.where(table[0].bool()[None], table[1:], numbers))
+    if feats is not None:
+        pack_context(feats, aux, numbers[NUMBERS.index("commit_counts")], q)
+
+
 def pack_context(feats: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor, q: int) -> None:
     """The draft context of a step, in place: each row's first counts[i] aux features of the step before ([P*Q, n*H]),
     packed request after request as the host packs them (context_rows), zeros after."""

@@ -97,6 +97,15 @@ def set_number(numbers: torch.Tensor, name: str, rows: list[int], values) -> Non
     numbers[NUMBERS.index(name), to_device(torch.tensor(rows), numbers.device)] = values
 
 
+def join_table(rows: list[int], host: torch.Tensor) -> torch.Tensor:
+    """[1 + 5, P] int64 on the host for spec_decode.join_rows: a row of flags (1: a request held ready takes this row
+    over), then the step's numbers as the host built them (host [5, P], NUMBERS) on those rows, zeros elsewhere."""
+    table = torch.zeros(1 + host.shape[0], host.shape[1], dtype=torch.long)
+    table[0, rows] = 1
+    table[1:, rows] = host[:, rows]
+    return table
+
+
 def retire(numbers: torch.Tensor, rows: list[int]) -> None:
     """Make rows of a step's numbers [5, P] on the device padding: sequence length 0. Their other numbers stay, so
     that the draft context the device packed for this step (by commit_counts) still lines up; the next advance
