@@ -3,8 +3,8 @@
 import torch
 
 from qual.runtime.sampling import greedy_by_reductions
-from qual.runtime.spec_decode import advance, pack_choices, unpack_choices
-from qual.runtime.step_args import StepArgs, Stager, context_rows, flat_views, retire
+from qual.runtime.spec_decode import advance, join_rows, pack_choices, unpack_choices
+from qual.runtime.step_args import NUMBERS, StepArgs, Stager, context_rows, flat_views, join_table, retire
 
 
 def test_context_rows_pack_each_requests_accepted_tokens_in_order():
@@ -94,3 +94,29 @@ def test_a_retired_row_stops_advancing_and_commits_no_context():
             assert got[:, 1].tolist() == [8, 34, 37, 4, 28]
             assert torch.equal(feats[3:7], aux[4:8])
     assert torch.equal(numbers, before)
+
+
+def test_rows_taken_over_get_the_hosts_numbers_and_the_context_is_packed_by_them():
+    """spec_decode.join_rows (what a graph's join replays): the joined rows' numbers become the host's, the others
+    keep the device's, and the draft context is each row's first commit-count aux rows of the last launch, packed
+    request after request, zeros after; as the host computes it row by row."""
+    g = torch.Generator().manual_seed(1)
+    P, Q, W = 6, 4, 3
+    for joined in ([0], [2, 5], [1, 3, 4], list(range(P))):
+        device = torch.randint(0, 9, (len(NUMBERS), P), generator=g)
+        device[NUMBERS.index("commit_counts")] = torch.randint(0, Q + 1, (P,), generator=g)
+        host = torch.randint(0, 9, (len(NUMBERS), P), generator=g)
+        host[NUMBERS.index("commit_counts")] = torch.randint(0, Q + 1, (P,), generator=g)
+        aux = torch.randn(P * Q, W, generator=g, dtype=torch.float64)
+        numbers, feats = device.clone(), torch.full((P * Q, W), 7.0, dtype=torch.float64)
+        join_rows(numbers, join_table(joined, host), feats, aux, Q)
+        want = device.clone()
+        want[:, joined] = host[:, joined]
+        assert torch.equal(numbers, want)
+        counts = want[NUMBERS.index("commit_counts")].tolist()
+        packed = [aux[i * Q + j] for i, c in enumerate(counts) for j in range(c)]
+        assert packed, "every case commits some context"
+        assert torch.equal(feats[: len(packed)], torch.stack(packed)) and not feats[len(packed):].any()
+        numbers = device.clone()
+        join_rows(numbers, join_table(joined, host), None, None, Q)  # plain decoding: no draft context
+        assert torch.equal(numbers, want)
