@@ -89,3 +89,27 @@ def test_every_group_must_fit():
     m = manager(4, [t, d], memory=(t.block_bytes(16) + d.block_bytes(16)) * 8)
     # at DCP4 the target needs 2 blocks for 128 tokens but the replicated draft group needs 8
     assert m.can_admit(128) and not m.can_admit(129)
+
+
+def test_ensure_for_no_more_tokens_than_held_changes_nothing_and_a_readmitted_request_starts_over():
+    """ensure() is asked for every row of every decode launch; once a request holds slots for n tokens, a call for n
+    or fewer returns at once, and a request freed and admitted again under the same id gets its blocks anew."""
+    full = KVCacheGroup("target", spec(), ("t.0",))
+    windowed = KVCacheGroup("draft", spec(sharded=False, window=32), ("d.0",))
+    m = manager(2, [full, windowed], memory=2**24)
+    assert m.windowed == ("draft",)
+    m.admit("a", 400)
+    m.ensure("a", 200)
+    held = {name: list(m.tables[name]["a"]) for name in m.groups}
+    free = {name: pool.num_free for name, pool in m.pools.items()}
+    m.release_outside_window("draft", "a", 200)  # blocks behind the window go; the table keeps its length
+    for n in (1, 150, 200):
+        m.ensure("a", n)
+    assert m.tables["target"]["a"] == held["target"] and m.pools["target"].num_free == free["target"]
+    assert len(m.tables["draft"]["a"]) == len(held["draft"])
+    m.ensure("a", 201 + 32)  # past what it holds: the next block of each group
+    assert len(m.tables["target"]["a"]) == len(held["target"]) + 1
+    m.free("a")
+    m.admit("a", 400)
+    m.ensure("a", 20)  # 20 tokens: one block of 16 x DCP 2 (sharded), two of 16 (replicated)
+    assert [len(t) for t in (m.tables["target"]["a"], m.tables["draft"]["a"])] == [1, 2]

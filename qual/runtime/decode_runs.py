@@ -178,7 +178,7 @@ class DecodeRuns:
                 self.tally.add(a)
                 s.ctx_len += s.pending_commit
                 s.pending_commit = a + 1
-                for name in self.cache.groups:  # the next draft step's context: ctx_len + pending_commit
+                for name in self.cache.windowed:  # the next draft step's context: ctx_len + pending_commit
                     self.cache.release_outside_window(name, s.req.id, s.ctx_len + s.pending_commit)
                 s.append(targets[: a + 1], margins[: a + 1], self._stops(sampling), now, self._decoding_since)
         self.phases.lap("commit")

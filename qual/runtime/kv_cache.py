@@ -136,6 +136,12 @@ class CacheManager:
         self.tables: dict[str, dict[str, list[int]]] = {g.name: {} for g in groups}
         self.reserved: dict[str, dict[str, int]] = {g.name: {} for g in groups}
         self.peak_blocks: dict[str, int] = {g.name: 0 for g in groups}
+        # The groups whose blocks leave a window (release_outside_window has work only there)
+        self.windowed = tuple(g.name for g in groups if g.spec.window is not None)
+        # Per request, the longest num_tokens ensure() has given slots for: tables never shrink (a block behind a
+        # window is freed in place), so a shorter or equal one has nothing to do. Asked for every row of every
+        # decode launch, where the answer is nearly always "nothing".
+        self._ensured: dict[str, int] = {}
 
     def group_dcp(self, name: str) -> int:
         return self.dcp_size if self.groups[name].spec.sharded else 1
@@ -168,6 +174,7 @@ class CacheManager:
         for name in self.groups:
             self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
             self.tables[name][req_id] = []
+        self._ensured.pop(req_id, None)
 
     def first_needed(self, name: str, num_tokens: int) -> int:
         """Lowest position a windowed group can still read once positions < num_tokens have slots: the step that
@@ -178,6 +185,8 @@ class CacheManager:
     def ensure(self, req_id: str, num_tokens: int) -> None:
         """Allocate blocks so positions < num_tokens have slots in every group; a windowed group skips the blocks
         already behind its window (a long prompt's early positions are never read there, nor stored)."""
+        if num_tokens <= self._ensured.get(req_id, -1):
+            return
         for name, pool in self.pools.items():
             table = self.tables[name][req_id]
             spec = self.groups[name].spec
@@ -192,6 +201,7 @@ class CacheManager:
                 if spec.window is None and len(table) > self.reserved[name][req_id]:  # the engine's tail is short
                     raise RuntimeError(f"request {req_id} holds {len(table)} blocks of {name}, reserved "
                                        f"{self.reserved[name][req_id]} (writes up to position {num_tokens - 1})")
+        self._ensured[req_id] = num_tokens
 
     def release_outside_window(self, name: str, req_id: str, context_len: int) -> None:
         """Free blocks whose positions have all left the group's window (they are never read again).
@@ -209,6 +219,7 @@ class CacheManager:
                 table[vblk] = -1
 
     def free(self, req_id: str) -> None:
+        self._ensured.pop(req_id, None)
         for name, pool in self.pools.items():
             pool.free(self.tables[name].pop(req_id, []))
             self.reserved[name].pop(req_id, None)
