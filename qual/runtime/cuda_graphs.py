@@ -95,7 +95,7 @@ class DecodeGraphs:
         if r.drafter is not None:
             width = len(r.draft_cfg.target_layer_ids) * r.draft_cfg.layers.hidden_size
             for rid in ids:
-                r.pending[rid] = torch.zeros(Q, width, dtype=r.target.dtype, device=r.comm.device)
+                r.pending[rid] = (torch.zeros(Q, width, dtype=r.target.dtype, device=r.comm.device), 0)
         tables = {name: [[]] * batch_size for name in r.caches.geometry}  # no blocks: every row all -1
         return DecodeStep(ids, [0] * batch_size, [2] * batch_size, [0] * batch_size, [1] * batch_size, tables), ids
 

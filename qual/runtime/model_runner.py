@@ -66,7 +66,9 @@ class ModelRunner:
             draft_groups = draft_cls.cache_groups(draft_spec.config, comm, nbytes, cfg.draft_kv, cfg.cache.draft_window)
         self.caches = RankCaches(cfg, comm, target_groups, draft_groups, K, dtype,
                                  lambda group: self.target.state_parts(group))
-        self.pending: dict[str, torch.Tensor] = {}  # request -> aux features not yet in the draft cache
+        # request -> aux features not yet in the draft cache: (its last step's aux rows, where its rows begin there),
+        # sliced where they are used (a non-advanced step's context) rather than for every request every launch
+        self.pending: dict[str, tuple[torch.Tensor, int]] = {}
         self.last_aux: torch.Tensor | None = None  # the last static launch's aux features, its requests' rows
         self.first_tokens: torch.Tensor | None = None  # [n] the last prefill's greedy choices (rank 0)
         if self.draft_cfg:
@@ -147,7 +149,7 @@ class ModelRunner:
         if aux is not None:  # one clone for the batch: graph outputs are overwritten by the next replay
             kept = aux[: R * Q].clone()
             for i, rid in enumerate(step.req_ids):
-                self.pending[rid] = kept[i * Q : (i + 1) * Q]
+                self.pending[rid] = (kept, i * Q)
         # What the device packed the next step's draft context from (its rows past R are padding, which packs
         # nothing): the clone, not the graph's output, which no reference may hold past the graphs' release
         self.last_aux = kept if static else None
@@ -253,7 +255,8 @@ class ModelRunner:
         feats = None
         if self.drafter is not None and not step.advanced:  # an advanced step's context is on the device already
             width = len(self.draft_cfg.target_layer_ids) * self.draft_cfg.layers.hidden_size
-            parts = [self.pending[rid][:c] for rid, c in zip(step.req_ids, counts) if c]
+            parts = [rows[at : at + c] for rid, c in zip(step.req_ids, counts) if c
+                     for rows, at in (self.pending[rid],)]
             if num_ctx > sum(counts):  # static: fixed number of context rows, the extra ones write to the trash slot
                 parts.append(torch.zeros(num_ctx - sum(counts), width, dtype=self.target.dtype, device=self.comm.device))
             feats = torch.cat(parts) if parts else torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)
