@@ -168,8 +168,6 @@ class DecodeGraphs:
         if runner.async_decode:  # rows are taken over in launches ahead only
             for n, (_, out) in made.runs.items():
                 made.joins[n] = self._capture_join(made, args.numbers, out[2], mode)
-            made.last_steps = None
-            runner.stager.send(host, into=flat)
         return made
 
     def _capture_join(self, made: _Graph, numbers: torch.Tensor, aux: torch.Tensor | None, mode: str):
