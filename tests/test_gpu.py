@@ -172,6 +172,84 @@ def test_paged_attention_kernel_matches_gathered_reference(r, q, h, hk, d, s, sp
     torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)  # float32 all the way
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("r,t,s,h,hk,d,masks", [
+    (8, 512, 512, 8, 1, 32, "prefill"), (1, 128, 128, 8, 1, 32, "prefill"), (3, 40, 70, 16, 8, 128, "prefill"),
+    (4, 8, 200, 16, 8, 128, "window"), (2, 8, 37, 8, 2, 64, "random"), (1, 1, 5, 4, 4, 16, "random")])
+def test_fused_attention_matches_the_step_by_step_path(r, t, s, h, hk, d, masks, dtype):
+    """attention_with_lse's one kernel (fused, on CUDA in half precision) against its step-by-step operators in
+    float32 (where fused does not apply): padded
+    prefill rectangles (causal over each row's length, padding queries that see nothing), a sliding window over a
+    verify block, random masks; group sizes 8, 2, 4 and 1; odd key counts (the bias's padded stride)."""
+    from qual.runtime.attention import attention_with_lse, fused_applies
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(r, t, h, d, device="cuda", generator=g).to(dtype)
+    k = torch.randn(r, s, hk, d, device="cuda", generator=g).to(dtype)
+    v = torch.randn(r, s, hk, d, device="cuda", generator=g).to(dtype)
+    keys = torch.arange(s, device="cuda")
+    if masks == "prefill":  # row i holds a prompt of lens[i] tokens at positions 0.., then padding
+        lens = torch.randint(1, min(t, s) + 1, (r,), device="cuda", generator=g)
+        pos = torch.arange(t, device="cuda")
+        mask = (keys[None, None, :] <= pos[None, :, None]) & (pos[None, :, None] < lens[:, None, None])
+    elif masks == "window":  # the verify block's positions s - t .., each seeing the 64 keys up to itself
+        pos = s - t + torch.arange(t, device="cuda")
+        mask = ((keys[None, :] <= pos[:, None]) & (keys[None, :] > pos[:, None] - 64)).expand(r, t, s)
+    else:
+        mask = torch.rand(r, t, s, device="cuda", generator=g) > 0.4
+        mask[0, 0] = False
+    assert fused_applies(q, k, v) and not fused_applies(q.float(), k.float(), v.float())
+    out, lse = attention_with_lse(q, k, v, mask, d ** -0.5, fused=True)
+    ref_out, ref_lse = attention_with_lse(q.float(), k.float(), v.float(), mask, d ** -0.5, fused=True)
+    assert out.dtype == lse.dtype == dtype and out.shape == ref_out.shape and lse.shape == ref_lse.shape
+    blind = ~mask.any(dim=-1)
+    if masks != "window":
+        assert blind.any()  # rows that see nothing are in the matrix: out 0, lse -inf
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and torch.isinf(lse[blind]).all()
+    assert not out.isnan().any() and (out[blind] == 0).all()
+    torch.testing.assert_close(out.float(), ref_out, rtol=2e-2, atol=2e-2)
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite].float(), ref_lse[finite], rtol=1e-2, atol=2e-2)  # rounded to dtype
+
+
+@pytest.mark.parametrize("graph_tokens", [0, 4096])  # the eager prefill; the padded prefill from graphs
+def test_half_precision_prefill_runs_fused_and_is_as_near_float64(graph_tokens, monkeypatch):
+    """A bfloat16 prefill on CUDA runs its attention fused (TargetMeta.prefill): the shipped toy pair's prompt logits
+    (its heads are 32 wide: the fused kernel applies; the tiny test pair's are not) are as near the CPU's float64
+    ones as those of the step-by-step operators in bfloat16."""
+    from qual.paths import DATA_DIR
+    from qual.runtime import attention
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig
+    from qual.runtime.engine import LLMEngine
+
+    toy = DATA_DIR / "models" / "toy"
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (3, 17, 40, 64, 90)]
+    calls = []
+    fused, applies = attention._fused_attention_with_lse, attention.fused_applies
+    monkeypatch.setattr(attention, "_fused_attention_with_lse", lambda *a: calls.append(1) or fused(*a))
+
+    def prompt_logits(device: str, dtype: str, step_by_step: bool = False):
+        monkeypatch.setattr(attention, "fused_applies", (lambda *a: False) if step_by_step else applies)
+        cfg = EngineConfig(str(toy / "target"), str(toy / "draft"), ParallelConfig(1, 1, 1),
+                           CacheConfig(block_size=16, memory_bytes=2**24), dtype=dtype, device=device,
+                           cuda_graph_sizes=(1,) if device == "cuda" else (), max_model_len=128,
+                           prefill_graph_tokens=graph_tokens)
+        with LLMEngine(cfg) as engine:
+            logits = engine.prompt_logits(ps).double()
+            record = engine.graph_capture()["prefill"]
+        if device == "cuda":
+            assert record["status"] == ("captured" if graph_tokens else "off"), record
+        return logits
+
+    exact = prompt_logits("cpu", "float64")
+    base_error = (prompt_logits("cuda", "bfloat16", step_by_step=True) - exact).abs().max().item()
+    assert not calls
+    error = (prompt_logits("cuda", "bfloat16") - exact).abs().max().item()
+    assert calls  # every layer's attention, once a chunk (and once more for a capture's warm-up)
+    assert error <= 1.5 * base_error + 1e-3, (error, base_error)
+
+
 @pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention", "triton-gemm+triton-attention+pdl"])
 def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
     """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly;

@@ -34,8 +34,12 @@ def same(a, b):
     return [[getattr(r, k) for k in keys] for r in a] == [[getattr(r, k) for k in keys] for r in b]
 
 
-def test_buckets_are_powers_of_two():
-    assert bucket(1, 1) == (1, 16) and bucket(3, 17) == (4, 32) and bucket(8, 32) == (8, 32) and bucket(5, 33) == (8, 64)
+def test_buckets_are_rows_by_powers_of_two_and_lengths_by_quarter_octaves():
+    assert bucket(1, 1) == (1, 16) and bucket(3, 17) == (4, 32) and bucket(8, 32) == (8, 32) and bucket(5, 33) == (8, 48)
+    assert [bucket(2, n)[1] for n in (64, 65, 100, 128, 129, 256, 257, 282, 513)] == [64, 80, 112, 128, 160, 256, 320, 320, 640]
+    for n in range(65, 5000):  # past 64 tokens at most a fifth of a row is padding, and every length fits
+        length = bucket(1, n)[1]
+        assert n <= length and length - n < length / 5, n
 
 
 def test_padded_prefill_gives_the_eager_prompt_logits(tiny_pair):
@@ -78,9 +82,10 @@ def test_speculative_decoding_after_a_padded_prefill_is_unchanged(tiny_pair, max
 
 
 def test_a_chunk_above_the_limit_runs_eagerly_and_is_counted(tiny_pair):
-    reqs = prompts(8)  # one chunk of 8 prompts up to 40 tokens: 8 x 64 padded tokens
+    reqs = prompts(8)  # one chunk of 8 prompts up to 40 tokens: 8 x 48 padded tokens
+    assert bucket(8, max(len(r.prompt_token_ids) for r in reqs)) == (8, 48)
     eager, _ = generate(*tiny_pair, 0, reqs)
-    out, record = generate(*tiny_pair, 8 * 64 - 1, reqs)
+    out, record = generate(*tiny_pair, 8 * 48 - 1, reqs)
     assert record["eager_chunks"] == 1 and record["padded_chunks"] == 0 and same(out, eager)
 
 

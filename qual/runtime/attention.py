@@ -11,8 +11,17 @@ def attention_with_lse(
     v: torch.Tensor,  # [R, S, Hk, Dv]
     mask: torch.Tensor,  # [R, T, S] True = may attend
     scale: float,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention; returns out [R, T, H, Dv] and lse [R, T, H] (-inf, out 0 where nothing is visible)."""
+    """Masked softmax attention; returns out [R, T, H, Dv] and lse [R, T, H] (-inf, out 0 where nothing is visible).
+
+    PyTorch's operators step by step; with `fused`, where fused_applies, one kernel computes the same (the step-by-step
+    path is its reference: tests/test_gpu.py). Prefill asks for it: its scores [R, H, T, S] are large and run
+    eagerly or replayed from a graph as they are. A decode step's are a verify block's rows, and torch.compile fuses
+    the step-by-step operators into fewer kernels than the fused one costs there (the toy pair's compiled step on one
+    H200: 0.379 ms, 0.442 ms with the fused kernel)."""
+    if fused and fused_applies(q, k, v):
+        return _fused_attention_with_lse(q, k, v, mask, scale)
     R, T, H, D = q.shape
     Hk = k.shape[2]
     group = H // Hk
@@ -27,6 +36,43 @@ def attention_with_lse(
     out = out.permute(0, 3, 1, 2, 4).reshape(R, T, H, v.shape[-1])
     lse = lse.permute(0, 3, 1, 2).reshape(R, T, H)
     return out, lse
+
+
+FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def fused_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether attention_with_lse runs as one kernel: PyTorch's memory-efficient attention on CUDA, in half precision
+    (in float32 and float64 the step-by-step operators keep the CPU's numbers), keys and values of one head width
+    up to 128 (the widths that kernel takes), and some key to attend to.
+
+    Why: step by step, the scores [R, H, T, S] cross memory about ten times (mask, log-sum-exp, exp, the NaN guard,
+    the product with V): in a prefill of 8 prompts padded to 512 tokens that was most of the prefill's device time
+    (the toy pair's 2.83 ms a replay on one H200; 1.59 ms fused), and a stream's decode steps wait behind it
+    (docs/PERFORMANCE.md)."""
+    d = q.shape[-1]
+    return (q.is_cuda and q.dtype in FUSED_DTYPES and k.shape[-1] == d == v.shape[-1] and d % 8 == 0 and d <= 128
+            and k.shape[1] > 0)
+
+
+def _fused_attention_with_lse(q, k, v, mask, scale):
+    """attention_with_lse in one kernel (fused_applies): the mask as an additive bias, the kernel's log-sum-exp."""
+    R, T, H, D = q.shape
+    S, Hk = k.shape[1], k.shape[2]
+    if H != Hk:  # the kernel takes one key head per query head: each KV head serves its group of query heads
+        k, v = k.repeat_interleave(H // Hk, dim=2), v.repeat_interleave(H // Hk, dim=2)
+    # The kernel reads the bias row by row at a stride of a multiple of 16 elements: a wider buffer, cut to S
+    width = -(-S // 16) * 16
+    bias = torch.full((R, T, width), float("-inf"), dtype=q.dtype, device=q.device)[..., :S]
+    bias.masked_fill_(mask, 0.0)
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias[:, None].expand(R, H, T, S), True,
+        scale=scale)[:2]
+    # A row that sees nothing: out 0 and lse -inf, as the step-by-step path gives them (the kernel's may be NaN)
+    blind = ~mask.any(dim=-1)[..., None]  # [R, T, 1]
+    out = out.transpose(1, 2).masked_fill(blind[..., None], 0.0)
+    lse = lse[..., :T].transpose(1, 2).masked_fill(blind, float("-inf"))  # the kernel pads its rows to 32
+    return out, lse.to(q.dtype)
 
 
 def _clean_lse(lse: torch.Tensor) -> torch.Tensor:

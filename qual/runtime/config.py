@@ -100,7 +100,7 @@ class EngineConfig:
     # advances each step's inputs); a run stops at the steps the batch is expected to need (scheduler.steps_to_launch), a
     # request that finishes inside it is read as finished and its later rows are dropped. 1: a step a launch.
     steps_per_launch: int = 1
-    # Prefill chunks of up to this many padded tokens (prompts x longest prompt, each rounded up to a power of two)
+    # Prefill chunks of up to this many padded tokens (prompts x longest prompt, each rounded up: prefill_graphs.bucket)
     # run at padded shapes, replayed from CUDA graphs where decode graphs are captured (qual/runtime/prefill_graphs.py);
     # 0: every prefill runs eagerly.
     prefill_graph_tokens: int = 4096

@@ -61,7 +61,7 @@ def _chunk(runner, step: PrefillStep, idx: list[int]) -> tuple[torch.Tensor, tor
     tokens, positions, rows, q_index, seq_lens, last = (dev(t) for t in (
         tokens, positions, rows, q_index, seq_lens, last))
     shape = StepShape(positions, rows, q_index, seq_lens, torch.zeros_like(seq_lens))
-    meta = runner.caches.target_meta(shape, tables, widths)
+    meta = runner.caches.target_meta(shape, tables, widths, prefill=True)
     hidden, aux = runner.target.forward(tokens, positions, meta, runner.caches.stores)
     if runner.drafter is not None:  # the whole prompt becomes draft context now, so decode steps stay small
         slots = {name: runner.caches.route(name, write_slots(runner.caches.geometry[name], positions, rows, tables[name]))

@@ -69,13 +69,14 @@ class RankCaches:
         return self.stores[name].route(slots)
 
     def target_meta(self, shape: StepShape, tables, widths: dict | None = None, static: bool = False,
-                    dense: bool = False) -> TargetMeta:
+                    dense: bool = False, prefill: bool = False) -> TargetMeta:
         """Target metadata: one view per target cache group, by its kind (qual/runtime/cache_views.py), built where
-        shape and tables are. static: at the key widths of a full table (graph shapes); else at widths (by group)."""
+        shape and tables are. static: at the key widths of a full table (graph shapes); else at widths (by group).
+        prefill: the tokens are prompts (TargetMeta.prefill)."""
         views = {}
         for name in self.target_groups:
             width = self.key_width[name] if static else (widths or {}).get(name)
             views[name] = build_view(self.by_name[name].spec, self.geometry[name], shape, tables[name],
                                      lambda slots, n=name: self.route(n, slots), width,
                                      self.key_index[name] if static else None)
-        return TargetMeta(shape.q_index, views, dense=dense)
+        return TargetMeta(shape.q_index, views, dense=dense, prefill=prefill)

@@ -35,7 +35,9 @@ class TargetMeta:
     q_index: torch.Tensor  # [R, Q] flat token index, -1 = padding
     views: dict[str, AttentionView] = field(default_factory=dict)  # by cache group
     dense: bool = False  # every request has exactly Q query tokens (decode): no padding to strip
-    prefill: bool = False  # prompt tokens (dense in a padded prefill): the decode-only kernels do not apply
+    # prompt tokens (dense in a padded prefill): the decode-only kernels do not apply; attention runs fused
+    # (attention_with_lse)
+    prefill: bool = False
 
 
 @dataclass

@@ -107,7 +107,7 @@ class Qwen3Target:
                                             view.keys.lengths)
         else:
             kc, vc = store.gather(i, view.keys)
-            out, lse = attention_with_lse(q_pad, kc, vc, view.mask, self.scale)
+            out, lse = attention_with_lse(q_pad, kc, vc, view.mask, self.scale, fused=meta.prefill)
         if comm.dcp_size > 1:  # step 3: merge the partials, keep this rank's heads
             out = dcp_combine(comm, out, lse, Hl)
         flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
