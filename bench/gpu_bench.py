@@ -17,12 +17,16 @@ goes to the next waiting one at once), speculative and plain, each against its b
 committed / the --stream-batch graph's step time). --prefill-ahead: each value a pair of stream rows
 (EngineConfig.prefill_ahead; rows of n > 0 are named ~p<n>).
 
+Every engine row also reports where the device's time went in one more generate (device_split): prefill steps,
+decode launches, and idle between steps, which is what separates a row's e2e from its bound.
+
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -124,6 +128,40 @@ def kernel_table(graph, replays: int = 10, top: int = 12) -> dict:
             "top": [{"kernel": k, "us": round(time_us[k], 1), "launches": round(launches[k], 1)} for k in ranked]}
 
 
+def device_split(engine, reqs, sp) -> dict:
+    """One more generate of reqs, with a CUDA event recorded before and after each engine step: the device's
+    milliseconds in prefill steps, in decode launches (their input copies and readbacks included; also any wait
+    for the host inside a launch) and idle between steps, and the generate's wall time. Not the timed generate: the
+    events cost the host a few microseconds a step."""
+    from qual.runtime.steps import PrefillStep
+
+    marks, step = [], engine._step
+
+    def marked(s):
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record()
+        out = step(s)
+        after.record()
+        marks.append(("prefill" if isinstance(s, PrefillStep) else "decode", before, after))
+        return out
+
+    engine._step = marked
+    try:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.generate(reqs, sp)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    finally:
+        del engine._step  # the class's method again
+    split = {"prefill_ms": 0.0, "decode_ms": 0.0, "idle_ms": 0.0, "wall_ms": 1e3 * wall}
+    for i, (kind, before, after) in enumerate(marks):
+        split[f"{kind}_ms"] += before.elapsed_time(after)
+        if i + 1 < len(marks):  # the device waited for the host's next step
+            split["idle_ms"] += max(0.0, after.elapsed_time(marks[i + 1][1]))
+    return split
+
+
 def random_qwen3(path: Path, cfg: Qwen3Config) -> Path:
     """A random Qwen3 checkpoint of the given shape in bf16, HF format: matrices N(0, 0.02^2), the embedding
     N(0, 0.0004^2), norms near 1; drawn on the GPU (an 8B shape's 15 GB in seconds)."""
@@ -173,6 +211,10 @@ def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, 
                                                  new_tokens) for i in range(batch)]
             res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels)
             res[batch]["init_s"] = init_s
+    # An engine's runner and its graphs refer to each other: only the cycle collector frees them, and its KV (16 GiB)
+    # with them. Collected here, so that a bench of many rows does not run the device out of memory.
+    del engine
+    gc.collect()
     return res
 
 
@@ -189,6 +231,7 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
     phases = engine.phase_times()
     phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
     phases["launches"] = {k: v - launches.get(k, 0) for k, v in engine.launches.items()}  # of the timed generate
+    split = device_split(engine, reqs, sp)
     rec = engine.graph_capture()
     graphs = engine.runner.graphs
     step_s = replay_seconds(graphs.graphs[batch]) if graphs and batch in graphs.graphs else None
@@ -209,7 +252,7 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
             "graph_share": phases["decode_steps"] * step_s / wall if step_s else None,
             "weight_bytes_read": wbytes, "kv_bytes_read_per_step": kv_bytes,
             "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes", "prefill")},
-            "acceptance_rate": acc, "kernel_table": table}
+            "acceptance_rate": acc, "kernel_table": table, "device_split": split}
 
 
 def hf(target: Path, batch: int, prompt_len: int, new_tokens: int):
@@ -267,7 +310,8 @@ def end_to_end_rows(res: dict):
 def print_end_to_end(res: dict) -> None:
     """End to end against the graph-replay bound, and the host's time per decode step by phase."""
     print(f"{'model':32s} {'mode':>5s} {'batch':>5s} {'e2e tok/s':>10s} {'step ms':>8s} {'tok/step':>8s} "
-          f"{'bound':>8s} {'e2e/bound':>9s} {'ahead':>6s}  host ms per decode step by phase")
+          f"{'bound':>8s} {'e2e/bound':>9s} {'ahead':>6s}  host ms per decode step by phase | device ms (another "
+          f"generate): prefill, decode, idle")
     for name, mode, batch, o in end_to_end_rows(res):
         st, bound = o["graph_step_s"], o["bound_tokens_per_s"]
         ms = o["phase_times"]["ms_per_step"]
@@ -275,7 +319,8 @@ def print_end_to_end(res: dict) -> None:
         print(f"{name:32s} {mode:>5s} {batch:5d} {o['tokens_per_s']:10.0f} {1e3 * st if st else float('nan'):8.3f} "
               f"{o['tokens_per_decode_step']:8.2f} {bound or float('nan'):8.0f} "
               f"{100 * o['tokens_per_s'] / bound if bound else float('nan'):8.1f}% "
-              f"{o['phase_times']['steps_ahead'] / max(1, o['phase_times']['decode_steps']):6.0%}  {phases}")
+              f"{o['phase_times']['steps_ahead'] / max(1, o['phase_times']['decode_steps']):6.0%}  {phases} | "
+              + ", ".join(f"{o['device_split'][k]:.1f}" for k in ("prefill_ms", "decode_ms", "idle_ms")))
 
 
 def print_kernels(res: dict) -> None:
@@ -337,6 +382,9 @@ def print_stream_rows(res: dict) -> None:
                   f"step {1e3 * o['graph_step_s']:.3f} ms, bound {o['bound_tokens_per_s']:.0f} tok/s, "
                   f"e2e/bound {100 * o['tokens_per_s'] / o['bound_tokens_per_s']:.1f}%, "
                   f"graph share {100 * o['graph_share']:.1f}%")
+            d = o["device_split"]
+            print(f"    device, another generate: prefill {d['prefill_ms']:.1f} ms, decode {d['decode_ms']:.1f} ms, "
+                  f"idle {d['idle_ms']:.1f} ms of {d['wall_ms']:.1f} ms")
         print(f"{key}: speedup {r['speedup']:.2f}x, bounds' ratio {r['bounds_ratio']:.2f}x, speedup / bounds' ratio "
               f"{100 * r['speedup_over_bounds_ratio']:.1f}% (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
 
