@@ -91,6 +91,14 @@ def test_every_group_must_fit():
     assert m.can_admit(128) and not m.can_admit(129)
 
 
+@pytest.mark.parametrize("kind,pool", [("gqa", 1), ("latent", 1), ("pooled", 4), ("pooled", 128)])
+def test_tokens_within_is_the_longest_sequence_whose_entries_fit(kind, pool):
+    s = KVCacheSpec(kind, SHARDED, 2, num_kv_heads=1, head_dim=16, pool=pool)
+    for entries in range(0, 300):
+        n = s.tokens_within(entries)
+        assert s.entries(n) <= entries < s.entries(n + 1), (entries, n)
+
+
 def test_ensure_for_no_more_tokens_than_held_changes_nothing_and_a_readmitted_request_starts_over():
     """ensure() is asked for every row of every decode launch; once a request holds slots for n tokens, a call for n
     or fewer returns at once, and a request freed and admitted again under the same id gets its blocks anew."""
@@ -107,6 +115,10 @@ def test_ensure_for_no_more_tokens_than_held_changes_nothing_and_a_readmitted_re
         m.ensure("a", n)
     assert m.tables["target"]["a"] == held["target"] and m.pools["target"].num_free == free["target"]
     assert len(m.tables["draft"]["a"]) == len(held["draft"])
+    m.ensure("a", 208)  # the end of the draft's 13th block of 16 (the target's 7 blocks of 16 x 2 hold 224)
+    assert len(m.tables["draft"]["a"]) == len(held["draft"]) and m.pools["target"].num_free == free["target"]
+    m.ensure("a", 209)  # one past it: the draft's next block
+    assert len(m.tables["draft"]["a"]) == len(held["draft"]) + 1 and len(m.tables["target"]["a"]) == len(held["target"])
     m.ensure("a", 201 + 32)  # past what it holds: the next block of each group
     assert len(m.tables["target"]["a"]) == len(held["target"]) + 1
     m.free("a")

@@ -70,6 +70,10 @@ class KVCacheSpec:
         """Cache positions a sequence of num_tokens occupies (pooled: its complete pools)."""
         return num_tokens // self.pool if self.kind == "pooled" else num_tokens
 
+    def tokens_within(self, entries: int) -> int:
+        """The longest sequence whose entries() fit in `entries` cache positions."""
+        return (entries + 1) * self.pool - 1 if self.kind == "pooled" else entries
+
 
 @dataclass(frozen=True, slots=True)
 class KVCacheGroup:
@@ -187,12 +191,13 @@ class CacheManager:
         already behind its window (a long prompt's early positions are never read there, nor stored)."""
         if num_tokens <= self._ensured.get(req_id, -1):
             return
+        held = 1 << 62  # the most tokens every group's blocks now hold slots for
         for name, pool in self.pools.items():
             table = self.tables[name][req_id]
             spec = self.groups[name].spec
+            span = self.block_size * self.group_dcp(name)
             need = 1 if spec.kind in PER_REQUEST else blocks_needed(spec.entries(num_tokens), self.block_size, self.group_dcp(name))
             if need > len(table):
-                span = self.block_size * self.group_dcp(name)
                 skip = 0 if spec.kind in PER_REQUEST else self.first_needed(name, num_tokens) // span
                 fresh = range(max(len(table), skip), need)
                 table.extend([-1] * (need - len(table) - len(fresh)))
@@ -201,7 +206,11 @@ class CacheManager:
                 if spec.window is None and len(table) > self.reserved[name][req_id]:  # the engine's tail is short
                     raise RuntimeError(f"request {req_id} holds {len(table)} blocks of {name}, reserved "
                                        f"{self.reserved[name][req_id]} (writes up to position {num_tokens - 1})")
-        self._ensured[req_id] = num_tokens
+            if spec.kind not in PER_REQUEST:  # one block each, whatever the length
+                held = min(held, spec.tokens_within(len(table) * span))
+        # Up to the blocks' end, not just num_tokens: a launch asks for a few tokens more than the last one, and
+        # those nearly always fall in blocks already held
+        self._ensured[req_id] = held
 
     def release_outside_window(self, name: str, req_id: str, context_len: int) -> None:
         """Free blocks whose positions have all left the group's window (they are never read again).
