@@ -4,7 +4,7 @@ import torch
 
 from qual.runtime.sampling import greedy_by_reductions
 from qual.runtime.spec_decode import advance, join_rows, pack_choices, unpack_choices
-from qual.runtime.step_args import NUMBERS, StepArgs, Stager, context_rows, flat_views, join_table, retire
+from qual.runtime.step_args import NUMBERS, StepArgs, Stager, context_rows, flat_views, join_table, pack, retire
 
 
 def test_context_rows_pack_each_requests_accepted_tokens_in_order():
@@ -35,6 +35,30 @@ def test_flat_views_and_the_cpu_stager_keep_every_number():
     assert got.numbers.data_ptr() == flat.data_ptr()
     again = flat_views(flat, args)
     assert torch.equal(again.number("commit_counts"), numbers[3])
+
+
+def test_packed_args_travel_from_their_one_buffer_whole_or_tables_only():
+    """pack's StepArgs are views of one host buffer (StepArgs.flat), which the stager copies as it is; the same
+    numbers without that buffer go by concatenation: a graph's inputs come out the same either way, refilled whole or
+    (a launch ahead) tables only, the numbers left as they were."""
+    numbers = [[7, 8, 0], [3, 4, 1], [10, 11, 1], [2, 0, 0], [5, 6, 0]]
+    tables = {"target": [[4, 5], [6]], "draft": [[1, 2, 3], [9]]}
+    args = pack(numbers, tables, 3, {"target": 4}, num_ctx=9)
+    assert args.flat is not None and args.flat.numel() == args.numel == 15 + 3 * 4 + 3 * 3
+    assert args.numbers.tolist() == numbers and args.tables["target"].tolist() == [[4, 5, -1, -1], [6, -1, -1, -1], [-1] * 4]
+    assert args.tables["draft"].tolist() == [[1, 2, 3], [9, -1, -1], [-1, -1, -1]]
+    loose = StepArgs(args.numbers.clone(), {k: v.clone() for k, v in args.tables.items()}, 9)  # no one buffer
+    stager = Stager(torch.device("cpu"))
+    for tables_only in (False, True):
+        got = []
+        for a in (args, loose):
+            into = torch.full((args.numel,), -7, dtype=torch.long)
+            sent = stager.send(a, into=into, tables_only=tables_only)
+            assert sent.flat is into and sent.numbers.data_ptr() == into.data_ptr()
+            got.append(into)
+        assert torch.equal(got[0], got[1])
+        assert (got[0][:15] == -7).all() if tables_only else torch.equal(got[0][:15], args.numbers.reshape(-1))
+        assert torch.equal(got[0][15:], args.flat[15:])
 
 
 def test_packed_choices_are_the_greedy_tokens_margins_and_proposals():

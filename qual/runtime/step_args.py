@@ -25,6 +25,8 @@ class StepArgs:
     numbers: torch.Tensor
     tables: dict[str, torch.Tensor]
     num_ctx: int
+    # The one buffer all of them are views of, in leaves() order (pack's and flat_views'): what travels, in one copy
+    flat: torch.Tensor | None = None
 
     def number(self, name: str) -> torch.Tensor:
         """One row of numbers, [P]."""
@@ -120,13 +122,15 @@ def flat_views(flat: torch.Tensor, like: StepArgs) -> StepArgs:
 
 
 def _views(flat: torch.Tensor, numbers: tuple, tables: dict[str, tuple], num_ctx: int) -> StepArgs:
-    """StepArgs of these shapes as views of flat: numbers first, then the tables in the (sorted) order given."""
+    """StepArgs of these shapes as views of flat (contiguous): numbers first, then the tables in the (sorted) order
+    given. One as_strided a view: half the host time of a slice and a view, every decode launch."""
+    base = flat.storage_offset()
     at = numbers[0] * numbers[1]
     views = {}
     for name, (r, w) in tables.items():
-        views[name] = flat[at : at + r * w].view(r, w)
+        views[name] = flat.as_strided((r, w), (w, 1), base + at)
         at += r * w
-    return StepArgs(flat[: numbers[0] * numbers[1]].view(*numbers), views, num_ctx)
+    return StepArgs(flat.as_strided(tuple(numbers), (numbers[1], 1), base), views, num_ctx, flat)
 
 
 class Stager:
@@ -150,13 +154,12 @@ class Stager:
 
         tables_only: refill only the tables of `into`; its numbers stay as the device advanced them (async decode).
         """
-        leaves = args.leaves()[1:] if tables_only else args.leaves()
         skip = args.numbers.numel() if tables_only else 0
         n = args.numel - skip
         if not self.cuda:
             if into is None:
                 return args
-            torch.cat([t.reshape(-1) for t in leaves], out=into[skip:])
+            _gather(args, skip, into[skip:])
             return flat_views(into, args)
         if self._pending:
             self._event.synchronize()  # the last copy out of the page-locked buffer has finished
@@ -164,12 +167,22 @@ class Stager:
             self._host = torch.empty(max(n, 2 * (0 if self._host is None else self._host.numel()), 1024),
                                      dtype=torch.long, pin_memory=True)
         host = self._host[:n]
-        torch.cat([t.reshape(-1) for t in leaves], out=host)
+        _gather(args, skip, host)
         flat = into if into is not None else torch.empty(args.numel, dtype=torch.long, device=self.device)
         flat[skip:].copy_(host, non_blocking=True)
         self._event.record()
         self._pending = True
         return flat_views(flat, args)
+
+
+def _gather(args: StepArgs, skip: int, out: torch.Tensor) -> None:
+    """args' leaves from the skip-th number on, flat into out: one copy from the buffer they view (pack's), else
+    one concatenation."""
+    if args.flat is not None and args.flat.numel() == args.numel:
+        out.copy_(args.flat[skip:])
+    else:
+        leaves = args.leaves()[1:] if skip else args.leaves()  # skip: the numbers, leaves()[0], whole
+        torch.cat([t.reshape(-1) for t in leaves], out=out)
 
 
 class Readback:
