@@ -211,8 +211,8 @@ def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, 
                                                  new_tokens) for i in range(batch)]
             res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels)
             res[batch]["init_s"] = init_s
-    # An engine's runner and its graphs refer to each other: only the cycle collector frees them, and its KV (16 GiB)
-    # with them. Collected here, so that a bench of many rows does not run the device out of memory.
+    # A closed engine goes with its last reference (ModelRunner.close); a failed row's partial engine may be held in
+    # cycles with its traceback: collected here, so that a bench of many rows (16 GiB of KV each) keeps the device free.
     del engine
     gc.collect()
     return res

@@ -100,7 +100,9 @@ class ModelRunner:
             self.prefill_graphs = PrefillGraphs(self, cfg.prefill_graph_tokens, capture=self.graphs is not None)
 
     def close(self) -> None:
-        """Release what must go before the process group does (CUDA graphs holding NCCL kernels)."""
+        """Release what must go before the process group does (CUDA graphs holding NCCL kernels), then the references
+        back to this runner (its graphs', its step function's): its weights and KV caches go with the engine's last
+        reference, not at the cycle collector's next full pass (a run's next arm starts in this process at once)."""
         self.last_aux = None
         if self.graphs is not None:
             self.graphs.release()
@@ -108,6 +110,7 @@ class ModelRunner:
             self.prefill_graphs.release()
         if self.backend.compile_mode:
             torch._dynamo.reset()  # this runner's compiled entries would count against the next one's limit
+        self.graphs = self.prefill_graphs = self.step_fn = self.target.fused = None
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         return to_device(t, self.comm.device)
