@@ -57,3 +57,43 @@ _HELD = textwrap.dedent("""
 def test_a_held_signal_reaches_the_handler_after_the_block_not_inside_it():
     out = subprocess.run([sys.executable, "-c", _HELD], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["block", "True"], out.stdout + out.stderr  # not "after": raised at the block's end
+
+
+# A stop signal whose KeyboardInterrupt a C extension turns into its own error (safetensors' load_file, interrupted
+# while it makes a tensor, raises ValueError about an UntypedStorage): the loader must end as an interrupt, not as an
+# unreadable checkpoint. The extension's part is played by a load_file that takes the signal and raises that error.
+_DISGUISED = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from qual.checkpoints import io
+    from qual.cli.main import Interrupts
+    from qual.errors import QualError
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, sys.argv[1] + "/model.safetensors")
+    real = io.load_file
+
+    def interrupted_inside(path):
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            sum(range(10**6))  # the handler runs here and raises KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass  # swallowed, as inside the extension
+        raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+
+    print(sorted(io.load_weights(sys.argv[1])))  # before any signal: loads
+    io.load_file = interrupted_inside
+    Interrupts(deadline_s=60).install()
+    try:
+        io.load_weights(sys.argv[1])
+        print("loaded")
+    except KeyboardInterrupt:
+        print("interrupted")
+    except QualError as exc:
+        print("error:", exc)
+""")
+
+
+def test_a_stop_signal_disguised_as_a_loaders_error_still_ends_as_an_interrupt(tmp_path):
+    out = subprocess.run([sys.executable, "-c", _DISGUISED, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split("\n")[:2] == ["['w']", "interrupted"], out.stdout + out.stderr

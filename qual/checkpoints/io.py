@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qual.errors import QualError
+from qual.stop_signals import check_stopping
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -23,6 +24,7 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
         try:
             weights.update(load_file(str(f)))
         except Exception as exc:  # safetensors raises its own error types
+            check_stopping()  # or a stop signal's KeyboardInterrupt came back as one (qual/stop_signals.py)
             raise QualError(f"{f}: unreadable safetensors file ({exc})") from None
     return weights
 

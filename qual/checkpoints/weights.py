@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qual.checkpoints.fp8 import SCALE_SUFFIX
 from qual.errors import QualError
+from qual.stop_signals import check_stopping
 
 # safetensors' dtype codes by the names profiles use (torch's).
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64",
@@ -56,6 +57,7 @@ def inspect_weights(path: str | Path, run_dtype: str, declared: str | None, wher
                     code = st.get_slice(name).get_dtype()
                     dtypes[name] = SAFETENSORS_DTYPES.get(code, code.lower())
         except Exception as exc:  # safetensors raises its own error types
+            check_stopping()  # or a stop signal's KeyboardInterrupt came back as one (qual/stop_signals.py)
             raise QualError(f"{where}: {f}: unreadable safetensors file ({exc})") from None
     for name, stored in dtypes.items():
         if name + SCALE_SUFFIX in dtypes:  # FP8 with block scales: dequantized by the loader, not cast

@@ -11,6 +11,7 @@ import threading
 import typer
 import typer.core
 
+from qual import stop_signals
 from qual.cli.crash import internal_error_line, save_traceback
 from qual.errors import EngineError, InternalError, QualError
 from qual.proc import private_tmp, signals_held
@@ -104,7 +105,7 @@ class Interrupts:
         if self.finished is not None:  # nothing left to unwind, and the outcome (a gate's exit 1) stands
             self.before_exit()
             os._exit(self.finished)
-        self.first = signum
+        self.first = stop_signals.received = signum
         timer = threading.Timer(self.deadline_s, self._exit, (f"not stopped {self.deadline_s:.0f} s after {signal.Signals(signum).name}",))
         timer.daemon = True
         timer.start()

@@ -26,6 +26,7 @@ from qual.runtime.scheduler import StepTally, admit, chains_prefill, reach
 from qual.runtime.sequence import GenerationRequest, Sequence
 from qual.runtime.spec_decode import choose, unpack_choices
 from qual.runtime.steps import PrefillStep
+from qual.stop_signals import check_stopping
 
 __all__ = ["GenerationRequest", "LLMEngine", "validate"]
 
@@ -46,6 +47,7 @@ class LLMEngine(DecodeRuns):
             self.abort()
             if isinstance(exc, (QualError, EngineError)) or not isinstance(exc, Exception):
                 raise
+            check_stopping()  # or a stop signal's KeyboardInterrupt came back as this error (qual/stop_signals.py)
             raise EngineError(f"engine start failed: {exc}") from exc
         self.K = self.runner.K
         self.phases = self.runner.phases = PhaseTimer() if cfg.phase_times else OFF

@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from qual.checkpoints.fp8 import SCALE_SUFFIX, BlockFp8, dequantize, scale_shape
 from qual.errors import QualError
+from qual.stop_signals import check_stopping
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, Glm5Config, load_glm5_config
 from qual.runtime.models.glm5.dsa import IndexerWeights
@@ -71,6 +72,7 @@ class _Reader:
             try:
                 h = safe_open(str(f), framework="pt")
             except Exception as exc:  # safetensors raises its own error types
+                check_stopping()  # or a stop signal's KeyboardInterrupt came back as one (qual/stop_signals.py)
                 raise QualError(f"{f}: unreadable safetensors file ({exc})") from None
             for name in h.keys():
                 self.handles[name] = h
