@@ -161,6 +161,7 @@ class LLMEngine(DecodeRuns):
             self.phases.lap("send")
             return self.runner.execute(step)
         except RuntimeError as exc:
+            check_stopping()  # or a stop signal's KeyboardInterrupt came back as this error
             raise EngineError(f"a rank failed during a step: {exc}") from exc
 
     def _rows(self, ids: list[str]) -> dict[str, list[list[int]]]:
