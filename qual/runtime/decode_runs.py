@@ -129,10 +129,10 @@ class DecodeRuns:
         self.launches[steps] = self.launches.get(steps, 0) + 1
         # A request whose first token is not read yet is one past its prompt, its last token a placeholder
         in_prefill = {id(s): j for j, s in enumerate(first)}  # its index in that prefill
-        unread = [1 if id(s) in in_prefill else 0 for s in seqs]
-        for s, extra in zip(seqs, unread):
+        committed = [s.num_committed + (id(s) in in_prefill) for s in seqs]
+        for s, n in zip(seqs, committed):
             if not s.finish_reason:
-                self.cache.ensure(s.req.id, s.num_committed + extra + far)
+                self.cache.ensure(s.req.id, n + far)
         newly = [i for i, s in enumerate(seqs) if s.finish_reason and i not in retired] if advanced else []
         ids = [s.req.id for s in seqs]
         if advanced:
@@ -146,8 +146,7 @@ class DecodeRuns:
             for i, r in zip(live, blocks):
                 tables[name][i] = r
         step = DecodeStep(
-            ids, [s.output[-1] if s.output else 0 for s in seqs],
-            [s.num_committed + extra for s, extra in zip(seqs, unread)], [s.ctx_len for s in seqs],
+            ids, [s.output[-1] if s.output else 0 for s in seqs], committed, [s.ctx_len for s in seqs],
             [s.pending_commit for s in seqs], tables, advanced=advanced, retired=newly,
             first_rows=[(i, in_prefill[id(s)]) for i, s in enumerate(seqs) if id(s) in in_prefill], steps=steps,
             joined=list(joined),

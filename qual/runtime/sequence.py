@@ -37,10 +37,12 @@ class Sequence:
     step_times: list[float] = field(default_factory=list)
     finished: float | None = None
     decode_steps_s: float = 0.0  # the time its decode steps took: between its steps' tokens within a decode run
+    # len(req.prompt_token_ids), kept: the scheduler and the commit ask for it (through num_committed) several times a
+    # row every decode launch
+    prompt_len: int = field(init=False)
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.req.prompt_token_ids)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.req.prompt_token_ids)
 
     @property
     def num_committed(self) -> int:
