@@ -162,6 +162,7 @@ class DecodeRuns:
         host = out.choices.wait()
         self.phases.lap("readback")
         now = time.perf_counter()  # a launch's steps reach the host together: their tokens share its time
+        stops = self._stops(sampling)
         for step in host:
             chosen, margins_all, drafts = unpack_choices(step, self.K + 1)
             if sampling.temperature > 0:  # a launch of one step: its logits are the step's
@@ -171,7 +172,7 @@ class DecodeRuns:
                     continue
                 targets, margins = chosen[i], margins_all[i]
                 if drafts is None:
-                    s.append(targets[:1], margins[:1], self._stops(sampling), now, self._decoding_since)
+                    s.append(targets[:1], margins[:1], stops, now, self._decoding_since)
                     continue
                 a = s.record_verify(drafts[i], targets)
                 self.tally.add(a)
@@ -179,6 +180,6 @@ class DecodeRuns:
                 s.pending_commit = a + 1
                 for name in self.cache.windowed:  # the next draft step's context: ctx_len + pending_commit
                     self.cache.release_outside_window(name, s.req.id, s.ctx_len + s.pending_commit)
-                s.append(targets[: a + 1], margins[: a + 1], self._stops(sampling), now, self._decoding_since)
+                s.append(targets[: a + 1], margins[: a + 1], stops, now, self._decoding_since)
         self.phases.lap("commit")
         self.phases.step(len(host))
