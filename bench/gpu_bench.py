@@ -90,39 +90,49 @@ def restoring_replay(graph):
     return replay
 
 
-def replay_seconds(graph, n: int = 50) -> float:
-    """Seconds per replay of a captured decode graph: the mean of n back-to-back replays after 3 warm-ups, the
-    restore of its inputs timed with each (restoring_replay)."""
-    replay = restoring_replay(graph)
-    for _ in range(3):
-        replay()
+def mean_seconds(fn, n: int = 50, warmups: int = 3) -> float:
+    """Seconds a call of fn keeps the device busy: the mean of n back-to-back calls after `warmups` (CUDA events)."""
+    for _ in range(warmups):
+        fn()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     for _ in range(n):
-        replay()
+        fn()
     e.record()
     e.synchronize()
     return s.elapsed_time(e) / 1e3 / n
 
 
-def kernel_table(graph, replays: int = 10, top: int = 12) -> dict:
-    """What one replay of a captured decode graph runs on the device (CUPTI through torch.profiler, over `replays`
-    replays, inputs restored before each: restoring_replay): kernels a step, kernel time a step, and the `top` kernels by
-    time, each with its microseconds and launches a step. Compiled steps' fusion varies between compiles, so a step
-    time alone does not say which kernels moved."""
+def replay_seconds(graph, n: int = 50) -> float:
+    """Seconds per replay of a captured decode graph: the mean of n back-to-back replays after 3 warm-ups, the
+    restore of its inputs timed with each (restoring_replay)."""
+    return mean_seconds(restoring_replay(graph), n)
+
+
+def cuda_kernels(fn, runs: int, skip: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, float]]:
+    """What a call of fn runs on the device (CUPTI through torch.profiler, over `runs` calls): microseconds and
+    launches a call, by kernel name (cut to 100 characters), leaving out names that start with one of `skip`."""
     from torch.profiler import ProfilerActivity, profile
 
-    replay = restoring_replay(graph)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            replay()
+        for _ in range(runs):
+            fn()
         torch.cuda.synchronize()
     time_us, launches = {}, {}
     for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith("Memcpy"):  # not the restores
+        if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith(skip):
             name = ev.name[:100]
-            time_us[name] = time_us.get(name, 0.0) + ev.device_time_total / replays
-            launches[name] = launches.get(name, 0) + 1 / replays
+            time_us[name] = time_us.get(name, 0.0) + ev.device_time_total / runs
+            launches[name] = launches.get(name, 0) + 1 / runs
+    return time_us, launches
+
+
+def kernel_table(graph, replays: int = 10, top: int = 12) -> dict:
+    """What one replay of a captured decode graph runs on the device (cuda_kernels over `replays` replays, inputs
+    restored before each: restoring_replay, whose copies are left out): kernels a step, kernel time a step, and the
+    `top` kernels by time, each with its microseconds and launches a step. Compiled steps' fusion varies between
+    compiles, so a step time alone does not say which kernels moved."""
+    time_us, launches = cuda_kernels(restoring_replay(graph), replays, skip=("Memcpy",))
     ranked = sorted(time_us, key=time_us.get, reverse=True)[:top]
     return {"kernels_per_step": round(sum(launches.values())), "kernel_us_per_step": round(sum(time_us.values()), 1),
             "top": [{"kernel": k, "us": round(time_us[k], 1), "launches": round(launches[k], 1)} for k in ranked]}
@@ -211,10 +221,6 @@ def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, 
                                                  new_tokens) for i in range(batch)]
             res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels)
             res[batch]["init_s"] = init_s
-    # A closed engine goes with its last reference (ModelRunner.close); a failed row's partial engine may be held in
-    # cycles with its traceback: collected here, so that a bench of many rows (16 GiB of KV each) keeps the device free.
-    del engine
-    gc.collect()
     return res
 
 
@@ -430,7 +436,10 @@ def main() -> int:
         except Exception as exc:  # one failing variant must not lose the others' numbers
             res[key] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"{key}: {res[key]['error']}", file=sys.stderr, flush=True)
-            return None
+        # A closed engine goes with its last reference (ModelRunner.close); a failed one may be held in cycles with
+        # its traceback's frames: collected here, so that the next row (16 GiB of KV) starts on a free device
+        gc.collect()
+        return None
 
     with tempfile.TemporaryDirectory() as tmp:
         models = {"toy": toy_t}

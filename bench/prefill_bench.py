@@ -14,36 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.runtime.engine import LLMEngine
 from qual.runtime.prefill_graphs import bucket
 
-from gpu_bench import TOY, humaneval_requests  # bench/ is on sys.path when run as a script
-
-
-def replay_ms(graph, n: int = 20) -> float:
-    for _ in range(3):
-        graph.replay()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n):
-        graph.replay()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / n
-
-
-def kernels(graph) -> tuple[int, float]:
-    """Kernels one replay runs, and their microseconds."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    evs = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
-    return len(evs), sum(ev.device_time_total for ev in evs)
+from gpu_bench import TOY, cuda_kernels, humaneval_requests, mean_seconds  # bench/ is on sys.path when run as a script
 
 
 def main() -> int:
@@ -79,7 +54,10 @@ def main() -> int:
         print(f"{'bucket':>8s} {'chunks':>6s} {'full':>5s} {'ms a replay':>11s} {'kernels':>7s} {'kernel us':>9s}")
         for (rows, length), (chunks, real) in sorted(served.items()):
             b = graphs.buckets.get((rows, length))
-            ms, (n, us) = (replay_ms(b.graph), kernels(b.graph)) if b is not None and b.graph is not None else (None, (0, 0))
+            ms, n, us = None, 0, 0.0
+            if b is not None and b.graph is not None:
+                time_us, launches = cuda_kernels(b.graph.replay, 1)
+                ms, n, us = 1e3 * mean_seconds(b.graph.replay, 20), round(sum(launches.values())), sum(time_us.values())
             print(f"{rows:>3d}x{length:<4d} {chunks:6d} {real / (chunks * rows * length):5.0%} "
                   f"{ms if ms is not None else float('nan'):11.3f} {n:7d} {us:9.0f}")
     return 0

@@ -142,9 +142,9 @@ class CacheManager:
         self.peak_blocks: dict[str, int] = {g.name: 0 for g in groups}
         # The groups whose blocks leave a window (release_outside_window has work only there)
         self.windowed = tuple(g.name for g in groups if g.spec.window is not None)
-        # Per request, the longest num_tokens ensure() has given slots for: tables never shrink (a block behind a
-        # window is freed in place), so a shorter or equal one has nothing to do. Asked for every row of every
-        # decode launch, where the answer is nearly always "nothing".
+        # Per request, the most tokens its blocks hold slots for (up to the last block's end): tables never shrink (a
+        # block behind a window is freed in place), so ensure() for no more has nothing to do. Asked for every row of
+        # every decode launch, where the answer is nearly always "nothing".
         self._ensured: dict[str, int] = {}
 
     def group_dcp(self, name: str) -> int:
