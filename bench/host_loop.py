@@ -1,13 +1,16 @@
 """Host work per decode step: the engine's and the rank's own time, with the device's share taken away.
 
-    python3 bench/host_loop.py [--batch 8] [--requests N] [--plain] [--generates 30] [--profile]
+    python3 bench/host_loop.py [--batch 8] [--requests N] [--plain] [--steps-per-launch 1] [--prefill-ahead 0]
+                               [--generates 30] [--profile]
 
 The toy pair on the CPU at static shapes with async decode (the loop a CUDA run takes), the first --requests
 HumanEval prompts (default: --batch of them), at most --batch in flight (a finished request's row goes to the next
 one), 64 new tokens. Each step's compute (and each prefill bucket's) is replaced by its first result for that shape, so
 what is timed is scheduling, the step's inputs, commit and readback: the host work that sets the pace where a
 device step is shorter than it (compiled steps: docs/PERFORMANCE.md). Tokens are not the model's (every step
-commits what the first one chose). Prints the best and the mean generate's microseconds per decode step (the
+commits what the first one chose), and a first result read from KV blocks that no real step wrote depends on
+which blocks a request got: two versions of the code that hand out blocks differently can run different numbers
+of steps, so compare them by their generates' times, not per step. Prints the best and the mean generate's microseconds per decode step (the
 mean holds the garbage collector's full walks of the whole heap, about 100 ms each on the 2-core machine, which
 land in some generates only) and the phases.
 --profile: cProfile of further generates, by own time.
@@ -45,6 +48,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--requests", type=int, help="HumanEval prompts a generate runs (default: --batch)")
     ap.add_argument("--plain", action="store_true", help="no drafter: plain decoding")
+    ap.add_argument("--steps-per-launch", type=int, default=1)
+    ap.add_argument("--prefill-ahead", type=int, default=0, help="requests held ready (EngineConfig.prefill_ahead)")
     ap.add_argument("--generates", type=int, default=30)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
@@ -56,7 +61,8 @@ def main() -> int:
     cfg = EngineConfig(str(TOY / "target"), None if args.plain else str(TOY / "draft"), ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=1 << 30), dtype="float32", device="cpu",
                        max_model_len=max(len(r.prompt_token_ids) for r in reqs) + 64 + 32, static_shapes=True,
-                       async_decode=True, phase_times=True, max_num_seqs=args.batch)
+                       async_decode=True, phase_times=True, max_num_seqs=args.batch,
+                       steps_per_launch=args.steps_per_launch, prefill_ahead=args.prefill_ahead)
     sp = SamplingParams(max_tokens=64, ignore_eos=True)
     with LLMEngine(cfg) as engine:
         engine.generate(reqs, sp)  # every shape's first result
@@ -71,7 +77,8 @@ def main() -> int:
         print(f"batch {args.batch}, {len(reqs)} requests, {'plain' if args.plain else 'spec'}: {args.generates} generates, "
               f"best {1e3 * best:.3f} ms, mean {1e3 * mean:.3f} ms, {steps} decode steps: {1e6 * best / steps:.1f} us "
               f"a step (best), {1e6 * mean / steps:.1f} (mean); last generate's phases, us a step: "
-              + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in phases["ms_per_step"].items() if v))
+              + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in phases["ms_per_step"].items() if v)
+              + f"; launches ahead that left the tables on the device: {engine.tables_kept} of {sum(engine.launches.values())}")
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

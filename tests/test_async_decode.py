@@ -46,11 +46,43 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("max_num_seqs", [8, 3])  # all at once; a full batch that admits as requests finish
-def test_speculative_decoding_ahead_equals_step_by_step(tiny_pair, max_num_seqs):
+def test_speculative_decoding_ahead_equals_step_by_step(tiny_pair, max_num_seqs, monkeypatch):
+    kept = []
+    send = LLMEngine._step
+    monkeypatch.setattr(LLMEngine, "_step", lambda self, step: (kept.append(getattr(step, "tables", 0) is None),
+                                                                 send(self, step))[1])
     sync, ahead_sync = decode(*tiny_pair, async_decode=False, max_num_seqs=max_num_seqs)
+    assert not any(kept)
     out, ahead = decode(*tiny_pair, async_decode=True, max_num_seqs=max_num_seqs)
     assert ahead_sync == 0 and ahead >= 5  # it did launch ahead
+    assert sum(kept) >= 3  # launches ahead that left the tables on the device (blocks taken at admission)
     assert same(out, sync)
+
+
+def test_a_windowed_draft_groups_tables_travel_whenever_its_window_slides():
+    """A draft window (CacheConfig.draft_window) takes and frees the drafter's blocks as requests grow, so its tables
+    change between launches ahead; a launch ahead leaves the tables on the device only when no row's changed. The
+    shipped toy pair (its drafter's proposals follow their context, a random one's barely do) on HumanEval prompts:
+    tokens, drafts and acceptance equal step by step (with the tables left as they were, acceptance falls by half)."""
+    from qual.corpus import load_corpus
+    from qual.paths import DATA_DIR
+    from qual.runtime.engine import GenerationRequest
+    from qual.tokenize import PromptTokenizer
+
+    toy = DATA_DIR / "models" / "toy"
+    tok = PromptTokenizer(str(toy / "target"))
+    reqs = [GenerationRequest(r.id, tuple(tok.encode(r.prompt)), 24) for r in load_corpus("humaneval").requests[:8]]
+    got = []
+    for async_decode in (False, True):
+        cfg = EngineConfig(str(toy / "target"), str(toy / "draft"),
+                           cache=CacheConfig(block_size=4, memory_bytes=1 << 28, draft_window=12), dtype="float32",
+                           static_shapes=True, max_model_len=400, max_num_seqs=8, async_decode=async_decode)
+        with LLMEngine(cfg) as engine:
+            assert engine.cache.windowed == ("draft",)
+            got.append(engine.generate(reqs, SamplingParams(max_tokens=24)))
+            assert engine.tables_kept == 0 or async_decode
+    assert sum(sum(r.accepted_per_position) for r in got[0]) > 100
+    assert same(got[1], got[0])
 
 
 def test_a_finished_request_leaves_a_padding_row_and_the_run_goes_on(tiny_pair):

@@ -119,9 +119,57 @@ def test_ensure_for_no_more_tokens_than_held_changes_nothing_and_a_readmitted_re
     assert len(m.tables["draft"]["a"]) == len(held["draft"]) and m.pools["target"].num_free == free["target"]
     m.ensure("a", 209)  # one past it: the draft's next block
     assert len(m.tables["draft"]["a"]) == len(held["draft"]) + 1 and len(m.tables["target"]["a"]) == len(held["target"])
+    used = m.memory()["target"]["used_blocks"]
     m.ensure("a", 201 + 32)  # past what it holds: the next block of each group
-    assert len(m.tables["target"]["a"]) == len(held["target"]) + 1
+    assert m.memory()["target"]["used_blocks"] == used + 1 and m.tables["target"]["a"] == held["target"]
     m.free("a")
     m.admit("a", 400)
     m.ensure("a", 20)  # 20 tokens: one block of 16 x DCP 2 (sharded), two of 16 (replicated)
-    assert [len(t) for t in (m.tables["target"]["a"], m.tables["draft"]["a"])] == [1, 2]
+    assert m.memory()["target"]["used_blocks"] == 1 and len(m.tables["draft"]["a"]) == 2
+
+
+def test_a_group_without_a_window_takes_its_blocks_at_admission_and_records_those_holding_positions():
+    """Admission gives a request its whole reservation in every group without a window (up to max_len tokens' worth:
+    a decode step's static table), so its table does not change as it grows; the memory record still counts the
+    blocks that hold positions, as when blocks were taken as the request grew. ensure() past max_len takes more."""
+    full = KVCacheGroup("target", spec(), ("t.0",))
+    m = manager(1, [full], memory=2**24)
+    m.max_len = 160
+    m.admit("a", 400)  # 25 blocks reserved, 10 taken (160 tokens)
+    assert len(m.tables["target"]["a"]) == 10 and m.pools["target"].num_free == m.num_blocks - 10
+    assert m.memory()["target"]["used_blocks"] == 0
+    m.ensure("a", 33)
+    assert m.memory()["target"]["used_blocks"] == 3 and m.memory()["target"]["peak_bytes"] == 3 * full.block_bytes(16)
+    m.admit("b", 40)  # 3 blocks reserved and taken
+    m.ensure("b", 40)
+    assert m.memory()["target"]["used_blocks"] == 6 and len(m.tables["target"]["b"]) == 3
+    m.free("b")
+    assert m.memory()["target"]["used_blocks"] == 3 and m.memory()["target"]["peak_bytes"] == 6 * full.block_bytes(16)
+    assert m.can_admit(16 * (m.num_blocks - 25)) and not m.can_admit(16 * (m.num_blocks - 25) + 1)  # 15 still owed to a
+    m.ensure("a", 161)  # past max_len: one more block, now
+    assert len(m.tables["target"]["a"]) == 11 and m.memory()["target"]["used_blocks"] == 11
+
+
+def test_tables_changed_names_the_requests_whose_blocks_moved_since_the_last_send():
+    """What a decode launch ahead asks before it leaves the tables on the device as they are: a new request's table,
+    a windowed group's block taken or released, and a table grown past max_len count; ensure() inside a table
+    taken at admission does not."""
+    full = KVCacheGroup("target", spec(), ("t.0",))
+    windowed = KVCacheGroup("draft", spec(sharded=False, window=32), ("d.0",))
+    m = manager(1, [full, windowed], memory=2**24)
+    m.admit("a", 200)
+    m.admit("b", 200)
+    assert m.tables_changed(["a"]) and m.tables_changed(["b"])
+    m.ensure("a", 16)  # the draft's first block
+    m.tables_sent()
+    assert not m.tables_changed(["a", "b"])
+    m.ensure("a", 16)
+    m.ensure("b", 0)
+    assert not m.tables_changed(["a", "b"])
+    m.ensure("a", 17)  # the draft's next block; the target's was taken at admission
+    assert m.tables_changed(["a"]) and not m.tables_changed(["b"])
+    m.tables_sent()
+    m.release_outside_window("draft", "a", 16 + 32 + 1)  # the draft's first block leaves the window
+    assert m.tables_changed(["a", "b"]) and not m.tables_changed(["b"])
+    m.free("a")
+    assert not m.tables_changed(["a"])

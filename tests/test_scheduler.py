@@ -29,7 +29,8 @@ def test_admission_takes_the_front_while_seats_budget_and_cache_hold():
     # a cache of 5 blocks of 4 holds one request of 10 + 6 + 4 positions, not two
     full = cache(5)
     assert [s.req.id for s in admit(deque([seq("x", 10, 6), seq("y", 10, 6)]), 0, full, 4, 100, tail=4)] == ["x"]
-    assert full.tables["target"]["x"] and len(full.tables["target"]["x"]) == 3  # the prompt's blocks, ensured
+    # its whole reservation taken at admission, the prompt's blocks ensured (used)
+    assert len(full.tables["target"]["x"]) == 5 and full.memory()["target"]["used_blocks"] == 3
 
 
 def test_launching_ahead_needs_greedy_static_shapes_and_a_batch_that_cannot_change():

@@ -141,10 +141,18 @@ class DecodeRuns:
         # A retired row writes and reads nothing: all -1 once padded (its request's blocks are freed once it is read
         # finished; the launch in flight that still writes them runs before anything launched after, on one stream)
         live = [i for i, s in enumerate(seqs) if not s.finish_reason]
-        tables = {name: [[] for _ in seqs] for name in self.cache.groups}
-        for name, blocks in self._rows([ids[i] for i in live]).items():
-            for i, r in zip(live, blocks):
-                tables[name][i] = r
+        live_ids = [ids[i] for i in live]
+        # A launch ahead whose rows and their blocks are the last launch's leaves the tables on the device as they are
+        # (most launches ahead: blocks are taken at admission): no tables to build, pack or copy
+        tables = None
+        if not advanced or newly or joined or self.cache.tables_changed(live_ids):
+            tables = {name: [[] for _ in seqs] for name in self.cache.groups}
+            for name, blocks in self._rows(live_ids).items():
+                for i, r in zip(live, blocks):
+                    tables[name][i] = r
+            self.cache.tables_sent()
+        else:
+            self.tables_kept += 1
         step = DecodeStep(
             ids, [s.output[-1] if s.output else 0 for s in seqs], committed, [s.ctx_len for s in seqs],
             [s.pending_commit for s in seqs], tables, advanced=advanced, retired=newly,

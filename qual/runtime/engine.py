@@ -56,6 +56,7 @@ class LLMEngine(DecodeRuns):
         self.steps_ahead = 0  # decode steps launched before the last one's results were read
         self.rows_retired = 0  # rows of finished requests run as padding so that a run of steps ahead went on
         self.rows_joined = 0  # rows a request held ready took over inside a run of steps ahead (_join)
+        self.tables_kept = 0  # launches ahead that left the block tables on the device as the launch before sent them
         self.launches: dict[int, int] = {}  # decode launches by the steps each ran
         self._decoding_since = 0.0  # when the run of decode steps in progress began (rank 0's perf_counter)
         self.tally = StepTally(self.K)  # verify steps so far: the tokens a step commits, for steps_to_launch
@@ -66,7 +67,8 @@ class LLMEngine(DecodeRuns):
         # a launch ahead of the one in flight writes (scheduler.reach)
         n = self.steps_per_launch
         self.tail = reach(n, n, self.K) if self.async_decode else self.K + 1
-        self.cache = CacheManager(self.runner.caches.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes, lookahead)
+        self.cache = CacheManager(self.runner.caches.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes,
+                                  lookahead, cfg.max_model_len)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
         self.eos = frozenset(eos if isinstance(eos, (tuple, list)) else ([] if eos is None else [eos]))

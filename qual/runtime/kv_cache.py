@@ -127,7 +127,8 @@ class BlockPool:
 class CacheManager:
     """Block tables of every request in every group, with lifetime reservations for admission."""
 
-    def __init__(self, groups: list[KVCacheGroup], block_size: int, dcp_size: int, memory_bytes: int, lookahead: int):
+    def __init__(self, groups: list[KVCacheGroup], block_size: int, dcp_size: int, memory_bytes: int, lookahead: int,
+                 max_len: int | None = None):
         self.groups = {g.name: g for g in groups}
         self.block_size = block_size
         self.dcp_size = dcp_size
@@ -142,6 +143,15 @@ class CacheManager:
         self.peak_blocks: dict[str, int] = {g.name: 0 for g in groups}
         # The groups whose blocks leave a window (release_outside_window has work only there)
         self.windowed = tuple(g.name for g in groups if g.spec.window is not None)
+        # The others get a request's blocks at admission, up to max_len tokens' worth (the longest a decode step's
+        # static table reaches): its reservation holds them anyway, and a table that never changes need not travel
+        # again (tables_changed). Their memory record counts the blocks that hold positions (ensure), as if the
+        # blocks were taken as the request grew.
+        self.max_len = max_len
+        self._in_use: dict[str, dict[str, int]] = {g.name: {} for g in groups if g.spec.window is None}
+        self._in_use_total = {name: 0 for name in self._in_use}
+        # Requests whose tables changed since the last decode launch that sent tables (tables_sent)
+        self.changed: set[str] = set()
         # Per request, the most tokens its blocks hold slots for (up to the last block's end): tables never shrink (a
         # block behind a window is freed in place), so ensure() for no more has nothing to do. Asked for every row of
         # every decode launch, where the answer is nearly always "nothing".
@@ -176,9 +186,15 @@ class CacheManager:
         if not self.can_admit(total_len):
             raise RuntimeError(f"request {req_id} does not fit the KV cache")
         for name in self.groups:
-            self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
-            self.tables[name][req_id] = []
+            reserved = self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
+            if name in self._in_use:
+                cap = reserved if self.max_len is None else min(reserved, self.lifetime_blocks(name, self.max_len))
+                self.tables[name][req_id] = self.pools[name].allocate(cap)
+                self._in_use[name][req_id] = 0
+            else:
+                self.tables[name][req_id] = []
         self._ensured.pop(req_id, None)
+        self.changed.add(req_id)
 
     def first_needed(self, name: str, num_tokens: int) -> int:
         """Lowest position a windowed group can still read once positions < num_tokens have slots: the step that
@@ -187,8 +203,9 @@ class CacheManager:
         return 0 if window is None else max(0, num_tokens - self.lookahead - window)
 
     def ensure(self, req_id: str, num_tokens: int) -> None:
-        """Allocate blocks so positions < num_tokens have slots in every group; a windowed group skips the blocks
-        already behind its window (a long prompt's early positions are never read there, nor stored)."""
+        """Blocks so positions < num_tokens have slots in every group: a windowed group's taken now (skipping those
+        already behind its window: a long prompt's early positions are never read there, nor stored), the others'
+        counted as used (taken at admission; past max_len, taken now)."""
         if num_tokens <= self._ensured.get(req_id, -1):
             return
         held = 1 << 62  # the most tokens every group's blocks now hold slots for
@@ -197,17 +214,26 @@ class CacheManager:
             spec = self.groups[name].spec
             span = self.block_size * self.group_dcp(name)
             need = 1 if spec.kind in PER_REQUEST else blocks_needed(spec.entries(num_tokens), self.block_size, self.group_dcp(name))
-            if need > len(table):
+            if need > len(table):  # windowed, or past max_len
                 skip = 0 if spec.kind in PER_REQUEST else self.first_needed(name, num_tokens) // span
                 fresh = range(max(len(table), skip), need)
                 table.extend([-1] * (need - len(table) - len(fresh)))
                 table.extend(pool.allocate(len(fresh)))
-                self.peak_blocks[name] = max(self.peak_blocks[name], pool.num_blocks - pool.num_free)
+                self.changed.add(req_id)
                 if spec.window is None and len(table) > self.reserved[name][req_id]:  # the engine's tail is short
                     raise RuntimeError(f"request {req_id} holds {len(table)} blocks of {name}, reserved "
                                        f"{self.reserved[name][req_id]} (writes up to position {num_tokens - 1})")
+            in_use = self._in_use.get(name)
+            if in_use is None:
+                self.peak_blocks[name] = max(self.peak_blocks[name], pool.num_blocks - pool.num_free)
+                covered = len(table)
+            else:  # blocks taken at admission: those holding positions now count as used
+                covered = max(need, in_use[req_id])
+                self._in_use_total[name] += covered - in_use[req_id]
+                in_use[req_id] = covered
+                self.peak_blocks[name] = max(self.peak_blocks[name], self._in_use_total[name])
             if spec.kind not in PER_REQUEST:  # one block each, whatever the length
-                held = min(held, spec.tokens_within(len(table) * span))
+                held = min(held, spec.tokens_within(covered * span))
         # Up to the blocks' end, not just num_tokens: a launch asks for a few tokens more than the last one, and
         # those nearly always fall in blocks already held
         self._ensured[req_id] = held
@@ -226,12 +252,26 @@ class CacheManager:
             if table[vblk] >= 0:
                 self.pools[name].free([table[vblk]])
                 table[vblk] = -1
+                self.changed.add(req_id)
 
     def free(self, req_id: str) -> None:
         self._ensured.pop(req_id, None)
+        self.changed.discard(req_id)
         for name, pool in self.pools.items():
             pool.free(self.tables[name].pop(req_id, []))
             self.reserved[name].pop(req_id, None)
+            if name in self._in_use:
+                self._in_use_total[name] -= self._in_use[name].pop(req_id, 0)
+
+    def tables_changed(self, req_ids: list[str]) -> bool:
+        """Whether any of these requests' tables changed since tables_sent(): a decode launch ahead whose rows' tables
+        did not leaves the device's copy of them as the last launch sent it."""
+        return not self.changed.isdisjoint(req_ids)
+
+    def tables_sent(self) -> None:
+        """A decode launch sent its rows' tables. Requests outside its rows reach a launch's rows only in a launch
+        that sends tables (a new run's first launch, or a join), so what changed for them need not be kept."""
+        self.changed.clear()
 
     def block_rows(self, name: str, req_ids: list[str]) -> list[list[int]]:
         """Each request's block ids (copies), unpadded: what a step carries. The rank pads them once, to the width
@@ -243,7 +283,8 @@ class CacheManager:
         report = {}
         for name, g in self.groups.items():
             bb = g.block_bytes(self.block_size)
-            used = sum(sum(1 for b in t if b >= 0) for t in self.tables[name].values())
+            used = self._in_use_total[name] if name in self._in_use else sum(sum(1 for b in t if b >= 0)
+                                                                             for t in self.tables[name].values())
             report[name] = {
                 "kind": g.spec.kind,
                 "replication": g.spec.replication,

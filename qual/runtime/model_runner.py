@@ -18,7 +18,7 @@ from qual.runtime.phases import OFF
 from qual.runtime.prefill import prefill
 from qual.runtime.rank_caches import RankCaches
 from qual.runtime.registry import ModelSpec
-from qual.runtime.step_args import (NUMBERS, Readback, StepArgs, Stager, context_rows, join_table, pack, retire,
+from qual.runtime.step_args import (NUMBERS, Readback, StepArgs, Stager, context_rows, decode_args, join_table, retire,
                                     to_device)
 from qual.runtime.steps import DecodeStep, PrefillStep, StepOutput
 
@@ -84,8 +84,9 @@ class ModelRunner:
         self.async_decode = cfg.async_decode and static and comm.tp_size == 1
         # Steps a launch may run: several only where the device advances each step's inputs itself
         self.steps_per_launch = cfg.steps_per_launch if self.async_decode else 1
-        # Static-shape eager steps' input buffers by their size in numbers (one per padded batch): (flat, feats)
+        # Padded size -> (input buffer, draft context buffer), and the last step's arguments sent there (views)
         self._static_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._last_static: dict[int, tuple[StepArgs, torch.Tensor | None]] = {}
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -130,14 +131,15 @@ class ModelRunner:
         if (step.advanced or step.first_rows or n > 1) and not (static and self.async_decode):
             raise ValueError("a decode step launched ahead, or several a launch, need async decode at static shapes")
         if graph:
-            args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
-            self.phases.lap("inputs")
-            self._amend(graph.load(args, feats, step.advanced).numbers, step, args.numbers, graph.feats, graph)
+            if step.tables is not None:  # else its inputs are on the device as the launch before left them
+                args, feats = self.step_args(step, pad_to=graph.batch_size, static=True)
+                self.phases.lap("inputs")
+                self._amend(graph.load(args, feats, step.advanced).numbers, step, args.numbers, graph.feats, graph)
             logits, drafts, aux, choices = graph.replay(n)
             self.phases.lap("graph")
         elif static:  # the graphs' shapes and input buffers, eagerly (async decode advances them in place)
             P = self.padded_size(R)
-            args, feats = self._load_static(*self.step_args(step, P, static=True), step)
+            args, feats = self._load_static(P, step)
             self.rows(P)  # made before a compiled step is first traced (else traced with it)
             self.phases.lap("inputs")
             logits, drafts, aux, choices = self.static_run(args, feats, n)
@@ -198,18 +200,21 @@ class ModelRunner:
         shapes, from a graph or eagerly."""
         return self.async_decode and (self.cfg.static_shapes or (self.graphs is not None and self.graphs.holds(batch_size)))
 
-    def _load_static(self, args: StepArgs, feats, step: DecodeStep) -> tuple[StepArgs, torch.Tensor | None]:
-        """A static-shape eager step's inputs in buffers kept per padded size, as a graph keeps its own: an advanced
-        step refills only the tables, and its retired rows become padding."""
-        advanced = step.advanced
-        if args.numel not in self._static_inputs:
-            self._static_inputs[args.numel] = (torch.empty(args.numel, dtype=torch.long, device=self.comm.device),
-                                               None if feats is None else torch.empty_like(feats))
-        flat, kept = self._static_inputs[args.numel]
-        if kept is not None and not advanced:
+    def _load_static(self, P: int, step: DecodeStep) -> tuple[StepArgs, torch.Tensor | None]:
+        """A static-shape eager step's inputs in buffers kept per padded size P, as a graph keeps its own: an advanced
+        step refills only the tables (none: they stay), and its retired rows become padding."""
+        if step.tables is None:
+            return self._last_static[P]
+        args, feats = self.step_args(step, P, static=True)
+        if P not in self._static_inputs:
+            self._static_inputs[P] = (torch.empty(args.numel, dtype=torch.long, device=self.comm.device),
+                                      None if feats is None else torch.empty_like(feats))
+        flat, kept = self._static_inputs[P]
+        if kept is not None and not step.advanced:
             kept.copy_(feats)
-        sent = self.stager.send(args, into=flat, tables_only=advanced)
+        sent = self.stager.send(args, into=flat, tables_only=step.advanced)
         self._amend(sent.numbers, step, args.numbers, kept)
+        self._last_static[P] = sent, kept
         return sent, kept
 
     def _amend(self, numbers: torch.Tensor, step: DecodeStep, host: torch.Tensor, feats: torch.Tensor | None,
@@ -242,28 +247,16 @@ class ModelRunner:
         pad_to adds dummy requests (nothing visible, writes to the trash slot); static fixes the tables' width and
         the context rows (P * Q) to their max_model_len bounds: together the fixed shapes a CUDA graph needs.
         """
-        R = len(step.req_ids)
-        P = pad_to or R
-        Q = 1 + self.K
-        pad = [0] * (P - R)
-        numbers = [
-            step.last_tokens + pad,
-            step.num_committed + [1] * (P - R),
-            [n + self.K for n in step.num_committed] + pad,  # sequence length once this step's tokens are in
-            step.commit_counts + pad,
-            step.ctx_len + pad,
-        ]
-        counts = step.commit_counts
-        num_ctx = P * Q if static else sum(counts)
-        feats = None
+        args = decode_args(step, pad_to or len(step.req_ids), self.K, self.caches.max_blocks if static else {}, static)
+        feats, counts = None, step.commit_counts
         if self.drafter is not None and not step.advanced:  # an advanced step's context is on the device already
             width = len(self.draft_cfg.target_layer_ids) * self.draft_cfg.layers.hidden_size
             parts = [rows[at : at + c] for rid, c in zip(step.req_ids, counts) if c
                      for rows, at in (self.pending[rid],)]
-            if num_ctx > sum(counts):  # static: fixed number of context rows, the extra ones write to the trash slot
-                parts.append(torch.zeros(num_ctx - sum(counts), width, dtype=self.target.dtype, device=self.comm.device))
+            if args.num_ctx > sum(counts):  # static: a fixed number of context rows, the extra ones write to the trash slot
+                parts.append(torch.zeros(args.num_ctx - sum(counts), width, dtype=self.target.dtype, device=self.comm.device))
             feats = torch.cat(parts) if parts else torch.zeros(0, width, dtype=self.target.dtype, device=self.comm.device)
-        return pack(numbers, step.tables, P, self.caches.max_blocks if static else {}, num_ctx), feats
+        return args, feats
 
     def decode_inputs(self, step: DecodeStep, pad_to: int | None = None, static: bool = False) -> DecodeInputs:
         """A decode step's inputs on the device: its step_args sent there, and the views built from them."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from qual.runtime.steps import DecodeStep
+
 # The [P] rows of StepArgs.numbers, in order.
 NUMBERS = ("last_tokens", "num_committed", "seq_lens", "commit_counts", "ctx_len")
 
@@ -39,6 +41,20 @@ class StepArgs:
     @property
     def numel(self) -> int:
         return sum(t.numel() for t in self.leaves())
+
+
+def decode_args(step: DecodeStep, P: int, K: int, widths: dict[str, int], static: bool) -> StepArgs:
+    """A decode step's StepArgs on the host, padded to P rows (pad rows: last token 0, committed 1, nothing else) and
+    to widths (pack); static: P * (1 + K) draft context rows (a CUDA graph's), else the step's own count."""
+    pad = [0] * (P - len(step.req_ids))
+    numbers = [
+        step.last_tokens + pad,
+        step.num_committed + [1] * len(pad),
+        [n + K for n in step.num_committed] + pad,  # sequence length once this step's tokens are in
+        step.commit_counts + pad,
+        step.ctx_len + pad,
+    ]
+    return pack(numbers, step.tables, P, widths, P * (1 + K) if static else sum(step.commit_counts))
 
 
 def pack(numbers: list[list[int]], tables: dict[str, list[list[int]]], rows: int, widths: dict[str, int],

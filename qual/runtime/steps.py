@@ -26,7 +26,9 @@ class DecodeStep:
     num_committed: list[int]  # committed length n (prompt + output); last token sits at n-1
     ctx_len: list[int]  # draft context length before this step (positions < ctx_len are in the draft cache)
     commit_counts: list[int]  # pending features that become draft context now
-    tables: dict[str, list[list[int]]]  # group -> each request's block ids (CacheManager.block_rows)
+    # group -> each request's block ids (CacheManager.block_rows); None (an advanced step only): the tables the last
+    # launch of this batch size sent, still on the device
+    tables: dict[str, list[list[int]]] | None
     finished: list[str] = field(default_factory=list)
     # Async decode: the same requests as the last step, launched before its results were read; the device advanced
     # that step's numbers itself (spec_decode.advance), so only the tables are new and the lists above are stale.
@@ -44,6 +46,10 @@ class DecodeStep:
     # Steps this launch runs back to back, each advancing the next one's inputs on the device (async decode only;
     # EngineConfig.steps_per_launch): its choices come back as [steps, R, 2Q + K]
     steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tables is None and (self.retired or self.joined or self.first_rows or not self.advanced):
+            raise ValueError("a decode step without tables is a launch ahead whose rows and tables are the last one's")
 
 
 @dataclass
