@@ -173,3 +173,33 @@ def test_tables_changed_names_the_requests_whose_blocks_moved_since_the_last_sen
     assert m.tables_changed(["a", "b"]) and not m.tables_changed(["b"])
     m.free("a")
     assert not m.tables_changed(["a"])
+
+
+def test_the_blocks_owed_are_every_reservation_less_the_blocks_held():
+    """can_admit() weighs the free blocks against those reserved and not yet held, kept as tables change: after
+    admissions, growth, windows sliding and frees in any order it equals the count taken over every table."""
+    import random
+
+    full = KVCacheGroup("target", spec(), ("t.0",))
+    windowed = KVCacheGroup("draft", spec(sharded=False, window=24), ("d.0",))
+    m = manager(2, [full, windowed], memory=2**22)
+    m.max_len = 300
+    rng = random.Random(0)
+    lengths, totals = {}, {}
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.25 and m.can_admit(400):
+            rid = f"r{rng.randrange(10**6)}"
+            totals[rid] = rng.randrange(40, 400)
+            m.admit(rid, totals[rid])
+            lengths[rid] = 0
+        elif op < 0.85 and lengths:
+            rid = rng.choice(sorted(lengths))
+            lengths[rid] = min(lengths[rid] + rng.randrange(1, 40), totals[rid])
+            m.ensure(rid, lengths[rid])
+            m.release_outside_window("draft", rid, lengths[rid])
+        elif lengths:
+            m.free(lengths.pop(rng.choice(sorted(lengths))))
+        for name in m.groups:
+            held = sum(sum(1 for b in t if b >= 0) for t in m.tables[name].values())
+            assert m.owed[name] == sum(m.reserved[name].values()) - held

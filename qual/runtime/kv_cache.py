@@ -140,6 +140,9 @@ class CacheManager:
         self.pools = {g.name: BlockPool(self.num_blocks) for g in groups}
         self.tables: dict[str, dict[str, list[int]]] = {g.name: {} for g in groups}
         self.reserved: dict[str, dict[str, int]] = {g.name: {} for g in groups}
+        # Per group, blocks reserved and not held: every request's reservation less the blocks its table holds
+        # (kept as they change, where admission used to count every table's blocks for every request it admitted)
+        self.owed: dict[str, int] = {g.name: 0 for g in groups}
         self.peak_blocks: dict[str, int] = {g.name: 0 for g in groups}
         # The groups whose blocks leave a window (release_outside_window has work only there)
         self.windowed = tuple(g.name for g in groups if g.spec.window is not None)
@@ -175,10 +178,7 @@ class CacheManager:
     def can_admit(self, total_len: int) -> bool:
         """Admit only if every group can hold the request for its whole life."""
         for name, pool in self.pools.items():
-            outstanding = sum(self.reserved[name].values()) - sum(
-                sum(1 for b in t if b >= 0) for t in self.tables[name].values()
-            )
-            if pool.num_free - outstanding < self.lifetime_blocks(name, total_len):
+            if pool.num_free - self.owed[name] < self.lifetime_blocks(name, total_len):
                 return False
         return True
 
@@ -187,9 +187,11 @@ class CacheManager:
             raise RuntimeError(f"request {req_id} does not fit the KV cache")
         for name in self.groups:
             reserved = self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
+            self.owed[name] += reserved
             if name in self._in_use:
                 cap = reserved if self.max_len is None else min(reserved, self.lifetime_blocks(name, self.max_len))
                 self.tables[name][req_id] = self.pools[name].allocate(cap)
+                self.owed[name] -= cap
                 self._in_use[name][req_id] = 0
             else:
                 self.tables[name][req_id] = []
@@ -219,6 +221,7 @@ class CacheManager:
                 fresh = range(max(len(table), skip), need)
                 table.extend([-1] * (need - len(table) - len(fresh)))
                 table.extend(pool.allocate(len(fresh)))
+                self.owed[name] -= len(fresh)
                 self.changed.add(req_id)
                 if spec.window is None and len(table) > self.reserved[name][req_id]:  # the engine's tail is short
                     raise RuntimeError(f"request {req_id} holds {len(table)} blocks of {name}, reserved "
@@ -252,14 +255,16 @@ class CacheManager:
             if table[vblk] >= 0:
                 self.pools[name].free([table[vblk]])
                 table[vblk] = -1
+                self.owed[name] += 1
                 self.changed.add(req_id)
 
     def free(self, req_id: str) -> None:
         self._ensured.pop(req_id, None)
         self.changed.discard(req_id)
         for name, pool in self.pools.items():
-            pool.free(self.tables[name].pop(req_id, []))
-            self.reserved[name].pop(req_id, None)
+            table = self.tables[name].pop(req_id, [])
+            pool.free(table)
+            self.owed[name] -= self.reserved[name].pop(req_id, 0) - sum(1 for b in table if b >= 0)
             if name in self._in_use:
                 self._in_use_total[name] -= self._in_use[name].pop(req_id, 0)
 
