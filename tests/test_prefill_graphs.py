@@ -122,3 +122,39 @@ def test_a_failed_capture_leaves_prefill_eager_and_says_why(tiny_pair, monkeypat
     assert record["status"] == "failed" and "out of memory (injected)" in record["detail"]
     assert record["padded_chunks"] == 0 and record["eager_chunks"] >= 3
     assert same(out, eager)
+
+
+def test_a_compiled_prefill_gives_the_eager_one_with_a_few_compiles_for_every_bucket(tiny_pair):
+    """Backend part compiled-prefill: the padded prefill through torch.compile, its shapes symbolic once they change
+    (Backend.compile's dynamic=None). Eight prompts in buckets of 1, 2, 4 and 8 rows at several lengths: the prompt
+    logits the eager prefill gives, the same text, drafts and acceptance after them, and at most four compiles (a
+    compile a bucket would be five, and more as the generate admits)."""
+    from torch._dynamo.utils import counters
+
+    reqs = [replace(r, max_tokens=m) for r, m in zip(prompts(8), (20, 7, 13, 20, 3, 16, 9, 20))]
+    ps = [list(r.prompt_token_ids) for r in reqs]
+    chunks = [ps[:1], ps[1:3], ps[3:7], ps, ps[4:5], ps[2:4], ps[5:]]
+    with LLMEngine(engine_config(*tiny_pair, 4096)) as engine:
+        eager = [engine.prompt_logits(c) for c in chunks]
+        eager_out = engine.generate(reqs, SamplingParams(max_tokens=20))
+    counters.clear()
+    cfg = replace(engine_config(*tiny_pair, 4096), backend="compiled-prefill")
+    with LLMEngine(cfg) as engine:
+        compiled = [engine.prompt_logits(c) for c in chunks]
+        out = engine.generate(reqs, SamplingParams(max_tokens=20))
+        record = engine.graph_capture()["prefill"]
+    assert record["compiled"] and record["eager_chunks"] == 0
+    assert len({bucket(len(c), max(map(len, c))) for c in chunks}) == 5
+    assert 2 <= counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
+    # Within float32's reach, not float64's: RoPE's angles are float32 (as transformers computes them), and inductor's
+    # vectorised cos and sin of them differ from eager's by up to one float32 unit in the last place (6e-8)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert same(out, eager_out)
+
+
+def test_compiled_prefill_is_refused_where_prefill_never_runs_at_padded_shapes(tiny_pair):
+    with pytest.raises(QualError, match="compiled-prefill compiles the prefill at padded shapes"):
+        replace(engine_config(*tiny_pair, 4096), static_shapes=False, backend="compiled-prefill")
+    with pytest.raises(QualError, match="compiled-prefill compiles the prefill at padded shapes"):
+        replace(engine_config(*tiny_pair, 0), backend="compiled-prefill")

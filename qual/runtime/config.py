@@ -121,7 +121,12 @@ class EngineConfig:
         if self.max_num_seqs < 1 or self.max_model_len < 2:
             raise QualError("max_num_seqs must be >= 1 and max_model_len >= 2")
         self.parallel.check_block_size(self.cache.block_size)
-        parse_backend(self.backend).check(self.device, self.dtype, self.parallel.tp)
+        backend = parse_backend(self.backend)
+        backend.check(self.device, self.dtype, self.parallel.tp)
+        padded_prefill = self.static_shapes or (self.device == "cuda" and bool(self.cuda_graph_sizes))
+        if backend.compile_prefill and not (padded_prefill and self.prefill_graph_tokens):
+            raise QualError(f"backend {self.backend}: compiled-prefill compiles the prefill at padded shapes, which runs "
+                            "with CUDA graphs (cuda_graph_sizes) or static_shapes and prefill_graph_tokens > 0")
         check_choice("dsa_topk", self.dsa_topk, DSA_TOPK_MODES)
         if self.steps_per_launch < 1:
             raise QualError(f"steps_per_launch must be >= 1 (got {self.steps_per_launch})")

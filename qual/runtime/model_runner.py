@@ -109,7 +109,7 @@ class ModelRunner:
             self.graphs.release()
         if self.prefill_graphs is not None:
             self.prefill_graphs.release()
-        if self.backend.compile_mode:
+        if self.backend.compiles:
             torch._dynamo.reset()  # this runner's compiled entries would count against the next one's limit
         self.graphs = self.prefill_graphs = self.step_fn = self.target.fused = None
 

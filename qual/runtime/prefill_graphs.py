@@ -85,6 +85,11 @@ class PrefillGraphs:
         self.pool = None
         self.reason = unsupported(runner)  # why chunks run eagerly (None: they need not)
         self.failed = False  # a capture failed: every chunk after it runs eagerly
+        # The padded prefill, compiled where the backend asks (compiled-prefill): before a bucket is captured, its
+        # warm-up compiles it, once for the first bucket and again as rows and length turn symbolic (automatic
+        # dynamic shapes: about four compiles in all, one-row buckets apart), not once a bucket
+        self.compiled = runner.backend.compile_prefill
+        self.compute = runner.backend.compile(self._compute, dynamic=None) if self.compiled else self._compute
 
     @property
     def active(self) -> bool:
@@ -104,7 +109,7 @@ class PrefillGraphs:
         host = self._host_inputs(b, prompts, tables)
         b.flat.copy_(host.pin_memory() if b.flat.is_cuda else host, non_blocking=True)
         if not self.capture:
-            out = self._compute(b)
+            out = self.compute(b)
         elif b.graph is None:
             try:
                 out = self._capture(b)
@@ -186,23 +191,25 @@ class PrefillGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._compute(b)
+            self.compute(b)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
-            b.outputs = self._compute(b)
+            b.outputs = self.compute(b)
         graph.replay()
         b.graph = graph
         self.seconds += time.perf_counter() - start
         return b.outputs
 
     def release(self) -> None:
+        """The graphs, and the references back to the runner (the bound compute among them)."""
         for b in self.buckets.values():
             if b.graph is not None:
                 b.graph.reset()
         self.buckets.clear()
+        self.compute = self.runner = None
 
     def record(self) -> dict:
         """What the capture record says of prefill: the buckets captured, replays, chunks that ran eagerly."""
@@ -211,7 +218,7 @@ class PrefillGraphs:
                   "captured" if captured else "not_captured")  # not_captured: eager at padded shapes, or no chunk fit
         return {"status": status, "max_tokens": self.max_tokens, "buckets": [f"{p}x{n}" for p, n in captured],
                 "padded_chunks": self.padded_chunks, "replays": self.replays, "eager_chunks": self.eager_chunks,
-                "seconds": round(self.seconds, 3), "detail": self.reason}
+                "seconds": round(self.seconds, 3), "compiled": self.compiled, "detail": self.reason}
 
 
 def unsupported(runner) -> str | None:

@@ -1,7 +1,8 @@
 """Kernel backends, chosen by name in the engine config; the runtime is correct without any of them.
 
 A backend names its parts, joined by "+": `compiled` (torch.compile of the decode step before graph
-capture), `triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
+capture), `compiled-prefill` (torch.compile of the padded prefill too, before its buckets are captured),
+`triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
 `triton-attention` (the target's decode attention read in place from the paged store), `fused`
 (one-token target decode steps through one persistent kernel for all layers) and `pdl` (the step's Triton
 kernels, compiled ones too, launched with programmatic dependent launch: each may start while the one before
@@ -19,19 +20,23 @@ from qual.errors import QualError
 
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
-PARTS = ("compiled", "compiled-autotune", "triton-gemm", "triton-attention", "fused", "pdl")
+PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused", "pdl")
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
 # (draft + verify of K+1 tokens).
 SERVES = {
     "compiled": "decode and spec-decode steps (graph-shaped; prefill stays eager)",
     "compiled-autotune": "decode and spec-decode steps (graph-shaped; prefill stays eager)",
+    "compiled-prefill": "prefill at padded shapes (the buckets of qual/runtime/prefill_graphs.py), in the compile "
+                        "mode of compiled or compiled-autotune where named (else compiled's); chunks too large for a "
+                        "bucket stay eager",
     "triton-gemm": "projections of <= 16 rows (decode at small batch); larger products use torch's GEMM",
     "triton-attention": "the target's attention in decode and verify steps; prefill and draft attention stay PyTorch",
     "fused": "one-token target decode steps (batch 1, no drafter); verify, draft and prefill steps use the per-layer "
              "path (with compiled: the step around the kernel is compiled, the kernel launched as it is)",
     "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention and the compiled step's "
-           "own) launched with programmatic dependent launch; cuBLAS and PyTorch's kernels wait as before",
+           "own; with compiled-prefill, the compiled prefill's too) launched with programmatic dependent launch; "
+           "cuBLAS and PyTorch's kernels wait as before",
 }
 
 
@@ -45,6 +50,15 @@ class Backend:
     @property
     def compile_mode(self) -> str | None:
         return next((COMPILE_MODES[p] for p in self.parts if p in COMPILE_MODES), None)
+
+    @property
+    def compile_prefill(self) -> bool:
+        return "compiled-prefill" in self.parts
+
+    @property
+    def compiles(self) -> bool:
+        """Whether any step runs through torch.compile (its compiled entries then belong to this engine)."""
+        return self.compile_mode is not None or self.compile_prefill
 
     @property
     def triton_gemm(self) -> bool:
@@ -64,7 +78,8 @@ class Backend:
 
     def check(self, device: str, dtype: str, tp: int) -> None:
         """Refuse a backend that cannot run here, before any process starts."""
-        gpu_only = [p for p in self.parts if p not in COMPILE_MODES]  # torch.compile also runs on the CPU
+        # torch.compile also runs on the CPU
+        gpu_only = [p for p in self.parts if p not in COMPILE_MODES and p != "compiled-prefill"]
         if gpu_only and device == "cpu":
             raise QualError(f"backend {self.name}: {', '.join(gpu_only)} need device cuda (got cpu)")
         triton = [p for p in self.parts if p.startswith("triton-")]
@@ -74,9 +89,10 @@ class Backend:
             raise QualError(f"backend {self.name}: fused needs dtype bfloat16, float16 or float32 (got {dtype})")
         if self.fused_decode and tp > 1:
             raise QualError(f"backend {self.name}: fused needs tp 1 (got tp {tp})")
-        if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "triton-gemm", "triton-attention"}):
-            raise QualError(f"backend {self.name}: pdl launches the Triton kernels of compiled, triton-gemm or "
-                            "triton-attention; name at least one of them")
+        if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "compiled-prefill", "triton-gemm",
+                                                "triton-attention"}):
+            raise QualError(f"backend {self.name}: pdl launches the Triton kernels of compiled, compiled-prefill, "
+                            "triton-gemm or triton-attention; name at least one of them")
 
     def check_device(self, device) -> None:
         """Refuse, once the device is known, a part this GPU or this Triton cannot run."""
@@ -114,8 +130,11 @@ class Backend:
         op = paged_attention.paged_attention_op
         return functools.partial(op, pdl=True) if self.pdl else op
 
-    def compile(self, fn):
-        """torch.compile'd fn (compile_mode), one specialised graph per padded batch size (as the CUDA graphs are).
+    def compile(self, fn, dynamic: bool | None = False):
+        """torch.compile'd fn (compile_mode): with dynamic False one specialised graph per padded batch size (as the
+        CUDA graphs are); with None, shapes that change between calls become symbolic at their second value, so
+        a few compiles serve every prefill bucket (dynamic=True, symbolic from the first call, traced the toy target's
+        prefill without its aux features under torch 2.13: they came back None, and the drafter's context failed).
         With pdl, inductor's Triton kernels launch with programmatic dependent launch (each waits for the kernel
         before it where it first reads or writes memory).
 
@@ -128,16 +147,17 @@ class Backend:
         dyn.recompile_limit = max(dyn.recompile_limit, 64)
         if hasattr(dyn, "fail_on_recompile_limit_hit"):
             dyn.fail_on_recompile_limit_hit = True
+        mode = self.compile_mode or COMPILE_MODES["compiled"]
         if not self.pdl:
-            return torch.compile(fn, mode=self.compile_mode, dynamic=False)
+            return torch.compile(fn, mode=mode, dynamic=dynamic)
         import torch._inductor.config as inductor_config
 
         if not hasattr(inductor_config.triton, "enable_pdl"):
             raise QualError(f"backend {self.name}: this torch ({torch.__version__}) cannot launch compiled kernels "
                             "with programmatic dependent launch (no torch._inductor.config.triton.enable_pdl)")
         # torch.compile takes a mode or options, not both: the mode's options plus PDL
-        options = {**torch._inductor.list_mode_options(self.compile_mode), "triton.enable_pdl": True}
-        return torch.compile(fn, options=options, dynamic=False)
+        options = {**torch._inductor.list_mode_options(mode), "triton.enable_pdl": True}
+        return torch.compile(fn, options=options, dynamic=dynamic)
 
     def record(self) -> dict:
         """What the capture record says about this backend: its parts and the steps each serves."""
