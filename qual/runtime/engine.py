@@ -15,6 +15,7 @@ from qual.errors import EngineError, QualError
 from qual.records import RequestResult
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.cuda_graphs import capture_record
+from qual.runtime import heap
 from qual.runtime.decode_runs import DecodeRuns
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner
@@ -72,6 +73,8 @@ class LLMEngine(DecodeRuns):
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
         self.eos = frozenset(eos if isinstance(eos, (tuple, list)) else ([] if eos is None else [eos]))
+        heap.engine_started()  # the host loop's pauses: qual/runtime/heap.py
+        self._heap_frozen = True
 
     @property
     def workers(self) -> list:
@@ -106,6 +109,9 @@ class LLMEngine(DecodeRuns):
         comm, self.comm = self.comm, None
         self.ranks.abort(comm)
         torch.set_num_threads(self._prev_threads)
+        if getattr(self, "_heap_frozen", False):
+            self._heap_frozen = False
+            heap.engine_closed()
 
     def __enter__(self):
         return self
