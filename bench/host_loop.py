@@ -11,8 +11,8 @@ device step is shorter than it (compiled steps: docs/PERFORMANCE.md). Tokens are
 commits what the first one chose), and a first result read from KV blocks that no real step wrote depends on
 which blocks a request got: two versions of the code that hand out blocks differently can run different numbers
 of steps, so compare them by their generates' times, not per step. Prints the best and the mean generate's microseconds per decode step (the
-mean holds the garbage collector's full walks of the whole heap, about 100 ms each on the 2-core machine, which
-land in some generates only) and the phases.
+mean holds the garbage collector's passes, which land in some generates only; its full walks of the heap alive at
+the engine's start no longer do: qual/runtime/heap.py) and the phases.
 --profile: cProfile of further generates, by own time.
 """
 
