@@ -109,12 +109,6 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def set_number(numbers: torch.Tensor, name: str, rows: list[int], values) -> None:
-    """Set one of a step's numbers [5, P] (NUMBERS) for rows, on the device (values: a scalar or a [len(rows)] device
-    tensor). The host does not wait for the device (to_device)."""
-    numbers[NUMBERS.index(name), to_device(torch.tensor(rows), numbers.device)] = values
-
-
 def join_table(rows: list[int], host: torch.Tensor) -> torch.Tensor:
     """[1 + 5, P] int64 on the host for spec_decode.join_rows: a row of flags (1: a request held ready takes this row
     over), then the step's numbers as the host built them (host [5, P], NUMBERS) on those rows, zeros elsewhere."""
@@ -127,9 +121,11 @@ def join_table(rows: list[int], host: torch.Tensor) -> torch.Tensor:
 def retire(numbers: torch.Tensor, rows: list[int]) -> None:
     """Make rows of a step's numbers [5, P] on the device padding: sequence length 0. Their other numbers stay, so
     that the draft context the device packed for this step (by commit_counts) still lines up; the next advance
-    then commits nothing for them (spec_decode.advance)."""
-    if rows:
-        set_number(numbers, "seq_lens", rows, 0)
+    then commits nothing for them (spec_decode.advance). A fill a row (the rows finished since the last launch,
+    one or two): on a GPU one kernel each, where an index tensor would cost a page-locked buffer and its copy first."""
+    seq_lens = NUMBERS.index("seq_lens")
+    for r in rows:
+        numbers[seq_lens, r] = 0
 
 
 def flat_views(flat: torch.Tensor, like: StepArgs) -> StepArgs:
