@@ -296,8 +296,8 @@ def kv_per_rank(target: Path, prompt_len: int = 1536) -> dict:
 
 
 def sizes_for(batches: list[int], backend: str) -> tuple[int, ...]:
-    # a compiled engine captures only the sizes it runs: each captured size is a compilation
-    return tuple(sorted(set(batches))) if "compiled" in backend else tuple(sorted({1, 8, *batches}))
+    # a compiled decode step captures only the sizes it runs: each captured size is a compilation
+    return tuple(sorted(set(batches))) if parse_backend(backend).compile_mode else tuple(sorted({1, 8, *batches}))
 
 
 def end_to_end_rows(res: dict):
