@@ -88,7 +88,7 @@ class PrefillGraphs:
         # The padded prefill, compiled where the backend asks (compiled-prefill): before a bucket is captured, its
         # warm-up compiles it, once for the first bucket and again as rows and length turn symbolic (automatic
         # dynamic shapes: about four compiles in all, one-row buckets apart), not once a bucket
-        self.compiled = runner.backend.compile_prefill
+        self.compiled = runner.backend.compile_prefill and self.reason is None  # the record's word for it
         self.compute = runner.backend.compile(self._compute, dynamic=None) if self.compiled else self._compute
 
     @property
