@@ -96,8 +96,8 @@ def test_a_recurrent_state_cache_is_refused_by_name(tmp_path):
     out, record = generate(target, None, 4096, [replace(r, max_tokens=4) for r in prompts(3, vocab=96)])
     assert record["status"] == "unsupported" and "state" in record["detail"] and record["eager_chunks"] >= 1
     assert record["padded_chunks"] == 0 and not record["compiled"]
-    with LLMEngine(replace(engine_config(target, None, 4096), backend="compiled-prefill")) as engine:
-        assert not engine.graph_capture()["prefill"]["compiled"]  # asked for, and said not to run
+    with pytest.raises(QualError, match="compiled-prefill: the GLM-5 target runs the reference backend only"):
+        LLMEngine(replace(engine_config(target, None, 4096), backend="compiled-prefill"))
 
 
 def test_a_negative_limit_is_refused(tiny_pair):
