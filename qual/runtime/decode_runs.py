@@ -48,6 +48,7 @@ class DecodeRuns:
         out, out_rows = self._launch(rows, first=first, steps=steps), list(rows)
         if chained:
             self._commit_prefill(*chained, sampling)
+            self.phases.lap("prefill")
         while True:
             joined = self._join(rows, retired, ready, running, finish) if ahead else []
             # None held any more: the next ones are prefilled now, behind the launch in flight, and read with it
@@ -65,6 +66,7 @@ class DecodeRuns:
             if refill:
                 self._commit_prefill(*refill, sampling)
                 ready.extend(refill[0])
+                self.phases.lap("prefill")  # its readback's wait, which the next launch's schedule would take in
             if nxt is None:
                 return
             live = [s for s in rows if not s.finish_reason]

@@ -15,7 +15,8 @@ import time
 # inputs: this rank's slots, masks and views on the device; draft / verify: their launches (eager);
 # graph: the draft + verify step as one CUDA-graph replay or compiled call; readback: the step's
 # token choices, proposals and margins on the host; commit: acceptance, appending tokens, the next
-# step's pending draft context; prefill: whole prefill steps; other: the rest of generate (results).
+# step's pending draft context; prefill: whole prefill steps, their first tokens read and committed (inside a run of
+# launches ahead too); other: the rest of generate (results).
 PHASES = ("schedule", "send", "inputs", "draft", "verify", "graph", "readback", "commit", "prefill", "other")
 
 
