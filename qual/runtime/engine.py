@@ -37,6 +37,7 @@ class LLMEngine(DecodeRuns):
 
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
+        self._heap_frozen = False  # heap.engine_started() counted this engine (abort may run before it did)
         specs = validate(cfg)
         self.target_cfg = specs[0].config
         self.comm: Comm | None = None
@@ -109,7 +110,7 @@ class LLMEngine(DecodeRuns):
         comm, self.comm = self.comm, None
         self.ranks.abort(comm)
         torch.set_num_threads(self._prev_threads)
-        if getattr(self, "_heap_frozen", False):
+        if self._heap_frozen:
             self._heap_frozen = False
             heap.engine_closed()
 

@@ -84,9 +84,8 @@ class ModelRunner:
         self.async_decode = cfg.async_decode and static and comm.tp_size == 1
         # Steps a launch may run: several only where the device advances each step's inputs itself
         self.steps_per_launch = cfg.steps_per_launch if self.async_decode else 1
-        # Padded size -> (input buffer, draft context buffer), and the last step's arguments sent there (views)
-        self._static_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        self._last_static: dict[int, tuple[StepArgs, torch.Tensor | None]] = {}
+        # Padded size -> (the last step's arguments, views of its input buffer (their .flat); its draft context buffer)
+        self._static_inputs: dict[int, tuple[StepArgs, torch.Tensor | None]] = {}
         self.graphs = None
         if cfg.cuda_graph_sizes and comm.device.type == "cuda":
             from qual.runtime.cuda_graphs import DecodeGraphs
@@ -204,17 +203,19 @@ class ModelRunner:
         """A static-shape eager step's inputs in buffers kept per padded size P, as a graph keeps its own: an advanced
         step refills only the tables (none: they stay), and its retired rows become padding."""
         if step.tables is None:
-            return self._last_static[P]
+            return self._static_inputs[P]
         args, feats = self.step_args(step, P, static=True)
-        if P not in self._static_inputs:
-            self._static_inputs[P] = (torch.empty(args.numel, dtype=torch.long, device=self.comm.device),
-                                      None if feats is None else torch.empty_like(feats))
-        flat, kept = self._static_inputs[P]
+        if P in self._static_inputs:
+            last, kept = self._static_inputs[P]
+            flat = last.flat
+        else:
+            flat = torch.empty(args.numel, dtype=torch.long, device=self.comm.device)
+            kept = None if feats is None else torch.empty_like(feats)
         if kept is not None and not step.advanced:
             kept.copy_(feats)
         sent = self.stager.send(args, into=flat, tables_only=step.advanced)
         self._amend(sent.numbers, step, args.numbers, kept)
-        self._last_static[P] = sent, kept
+        self._static_inputs[P] = sent, kept
         return sent, kept
 
     def _amend(self, numbers: torch.Tensor, step: DecodeStep, host: torch.Tensor, feats: torch.Tensor | None,
