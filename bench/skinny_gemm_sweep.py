@@ -15,7 +15,9 @@ kernel), each in microseconds and weight bytes read per second.
 them), each product's input made from the one before's output by a small kernel (as a compiled step's norms and
 activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best configurations, or with
 --no-sweep at choose_config's); the same with PDL (the small kernel waits where it first reads, as inductor's do);
-each also with fixed inputs and no small kernels between (products only). Each against the copy bandwidth.
+each also with fixed inputs and no small kernels between (products only); and `folded` / `folded+pdl`: the
+products of the `folded-norms` backend part, which make their inputs themselves (one small kernel a layer left).
+Each against the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from qual.runtime.backends import skinny_gemm
+from qual.runtime.backends import folded_gemm, skinny_gemm
 from qual.runtime.backends.skinny_gemm import GemmConfig
 
 SHAPES = {  # name -> (N, K) of w [N, K]
@@ -196,6 +198,27 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
             return skinny_gemm.partials(h, w, cfg, pdl=pdl)
         return f
 
+    def folded(pdl: bool):
+        """The products with folded-norms' inputs (qual/runtime/backends/folded_gemm.py): the residual add and RMS
+        norm made by qkv's and gate_up's own loads, SwiGLU by down's; one small kernel a layer is left, from qkv's
+        partials to o's input (attention's place), and one before the LM head (the final norm's)."""
+        def run(m):
+            x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
+            ln = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+
+            def one(_):
+                h, parts = x, torch.zeros(0, m, hidden, device="cuda")
+                for lay in layers:
+                    p_qkv, h, _ = folded_gemm.resid_partials(h, parts, ln, lay["qkv"], pdl)
+                    attn = glue(p_qkv, take["qkv"], pdl)
+                    p_o = skinny_gemm.partials(attn, lay["o"], pdl=pdl)
+                    p_gu, h, sq = folded_gemm.resid_partials(h, p_o, ln, lay["gate_up"], pdl)
+                    parts = folded_gemm.swiglu_partials(p_gu, sq, hidden, 1e-6, lay["down"], pdl)
+                if head is not None:
+                    skinny_gemm.partials(glue(parts, hidden, pdl), head, pdl=pdl)
+            return one
+        return run
+
     variants = {"cublas": (cublas, False, True)}
     if best:
         variants["chosen"] = (kernel(False, swept=False), False, True)
@@ -207,10 +230,11 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
     })
     print(f"chain: {LAYERS[shape]} layers x {order} + lm_head, {wbytes / 1e9:.2f} GB of weights; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    variants.update({"folded": (None, False, True), "folded+pdl": (None, True, True)})
     for m in rows:
         for name, (product, pdl, glued) in variants.items():
             try:
-                us = graph_us(step(product, pdl, glued)(m), 1)
+                us = graph_us((step(product, pdl, glued) if product else folded(pdl))(m), 1)
             except Exception as exc:
                 print(f"  M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 res["chain"].append({"m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"})

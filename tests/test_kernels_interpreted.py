@@ -92,6 +92,83 @@ for m, n, k in [(1, 256, 512), (5, 100, 300), (16, 64, 1024)]:
 print("ok")
 """
 
+FOLDED_GEMM = """
+import torch
+import torch.nn.functional as F
+from qual.runtime.backends import folded_gemm
+from qual.runtime.backends.folded_gemm import resid_partials, rstd, swiglu_partials
+from qual.runtime.models.layers import rms_norm
+
+g = torch.Generator().manual_seed(0)
+eps = 1e-6
+# float16: the interpreter's bfloat16 products are wrong (its tl.dot reads them as integers); float16 checks the
+# same roundings
+for dt in (torch.float32, torch.float16):
+    for m, hid, inter, P in [(1, 256, 512, 4), (5, 100, 300, 2), (16, 192, 160, 0)]:
+        h = torch.randn(m, hid, generator=g).to(dt)
+        parts = torch.randn(P, m, hid, generator=g)
+        ln = (1 + 0.1 * torch.randn(hid, generator=g)).to(dt)
+        w_gu = (torch.randn(2 * inter, hid, generator=g) / hid**0.5).to(dt)
+        w_down = (torch.randn(hid, inter, generator=g) / inter**0.5).to(dt)
+        r_ref = h + parts.sum(0).to(dt)  # the unfolded path: the product rounded, then the add
+        gate, up = F.linear(rms_norm(r_ref, ln, eps), w_gu).chunk(2, dim=-1)
+        down_ref = F.linear(F.silu(gate) * up, w_down).float()
+        p_gu, r, sq = resid_partials(h, parts, ln, w_gu)
+        assert torch.equal(r, r_ref), (r.float() - r_ref.float()).abs().max()
+        tol = 1e-5 if dt == torch.float32 else 5e-3  # float16: its rounding of products near 2 (an ulp 2e-3)
+        gu = p_gu.sum(0) * rstd(sq, hid, eps)
+        assert torch.allclose(gu, torch.cat([gate, up], -1).float(), atol=tol), (dt, m, (gu - torch.cat([gate, up], -1).float()).abs().max())
+        down = swiglu_partials(p_gu, sq, hid, eps, w_down).sum(0)
+        assert torch.allclose(down, down_ref, atol=tol), (dt, m, (down - down_ref).abs().max())
+# torch.compile traces the custom ops through their fake kernels: the shapes they promise must be the real ones
+checks = ("test_schema", "test_faketensor", "test_autograd_registration")
+torch.library.opcheck(folded_gemm._resid_op, (h, parts, ln, w_gu, False), test_utils=checks)
+torch.library.opcheck(folded_gemm._swiglu_op, (p_gu, sq, hid, eps, w_down, False), test_utils=checks)
+print("ok")
+"""
+
+FOLDED_FORWARD = """
+import tempfile
+from pathlib import Path
+from checkpoints import make_draft, make_target
+from runtime_helpers import prompts
+from qual.runtime.backends import folded_gemm
+from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
+from qual.runtime.engine import LLMEngine
+
+with tempfile.TemporaryDirectory() as tmp:
+    target = make_target(Path(tmp) / "t", live_tokens=12)
+    draft = make_draft(Path(tmp) / "d", target_layer_ids={aux})  # aux features: a layer's output, taken one layer late
+    cfg = EngineConfig(str(target), str(draft), dtype="float32", cache=CacheConfig(block_size=4, memory_bytes=2**22))
+    reqs, sp = prompts(4, max_tokens=8), SamplingParams(max_tokens=8)
+    with LLMEngine(cfg) as engine:
+        target, features = engine.runner.target, []
+        forward = target.forward
+        def recorded(*args):  # every forward's aux features: what the drafter's context is made of
+            hidden, aux = forward(*args)
+            features.append(aux)
+            return hidden, aux
+        target.forward = recorded
+        ref = engine.generate(reqs, sp)
+        ref_logits = engine.prompt_logits([list(reqs[0].prompt_token_ids)])  # 3 tokens: a folded prefill
+        ref_features, features[:] = list(features), []
+        ops, calls = folded_gemm.ops(False), []
+        counted = lambda *a: calls.append(1) or ops.resid(*a)  # noqa: E731
+        target.folded, target.folded_rows = ops._replace(resid=counted), 16
+        got = engine.generate(reqs, sp)
+        logits = engine.prompt_logits([list(reqs[0].prompt_token_ids)])
+    assert calls, "the folded path never ran"
+    assert len(features) == len(ref_features)
+    for a, b in zip(features, ref_features):  # a drafter's proposals barely follow them: compared directly
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-4 * b.abs().max(), (a - b).abs().max()
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in ref]
+    assert [o.accepted_per_position for o in got] == [o.accepted_per_position for o in ref]
+    assert sum(o.accepted_tokens for o in ref) > 0
+    err = ((logits[0] - ref_logits[0]).abs().max() / ref_logits[0].abs().max()).item()
+    assert err < 1e-5, err  # float32 sums in another order
+print("ok")
+"""
+
 
 def interpret(code: str) -> None:
     path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -165,3 +242,19 @@ def test_key_splits_fill_the_gpu_only_where_rows_are_long():
     assert key_splits(h200, 1, 8, 4000) == 16  # 33 wanted, 31 allowed: 16
     assert key_splits(h200, 8, 8, 4000) == 4  # 264 // 64
     assert key_splits(h200, 64, 8, 4000) == 1  # 512 programs already
+
+
+def test_folded_products_equal_the_unfolded_ones():
+    """folded-norms: the residual add (exact, in the stream's dtype), the deferred RMS norm and SwiGLU folded into
+    the split-K products give the unfolded path's gate/up and down products (1 to 16 rows, ragged widths, a first
+    layer with no partials before it), float32 and float16; the custom ops' fake kernels give the real shapes."""
+    interpret(FOLDED_GEMM)
+
+
+@pytest.mark.parametrize("aux", ["(0, 2)", "(1, 3)"], ids=["aux-inner", "aux-last-layer"])
+def test_folded_forward_gives_the_unfolded_tokens_and_acceptance(aux):
+    """The toy pair, float32, with the target's folded forward (steps of <= 16 tokens: decode, verify and short
+    prefills) against the same engine without: the same tokens and acceptance, and prompt logits within 1e-5 of their largest.
+    The drafter's aux features come from layers 0 and 2 (taken one layer late, by the next layer's first product)
+    or 1 and 3 (the last layer's, after the loop)."""
+    interpret(FOLDED_FORWARD.format(aux=aux))

@@ -16,7 +16,7 @@ from qual.runtime.config import ParallelConfig
 from qual.runtime.dcp_attention import dcp_combine
 from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
 from qual.runtime.models.base import ModelOptions, TargetMeta
-from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, project_qkv, rms_norm
+from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, qkv_heads, rms_norm
 from qual.runtime.paged import KVStore, pad_queries, unpad
 from qual.runtime.parallel import Comm
 
@@ -70,6 +70,8 @@ class Qwen3Target:
         self.linear = backend.linear()  # the projections' GEMM
         self.paged_attention = backend.paged_attention()  # None: gather the keys, then attention_with_lse
         self.fused = None  # set by the fused backend: one kernel for a one-token decode step
+        # folded-norms: folded_gemm.Ops for steps of at most folded_rows tokens, or None
+        self.folded, self.folded_rows = backend.folded_gemm()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, stores: dict[str, KVStore]):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
@@ -79,6 +81,8 @@ class Qwen3Target:
             x = self.fused(tokens, positions, meta.views[GROUP], store).to(self.dtype)
             return rms_norm(x, self.norm, self.cfg.rms_norm_eps), None
         x = F.embedding(tokens, self.embed)
+        if self.folded is not None and tokens.numel() <= self.folded_rows:
+            return self._forward_folded(x, positions, meta, store)
         aux = []
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
@@ -92,10 +96,38 @@ class Qwen3Target:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden, self.lm_head)  # the projections' GEMM: a decode step's largest product
 
+    def _forward_folded(self, x, positions, meta: TargetMeta, store: KVStore):
+        """forward with the residual adds, RMS norms and SwiGLU folded into the products' loads (folded-norms,
+        tp 1): each product's input is made by the product from the partial sums of the one before
+        (qual/runtime/backends/folded_gemm.py). A layer's output residual is written by the next layer's first
+        product, so an aux layer's features are taken one layer late."""
+        resid, swiglu, partials, rstd = self.folded
+        eps, width = self.cfg.rms_norm_eps, self.cfg.hidden_size
+        parts = x.new_empty(0, x.shape[0], width, dtype=torch.float32)  # the first layer's input has none
+        aux = []
+        for i, layer in enumerate(self.layers):
+            p_qkv, x, sq = resid(x, parts, layer.input_norm, layer.attn.qkv)  # x: the layer's input residual
+            if i - 1 in self.aux_layer_ids:
+                aux.append(x)
+            qkv = (p_qkv.sum(0) * rstd(sq, width, eps)).to(self.dtype)
+            flat = self._attend(i, qkv, positions, meta, store)
+            p_gu, x, sq = resid(x, partials(flat, layer.attn.o), layer.post_norm, layer.mlp.gate_up)
+            parts = swiglu(p_gu, sq, width, eps, layer.mlp.down)
+        x = x + parts.sum(0).to(self.dtype)
+        if len(self.layers) - 1 in self.aux_layer_ids:
+            aux.append(x)
+        return rms_norm(x, self.norm, eps), torch.cat(aux, dim=-1) if aux else None
+
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
+        qkv = self.linear(h, self.layers[i].attn.qkv)
+        return self.comm.all_reduce_tp(self.linear(self._attend(i, qkv, positions, meta, store), self.layers[i].attn.o))
+
+    def _attend(self, i: int, qkv, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
+        """Attention of the tokens whose q/k/v product is qkv [T, (heads + 2 kv heads) D] (this rank's heads):
+        their output [T, heads D], before the o projection."""
         a, lay, comm = self.layers[i].attn, self.layout, self.comm
         view = meta.views[GROUP]
-        q, k, v = project_qkv(h, a, lay, self.cfg.rms_norm_eps, self.rope, positions, self.linear)
+        q, k, v = qkv_heads(qkv, a, lay, self.cfg.rms_norm_eps, self.rope, positions)
         store.write(i, view.write_slots, k, v)
         T, Hl, D = q.shape
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
@@ -110,5 +142,4 @@ class Qwen3Target:
             out, lse = attention_with_lse(q_pad, kc, vc, view.mask, self.scale, fused=meta.prefill)
         if comm.dcp_size > 1:  # step 3: merge the partials, keep this rank's heads
             out = dcp_combine(comm, out, lse, Hl)
-        flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
-        return comm.all_reduce_tp(self.linear(flat, a.o))
+        return unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
