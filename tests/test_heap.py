@@ -22,9 +22,11 @@ def test_an_engine_freezes_the_heap_it_starts_with_and_the_last_to_close_unfreez
     with LLMEngine(config(tiny_pair)):
         frozen = gc.get_freeze_count()
         assert frozen > 10_000  # the engine's own objects among them
+        # Not >= frozen: a frozen object whose last reference goes is freed all the same (a CI run saw one fewer).
+        # Unfreezing would empty the count.
         with LLMEngine(config(tiny_pair)):
-            assert gc.get_freeze_count() >= frozen
-        assert gc.get_freeze_count() >= frozen  # the first engine still runs
+            assert gc.get_freeze_count() > frozen // 2
+        assert gc.get_freeze_count() > frozen // 2  # the first engine still runs
     assert gc.get_freeze_count() == 0
 
 
