@@ -140,7 +140,8 @@ with tempfile.TemporaryDirectory() as tmp:
     target = make_target(Path(tmp) / "t", live_tokens=12, num_key_value_heads={kv})
     aux = {aux}  # the drafter's aux features: a layer's output, taken one layer late (None: plain decoding)
     draft = aux and str(make_draft(Path(tmp) / "d", target_layer_ids=aux, num_key_value_heads={kv}))
-    cfg = EngineConfig(str(target), draft, dtype="float32", cache=CacheConfig(block_size=4, memory_bytes=2**22))
+    static = dict(static_shapes=True, async_decode=True, steps_per_launch=2, max_model_len=128) if {static} else {{}}
+    cfg = EngineConfig(str(target), draft, dtype="float32", cache=CacheConfig(block_size=4, memory_bytes=2**22), **static)
     reqs, sp = prompts(4, max_tokens=8), SamplingParams(max_tokens=8)
     with LLMEngine(cfg) as engine:
         target, features = engine.runner.target, []
@@ -253,11 +254,14 @@ def test_folded_products_equal_the_unfolded_ones():
     interpret(FOLDED_GEMM)
 
 
-@pytest.mark.parametrize("aux,kv", [("(0, 2)", 1), ("(1, 3)", 1), ("None", 2)],
-                         ids=["aux-inner", "aux-last-layer", "plain-gqa2"])
-def test_folded_forward_gives_the_unfolded_tokens_and_acceptance(aux, kv):
+@pytest.mark.parametrize("aux,kv,static", [("(0, 2)", 1, False), ("(1, 3)", 1, False), ("None", 2, False),
+                                           ("(1, 3)", 1, True)],
+                         ids=["aux-inner", "aux-last-layer", "plain-gqa2", "static-async-2-a-launch"])
+def test_folded_forward_gives_the_unfolded_tokens_and_acceptance(aux, kv, static):
     """The tiny target, float32, with its folded forward (steps of <= 16 tokens: decode, verify and short
     prefills) against the same engine without: the same tokens and acceptance, and prompt logits within 1e-5 of their
     largest. The drafter's aux features come from layers 0 and 2 (taken one layer late, by the next layer's first
-    product) or 1 and 3 (the last layer's, after the loop); without a drafter, plain decoding with 2 KV heads."""
-    interpret(FOLDED_FORWARD.format(aux=aux, kv=kv))
+    product) or 1 and 3 (the last layer's, after the loop); without a drafter, plain decoding with 2 KV heads; and at
+    static shapes with async decode, two steps a launch (what CUDA graphs capture: padded prefill rectangles, padded
+    decode rows, steps launched ahead)."""
+    interpret(FOLDED_FORWARD.format(aux=aux, kv=kv, static=static))
