@@ -97,9 +97,6 @@ class Backend:
             raise QualError(f"backend {self.name}: fused needs dtype bfloat16, float16 or float32 (got {dtype})")
         if self.folded_norms and not self.triton_gemm:
             raise QualError(f"backend {self.name}: folded-norms folds into triton-gemm's products; name triton-gemm too")
-        if self.folded_norms and tp > 1:
-            raise QualError(f"backend {self.name}: folded-norms needs tp 1 (got tp {tp}): the partial sums it "
-                            "reads are one rank's")
         if self.fused_decode and tp > 1:
             raise QualError(f"backend {self.name}: fused needs tp 1 (got tp {tp})")
         if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "compiled-prefill", "triton-gemm",

@@ -97,11 +97,12 @@ class Qwen3Target:
         return self.linear(hidden, self.lm_head)  # the projections' GEMM: a decode step's largest product
 
     def _forward_folded(self, x, positions, meta: TargetMeta, store: KVStore):
-        """forward with the residual adds, RMS norms and SwiGLU folded into the products' loads (folded-norms,
-        tp 1): each product's input is made by the product from the partial sums of the one before
+        """forward with the residual adds, RMS norms and SwiGLU folded into the products' loads (folded-norms):
+        each product's input is made by the product from the partial sums of the one before
         (qual/runtime/backends/folded_gemm.py). A layer's output residual is written by the next layer's first
         product, so an aux layer's features are taken one layer late."""
         resid, swiglu, partials, rstd = self.folded
+        reduced = self._tp_sum  # the row-parallel products' partials, summed over the TP ranks
         eps, width = self.cfg.rms_norm_eps, self.cfg.hidden_size
         parts = x.new_empty(0, x.shape[0], width, dtype=torch.float32)  # the first layer's input has none
         aux = []
@@ -111,12 +112,19 @@ class Qwen3Target:
                 aux.append(x)
             qkv = (p_qkv.sum(0) * rstd(sq, width, eps)).to(self.dtype)
             flat = self._attend(i, qkv, positions, meta, store)
-            p_gu, x, sq = resid(x, partials(flat, layer.attn.o), layer.post_norm, layer.mlp.gate_up)
-            parts = swiglu(p_gu, sq, width, eps, layer.mlp.down)
+            p_gu, x, sq = resid(x, reduced(partials(flat, layer.attn.o)), layer.post_norm, layer.mlp.gate_up)
+            parts = reduced(swiglu(p_gu, sq, width, eps, layer.mlp.down))
         x = x + parts.sum(0).to(self.dtype)
         if len(self.layers) - 1 in self.aux_layer_ids:
             aux.append(x)
         return rms_norm(x, self.norm, eps), torch.cat(aux, dim=-1) if aux else None
+
+    def _tp_sum(self, parts: torch.Tensor) -> torch.Tensor:
+        """A row-parallel product's float32 partials [split, M, N] summed over the TP ranks: as one partial, in
+        float32 (the unfolded path sums the ranks' products rounded to the stream's dtype)."""
+        if self.comm.tp_size == 1:
+            return parts
+        return self.comm.all_reduce_tp(parts.sum(0, keepdim=True))
 
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
         qkv = self.linear(h, self.layers[i].attn.qkv)
