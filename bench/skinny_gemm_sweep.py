@@ -2,7 +2,7 @@
 chain of products with and without programmatic dependent launch (PDL).
 
     python3 bench/skinny_gemm_sweep.py [--out gemm.json] [--rows 1,8] [--shape qwen3-0.6b-shape|8b-shape]
-                                       [--chain] [--no-sweep]
+                                       [--chain] [--no-sweep] [--folded]
 
 Runs on CUDA. Each product is timed as back-to-back calls captured in one CUDA graph, as inside a decode step.
 The calls cycle through copies of the weight that together exceed the L2 cache three times over, so every call
@@ -18,6 +18,9 @@ activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best
 each also with fixed inputs and no small kernels between (products only); and `folded` / `folded+pdl`: the
 products of the `folded-norms` backend part, which make their inputs themselves (one small kernel a layer left).
 Each against the copy bandwidth.
+
+--folded: folded-norms' qkv, gate_up and down products against the plain kernel, configuration by configuration
+(the cost of reading the product before's partials, and the folded kernel's best configuration).
 """
 
 from __future__ import annotations
@@ -133,6 +136,50 @@ def sweep(shapes: dict, rows: list[int], res: dict) -> dict:
             for t, c in times[:5]:
                 print(f"    {t:7.2f} us {tb(t):4.2f} TB/s  {c}", flush=True)
     return best
+
+
+def folded_sweep(shapes: dict, rows: list[int], res: dict) -> None:
+    """folded-norms' products against the plain kernel at each configuration of the coarse grid: qkv and gate_up
+    reading the float32 partials of the product before (o's or down's split at its chosen configuration) with the
+    residual, down reading gate_up's partials (SwiGLU). What the folded loads cost each product, and the best
+    configuration of the folded kernel, per row count."""
+    hidden = shapes["o"][0]
+    before = {"qkv": shapes["down"], "gate_up": shapes["o"]}  # whose partials a folded product reads
+    for name in ("qkv", "gate_up", "down"):
+        n_out, n_in = shapes[name]
+        w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
+        mb = w.numel() * 2 / 1e6
+        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
+        calls = max(4, min(50, int(400 / mb)))
+        pick = lambda i: ws[i % copies]  # noqa: E731
+        ln = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+        for m in rows:
+            x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
+            if name == "down":
+                gu = shapes["gate_up"]
+                parts = torch.randn(skinny_gemm.choose_config(*gu).split, m, gu[0], device="cuda")
+                sq = torch.rand(1, m, device="cuda") * hidden
+                folded = lambda i, cfg: folded_gemm.swiglu_partials(parts, sq, hidden, 1e-6, pick(i), cfg=cfg)  # noqa: E731
+            else:
+                parts = torch.randn(skinny_gemm.choose_config(*before[name]).split, m, hidden, device="cuda")
+                folded = lambda i, cfg: folded_gemm.resid_partials(x, parts, ln, pick(i), cfg=cfg)  # noqa: E731
+            row = {"name": name, "m": m, "MB": mb, "plain_us": {}, "folded_us": {}}
+            for cfg in [skinny_gemm.choose_config(n_out, n_in)] + COARSE:
+                if cfg.block_k * cfg.split > n_in or str(cfg) in row["folded_us"]:
+                    continue
+                try:
+                    row["plain_us"][str(cfg)] = graph_us(lambda i: skinny_gemm.partials(x, pick(i), cfg), calls)
+                    row["folded_us"][str(cfg)] = graph_us(lambda i: folded(i, cfg), calls)
+                except Exception as exc:  # a config the compiler rejects (registers, shared memory)
+                    print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr)
+            res["folded"].append(row)
+            chosen = str(skinny_gemm.choose_config(n_out, n_in))
+            top = sorted(row["folded_us"].items(), key=lambda kv: kv[1])[:3]
+            print(f"{name:8s} M={m:<2d} {mb:6.1f} MB  chosen {chosen}: plain {row['plain_us'].get(chosen, 0):7.2f} us, "
+                  f"folded {row['folded_us'].get(chosen, 0):7.2f} us; best folded "
+                  + "; ".join(f"{us:7.2f} us {mb / us:4.2f} TB/s {c} (plain {row['plain_us'][c]:.2f})" for c, us in top),
+                  flush=True)
 
 
 @triton.jit
@@ -252,15 +299,20 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-0.6b-shape", choices=sorted(SHAPES))
     ap.add_argument("--chain", action="store_true", help="also the decode step's chain of products (see above)")
     ap.add_argument("--no-sweep", action="store_true", help="chain only, at the chosen configurations")
+    ap.add_argument("--folded", action="store_true", help="also folded-norms' products against the plain kernel "
+                    "(see folded_sweep)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     bw = copy_bandwidth()
-    res = {"device": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "sweep": [], "chain": [],
+    res = {"device": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "sweep": [], "chain": [], "folded": [],
            "pdl_available": skinny_gemm.pdl_available()}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; PDL available: {res['pdl_available']}", flush=True)
     best = {} if args.no_sweep else sweep(SHAPES[args.shape], rows, res)
     res["best"] = {f"{p}/m{m}": str(c) for (p, m), c in best.items()}
     Path(args.out).write_text(json.dumps(res, indent=2))
+    if args.folded:
+        folded_sweep(SHAPES[args.shape], rows, res)
+        Path(args.out).write_text(json.dumps(res, indent=2))
     if args.chain:
         chain(args.shape, rows, best, bw, res)
     Path(args.out).write_text(json.dumps(res, indent=2))
