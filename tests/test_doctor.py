@@ -47,3 +47,22 @@ def test_strict_with_json_keeps_stdout_json(checks):
     got = CliRunner().invoke(app, ["doctor", "--strict", "--json"])
     assert got.exit_code == 1
     assert [c["verdict"] for c in json.loads(got.stdout)] == ["yes", "no"]
+
+
+def test_the_runtime_backends_line_names_the_parts_that_cannot_run_here_and_why():
+    """On this CPU machine: torch.compile's parts run; the kernel parts are named with the refusal a run would get
+    (the reference engine's line)."""
+    import torch
+
+    from qual.runtime.backends import PARTS, part_problems
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU's answers")
+    problems = part_problems("cpu")
+    assert list(problems) == list(PARTS)
+    assert [p for p, why in problems.items() if why is None] == ["compiled", "compiled-autotune", "compiled-prefill"]
+    assert "folded-norms need device cuda (got cpu)" in problems["folded-norms"]
+    check = next(c for c in doctor.collect_checks() if c.name == "runtime backends")
+    assert check.verdict == "yes" and check.detail.startswith("pytorch and compiled, compiled-autotune, compiled-prefill;")
+    assert "not here: triton-gemm, triton-attention, folded-norms, fused, pdl" in check.detail
+    assert check.evidence[0] == "triton-gemm: " + problems["triton-gemm"]

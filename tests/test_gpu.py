@@ -274,6 +274,16 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
         assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], backend
 
 
+def test_every_backend_part_runs_on_a_hopper_gpu():
+    """qual doctor's "runtime backends" line: on a GPU of compute capability 9.0 or later with Triton, no part is
+    refused."""
+    from qual.runtime.backends import PARTS, part_problems
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("pdl needs compute capability 9.0")
+    assert part_problems("cuda") == dict.fromkeys(PARTS)
+
+
 @pytest.mark.parametrize("backend", ["triton-gemm+folded-norms", "compiled+triton-gemm+triton-attention+folded-norms+pdl"])
 def test_folded_norms_are_as_near_float64_and_replay_in_graphs(backend):
     """folded-norms on the shipped toy pair, bfloat16: prompt logits of prompts of <= 16 tokens (folded prefills) as

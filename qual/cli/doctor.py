@@ -1,4 +1,5 @@
-"""`qual doctor`: what this machine can run — Python, torch and GPUs, vLLM and its DFlash/DCP support.
+"""`qual doctor`: what this machine can run — Python, torch and GPUs, the runtime's kernel backends, vLLM and its
+DFlash/DCP support.
 
 It exits 0 whatever it finds; with --strict it exits 1 when a check says no (✗), so that a CI job can stop on a
 machine that cannot run what it is for (an unknown, ?, does not fail it)."""
@@ -41,7 +42,8 @@ def _torch() -> list[DoctorCheck]:
 
 
 def collect_checks() -> list[DoctorCheck]:
-    """Every check, in report order: this Python and torch, then what each engine says about itself."""
+    """Every check, in report order: this Python and torch, then what each engine says about itself (the reference
+    engine: its runtime's kernel backends)."""
     checks = [_python(), *_torch()]
     for name in ENGINES:
         checks += engine_class(name).doctor()
@@ -54,7 +56,8 @@ def doctor(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evidence behind each verdict."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when any check says no (✗); without it, exit 0."),
 ) -> None:
-    """Check Python, torch, GPUs and each vLLM install (version, DFlash, replicated draft KV under DCP, qual's patch)."""
+    """Check Python, torch, GPUs, the runtime's backends and each vLLM install (version, DFlash, replicated draft KV
+    under DCP, qual's patch)."""
     checks = collect_checks()
     if as_json:
         print(json.dumps([asdict(c) for c in checks], indent=2))

@@ -15,8 +15,8 @@ from qual.engines.base import KNOBS, Engine
 from qual.errors import EngineError, QualError
 from qual.options import DEFAULT_DCP_COMM, DEFAULT_DSA_TOPK, DcpComm
 from qual.provenance import local_host, qual_commit
-from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult
-from qual.runtime.backends import parse_backend
+from qual.records import ArmConfig, ArmRunInfo, DoctorCheck, EngineBuild, EngineRequest, GraphCapture, OnResult
+from qual.runtime.backends import parse_backend, part_problems
 from qual.runtime.config import DEFAULT_SIZES, CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.validation import Section, parse_section
 
@@ -111,6 +111,20 @@ class ReferenceEngine(Engine):
     @classmethod
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(ReferenceOptions, section, where, "reference").model_dump()
+
+    @classmethod
+    def doctor(cls) -> list[DoctorCheck]:
+        """Which parts of the runtime's kernel backends (qual/runtime/backends) run here. Always yes: the pytorch
+        backend runs anywhere; the parts that do not run here are named, with why as the evidence."""
+        import torch
+
+        problems = part_problems("cuda" if torch.cuda.is_available() else "cpu")
+        runs = [p for p, why in problems.items() if why is None]
+        not_here = [p for p, why in problems.items() if why]
+        detail = f"pytorch and {', '.join(runs)}" if runs else "pytorch only"
+        if not_here:
+            detail += f"; not here: {', '.join(not_here)}"
+        return [DoctorCheck("runtime backends", "yes", detail, [f"{p}: {problems[p]}" for p in not_here])]
 
     def version(self, arm: ArmConfig) -> str:
         return self.version_label

@@ -183,6 +183,34 @@ class Backend:
         return {"name": self.name, "serves": {p: SERVES[p] for p in self.parts} or {PYTORCH: "every step"}}
 
 
+def part_problems(device: str) -> dict[str, str | None]:
+    """Each part's problem on this machine's `device` ("cuda": GPU 0, or "cpu"), None where it can run: the checks a
+    run makes (Backend.check, and check_device on a GPU) on the smallest backend naming the part, in bfloat16 on one
+    rank, and whether the Triton its kernels need is installed (qual doctor)."""
+    from qual.runtime.backends import skinny_gemm
+
+    companion = {"pdl": "triton-gemm+pdl", "folded-norms": "triton-gemm+folded-norms"}  # parts that need another
+    # Triton's kernels: the parts' own, and inductor's on a GPU
+    kernels = {"triton-gemm", "triton-attention", "folded-norms", "fused", "pdl"} | (
+        set(COMPILE_MODES) | {"compiled-prefill"} if device == "cuda" else set())
+    problems = {}
+    for part in PARTS:
+        backend = parse_backend(companion.get(part, part))
+        try:
+            backend.check(device, "bfloat16", 1)
+            if part in kernels:
+                _need_triton(skinny_gemm.available())
+            if device == "cuda":
+                import torch
+
+                backend.check_device(torch.device("cuda", 0))
+        except QualError as exc:
+            problems[part] = str(exc)
+        else:
+            problems[part] = None
+    return problems
+
+
 def _need_triton(ok: bool) -> None:
     if not ok:
         raise QualError("this backend needs Triton, which is not installed (CUDA builds of torch ship it)")
