@@ -66,3 +66,18 @@ def test_the_runtime_backends_line_names_the_parts_that_cannot_run_here_and_why(
     assert check.verdict == "yes" and check.detail.startswith("pytorch and compiled, compiled-autotune, compiled-prefill;")
     assert "not here: triton-gemm, triton-attention, folded-norms, fused, pdl" in check.detail
     assert check.evidence[0] == "triton-gemm: " + problems["triton-gemm"]
+
+
+def test_a_gpu_query_that_fails_is_a_reason_not_a_crash(monkeypatch):
+    """A driver that fails the capability query makes pdl's line say so; the other parts are still answered."""
+    import torch
+
+    from qual.runtime import backends
+
+    def broken(device):
+        raise RuntimeError("CUDA driver initialization failed")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", broken)
+    problems = backends.part_problems("cuda")
+    assert problems["pdl"] == "RuntimeError: CUDA driver initialization failed"
+    assert "need device cuda" not in str(problems)  # asked as a GPU machine

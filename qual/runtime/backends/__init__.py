@@ -206,6 +206,8 @@ def part_problems(device: str) -> dict[str, str | None]:
                 backend.check_device(torch.device("cuda", 0))
         except QualError as exc:
             problems[part] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. a GPU whose driver fails the query: doctor reports, never dies
+            problems[part] = f"{type(exc).__name__}: {exc}"
         else:
             problems[part] = None
     return problems
