@@ -284,11 +284,13 @@ def test_every_backend_part_runs_on_a_hopper_gpu():
     assert part_problems("cuda") == dict.fromkeys(PARTS)
 
 
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=two_gpus)])
 @pytest.mark.parametrize("backend", ["triton-gemm+folded-norms", "compiled+triton-gemm+triton-attention+folded-norms+pdl"])
-def test_folded_norms_are_as_near_float64_and_replay_in_graphs(backend):
+def test_folded_norms_are_as_near_float64_and_replay_in_graphs(backend, tp):
     """folded-norms on the shipped toy pair, bfloat16: prompt logits of prompts of <= 16 tokens (folded prefills) as
     near the CPU's float64 ones as triton-gemm's without it, and graph replays of the folded decode and verify steps
-    equal them run eagerly at the graphs' static shapes (compiled with pdl too)."""
+    equal them run eagerly at the graphs' static shapes (compiled with pdl too). tp 2 is a DCP 2 candidate's layout
+    (the partials all-reduced over NCCL)."""
     from qual.paths import DATA_DIR
     from qual.runtime.backends import skinny_gemm
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
@@ -302,7 +304,8 @@ def test_folded_norms_are_as_near_float64_and_replay_in_graphs(backend):
     ps = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (3, 9, 16)]
 
     def engine(device, dtype, backend="pytorch", **kw):
-        return LLMEngine(EngineConfig(str(toy / "target"), str(toy / "draft"), ParallelConfig(1, 1, 1),
+        layout = ParallelConfig(tp, tp, 1) if device == "cuda" else ParallelConfig(1, 1, 1)
+        return LLMEngine(EngineConfig(str(toy / "target"), str(toy / "draft"), layout,
                                       CacheConfig(block_size=16, memory_bytes=2**24), dtype=dtype, device=device,
                                       max_model_len=256, backend=backend, **kw))
 
