@@ -91,16 +91,22 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / sorted(times[2:])[10]
 
 
+def weight_copies(n_out: int, n_in: int):
+    """(w, its MB, calls a timed replay makes, pick(i)): a random bf16 weight [n_out, n_in] and copies of it that
+    together exceed the L2 cache three times over, pick(i) cycling through them so every call reads from HBM."""
+    w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
+    mb = w.numel() * 2 / 1e6
+    copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
+    ws = [w] + [w.clone() for _ in range(copies - 1)]
+    calls = max(4, min(50, int(400 / mb)))  # ~400 MB a replay
+    return w, mb, calls, lambda i: ws[i % copies]
+
+
 def sweep(shapes: dict, rows: list[int], res: dict) -> dict:
     """Per (projection, rows): cuBLAS, the chosen configuration and the grid's best; returns the best configs."""
     best = {}
     for name, (n_out, n_in) in shapes.items():
-        w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
-        mb = w.numel() * 2 / 1e6
-        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
-        ws = [w] + [w.clone() for _ in range(copies - 1)]
-        calls = max(4, min(50, int(400 / mb)))  # ~400 MB a replay
-        pick = lambda i: ws[i % copies]  # noqa: E731
+        w, mb, calls, pick = weight_copies(n_out, n_in)
         for m in rows:
             x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w).float()
@@ -147,12 +153,7 @@ def folded_sweep(shapes: dict, rows: list[int], res: dict) -> None:
     before = {"qkv": shapes["down"], "gate_up": shapes["o"]}  # whose partials a folded product reads
     for name in ("qkv", "gate_up", "down"):
         n_out, n_in = shapes[name]
-        w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
-        mb = w.numel() * 2 / 1e6
-        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
-        ws = [w] + [w.clone() for _ in range(copies - 1)]
-        calls = max(4, min(50, int(400 / mb)))
-        pick = lambda i: ws[i % copies]  # noqa: E731
+        _, mb, calls, pick = weight_copies(n_out, n_in)
         ln = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
         for m in rows:
             x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)

@@ -13,9 +13,9 @@ import torch
 
 from qual.errors import EngineError, QualError
 from qual.records import RequestResult
+from qual.runtime import heap
 from qual.runtime.config import EngineConfig, SamplingParams
 from qual.runtime.cuda_graphs import capture_record
-from qual.runtime import heap
 from qual.runtime.decode_runs import DecodeRuns
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.model_runner import ModelRunner

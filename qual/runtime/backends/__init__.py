@@ -190,19 +190,15 @@ def part_problems(device: str) -> dict[str, str | None]:
     from qual.runtime.backends import skinny_gemm
 
     companion = {"pdl": "triton-gemm+pdl", "folded-norms": "triton-gemm+folded-norms"}  # parts that need another
-    # Triton's kernels: the parts' own, and inductor's on a GPU
-    kernels = {"triton-gemm", "triton-attention", "folded-norms", "fused", "pdl"} | (
-        set(COMPILE_MODES) | {"compiled-prefill"} if device == "cuda" else set())
     problems = {}
     for part in PARTS:
         backend = parse_backend(companion.get(part, part))
         try:
-            backend.check(device, "bfloat16", 1)
-            if part in kernels:
-                _need_triton(skinny_gemm.available())
-            if device == "cuda":
+            backend.check(device, "bfloat16", 1)  # on the CPU: refuses every part but torch.compile's
+            if device == "cuda":  # every part runs Triton's kernels there: its own, or inductor's
                 import torch
 
+                _need_triton(skinny_gemm.available())
                 backend.check_device(torch.device("cuda", 0))
         except QualError as exc:
             problems[part] = str(exc)

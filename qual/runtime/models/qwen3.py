@@ -102,7 +102,6 @@ class Qwen3Target:
         (qual/runtime/backends/folded_gemm.py). A layer's output residual is written by the next layer's first
         product, so an aux layer's features are taken one layer late."""
         resid, swiglu, partials, rstd = self.folded
-        reduced = self._tp_sum  # the row-parallel products' partials, summed over the TP ranks
         eps, width = self.cfg.rms_norm_eps, self.cfg.hidden_size
         parts = x.new_empty(0, x.shape[0], width, dtype=torch.float32)  # the first layer's input has none
         aux = []
@@ -112,8 +111,8 @@ class Qwen3Target:
                 aux.append(x)
             qkv = (p_qkv.sum(0) * rstd(sq, width, eps)).to(self.dtype)
             flat = self._attend(i, qkv, positions, meta, store)
-            p_gu, x, sq = resid(x, reduced(partials(flat, layer.attn.o)), layer.post_norm, layer.mlp.gate_up)
-            parts = reduced(swiglu(p_gu, sq, width, eps, layer.mlp.down))
+            p_gu, x, sq = resid(x, self._tp_sum(partials(flat, layer.attn.o)), layer.post_norm, layer.mlp.gate_up)
+            parts = self._tp_sum(swiglu(p_gu, sq, width, eps, layer.mlp.down))
         x = x + parts.sum(0).to(self.dtype)
         if len(self.layers) - 1 in self.aux_layer_ids:
             aux.append(x)
