@@ -39,6 +39,8 @@ RESID, SWIGLU = 1, 2  # what a program computes x from
 
 
 if triton is not None:
+    # A compiled kernel reads only constexpr globals (the interpreter reads any): the modes as the kernel sees them.
+    _RESID, _SWIGLU = tl.constexpr(RESID), tl.constexpr(SWIGLU)
 
     @triton.jit
     def _folded_kernel(h_ptr, p_ptr, sq_in_ptr, ln_ptr, w_ptr, out_ptr, r_ptr, sq_ptr, M, N, K, k_per_split,
@@ -54,7 +56,7 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_wait()  # the partials are the kernel before's output
             tl.extra.cuda.gdc_launch_dependents()
-        if MODE == SWIGLU:  # 1/rms of the gate/up product's input, from its programs' sums of squares
+        if MODE == _SWIGLU:  # 1/rms of the gate/up product's input, from its programs' sums of squares
             ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
             for s in tl.static_range(SQ):
                 ss += tl.load(sq_in_ptr + s * M + rm, mask=rm < M, other=0.0)
@@ -64,7 +66,7 @@ if triton is not None:
         for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             xm = (rm[:, None] < M) & (rk[None, :] < K)
-            if MODE == RESID:
+            if MODE == _RESID:
                 part = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
                 for p in tl.static_range(SP):
                     part += tl.load(p_ptr + p * M * K + rm[:, None] * K + rk[None, :], mask=xm, other=0.0)
@@ -92,7 +94,7 @@ if triton is not None:
                 w = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
             acc += tl.dot(x, tl.trans(w))
         tl.store(out_ptr + pid_s * M * N + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
-        if MODE == RESID:
+        if MODE == _RESID:
             if pid_n == 0:
                 tl.store(sq_ptr + pid_s * M + rm, sq, mask=rm < M)
 

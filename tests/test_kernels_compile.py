@@ -1,0 +1,91 @@
+"""Every Triton kernel of qual/runtime/backends compiled for a Hopper GPU on the CPU (tests/hopper_compile.py), from
+the launches the backends make: the compiler refuses code Triton's interpreter runs, and CI has no GPU.
+
+Each script runs in a fresh process without TRITON_INTERPRET; its launches are recorded, not run.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRODUCTS = """
+import torch
+from qual.runtime.backends.folded_gemm import resid_partials, swiglu_partials
+from qual.runtime.backends.skinny_gemm import partials
+
+m, hid, inter = 3, 256, 320  # inter: a ragged column block
+h, parts, ln = torch.randn(m, hid).bfloat16(), torch.randn(4, m, hid), torch.randn(hid).bfloat16()
+w_gu, w_down = torch.randn(2 * inter, hid).bfloat16(), torch.randn(hid, inter).bfloat16()
+for pdl in (False, True):
+    partials(h, w_gu, pdl=pdl)
+    for p in (parts, parts[:0]):  # a first layer: no partials before it
+        p_gu, r, sq = resid_partials(h, p, ln, w_gu, pdl)
+    swiglu_partials(p_gu, sq, hid, 1e-6, w_down, pdl)
+"""
+
+ATTENTION = """
+import torch
+from qual.runtime.backends.paged_attention import paged_attention
+
+for dt in (torch.bfloat16, torch.float32):
+    R, Q, H, Hk, D, S = 2, 4, 8, 2, 128, 300
+    q, cache = torch.randn(R, Q, H, D).to(dt), torch.randn(2 * R * S, Hk, D).to(dt)
+    slots, mask = torch.arange(R * S).view(R, S), torch.ones(R, Q, S, dtype=torch.bool)
+    for splits in (1, 2):  # 2: the combine kernel too
+        for pdl in (False, True):
+            paged_attention(q, cache, cache, slots, mask, D**-0.5, None, splits, pdl)
+"""
+
+FUSED = """
+import tempfile
+from pathlib import Path
+from checkpoints import make_target
+from runtime_helpers import prompts
+from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
+from qual.runtime.engine import LLMEngine
+from qual.runtime.backends.fused_decode import FusedDecode
+
+with tempfile.TemporaryDirectory() as tmp:
+    target = make_target(Path(tmp) / "t", num_hidden_layers=2, num_key_value_heads=2, head_dim=32)
+    cfg = EngineConfig(str(target), dtype="bfloat16", cache=CacheConfig(block_size=4, memory_bytes=2**22))
+    with LLMEngine(cfg) as engine:
+        for sync in (True, False):
+            engine.runner.target.fused = FusedDecode(engine.runner.target, programs=5, sync=sync)
+            engine.generate(prompts(1, max_tokens=2), SamplingParams(max_tokens=2))
+"""
+
+
+def compile_for_hopper(script: str) -> str:
+    path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=os.pathsep.join(path), TRITON_DEFAULT_FP_FUSION="1")
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "hopper_compile.py")], input=script, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
+    return out.stdout
+
+
+def test_split_k_and_folded_products_compile_for_hopper():
+    """The split-K product and folded-norms' two modes (with and without partials before, with and without PDL)."""
+    out = compile_for_hopper(PRODUCTS)
+    assert out.count("_folded_kernel:") == 6 and out.count("_partials_kernel:") == 2, out
+
+
+def test_paged_attention_compiles_for_hopper():
+    """Paged attention and its split combine, bf16 and float32 caches, with and without PDL."""
+    out = compile_for_hopper(ATTENTION)
+    assert out.count("_paged_attention_kernel:") == 8 and out.count("_combine_kernel:") == 4, out
+
+
+def test_fused_decode_compiles_for_hopper():
+    """The one-kernel decode, as one launch (a GPU's grid barrier) and phase by phase."""
+    out = compile_for_hopper(FUSED)
+    assert out.count("_decode_layers_kernel:") >= 2, out
