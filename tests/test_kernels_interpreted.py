@@ -97,6 +97,7 @@ import torch
 import torch.nn.functional as F
 from qual.runtime.backends import folded_gemm
 from qual.runtime.backends.folded_gemm import resid_partials, rstd, swiglu_partials
+from qual.runtime.backends.skinny_gemm import GemmConfig
 from qual.runtime.models.layers import rms_norm
 
 g = torch.Generator().manual_seed(0)
@@ -104,7 +105,9 @@ eps = 1e-6
 # float16: the interpreter's bfloat16 products are wrong (its tl.dot reads them as integers); float16 checks the
 # same roundings
 for dt in (torch.float32, torch.float16):
-    for m, hid, inter, P in [(1, 256, 512, 4), (5, 100, 300, 2), (16, 192, 160, 0)]:
+    # the last: 3 splits of 192 (the third cut at 448), each written by 2 column blocks of 128 (the second cut at 192)
+    for m, hid, inter, P, cfg in [(1, 256, 512, 4, None), (5, 100, 300, 2, None), (16, 192, 160, 0, None),
+                                  (3, 448, 160, 4, GemmConfig(32, 64, 3, 4, 2))]:
         h = torch.randn(m, hid, generator=g).to(dt)
         parts = torch.randn(P, m, hid, generator=g)
         ln = (1 + 0.1 * torch.randn(hid, generator=g)).to(dt)
@@ -113,7 +116,7 @@ for dt in (torch.float32, torch.float16):
         r_ref = h + parts.sum(0).to(dt)  # the unfolded path: the product rounded, then the add
         gate, up = F.linear(rms_norm(r_ref, ln, eps), w_gu).chunk(2, dim=-1)
         down_ref = F.linear(F.silu(gate) * up, w_down).float()
-        p_gu, r, sq = resid_partials(h, parts, ln, w_gu)
+        p_gu, r, sq = resid_partials(h, parts, ln, w_gu, cfg=cfg)
         assert torch.equal(r, r_ref), (r.float() - r_ref.float()).abs().max()
         tol = 1e-5 if dt == torch.float32 else 5e-3  # float16: its rounding of products near 2 (an ulp 2e-3)
         gu = p_gu.sum(0) * rstd(sq, hid, eps)
