@@ -6,7 +6,7 @@
                                [--stream 64 --stream-batch 8 --prefill-ahead 0,8]
 
 Backends are the runtime's (qual/runtime/backends): pytorch, or parts joined by "+" (compiled,
-compiled-autotune, compiled-prefill, triton-gemm, triton-attention, folded-norms, fused, pdl).
+compiled-autotune, compiled-prefill, triton-gemm, triton-attention, fused, pdl).
 
 Models: qwen3-0.6b-shape and 8b-shape (a Qwen3 layout with Llama-3-8B's dimensions: hidden 4096, 32 layers, 32
 query heads x 128, 8 KV heads, FFN 14,336, vocabulary 128,256, untied LM head), random bf16 weights written once

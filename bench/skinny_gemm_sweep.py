@@ -2,7 +2,7 @@
 chain of products with and without programmatic dependent launch (PDL).
 
     python3 bench/skinny_gemm_sweep.py [--out gemm.json] [--rows 1,8] [--shape qwen3-0.6b-shape|8b-shape]
-                                       [--chain] [--no-sweep] [--folded]
+                                       [--chain] [--no-sweep]
 
 Runs on CUDA. Each product is timed as back-to-back calls captured in one CUDA graph, as inside a decode step.
 The calls cycle through copies of the weight that together exceed the L2 cache three times over, so every call
@@ -15,12 +15,7 @@ kernel), each in microseconds and weight bytes read per second.
 them), each product's input made from the one before's output by a small kernel (as a compiled step's norms and
 activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best configurations, or with
 --no-sweep at choose_config's); the same with PDL (the small kernel waits where it first reads, as inductor's do);
-each also with fixed inputs and no small kernels between (products only); and `folded` / `folded+pdl`: the
-products of the `folded-norms` backend part, which make their inputs themselves (one small kernel a layer left).
-Each against the copy bandwidth.
-
---folded: folded-norms' qkv, gate_up and down products against the plain kernel, configuration by configuration
-(the cost of reading the product before's partials, and the folded kernel's best configuration).
+each also with fixed inputs and no small kernels between (products only). Each against the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -37,7 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from qual.runtime.backends import folded_gemm, skinny_gemm
+from qual.runtime.backends import skinny_gemm
 from qual.runtime.backends.skinny_gemm import GemmConfig
 
 SHAPES = {  # name -> (N, K) of w [N, K]
@@ -91,22 +86,16 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / sorted(times[2:])[10]
 
 
-def weight_copies(n_out: int, n_in: int):
-    """(w, its MB, calls a timed replay makes, pick(i)): a random bf16 weight [n_out, n_in] and copies of it that
-    together exceed the L2 cache three times over, pick(i) cycling through them so every call reads from HBM."""
-    w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
-    mb = w.numel() * 2 / 1e6
-    copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
-    ws = [w] + [w.clone() for _ in range(copies - 1)]
-    calls = max(4, min(50, int(400 / mb)))  # ~400 MB a replay
-    return w, mb, calls, lambda i: ws[i % copies]
-
-
 def sweep(shapes: dict, rows: list[int], res: dict) -> dict:
     """Per (projection, rows): cuBLAS, the chosen configuration and the grid's best; returns the best configs."""
     best = {}
     for name, (n_out, n_in) in shapes.items():
-        w, mb, calls, pick = weight_copies(n_out, n_in)
+        w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
+        mb = w.numel() * 2 / 1e6
+        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
+        calls = max(4, min(50, int(400 / mb)))  # ~400 MB a replay
+        pick = lambda i: ws[i % copies]  # noqa: E731
         for m in rows:
             x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w).float()
@@ -142,45 +131,6 @@ def sweep(shapes: dict, rows: list[int], res: dict) -> dict:
             for t, c in times[:5]:
                 print(f"    {t:7.2f} us {tb(t):4.2f} TB/s  {c}", flush=True)
     return best
-
-
-def folded_sweep(shapes: dict, rows: list[int], res: dict) -> None:
-    """folded-norms' products against the plain kernel at each configuration of the coarse grid: qkv and gate_up
-    reading the float32 partials of the product before (o's or down's split at its chosen configuration) with the
-    residual, down reading gate_up's partials (SwiGLU). What the folded loads cost each product, and the best
-    configuration of the folded kernel, per row count."""
-    hidden = shapes["o"][0]
-    before = {"qkv": shapes["down"], "gate_up": shapes["o"]}  # whose partials a folded product reads
-    for name in ("qkv", "gate_up", "down"):
-        n_out, n_in = shapes[name]
-        _, mb, calls, pick = weight_copies(n_out, n_in)
-        ln = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
-        for m in rows:
-            x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
-            if name == "down":
-                gu = shapes["gate_up"]
-                parts = torch.randn(skinny_gemm.choose_config(*gu).split, m, gu[0], device="cuda")
-                sq = torch.rand(1, m, device="cuda") * hidden
-                folded = lambda i, cfg: folded_gemm.swiglu_partials(parts, sq, hidden, 1e-6, pick(i), cfg=cfg)  # noqa: E731
-            else:
-                parts = torch.randn(skinny_gemm.choose_config(*before[name]).split, m, hidden, device="cuda")
-                folded = lambda i, cfg: folded_gemm.resid_partials(x, parts, ln, pick(i), cfg=cfg)  # noqa: E731
-            row = {"name": name, "m": m, "MB": mb, "plain_us": {}, "folded_us": {}}
-            for cfg in [skinny_gemm.choose_config(n_out, n_in)] + COARSE:
-                if cfg.block_k * cfg.split > n_in or str(cfg) in row["folded_us"]:
-                    continue
-                try:
-                    row["plain_us"][str(cfg)] = graph_us(lambda i: skinny_gemm.partials(x, pick(i), cfg), calls)
-                    row["folded_us"][str(cfg)] = graph_us(lambda i: folded(i, cfg), calls)
-                except Exception as exc:  # a config the compiler rejects (registers, shared memory)
-                    print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr)
-            res["folded"].append(row)
-            chosen = str(skinny_gemm.choose_config(n_out, n_in))
-            top = sorted(row["folded_us"].items(), key=lambda kv: kv[1])[:3]
-            print(f"{name:8s} M={m:<2d} {mb:6.1f} MB  chosen {chosen}: plain {row['plain_us'].get(chosen, 0):7.2f} us, "
-                  f"folded {row['folded_us'].get(chosen, 0):7.2f} us; best folded "
-                  + "; ".join(f"{us:7.2f} us {mb / us:4.2f} TB/s {c} (plain {row['plain_us'][c]:.2f})" for c, us in top),
-                  flush=True)
 
 
 @triton.jit
@@ -246,27 +196,6 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
             return skinny_gemm.partials(h, w, cfg, pdl=pdl)
         return f
 
-    def folded(pdl: bool):
-        """The products with folded-norms' inputs (qual/runtime/backends/folded_gemm.py): the residual add and RMS
-        norm made by qkv's and gate_up's own loads, SwiGLU by down's; one small kernel a layer is left, from qkv's
-        partials to o's input (attention's place), and one before the LM head (the final norm's)."""
-        def run(m):
-            x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
-            ln = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
-
-            def one(_):
-                h, parts = x, torch.zeros(0, m, hidden, device="cuda")
-                for lay in layers:
-                    p_qkv, h, _ = folded_gemm.resid_partials(h, parts, ln, lay["qkv"], pdl)
-                    attn = glue(p_qkv, take["qkv"], pdl)
-                    p_o = skinny_gemm.partials(attn, lay["o"], pdl=pdl)
-                    p_gu, h, sq = folded_gemm.resid_partials(h, p_o, ln, lay["gate_up"], pdl)
-                    parts = folded_gemm.swiglu_partials(p_gu, sq, hidden, 1e-6, lay["down"], pdl)
-                if head is not None:
-                    skinny_gemm.partials(glue(parts, hidden, pdl), head, pdl=pdl)
-            return one
-        return run
-
     variants = {"cublas": (cublas, False, True)}
     if best:
         variants["chosen"] = (kernel(False, swept=False), False, True)
@@ -278,11 +207,10 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
     })
     print(f"chain: {LAYERS[shape]} layers x {order} + lm_head, {wbytes / 1e9:.2f} GB of weights; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    variants.update({"folded": (None, False, True), "folded+pdl": (None, True, True)})
     for m in rows:
         for name, (product, pdl, glued) in variants.items():
             try:
-                us = graph_us((step(product, pdl, glued) if product else folded(pdl))(m), 1)
+                us = graph_us(step(product, pdl, glued)(m), 1)
             except Exception as exc:
                 print(f"  M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 res["chain"].append({"m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"})
@@ -300,20 +228,15 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-0.6b-shape", choices=sorted(SHAPES))
     ap.add_argument("--chain", action="store_true", help="also the decode step's chain of products (see above)")
     ap.add_argument("--no-sweep", action="store_true", help="chain only, at the chosen configurations")
-    ap.add_argument("--folded", action="store_true", help="also folded-norms' products against the plain kernel "
-                    "(see folded_sweep)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     bw = copy_bandwidth()
-    res = {"device": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "sweep": [], "chain": [], "folded": [],
+    res = {"device": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "sweep": [], "chain": [],
            "pdl_available": skinny_gemm.pdl_available()}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; PDL available: {res['pdl_available']}", flush=True)
     best = {} if args.no_sweep else sweep(SHAPES[args.shape], rows, res)
     res["best"] = {f"{p}/m{m}": str(c) for (p, m), c in best.items()}
     Path(args.out).write_text(json.dumps(res, indent=2))
-    if args.folded:
-        folded_sweep(SHAPES[args.shape], rows, res)
-        Path(args.out).write_text(json.dumps(res, indent=2))
     if args.chain:
         chain(args.shape, rows, best, bw, res)
     Path(args.out).write_text(json.dumps(res, indent=2))

@@ -284,52 +284,6 @@ def test_every_backend_part_runs_on_a_hopper_gpu():
     assert part_problems("cuda") == dict.fromkeys(PARTS)
 
 
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=two_gpus)])
-@pytest.mark.parametrize("backend", ["triton-gemm+folded-norms", "compiled+triton-gemm+triton-attention+folded-norms+pdl"])
-def test_folded_norms_are_as_near_float64_and_replay_in_graphs(backend, tp):
-    """folded-norms on the shipped toy pair, bfloat16: prompt logits of prompts of <= 16 tokens (folded prefills) as
-    near the CPU's float64 ones as triton-gemm's without it, and graph replays of the folded decode and verify steps
-    equal them run eagerly at the graphs' static shapes (compiled with pdl too). tp 2 is a DCP 2 candidate's layout
-    (the partials all-reduced over NCCL)."""
-    from qual.paths import DATA_DIR
-    from qual.runtime.backends import skinny_gemm
-    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
-    from qual.runtime.engine import LLMEngine
-    from runtime_helpers import prompts
-
-    if "pdl" in backend and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
-        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
-    toy = DATA_DIR / "models" / "toy"
-    g = torch.Generator().manual_seed(0)
-    ps = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (3, 9, 16)]
-
-    def engine(device, dtype, backend="pytorch", **kw):
-        layout = ParallelConfig(tp, tp, 1) if device == "cuda" else ParallelConfig(1, 1, 1)
-        return LLMEngine(EngineConfig(str(toy / "target"), str(toy / "draft"), layout,
-                                      CacheConfig(block_size=16, memory_bytes=2**24), dtype=dtype, device=device,
-                                      max_model_len=256, backend=backend, **kw))
-
-    def logits(backend):
-        with engine("cuda", "bfloat16", backend, static_shapes=True) as e:
-            return torch.cat([e.prompt_logits([p]).double() for p in ps])  # one prompt a prefill: <= 16 tokens
-
-    with engine("cpu", "float64") as e:
-        exact = torch.cat([e.prompt_logits([p]).double() for p in ps])
-    base_error = (logits("triton-gemm") - exact).abs().max().item()
-    error = (logits(backend) - exact).abs().max().item()
-    assert error <= 1.5 * base_error + 1e-3, (error, base_error)
-    reqs, sp = prompts(4, vocab=500, max_tokens=24), SamplingParams(max_tokens=24)  # verify steps of 8 tokens a row:
-    # 1 or 2 rows fold, more do not
-    with engine("cuda", "bfloat16", backend, static_shapes=True) as e:
-        eager = e.generate(reqs, sp)
-    with engine("cuda", "bfloat16", backend, cuda_graph_sizes=GRAPHS) as e:
-        graphs = e.generate(reqs, sp)
-        record = e.graph_capture()
-    assert record["status"] == "captured" and sum(record["replays"].values()) > 0, record
-    assert outputs(graphs) == outputs(eager)
-    assert [r.accepted_per_position for r in graphs] == [r.accepted_per_position for r in eager]
-
-
 @pytest.mark.parametrize("change,backend", [({}, "fused"), ({"poll_acquire": False}, "fused"), ({}, "compiled+fused")])
 def test_fused_decode_matches_per_layer_path(tiny_pair, change, backend, monkeypatch):
     """One kernel for all layers (batch 1, graphs on, float32) gives the per-layer path's tokens; no barrier timed out.

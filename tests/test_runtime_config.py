@@ -55,17 +55,6 @@ def test_fused_backend_needs_one_gpu_rank():
         EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="compiled+fused")
 
 
-def test_folded_norms_folds_into_triton_gemm():
-    EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+triton-gemm+triton-attention+folded-norms+pdl")
-    with pytest.raises(QualError, match="folded-norms folds into triton-gemm's products; name triton-gemm too"):
-        EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+folded-norms")
-    EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(4, 4, 1),
-                 backend="triton-gemm+folded-norms")  # a DCP candidate's layout
-    with pytest.raises(QualError, match="folded-norms need device cuda"):
-        EngineConfig("x", backend="triton-gemm+folded-norms")
-    assert "folded-norms" in parse_backend("triton-gemm+folded-norms").record()["serves"]
-
-
 def test_pdl_backend_launches_some_triton_kernels_on_a_gpu():
     EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+triton-gemm+triton-attention+pdl")
     EngineConfig("x", device="cuda", dtype="float32", backend="compiled+pdl")  # inductor's kernels alone

@@ -3,8 +3,7 @@
 A backend names its parts, joined by "+": `compiled` (torch.compile of the decode step before graph
 capture), `compiled-prefill` (torch.compile of the padded prefill too, before its buckets are captured),
 `triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
-`triton-attention` (the target's decode attention read in place from the paged store), `folded-norms` (the
-residual adds, RMS norms and SwiGLU between triton-gemm's products folded into their loads), `fused`
+`triton-attention` (the target's decode attention read in place from the paged store), `fused`
 (one-token target decode steps through one persistent kernel for all layers) and `pdl` (the step's Triton
 kernels, compiled ones too, launched with programmatic dependent launch: each may start while the one before
 finishes). `pytorch` (the default) is
@@ -21,8 +20,7 @@ from qual.errors import QualError
 
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
-PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "folded-norms", "fused",
-         "pdl")
+PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused", "pdl")
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
 # (draft + verify of K+1 tokens).
@@ -34,8 +32,6 @@ SERVES = {
                         "bucket stay eager",
     "triton-gemm": "projections of <= 16 rows (decode at small batch); larger products use torch's GEMM",
     "triton-attention": "the target's attention in decode and verify steps; prefill and draft attention stay PyTorch",
-    "folded-norms": "the target's residual adds, RMS norms and SwiGLU in steps of <= 16 tokens, folded into "
-                    "triton-gemm's products (qual/runtime/backends/folded_gemm.py); the drafter's stay PyTorch",
     "fused": "one-token target decode steps (batch 1, no drafter); verify, draft and prefill steps use the per-layer "
              "path (with compiled: the step around the kernel is compiled, the kernel launched as it is)",
     "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention and the compiled step's "
@@ -73,10 +69,6 @@ class Backend:
         return "triton-attention" in self.parts
 
     @property
-    def folded_norms(self) -> bool:
-        return "folded-norms" in self.parts
-
-    @property
     def fused_decode(self) -> bool:
         return "fused" in self.parts
 
@@ -95,8 +87,6 @@ class Backend:
             raise QualError(f"backend {self.name}: {', '.join(triton)} need dtype bfloat16 or float16 (got {dtype})")
         if self.fused_decode and dtype == "float64":
             raise QualError(f"backend {self.name}: fused needs dtype bfloat16, float16 or float32 (got {dtype})")
-        if self.folded_norms and not self.triton_gemm:
-            raise QualError(f"backend {self.name}: folded-norms folds into triton-gemm's products; name triton-gemm too")
         if self.fused_decode and tp > 1:
             raise QualError(f"backend {self.name}: fused needs tp 1 (got tp {tp})")
         if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "compiled-prefill", "triton-gemm",
@@ -129,15 +119,6 @@ class Backend:
 
         _need_triton(skinny_gemm.available())
         return functools.partial(skinny_gemm.linear, pdl=True) if self.pdl else skinny_gemm.linear
-
-    def folded_gemm(self):
-        """(folded_gemm.Ops, the most tokens a step they serve), or (None, 0) without folded-norms."""
-        if not self.folded_norms:
-            return None, 0
-        from qual.runtime.backends import folded_gemm
-
-        _need_triton(folded_gemm.triton is not None)
-        return folded_gemm.ops(self.pdl), folded_gemm.MAX_ROWS
 
     def paged_attention(self):
         """The target's decode attention over the paged store, or None (gather the keys, then PyTorch)."""
@@ -189,7 +170,7 @@ def part_problems(device: str) -> dict[str, str | None]:
     rank, and whether the Triton its kernels need is installed (qual doctor)."""
     from qual.runtime.backends import skinny_gemm
 
-    companion = {"pdl": "triton-gemm+pdl", "folded-norms": "triton-gemm+folded-norms"}  # parts that need another
+    companion = {"pdl": "triton-gemm+pdl"}  # parts that need another
     problems = {}
     for part in PARTS:
         backend = parse_backend(companion.get(part, part))

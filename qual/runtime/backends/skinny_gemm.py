@@ -145,11 +145,6 @@ if triton is not None:
         return x.new_empty(split, x.shape[0], w.shape[0], dtype=torch.float32)
 
 
-def partials_op(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """partials(x, w) as the custom op that torch.compile keeps opaque (x [M, K], M <= MAX_ROWS)."""
-    return _partials_op(x.contiguous(), w, pdl)
-
-
 def linear(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """x @ w.T for x [..., K]: the split-K kernel when the rows fit one tile, else torch's linear."""
     rows = math.prod(x.shape[:-1])

@@ -70,8 +70,6 @@ class Qwen3Target:
         self.linear = backend.linear()  # the projections' GEMM
         self.paged_attention = backend.paged_attention()  # None: gather the keys, then attention_with_lse
         self.fused = None  # set by the fused backend: one kernel for a one-token decode step
-        # folded-norms: folded_gemm.Ops for steps of at most folded_rows tokens, or None
-        self.folded, self.folded_rows = backend.folded_gemm()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, stores: dict[str, KVStore]):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
@@ -81,8 +79,6 @@ class Qwen3Target:
             x = self.fused(tokens, positions, meta.views[GROUP], store).to(self.dtype)
             return rms_norm(x, self.norm, self.cfg.rms_norm_eps), None
         x = F.embedding(tokens, self.embed)
-        if self.folded is not None and tokens.numel() <= self.folded_rows:
-            return self._forward_folded(x, positions, meta, store)
         aux = []
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
@@ -95,35 +91,6 @@ class Qwen3Target:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden, self.lm_head)  # the projections' GEMM: a decode step's largest product
-
-    def _forward_folded(self, x, positions, meta: TargetMeta, store: KVStore):
-        """forward with the residual adds, RMS norms and SwiGLU folded into the products' loads (folded-norms):
-        each product's input is made by the product from the partial sums of the one before
-        (qual/runtime/backends/folded_gemm.py). A layer's output residual is written by the next layer's first
-        product, so an aux layer's features are taken one layer late."""
-        resid, swiglu, partials, rstd = self.folded
-        eps, width = self.cfg.rms_norm_eps, self.cfg.hidden_size
-        parts = x.new_empty(0, x.shape[0], width, dtype=torch.float32)  # the first layer's input has none
-        aux = []
-        for i, layer in enumerate(self.layers):
-            p_qkv, x, sq = resid(x, parts, layer.input_norm, layer.attn.qkv)  # x: the layer's input residual
-            if i - 1 in self.aux_layer_ids:
-                aux.append(x)
-            qkv = (p_qkv.sum(0) * rstd(sq, width, eps)).to(self.dtype)
-            flat = self._attend(i, qkv, positions, meta, store)
-            p_gu, x, sq = resid(x, self._tp_sum(partials(flat, layer.attn.o)), layer.post_norm, layer.mlp.gate_up)
-            parts = self._tp_sum(swiglu(p_gu, sq, width, eps, layer.mlp.down))
-        x = x + parts.sum(0).to(self.dtype)
-        if len(self.layers) - 1 in self.aux_layer_ids:
-            aux.append(x)
-        return rms_norm(x, self.norm, eps), torch.cat(aux, dim=-1) if aux else None
-
-    def _tp_sum(self, parts: torch.Tensor) -> torch.Tensor:
-        """A row-parallel product's float32 partials [split, M, N] summed over the TP ranks: as one partial, in
-        float32 (the unfolded path sums the ranks' products rounded to the stream's dtype)."""
-        if self.comm.tp_size == 1:
-            return parts
-        return self.comm.all_reduce_tp(parts.sum(0, keepdim=True))
 
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
         qkv = self.linear(h, self.layers[i].attn.qkv)
