@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.paths import cache_dir
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _TCP_LISTEN = "0A"  # st column of /proc/net/tcp{,6}
 
@@ -219,6 +221,7 @@ def holds_socket(pids: list[int], inodes: set[int]) -> bool:
 
 
 OUTER_TMPDIR = "QUAL_OUTER_TMPDIR"  # the temp directory outside a command's private one (PrivateTmp)
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"  # torch.compile's cache of compiled graphs and kernels
 
 
 def outer_tmpdir() -> str:
@@ -260,6 +263,9 @@ class PrivateTmp:
 
         outer = tempfile.gettempdir()
         os.environ.setdefault(OUTER_TMPDIR, outer)  # what outlives the command: crash files
+        # torch.compile keeps its compiled graphs under the temp directory unless told otherwise: in the private one
+        # every run would compile the compiled backends' steps again (about 25 s for the toy pair on a CPU)
+        os.environ.setdefault(INDUCTOR_CACHE, str(cache_dir() / "torchinductor"))
         self.path = _short_private_dir(outer, prefix)
         os.environ["TMPDIR"] = self.path  # children (vLLM servers, the fork server) inherit it
         tempfile.tempdir = self.path  # and this process's own temporary files go there too

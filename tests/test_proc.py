@@ -97,3 +97,27 @@ _DISGUISED = textwrap.dedent("""
 def test_a_stop_signal_disguised_as_a_loaders_error_still_ends_as_an_interrupt(tmp_path):
     out = subprocess.run([sys.executable, "-c", _DISGUISED, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.stdout.split("\n")[:2] == ["['w']", "interrupted"], out.stdout + out.stderr
+
+
+_INDUCTOR_CACHE = textwrap.dedent("""
+    import os, tempfile
+    from qual.proc import private_tmp
+    private = private_tmp().path
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    assert tempfile.gettempdir() == private
+    print(cache_dir())
+""")
+
+
+@pytest.mark.parametrize("preset", [None, "mine"])
+def test_torch_compiles_cache_outlives_the_private_temp_folder(tmp_path, preset):
+    """torch.compile's cache (by default under the temp directory, which a command makes private and removes) is kept
+    in qual's cache folder, so a later run reuses the compiled graphs; a TORCHINDUCTOR_CACHE_DIR the user set stays."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    if preset:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / preset)
+    out = subprocess.run([sys.executable, "-c", _INDUCTOR_CACHE], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    expected = tmp_path / preset if preset else tmp_path / "cache" / "qual" / "torchinductor"
+    assert out.stdout.strip() == str(expected)
