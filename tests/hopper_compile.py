@@ -3,7 +3,7 @@
 Triton's interpreter (tests/test_kernels_interpreted.py) runs the kernels' Python, and accepts code the compiler
 refuses (a global that is not a constexpr, say). Here each launch is recorded instead of run, and its kernel is
 compiled from the launch's own argument types for sm_90 (Triton's front end, its MLIR passes and ptxas, all on the
-CPU). Run as `python -m hopper_compile SCRIPT`: it prints one line a compiled kernel, then "ok".
+CPU). `python tests/hopper_compile.py < SCRIPT` runs the script and prints one line a compiled kernel, then "ok".
 """
 
 import dataclasses
