@@ -127,6 +127,7 @@ class FakeVllm:
         self.tokenizer = PromptTokenizer(str(TOY / "target"))
         self.hostile = hostile
         self.requests = 0
+        self.served = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0] * K}  # what /metrics counts
         self.server = Local(self)
 
     @property
@@ -142,14 +143,36 @@ class FakeVllm:
             send(h, 200, {"object": "list", "data": [{"id": "toy", "root": "toy", "max_model_len": 2048}]})
         elif path == "/version":
             send(h, 200, {"version": "0.32.0"})
-        elif path in ("/health", "/metrics"):
+        elif path == "/health":
             send(h, 200, "", "text/plain")
+        elif path == "/metrics":
+            send(h, 200, self._metrics(), "text/plain")
         elif path == "/tokenize":
             send(h, 200, {"tokens": self.tokenizer.encode(json.loads(body)["prompt"]), "max_model_len": 2048})
         elif path == "/v1/completions":
-            send(h, 200, self._completion(json.loads(body)))
+            reply = self._completion(json.loads(body))
+            self._count(reply["metrics"]["speculative_decoding"])  # before the reply: its counters are there at once
+            send(h, 200, reply)
         else:
             send(h, 404, {"object": "error", "message": f"Not Found: {path}"})
+
+    def _count(self, spec: dict) -> None:
+        hist, c = spec["acceptance_histogram"], self.served
+        c["drafts"] += spec["num_spec_steps"]
+        c["draft_tokens"] += spec["num_draft_tokens"]
+        c["accepted"] += spec["num_accepted_draft_tokens"]
+        for i in range(K):
+            c["per_pos"][i] += sum(hist[i + 1:])
+
+    def _metrics(self) -> str:
+        """vLLM's cumulative spec-decode counters, in its Prometheus names and labels."""
+        c, labels = self.served, 'engine="0",model_name="toy"'
+        lines = [f"vllm:spec_decode_num_drafts_total{{{labels}}} {c['drafts']}.0",
+                 f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {c['draft_tokens']}.0",
+                 f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {c['accepted']}.0"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {n}.0'
+                  for i, n in enumerate(c["per_pos"])]
+        return "\n".join(lines) + "\n"
 
     @staticmethod
     def _completion(req: dict) -> dict:
@@ -369,6 +392,26 @@ def test_an_endless_completion_mid_run_is_exit_3_and_keeps_what_finished(qual, t
     assert f"qual run --resume {tmp_path / 'o'}" in proc.line
     assert len(journal(tmp_path, "control")) == 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 512 * 1024  # KiB
+    nowhere(tmp_path, KEY, printed=proc.stderr)
+
+
+def test_a_server_gone_between_a_reply_and_its_counters_is_exit_3_with_the_resume_hint(qual, tmp_path):
+    """--exclusive reads /metrics after each reply: a server that goes away between the reply and that read (/metrics
+    and /health answered by a closed connection) went away, with the finished requests kept and the resume hint,
+    as one gone during a request; not an unreadable /metrics."""
+    def gone(h, method, path, body, requests):
+        if requests >= 2 and path in ("/metrics", "/health"):
+            h.close_connection = True  # no reply: the connection closes
+            return True
+        return False
+
+    with FakeVllm(gone) as server:
+        proc = qual(*attach(server.url, None, "--exclusive"))
+    assert proc.returncode == 3, proc.stderr
+    assert len(proc.lines) == 1
+    assert f"control server {server.url} went away after request HumanEval/1 (" in proc.line, proc.line
+    assert f"1 finished request of this arm kept: `qual run --resume {tmp_path / 'o'}`" in proc.line
+    assert len(journal(tmp_path, "control")) == 1
     nowhere(tmp_path, KEY, printed=proc.stderr)
 
 

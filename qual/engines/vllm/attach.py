@@ -281,11 +281,11 @@ class _Replay:
         if completion.spec_decode is not None:
             counts, source = self._reply_counts(req, completion.spec_decode), PER_REQUEST
             if last is not None:
-                last = self._settled(last, counts)
+                last = self._settled(req, last, counts)
         elif self.k == 0:
             counts, source = AcceptanceCounts(), None
         elif last is not None:  # --exclusive at concurrency 1: the counters moved by this request alone
-            last, counts = self._diff(last)
+            last, counts = self._diff(req, last)
             source = METRICS_DIFF
         else:
             raise EngineError(f"{self.spec.who}: the reply to request {req.id} carries no per-request spec-decode "
@@ -315,29 +315,34 @@ class _Replay:
                               f"read ({one_line(repr(metrics))}): `qual run --resume {self.run_dir}` finishes the run "
                               "once the server answers as vLLM does", self.log_path) from exc
 
-    def _counters(self, when: str) -> AcceptanceCounts:
+    def _counters(self, when: str, req: EngineRequest | None = None) -> AcceptanceCounts:
+        """The server's counters now; read after `req`, a server gone meanwhile is one that went away (resumable)."""
         try:
             return self.client.spec_counters()
-        except (ClientError, ValueError) as exc:
+        except ClientError as exc:
+            if req is not None and not self.client.healthy():
+                raise self._went_away(req, exc, "after") from exc
+            raise EngineError(f"{self.spec.who}: /metrics unreadable {when} ({exc})", self.log_path) from exc
+        except ValueError as exc:
             raise EngineError(f"{self.spec.who}: /metrics unreadable {when} ({exc})", self.log_path) from exc
 
-    def _diff(self, last: AcceptanceCounts) -> tuple[AcceptanceCounts, AcceptanceCounts]:
+    def _diff(self, req: EngineRequest, last: AcceptanceCounts) -> tuple[AcceptanceCounts, AcceptanceCounts]:
         """The counters once they stop moving (two equal reads), and what moved since `last`."""
-        now = self._counters("after a request")
+        now = self._counters("after a request", req)
         deadline = time.monotonic() + COUNTER_SETTLE_S
         while time.monotonic() < deadline:
             time.sleep(0.05)
-            again = self._counters("after a request")
+            again = self._counters("after a request", req)
             if again == now:
                 break
             now = again
         return now, (now - last).padded(self.k)
 
-    def _settled(self, last: AcceptanceCounts, expected: AcceptanceCounts) -> AcceptanceCounts:
+    def _settled(self, req: EngineRequest, last: AcceptanceCounts, expected: AcceptanceCounts) -> AcceptanceCounts:
         """The counters once they show this request (exclusive runs check the totals at the end)."""
         deadline = time.monotonic() + COUNTER_SETTLE_S
         while True:
-            now = self._counters("after a request")
+            now = self._counters("after a request", req)
             if (now - last).padded(self.k) == expected or time.monotonic() >= deadline:
                 return now
             time.sleep(0.05)
@@ -357,12 +362,12 @@ class _Replay:
                               f"counters (requests sum to {ours}, counters moved by {theirs}): was the server really "
                               "used by this run alone (--exclusive)?", self.log_path)
 
-    def _went_away(self, req: EngineRequest, exc: ClientError) -> EngineError:
+    def _went_away(self, req: EngineRequest, exc: ClientError, when: str = "during") -> EngineError:
         gone = not self.client.healthy()
         what = "went away" if gone else "failed"
         kept = len(self.finished)
         _log(self.log, f"request {req.id}: {exc}; server {'unreachable' if gone else 'still answers /health'}")
-        return EngineError(f"{self.spec.who} {what} during request {req.id} ({exc}); {kept} finished request"
+        return EngineError(f"{self.spec.who} {what} {when} request {req.id} ({exc}); {kept} finished request"
                            f"{'' if kept == 1 else 's'} of this arm kept: `qual run --resume {self.run_dir}` finishes "
                            "the run once the server answers", self.log_path)
 
