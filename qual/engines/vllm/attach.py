@@ -278,10 +278,10 @@ class _Replay:
     def _finish(self, req: EngineRequest, completion: Completion, seconds: float, on_result: OnResult,
                 last: AcceptanceCounts | None) -> AcceptanceCounts | None:
         """This request's result (journaled by on_result); the /metrics counters after it where they are read."""
+        settle = False  # the reply's own counts, the counters read after it is journaled: a server gone then keeps it
         if completion.spec_decode is not None:
             counts, source = self._reply_counts(req, completion.spec_decode), PER_REQUEST
-            if last is not None:
-                last = self._settled(req, last, counts)
+            settle = last is not None
         elif self.k == 0:
             counts, source = AcceptanceCounts(), None
         elif last is not None:  # --exclusive at concurrency 1: the counters moved by this request alone
@@ -305,7 +305,7 @@ class _Replay:
             acceptance_source=source,
             latency=completion.latency,
         ))
-        return last
+        return self._settled(req, last, counts) if settle else last
 
     def _reply_counts(self, req: EngineRequest, metrics) -> AcceptanceCounts:
         try:
