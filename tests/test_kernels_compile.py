@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)")
+def _nvidia_backend() -> bool:
+    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("triton.backends.nvidia") is not None
+
+
+pytestmark = pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton with its NVIDIA backend (pip install triton)")
 
 ROOT = Path(__file__).resolve().parents[1]
 
