@@ -15,7 +15,10 @@ kernel), each in microseconds and weight bytes read per second.
 them), each product's input made from the one before's output by a small kernel (as a compiled step's norms and
 activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best configurations, or with
 --no-sweep at choose_config's); the same with PDL (the small kernel waits where it first reads, as inductor's do);
-each also with fixed inputs and no small kernels between (products only). Each against the copy bandwidth.
+each also with fixed inputs and no small kernels between (products only); and `finished` / `finished+pdl`: products
+that sum their own split-K partials (the last program of each column block to finish, counted atomically) and
+write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
+could reach, norms and activations left out). Each against the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -158,6 +161,67 @@ def glue(parts: torch.Tensor, n_take: int, pdl: bool) -> torch.Tensor:
     return out
 
 
+@triton.jit
+def _reduced_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
+                    SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    """The split-K product that finishes its own output: each program stores its float32 partial, and the last of a
+    column block's SPLIT programs to arrive (an atomic count, reset for the next launch) sums them and writes
+    out[M, N] in bf16 (scaled as the glue kernel's), so the next product reads it with no kernel between."""
+    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = pid_s * k_per_split
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x is the kernel before's output
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                    other=0.0)
+        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        if EVEN_N and EVEN_K:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
+        acc += tl.dot(x, tl.trans(w))
+    tile = rm[:, None] * N + rn[None, :]
+    ok = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT == 1:
+        tl.store(out_ptr + tile, (acc * 0.01).to(tl.bfloat16), mask=ok)
+    else:
+        tl.store(part_ptr + pid_s * M * N + tile, acc, mask=ok)
+        tl.debug_barrier()  # every thread's share stored before the count says this program is done
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:  # the others' partials are all stored: sum them (from L2, not a stale L1)
+            tl.debug_barrier()
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT):
+                total += tl.load(part_ptr + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + tile, (total * 0.01).to(tl.bfloat16), mask=ok)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+def reduced(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, cfg: GemmConfig | None = None,
+            pdl: bool = False) -> torch.Tensor:
+    """bf16 [M, N] = 0.01 * x @ w.T through _reduced_kernel (x [M, K], rows of any stride; counts: int32 zeros, one
+    a column block at least, left zero)."""
+    m, k = x.shape
+    n = w.shape[0]
+    cfg = cfg or skinny_gemm.choose_config(n, k)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k
+    out = torch.empty(m, n, device=x.device, dtype=torch.bfloat16)
+    parts = torch.empty(cfg.split, m, n, device=x.device, dtype=torch.float32) if cfg.split > 1 else out
+    launch = {"launch_pdl": True} if pdl else {}
+    _reduced_kernel[(triton.cdiv(n, cfg.block_n), cfg.split)](
+        x, w, parts, counts, out, m, n, k, k_per_split, x.stride(0), w.stride(0), SPLIT=cfg.split,
+        BLOCK_M=skinny_gemm.MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_N=n % cfg.block_n == 0,
+        EVEN_K=k % (cfg.split * cfg.block_k) == 0, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch)
+    return out
+
+
 def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None:
     """A decode step's products in order, every layer's own weights, small kernels between: one graph replay."""
     shapes = SHAPES[shape]
@@ -169,8 +233,9 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
     hidden = shapes["o"][0]
     take = {"qkv": shapes["o"][1], "o": hidden, "gate_up": shapes["down"][1], "down": hidden}  # the next input's width
 
-    def step(product, pdl: bool, glued: bool):
-        """One decode step's products (glued: each input made from the output before; else fixed inputs)."""
+    def step(product, pdl: bool, link: str):
+        """One decode step's products, each input made from the output before by a small kernel (link "glue"),
+        read from it directly ("direct": a product that finishes its own bf16 output), or fixed ("fixed")."""
         def run(m):
             x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
             fixed = {p: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for p, (_, k) in shapes.items()}
@@ -179,11 +244,13 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
                 h = x
                 for lay in layers:
                     for p in order:
-                        out = product(h if glued else fixed[p], lay[p], p, m)
-                        if glued:
+                        out = product(fixed[p] if link == "fixed" else h, lay[p], p, m)
+                        if link == "glue":
                             h = glue(out, take[p], pdl)
+                        elif link == "direct":
+                            h = out[:, :take[p]]  # the next product's rows: a strided view
                 if head is not None:
-                    product(h if glued else fixed["lm_head"], head, "lm_head", m)
+                    product(fixed["lm_head"] if link == "fixed" else h, head, "lm_head", m)
             return one
         return run
 
@@ -196,21 +263,31 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
             return skinny_gemm.partials(h, w, cfg, pdl=pdl)
         return f
 
-    variants = {"cublas": (cublas, False, True)}
+    counts = torch.zeros(max(triton.cdiv(n, 32) for n, _ in shapes.values()), device="cuda", dtype=torch.int32)
+
+    def finishing(pdl: bool):
+        def f(h, w, p, m):
+            return reduced(h, w, counts, best.get((p, m)), pdl)
+        return f
+
+    variants = {"cublas": (cublas, False, "glue")}
     if best:
-        variants["chosen"] = (kernel(False, swept=False), False, True)
+        variants["chosen"] = (kernel(False, swept=False), False, "glue")
     variants.update({
-        "kernel": (kernel(False), False, True),
-        "kernel, products only": (kernel(False), False, False),
-        "kernel+pdl": (kernel(True), True, True),
-        "kernel+pdl, products only": (kernel(True), True, False),
+        "kernel": (kernel(False), False, "glue"),
+        "kernel, products only": (kernel(False), False, "fixed"),
+        "kernel+pdl": (kernel(True), True, "glue"),
+        "kernel+pdl, products only": (kernel(True), True, "fixed"),
+        # each product sums its own split-K partials (its last program of a column block): no kernel between
+        "finished": (finishing(False), False, "direct"),
+        "finished+pdl": (finishing(True), True, "direct"),
     })
     print(f"chain: {LAYERS[shape]} layers x {order} + lm_head, {wbytes / 1e9:.2f} GB of weights; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     for m in rows:
-        for name, (product, pdl, glued) in variants.items():
+        for name, (product, pdl, link) in variants.items():
             try:
-                us = graph_us(step(product, pdl, glued)(m), 1)
+                us = graph_us(step(product, pdl, link)(m), 1)
             except Exception as exc:
                 print(f"  M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 res["chain"].append({"m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"})

@@ -29,6 +29,20 @@ for m, n, k in [(3, 640, 256), (16, 100, 300)]:  # ragged column and K blocks
         partials(torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(), pdl=pdl)
 """
 
+FINISHED = """
+import sys
+import torch
+sys.path.insert(0, "{bench}")
+from skinny_gemm_sweep import reduced
+from qual.runtime.backends.skinny_gemm import GemmConfig
+
+counts = torch.zeros(64, dtype=torch.int32)
+x, w = torch.randn(3, 4096).bfloat16(), torch.randn(640, 4096).bfloat16()
+for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 4)):
+    for pdl in (False, True):
+        reduced(x, w, counts, cfg, pdl)
+"""
+
 ATTENTION = """
 import torch
 from qual.runtime.backends.paged_attention import paged_attention
@@ -75,6 +89,13 @@ def test_split_k_product_compiles_for_hopper():
     """The split-K product, even and ragged blocks, with and without PDL."""
     out = compile_for_hopper(PRODUCTS)
     assert out.count("_partials_kernel:") == 4, out
+
+
+def test_the_chains_finished_product_compiles_for_hopper():
+    """bench/skinny_gemm_sweep.py's `finished` product (its atomic count and the last program's sum), 1 and 4 splits,
+    with and without PDL."""
+    out = compile_for_hopper(FINISHED.format(bench=ROOT / "bench"))
+    assert out.count("_reduced_kernel:") == 4, out
 
 
 def test_paged_attention_compiles_for_hopper():

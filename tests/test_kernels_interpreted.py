@@ -92,6 +92,28 @@ for m, n, k in [(1, 256, 512), (5, 100, 300), (16, 64, 1024)]:
 print("ok")
 """
 
+FINISHED_PRODUCT = """
+import sys
+import torch
+sys.path.insert(0, "{bench}")
+from skinny_gemm_sweep import reduced
+from qual.runtime.backends.skinny_gemm import GemmConfig
+
+g = torch.Generator().manual_seed(0)
+counts = torch.zeros(64, dtype=torch.int32)
+# float32 inputs: the interpreter's bfloat16 products are wrong; the output is bf16 as on the GPU
+for m, n, k, cfg in [(1, 256, 512, GemmConfig(64, 64, 1)), (5, 100, 300, GemmConfig(32, 64, 3)),
+                     (16, 64, 1024, GemmConfig(32, 128, 4))]:
+    rows = torch.randn(m, k + 40, generator=g)
+    x, w = rows[:, :k], torch.randn(n, k, generator=g)  # x: rows of a wider tensor, as the chain reads them
+    for launch in range(2):  # the count left at zero for the next launch
+        out = reduced(x, w, counts, cfg)
+        ref = 0.01 * x @ w.T
+        assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-3), (m, n, k, launch)
+        assert not counts.any(), counts
+print("ok")
+"""
+
 
 def interpret(code: str) -> None:
     path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -124,6 +146,13 @@ def test_paged_attention_matches_gather_then_attend():
 def test_split_k_partials_sum_to_the_product():
     """The split-K GEMM's float32 partials sum to x @ w.T (ragged N and K, 1 to 16 rows)."""
     interpret(SKINNY_GEMM)
+
+
+def test_the_chains_finished_product_sums_its_own_partials():
+    """bench/skinny_gemm_sweep.py's `finished` product: the last split program of each column block sums the float32
+    partials and writes 0.01 x @ w.T in bf16 (1 and 3 and 4 splits, ragged N and K, rows of a wider tensor), and
+    leaves the block's count at zero for the next launch."""
+    interpret(FINISHED_PRODUCT.format(bench=ROOT / "bench"))
 
 
 def test_fused_decode_tiling_fits_registers_or_says_why():
