@@ -175,17 +175,8 @@ def _reduced_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, out_ptr, M, N, K, k_per_spl
     if PDL:
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
         tl.extra.cuda.gdc_launch_dependents()
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
-                    other=0.0)
-        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
-        if EVEN_N and EVEN_K:
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
-        acc += tl.dot(x, tl.trans(w))
+    acc = skinny_gemm.split_k_tile(x_ptr, w_ptr, M, N, K, k_lo, k_per_split, stride_xm, stride_wn, rm, rn, BLOCK_M,
+                                   BLOCK_N, BLOCK_K, EVEN_N, EVEN_K)
     tile = rm[:, None] * N + rn[None, :]
     ok = (rm[:, None] < M) & (rn[None, :] < N)
     if SPLIT == 1:
@@ -263,7 +254,8 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
             return skinny_gemm.partials(h, w, cfg, pdl=pdl)
         return f
 
-    counts = torch.zeros(max(triton.cdiv(n, 32) for n, _ in shapes.values()), device="cuda", dtype=torch.int32)
+    narrowest = min(c.block_n for c in COARSE)  # a count a column block, at any configuration the sweep picks
+    counts = torch.zeros(max(triton.cdiv(n, narrowest) for n, _ in shapes.values()), device="cuda", dtype=torch.int32)
 
     def finishing(pdl: bool):
         def f(h, w, p, m):

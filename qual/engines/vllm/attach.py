@@ -319,11 +319,9 @@ class _Replay:
         """The server's counters now; read after `req`, a server gone meanwhile is one that went away (resumable)."""
         try:
             return self.client.spec_counters()
-        except ClientError as exc:
-            if req is not None and not self.client.healthy():
+        except (ClientError, ValueError) as exc:
+            if isinstance(exc, ClientError) and req is not None and not self.client.healthy():
                 raise self._went_away(req, exc, "after") from exc
-            raise EngineError(f"{self.spec.who}: /metrics unreadable {when} ({exc})", self.log_path) from exc
-        except ValueError as exc:
             raise EngineError(f"{self.spec.who}: /metrics unreadable {when} ({exc})", self.log_path) from exc
 
     def _diff(self, req: EngineRequest, last: AcceptanceCounts) -> tuple[AcceptanceCounts, AcceptanceCounts]:

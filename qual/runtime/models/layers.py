@@ -220,13 +220,10 @@ def project_qkv(x, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Ro
 
     One GEMM, one norm and one rotation cover the query and key heads together.
     """
+    T, D, H = x.shape[0], layout.head_dim, layout.num_heads
     qkv = linear(x, a.qkv)
-    return qkv_heads(qkv if bias is None else qkv + bias, a, layout, eps, rope, positions)
-
-
-def qkv_heads(qkv, a: AttentionWeights, layout: HeadLayout, eps: float, rope: Rope, positions):
-    """project_qkv after its product: q, k, v heads from qkv [T, (heads + 2 kv heads) D]."""
-    T, D, H = qkv.shape[0], layout.head_dim, layout.num_heads
+    if bias is not None:
+        qkv = qkv + bias
     qkv = qkv.view(T, H + 2 * layout.num_kv_heads, D)
     qk = rope(rms_norm(qkv[:, : H + layout.num_kv_heads], a.qk_norm, eps), positions)
     return qk[:, :H], qk[:, H:], qkv[:, H + layout.num_kv_heads :]

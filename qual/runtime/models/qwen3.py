@@ -16,7 +16,7 @@ from qual.runtime.config import ParallelConfig
 from qual.runtime.dcp_attention import dcp_combine
 from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
 from qual.runtime.models.base import ModelOptions, TargetMeta
-from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, qkv_heads, rms_norm
+from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, project_qkv, rms_norm
 from qual.runtime.paged import KVStore, pad_queries, unpad
 from qual.runtime.parallel import Comm
 
@@ -93,15 +93,9 @@ class Qwen3Target:
         return self.linear(hidden, self.lm_head)  # the projections' GEMM: a decode step's largest product
 
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
-        qkv = self.linear(h, self.layers[i].attn.qkv)
-        return self.comm.all_reduce_tp(self.linear(self._attend(i, qkv, positions, meta, store), self.layers[i].attn.o))
-
-    def _attend(self, i: int, qkv, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
-        """Attention of the tokens whose q/k/v product is qkv [T, (heads + 2 kv heads) D] (this rank's heads):
-        their output [T, heads D], before the o projection."""
         a, lay, comm = self.layers[i].attn, self.layout, self.comm
         view = meta.views[GROUP]
-        q, k, v = qkv_heads(qkv, a, lay, self.cfg.rms_norm_eps, self.rope, positions)
+        q, k, v = project_qkv(h, a, lay, self.cfg.rms_norm_eps, self.rope, positions, self.linear)
         store.write(i, view.write_slots, k, v)
         T, Hl, D = q.shape
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
@@ -116,4 +110,5 @@ class Qwen3Target:
             out, lse = attention_with_lse(q_pad, kc, vc, view.mask, self.scale, fused=meta.prefill)
         if comm.dcp_size > 1:  # step 3: merge the partials, keep this rank's heads
             out = dcp_combine(comm, out, lse, Hl)
-        return unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
+        flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
+        return comm.all_reduce_tp(self.linear(flat, a.o))
