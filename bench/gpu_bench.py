@@ -127,15 +127,60 @@ def cuda_kernels(fn, runs: int, skip: tuple[str, ...] = ()) -> tuple[dict[str, f
     return time_us, launches
 
 
-def kernel_table(graph, replays: int = 10, top: int = 12) -> dict:
-    """What one replay of a captured decode graph runs on the device (cuda_kernels over `replays` replays, inputs
-    restored before each: restoring_replay, whose copies are left out): kernels a step, kernel time a step, and the
-    `top` kernels by time, each with its microseconds and launches a step. Compiled steps' fusion varies between
-    compiles, so a step time alone does not say which kernels moved."""
-    time_us, launches = cuda_kernels(restoring_replay(graph), replays, skip=("Memcpy",))
+def kernel_table(time_us: dict[str, float], launches: dict[str, float], top: int = 12) -> dict:
+    """What one replay of a captured decode graph runs on the device, from cuda_kernels of restoring_replay (the
+    restoring copies left out): kernels a step, kernel time a step, and the `top` kernels by time, each with its
+    microseconds and launches a step. Compiled steps' fusion varies between compiles, so a step time alone does
+    not say which kernels moved."""
     ranked = sorted(time_us, key=time_us.get, reverse=True)[:top]
     return {"kernels_per_step": round(sum(launches.values())), "kernel_us_per_step": round(sum(time_us.values()), 1),
             "top": [{"kernel": k, "us": round(time_us[k], 1), "launches": round(launches[k], 1)} for k in ranked]}
+
+
+def generate_timeline(engine, reqs, sp, alone_us: dict[str, float], decode_steps: int) -> dict:
+    """One more generate of reqs under CUPTI, summed against the decode graph replayed alone (activity_summary)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.generate(reqs, sp)
+        torch.cuda.synchronize()
+    acts = [(e.start_ns(), e.end_ns(), e.name()[:100]) for e in prof.profiler.kineto_results.events()
+            if e.device_type() == torch.autograd.DeviceType.CUDA]
+    return activity_summary(acts, alone_us, decode_steps)
+
+
+def activity_summary(acts: list[tuple[int, int, str]], alone_us: dict[str, float], decode_steps: int,
+                     top: int = 8) -> dict:
+    """Where a generate's device time went, from its activities (start ns, end ns, name), against the decode graph
+    replayed alone (alone_us: its microseconds a step by kernel name). The span (first start to last end) is the
+    kernels, the copies (Memcpy/Memset) and the gaps where nothing ran (the host late, or launch latency); each
+    kernel name's microseconds a decode step here minus alone say whether the decode kernels ran slower inside the
+    generate than replayed back to back (the largest differences listed). Names the lone replay does not run (the
+    prefill's) are summed apart."""
+    acts = sorted(acts)
+    if not acts:
+        return {}
+    busy_until, gaps, by_name, copies = acts[0][0], [], {}, 0.0
+    for start, end, name in acts:
+        if start > busy_until:
+            gaps.append((start - busy_until) / 1e3)
+        busy_until = max(busy_until, end)
+        if name.startswith(("Memcpy", "Memset")):
+            copies += (end - start) / 1e3
+        else:
+            by_name[name] = by_name.get(name, 0.0) + (end - start) / 1e3
+    steps = max(1, decode_steps)
+    excess = {k: by_name.get(k, 0.0) / steps - v for k, v in alone_us.items()}
+    ranked = sorted(excess, key=lambda k: abs(excess[k]), reverse=True)[:top]
+    return {"span_us": (busy_until - acts[0][0]) / 1e3, "decode_steps": decode_steps,
+            "decode_kernel_us": sum(by_name.get(k, 0.0) for k in alone_us),
+            "alone_kernel_us": steps * sum(alone_us.values()),
+            "other_kernel_us": sum(v for k, v in by_name.items() if k not in alone_us), "copy_us": copies,
+            "gap_us": sum(gaps), "gaps": len(gaps), "gaps_over_10us": sum(1 for g in gaps if g > 10),
+            "gap_us_over_10us": sum(g for g in gaps if g > 10),
+            "excess_us_per_step": [{"kernel": k, "us": round(excess[k], 2), "alone_us": round(alone_us[k], 2)}
+                                   for k in ranked]}
 
 
 def device_split(engine, reqs, sp) -> dict:
@@ -241,7 +286,11 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
     rec = engine.graph_capture()
     graphs = engine.runner.graphs
     step_s = replay_seconds(graphs.graphs[batch]) if graphs and batch in graphs.graphs else None
-    table = kernel_table(graphs.graphs[batch]) if kernels and step_s else None
+    table = timeline = None
+    if kernels and step_s:
+        alone = cuda_kernels(restoring_replay(graphs.graphs[batch]), 10, skip=("Memcpy",))
+        table = kernel_table(*alone)
+        timeline = generate_timeline(engine, reqs, sp, alone[0], phases["decode_steps"])
     wbytes = weight_bytes_read(engine.runner.target, batch)
     # Keys of the longest context in this run: not the graphs' static key width (max_model_len), whose padding a
     # kernel may read but need not; reading it costs time and earns no roofline credit
@@ -258,7 +307,7 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
             "graph_share": phases["decode_steps"] * step_s / wall if step_s else None,
             "weight_bytes_read": wbytes, "kv_bytes_read_per_step": kv_bytes,
             "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes", "prefill")},
-            "acceptance_rate": acc, "kernel_table": table, "device_split": split}
+            "acceptance_rate": acc, "kernel_table": table, "timeline": timeline, "device_split": split}
 
 
 def hf(target: Path, batch: int, prompt_len: int, new_tokens: int):
@@ -338,6 +387,15 @@ def print_kernels(res: dict) -> None:
         print(f"{name} {mode} batch {batch}: {t['kernels_per_step']} kernels, {t['kernel_us_per_step']:.1f} us of kernels a step")
         for k in t["top"]:
             print(f"  {k['us']:8.1f} us  x{k['launches']:5.1f}  {k['kernel']}")
+        tl = o.get("timeline")
+        if tl:
+            print(f"  another generate under CUPTI: {tl['span_us']:.0f} us on the device = decode kernels "
+                  f"{tl['decode_kernel_us']:.0f} (replayed alone: {tl['alone_kernel_us']:.0f} for its "
+                  f"{tl['decode_steps']} steps) + other kernels {tl['other_kernel_us']:.0f} + copies {tl['copy_us']:.0f} "
+                  f"+ {tl['gaps']} gaps {tl['gap_us']:.0f} ({tl['gaps_over_10us']} over 10 us: {tl['gap_us_over_10us']:.0f}) "
+                  f"(kernels overlap when the sum passes the span)")
+            for k in tl["excess_us_per_step"]:
+                print(f"    {k['us']:+8.2f} us a step against {k['alone_us']:8.2f} alone  {k['kernel']}")
 
 
 def decode_row(name: str, batch: int, o: dict, h: dict | None, bw: float) -> dict:
@@ -405,7 +463,7 @@ def main() -> int:
     ap.add_argument("--models", default="qwen3-0.6b-shape,toy", help="comma list of qwen3-0.6b-shape, 8b-shape, toy")
     ap.add_argument("--batches", default="1,8", help="comma list of batch sizes of every row")
     ap.add_argument("--kernels", action="store_true", help="also profile each row's graph replay: its kernels, printed "
-                    "and in --out (kernel_table)")
+                    "and in --out (kernel_table), and one more generate against it (timeline)")
     ap.add_argument("--no-spec", action="store_true", help="skip the speculative speedup rows")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate beside the decode rows")
     ap.add_argument("--stream", type=int, default=0, help="also the stream rows: this many HumanEval requests")

@@ -1,0 +1,30 @@
+"""bench/gpu_bench.py's activity_summary: a generate's device activities against the decode graph replayed alone."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+gpu_bench = pytest.importorskip("gpu_bench")
+
+
+def test_the_span_is_kernels_copies_and_gaps_and_each_decode_kernel_is_held_against_its_lone_replay():
+    us = 1000  # ns
+    acts = [(0, 10 * us, "attn"), (5 * us, 12 * us, "gemm"),  # overlapping: no gap between them
+            (30 * us, 31 * us, "Memcpy HtoD (Pinned -> Device)"),  # 18 us idle before it
+            (33 * us, 43 * us, "attn"), (43 * us, 50 * us, "gemm"), (55 * us, 60 * us, "prefill_kernel")]
+    s = gpu_bench.activity_summary(acts, {"attn": 8.0, "gemm": 7.0}, decode_steps=2)
+    assert s["span_us"] == 60
+    assert s["gap_us"] == 18 + 2 + 5 and s["gaps"] == 3
+    assert s["gaps_over_10us"] == 1 and s["gap_us_over_10us"] == 18
+    assert s["copy_us"] == 1
+    assert s["decode_kernel_us"] == 10 + 7 + 10 + 7 and s["alone_kernel_us"] == 2 * 15
+    assert s["other_kernel_us"] == 5
+    excess = {k["kernel"]: k["us"] for k in s["excess_us_per_step"]}
+    assert excess == {"attn": 10 - 8, "gemm": 7 - 7}
+    assert s["excess_us_per_step"][0]["kernel"] == "attn"  # the largest difference first
+
+
+def test_no_activity_is_an_empty_summary():
+    assert gpu_bench.activity_summary([], {"attn": 1.0}, 3) == {}
