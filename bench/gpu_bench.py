@@ -14,7 +14,8 @@ per call; toy, the shipped pair. One engine per model and backend serves every b
 
 --stream N: N HumanEval requests of the toy pair, at most --stream-batch in flight (a finished request's place
 goes to the next waiting one at once), speculative and plain, each against its bound (tokens a decode step
-committed / the --stream-batch graph's step time). --prefill-ahead: each value a pair of stream rows
+committed / the --stream-batch graph's step time, replayed from the inputs of the middle launch of a generate:
+mid_run_inputs). --prefill-ahead: each value a pair of stream rows
 (EngineConfig.prefill_ahead; rows of n > 0 are named ~p<n>).
 
 Every engine row also reports where the device's time went in one more generate (device_split): prefill steps,
@@ -76,11 +77,12 @@ def copy_bandwidth() -> float:
     return 2 * n / sorted(times[2:])[len(times[2:]) // 2]
 
 
-def restoring_replay(graph):
-    """A function that replays a captured decode graph from the inputs it holds now. Each replay advances the
-    graph's own inputs (async decode), so they are put back before every replay (a copy of a few hundred bytes):
-    otherwise the positions would run past the cache's width."""
-    kept = [(t, t.clone()) for t in (graph.flat, graph.feats) if t is not None]
+def restoring_replay(graph, saved: list[torch.Tensor] | None = None):
+    """A function that replays a captured decode graph from the inputs it holds now, or from `saved` (its inputs
+    as mid_run_inputs kept them). Each replay advances the graph's own inputs (async decode), so they are put back
+    before every replay (a copy of a few hundred bytes): otherwise the positions would run past the cache's width."""
+    live = [t for t in (graph.flat, graph.feats) if t is not None]
+    kept = list(zip(live, saved if saved is not None else [t.clone() for t in live]))
 
     def replay():
         for t, saved in kept:
@@ -103,10 +105,33 @@ def mean_seconds(fn, n: int = 50, warmups: int = 3) -> float:
     return s.elapsed_time(e) / 1e3 / n
 
 
-def replay_seconds(graph, n: int = 50) -> float:
+def replay_seconds(graph, saved: list[torch.Tensor] | None = None, n: int = 50) -> float:
     """Seconds per replay of a captured decode graph: the mean of n back-to-back replays after 3 warm-ups, the
     restore of its inputs timed with each (restoring_replay)."""
-    return mean_seconds(restoring_replay(graph), n)
+    return mean_seconds(restoring_replay(graph, saved), n)
+
+
+def mid_run_inputs(graph, run, at: int) -> list[torch.Tensor] | None:
+    """The inputs a captured decode graph held just before its replay number `at` (from 0) while run() ran (one
+    more generate): copies of its numbers and draft context, taken on the device in order with the launches. The
+    bound's replay starts from them: after a generate the graph holds its last launch's inputs, whose finished rows
+    are padding (block tables all -1, their keys one clamped slot), a cheaper step than one with every row live.
+    None if run() replayed the graph fewer times."""
+    kept, count, replay = None, 0, graph.replay
+
+    def counted(steps: int = 1):
+        nonlocal kept, count
+        if count == at:
+            kept = [t.clone() for t in (graph.flat, graph.feats) if t is not None]
+        count += 1
+        return replay(steps)
+
+    graph.replay = counted
+    try:
+        run()
+    finally:
+        del graph.replay  # the class's method again
+    return kept
 
 
 def cuda_kernels(fn, runs: int, skip: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, float]]:
@@ -285,10 +310,15 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
     split = device_split(engine, reqs, sp)
     rec = engine.graph_capture()
     graphs = engine.runner.graphs
-    step_s = replay_seconds(graphs.graphs[batch]) if graphs and batch in graphs.graphs else None
+    graph = graphs.graphs.get(batch) if graphs else None
+    # The bound's step: the graph replayed from the inputs of the middle launch of one more generate, when a kept-full
+    # stream has every row live (from the last launch's inputs a finished stream's padding rows read almost nothing)
+    launched = sum(phases["launches"].values())
+    saved = mid_run_inputs(graph, lambda: engine.generate(reqs, sp), launched // 2) if graph else None
+    step_s = replay_seconds(graph, saved) if graph else None
     table = timeline = None
     if kernels and step_s:
-        alone = cuda_kernels(restoring_replay(graphs.graphs[batch]), 10, skip=("Memcpy",))
+        alone = cuda_kernels(restoring_replay(graph, saved), 10, skip=("Memcpy",))
         table = kernel_table(*alone)
         timeline = generate_timeline(engine, reqs, sp, alone[0], phases["decode_steps"])
     wbytes = weight_bytes_read(engine.runner.target, batch)
@@ -305,6 +335,7 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
     return {"tokens_per_s": tokens / wall, "bound_tokens_per_s": bound, "tokens_per_decode_step": per_step,
             "requests": len(out), "tokens": tokens, "phase_times": phases, "wall_s": wall, "graph_step_s": step_s,
             "graph_share": phases["decode_steps"] * step_s / wall if step_s else None,
+            "graph_step_inputs": "middle launch" if saved is not None else "last launch",
             "weight_bytes_read": wbytes, "kv_bytes_read_per_step": kv_bytes,
             "graph": {k: rec.get(k) for k in ("status", "sizes", "seconds", "bytes", "prefill")},
             "acceptance_rate": acc, "kernel_table": table, "timeline": timeline, "device_split": split}

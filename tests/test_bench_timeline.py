@@ -28,3 +28,47 @@ def test_the_span_is_kernels_copies_and_gaps_and_each_decode_kernel_is_held_agai
 
 def test_no_activity_is_an_empty_summary():
     assert gpu_bench.activity_summary([], {"attn": 1.0}, 3) == {}
+
+
+class FakeGraph:
+    """A captured decode graph's inputs and replay, as cuda_graphs._Graph has them: each replay reads the inputs
+    (recorded here) and advances them, as async decode does."""
+
+    def __init__(self):
+        import torch
+
+        self.flat, self.feats = torch.zeros(3, dtype=torch.long), torch.zeros(2)
+        self.read = []
+
+    def replay(self, steps: int = 1):
+        self.read.append((self.flat.tolist(), self.feats.tolist()))
+        self.flat += steps
+        self.feats += 0.5 * steps
+
+
+def test_the_bound_replays_from_the_inputs_of_the_middle_launch_each_time():
+    g = FakeGraph()
+
+    def generate():  # five launches of two steps
+        for _ in range(5):
+            g.replay(2)
+
+    saved = gpu_bench.mid_run_inputs(g, generate, at=2)
+    assert [t.tolist() for t in saved] == [[4, 4, 4], [2.0, 2.0]]  # before the third launch
+    assert "replay" not in vars(g)  # the graph's own method again
+    replay = gpu_bench.restoring_replay(g, saved)
+    g.read.clear()
+    replay()
+    replay()
+    assert g.read == [([4, 4, 4], [2.0, 2.0])] * 2
+    assert gpu_bench.mid_run_inputs(g, generate, at=5) is None  # a generate of fewer launches: no inputs kept
+
+
+def test_without_saved_inputs_the_replay_restores_the_inputs_it_held():
+    g = FakeGraph()
+    g.replay(3)
+    replay = gpu_bench.restoring_replay(g)
+    g.read.clear()
+    replay()
+    replay()
+    assert g.read == [([3, 3, 3], [1.5, 1.5])] * 2
