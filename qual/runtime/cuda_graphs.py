@@ -13,6 +13,7 @@ where eagerly that is about sixteen small launches of the host's (docs/PERFORMAN
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -126,7 +127,10 @@ class DecodeGraphs:
         """Idle GPU, and the caching allocator holding only live blocks. Free device memory would also count
         what the allocator kept from an earlier engine in this process (the first arm of a run), and the warm-up
         steps' activations: so the graphs' bytes are what stays reserved across the capture (their pool and
-        static buffers), the same in either arm."""
+        static buffers), the same in either arm. Unreachable objects are collected first: an earlier engine's
+        tensors held in reference cycles would otherwise be freed by whichever collection runs next, perhaps in the
+        middle of this capture, and lower its count."""
+        gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
