@@ -322,9 +322,11 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
         table = kernel_table(*alone)
         timeline = generate_timeline(engine, reqs, sp, alone[0], phases["decode_steps"])
     wbytes = weight_bytes_read(engine.runner.target, batch)
-    # Keys of the longest context in this run: not the graphs' static key width (max_model_len), whose padding a
-    # kernel may read but need not; reading it costs time and earns no roofline credit
-    kv_keys = min(engine.runner.caches.key_width["target"], prompt_len + new_tokens)
+    # Keys of the replayed step's context: the middle launch's (about half the new tokens in), or the last one's; not
+    # the graphs' static key width (max_model_len), whose padding a kernel may read but need not: reading it costs
+    # time and earns no roofline credit
+    kv_keys = min(engine.runner.caches.key_width["target"],
+                  prompt_len + (new_tokens // 2 if saved is not None else new_tokens))
     tc = engine.target_cfg
     kv_bytes = batch * kv_keys * tc.num_hidden_layers * 2 * tc.num_key_value_heads * tc.head_dim * 2
     tokens = sum(len(r.output_token_ids) for r in out)
