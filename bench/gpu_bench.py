@@ -85,8 +85,8 @@ def restoring_replay(graph, saved: list[torch.Tensor] | None = None):
     kept = list(zip(live, saved if saved is not None else [t.clone() for t in live]))
 
     def replay():
-        for t, saved in kept:
-            t.copy_(saved)
+        for t, value in kept:
+            t.copy_(value)
         graph.replay(1)
 
     return replay
