@@ -7,10 +7,15 @@ CPU). `python tests/hopper_compile.py < SCRIPT` runs the script and prints one l
 """
 
 import dataclasses
+import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import triton
+import triton.backends.nvidia
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDAOptions
 from triton.compiler import ASTSource
@@ -50,6 +55,18 @@ def compile_launch(kernel: JITFunction, args: tuple, kwargs: dict):
     return triton.compile(ASTSource(kernel, signature, constexprs), target=HOPPER, options=options)
 
 
+def resources(compiled) -> tuple[int, int]:
+    """Registers a thread and bytes of stack (registers spilled) of a compiled kernel, from its cubin
+    (`cuobjdump -res-usage`, shipped with Triton's NVIDIA backend)."""
+    tool = Path(triton.backends.nvidia.__file__).parent / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return int(usage[1]), int(usage[2])
+
+
 def main(script: str) -> None:
     launches = []
 
@@ -68,7 +85,9 @@ def main(script: str) -> None:
         key = (kernel.__name__, compiled.hash)
         if key not in seen:
             seen.add(key)
-            print(f"{kernel.__name__}: {compiled.metadata.num_warps} warps, {compiled.metadata.shared} B shared")
+            regs, stack = resources(compiled)
+            print(f"{kernel.__name__}: {compiled.metadata.num_warps} warps, {compiled.metadata.shared} B shared, "
+                  f"{regs} registers, {stack} B stack")
     print("ok")
 
 

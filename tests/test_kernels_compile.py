@@ -56,6 +56,18 @@ for dt in (torch.bfloat16, torch.float32):
             paged_attention(q, cache, cache, slots, mask, D**-0.5, None, splits, pdl)
 """
 
+ATTENTION_STEPS = """
+import torch
+from qual.runtime.backends.paged_attention import paged_attention
+
+Hk, D, S = 8, 128, 192  # the 8B shape's KV heads and head size, a short row's static key width
+for G in (2, 4, 8):  # query heads a KV head
+    for Q in (1, 16):  # a plain step's query position, a speculative verify's block
+        q, cache = torch.randn(1, Q, G * Hk, D).bfloat16(), torch.randn(4 * S, Hk, D).bfloat16()
+        slots, mask = torch.arange(S).view(1, S), torch.ones(1, Q, S, dtype=torch.bool)
+        paged_attention(q, cache, cache, slots, mask, D**-0.5, None, 1)
+"""
+
 FUSED = """
 import tempfile
 from pathlib import Path
@@ -102,6 +114,15 @@ def test_paged_attention_compiles_for_hopper():
     """Paged attention and its split combine, bf16 and float32 caches, with and without PDL."""
     out = compile_for_hopper(ATTENTION)
     assert out.count("_paged_attention_kernel:") == 8 and out.count("_combine_kernel:") == 4, out
+
+
+def test_paged_attention_spills_no_register_at_decode_and_verify_shapes():
+    """At a plain step's one query position and a speculative verify's 16, 2 to 8 query heads a KV head, head size
+    128 in bf16, the attention kernel keeps its tiles in registers (no stack): a kernel that holds more in flight
+    (keys and values a block ahead: docs/PERFORMANCE.md) spills at the verify shapes."""
+    out = compile_for_hopper(ATTENTION_STEPS)
+    lines = [line for line in out.splitlines() if line.startswith("_paged_attention_kernel:")]
+    assert len(lines) == 6 and all(line.endswith(" 0 B stack") for line in lines), out
 
 
 def test_fused_decode_compiles_for_hopper():
