@@ -307,14 +307,16 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
     phases = engine.phase_times()
     phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
     phases["launches"] = {k: v - launches.get(k, 0) for k, v in engine.launches.items()}  # of the timed generate
-    split = device_split(engine, reqs, sp)
-    rec = engine.graph_capture()
     graphs = engine.runner.graphs
     graph = graphs.graphs.get(batch) if graphs else None
-    # The bound's step: the graph replayed from the inputs of the middle launch of one more generate, when a kept-full
-    # stream has every row live (from the last launch's inputs a finished stream's padding rows read almost nothing)
+    # One more generate gives the device split and the bound's inputs: the graph is replayed from those of its middle
+    # launch, when a kept-full stream has every row live (from the last launch's inputs a finished stream's padding
+    # rows read almost nothing)
+    split = {}
+    split_generate = lambda: split.update(device_split(engine, reqs, sp))  # noqa: E731
     launched = sum(phases["launches"].values())
-    saved = mid_run_inputs(graph, lambda: engine.generate(reqs, sp), launched // 2) if graph else None
+    saved = mid_run_inputs(graph, split_generate, launched // 2) if graph else split_generate()
+    rec = engine.graph_capture()
     step_s = replay_seconds(graph, saved) if graph else None
     table = timeline = None
     if kernels and step_s:

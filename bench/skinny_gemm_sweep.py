@@ -169,14 +169,8 @@ def _reduced_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, out_ptr, M, N, K, k_per_spl
     column block's SPLIT programs to arrive (an atomic count, reset for the next launch) sums them and writes
     out[M, N] in bf16 (scaled as the glue kernel's), so the next product reads it with no kernel between."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = pid_s * k_per_split
-    if PDL:
-        tl.extra.cuda.gdc_wait()  # x is the kernel before's output
-        tl.extra.cuda.gdc_launch_dependents()
-    acc = skinny_gemm.split_k_tile(x_ptr, w_ptr, M, N, K, k_lo, k_per_split, stride_xm, stride_wn, rm, rn, BLOCK_M,
-                                   BLOCK_N, BLOCK_K, EVEN_N, EVEN_K)
+    acc, rm, rn = skinny_gemm.split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                                           BLOCK_K, EVEN_N, EVEN_K, PDL)
     tile = rm[:, None] * N + rn[None, :]
     ok = (rm[:, None] < M) & (rn[None, :] < N)
     if SPLIT == 1:

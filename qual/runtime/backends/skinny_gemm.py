@@ -88,10 +88,20 @@ def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 64) -> GemmC
 if triton is not None:
 
     @triton.jit
-    def split_k_tile(x_ptr, w_ptr, M, N, K, k_lo, k_per_split, stride_xm, stride_wn, rm, rn, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
-        """float32 [BLOCK_M, BLOCK_N]: rows rm of x times rows rn of w over K from k_lo, k_per_split of it (one
-        program's partial of the split-K product; the kernels that finish it differently call it)."""
+    def split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                     PDL: tl.constexpr):
+        """This program's partial of the split-K product, float32 [BLOCK_M, BLOCK_N], with its rows rm and output
+        columns rn: program (n, s) multiplies x by w's column block n over the s-th k_per_split of K. With PDL it
+        first waits for the kernel before (whose output x is). The kernels that finish the product differently call
+        it."""
+        pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_lo = pid_s * k_per_split
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # x is the kernel before's output
+            tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
@@ -104,22 +114,15 @@ if triton is not None:
                 w = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0,
                             eviction_policy="evict_first")
             acc += tl.dot(x, tl.trans(w))
-        return acc
+        return acc, rm, rn
 
     @triton.jit
     def _partials_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
-        pid_n, pid_s = tl.program_id(0), tl.program_id(1)
-        rm = tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        k_lo = pid_s * k_per_split
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # x is the kernel before's output
-            tl.extra.cuda.gdc_launch_dependents()
-        acc = split_k_tile(x_ptr, w_ptr, M, N, K, k_lo, k_per_split, stride_xm, stride_wn, rm, rn, BLOCK_M, BLOCK_N,
-                           BLOCK_K, EVEN_N, EVEN_K)
-        out = out_ptr + pid_s * M * N + rm[:, None] * N + rn[None, :]
+        acc, rm, rn = split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                   EVEN_N, EVEN_K, PDL)
+        out = out_ptr + tl.program_id(1) * M * N + rm[:, None] * N + rn[None, :]
         tl.store(out, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
