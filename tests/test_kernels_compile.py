@@ -21,12 +21,15 @@ pytestmark = pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton with
 ROOT = Path(__file__).resolve().parents[1]
 
 PRODUCTS = """
+from dataclasses import replace
 import torch
-from qual.runtime.backends.skinny_gemm import partials
+from qual.runtime.backends.skinny_gemm import choose_config, partials
 
 for m, n, k in [(3, 640, 256), (16, 100, 300)]:  # ragged column and K blocks
     for pdl in (False, True):
-        partials(torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(), pdl=pdl)
+        for preload in (0, 1, 2):
+            partials(torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(),
+                     replace(choose_config(n, k), preload=preload), pdl=pdl)
 """
 
 FINISHED = """
@@ -87,8 +90,14 @@ with tempfile.TemporaryDirectory() as tmp:
 """
 
 
+# The GPU image's Triton (Makefile: DEVICE_TRITON_VERSION), which `make install` puts beside the venv's own: the
+# kernels are compiled with it where it is there, so that registers and spills are the ones the GPU runs
+DEVICE_TRITON = Path(sys.prefix) / "triton-device"
+
+
 def compile_for_hopper(script: str) -> str:
-    path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    device_triton = [str(DEVICE_TRITON)] if (DEVICE_TRITON / "triton").is_dir() else []
+    path = [*device_triton, str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=os.pathsep.join(path), TRITON_DEFAULT_FP_FUSION="1")
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "hopper_compile.py")], input=script, env=env,
@@ -98,9 +107,14 @@ def compile_for_hopper(script: str) -> str:
 
 
 def test_split_k_product_compiles_for_hopper():
-    """The split-K product, even and ragged blocks, with and without PDL."""
+    """The split-K product, even and ragged blocks, with and without PDL, 0-2 weight tiles preloaded; with PDL the
+    preloaded tiles are requested before the wait (the compiler keeps them there), and nothing else is."""
     out = compile_for_hopper(PRODUCTS)
-    assert out.count("_partials_kernel:") == 4, out
+    lines = [line for line in out.splitlines() if line.startswith("_partials_kernel:")]
+    assert len(lines) == 12, out
+    early = [int(line.split(", ")[-1].split()[0]) for line in lines if "before its PDL wait" in line]
+    assert len(early) == 6 and early[0] == early[3] == 0, out
+    assert 0 < early[1] < early[2] and 0 < early[4] < early[5], out  # in launch order: preload 0, 1, 2
 
 
 def test_the_chains_finished_product_compiles_for_hopper():
@@ -116,10 +130,12 @@ def test_paged_attention_compiles_for_hopper():
     assert out.count("_paged_attention_kernel:") == 8 and out.count("_combine_kernel:") == 4, out
 
 
+@pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make install)")
 def test_paged_attention_spills_no_register_at_decode_and_verify_shapes():
     """At a plain step's one query position and a speculative verify's 16, 2 to 8 query heads a KV head, head size
-    128 in bf16, the attention kernel keeps its tiles in registers (no stack): a kernel that holds more in flight
-    (keys and values a block ahead: docs/PERFORMANCE.md) spills at the verify shapes."""
+    128 in bf16, the attention kernel keeps its tiles in registers (no stack), compiled by the GPU image's Triton
+    (a newer one spills 24 B at 2 query heads and 16 positions): a kernel that holds more in flight (keys and
+    values a block ahead: docs/PERFORMANCE.md) spills at the verify shapes."""
     out = compile_for_hopper(ATTENTION_STEPS)
     lines = [line for line in out.splitlines() if line.startswith("_paged_attention_kernel:")]
     assert len(lines) == 6 and all(line.endswith(" 0 B stack") for line in lines), out
