@@ -5,8 +5,7 @@
                                [--prompt-tokens N] [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
                                [--stream 64 --stream-batch 8 --prefill-ahead 0,8]
 
-Backends are the runtime's (qual/runtime/backends): pytorch, or parts joined by "+" (compiled,
-compiled-autotune, compiled-prefill, triton-gemm, triton-attention, fused, pdl).
+Backends are the runtime's: pytorch, or parts joined by "+" (qual/runtime/backends: PARTS, and what each serves).
 
 Models: qwen3-0.6b-shape and 8b-shape (a Qwen3 layout with Llama-3-8B's dimensions: hidden 4096, 32 layers, 32
 query heads x 128, 8 KV heads, FFN 14,336, vocabulary 128,256, untied LM head), random bf16 weights written once

@@ -1,6 +1,7 @@
 """Bad configurations and checkpoints fail before any process starts, naming the constraint."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -63,6 +64,15 @@ def test_pdl_backend_launches_some_triton_kernels_on_a_gpu():
     with pytest.raises(QualError, match="name at least one of them"):
         EngineConfig("x", device="cuda", dtype="bfloat16", backend="pdl")
     assert parse_backend("compiled+pdl").pdl and not parse_backend("compiled").pdl
+
+
+def test_preload_needs_the_triton_gemm_it_changes_and_pdl():
+    """preload moves triton-gemm's first weight loads before the PDL wait: refused without either, by name."""
+    backend = EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+triton-gemm+pdl+preload").backend
+    assert parse_backend(backend).preload and not parse_backend("triton-gemm+pdl").preload
+    for name in ("compiled+pdl+preload", "triton-gemm+preload"):
+        with pytest.raises(QualError, match=re.escape(f"backend {name}: preload moves triton-gemm's first weight")):
+            EngineConfig("x", device="cuda", dtype="bfloat16", backend=name)
 
 
 def test_interleave_must_divide_block_size():

@@ -19,7 +19,7 @@ before the wait was tried and was slower.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,6 +85,11 @@ def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 64) -> GemmC
     while blocks * split < TARGET_PROGRAMS and k // (split * 2) >= 2 * block_k:
         split *= 2
     return GemmConfig(block_n, block_k, split)
+
+
+def k_blocks(k: int, cfg: GemmConfig) -> int:
+    """The K blocks each program of a product of inner size k multiplies at configuration cfg."""
+    return math.ceil(math.ceil(k / cfg.split) / cfg.block_k)
 
 
 if triton is not None:
@@ -153,9 +158,9 @@ def partials(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig | None = None, pd
     if m > MAX_ROWS or w.shape[1] != k or w.stride(1) != 1 or x.stride(1) != 1:
         raise ValueError(f"skinny_gemm: x {tuple(x.shape)} w {tuple(w.shape)} (need M <= {MAX_ROWS}, unit K stride)")
     cfg = cfg or choose_config(n, k)
-    k_per_split = math.ceil(math.ceil(k / cfg.split) / cfg.block_k) * cfg.block_k
-    if not 0 <= cfg.preload <= min(2, k_per_split // cfg.block_k):
-        raise ValueError(f"skinny_gemm: preload {cfg.preload} of {k_per_split // cfg.block_k} K blocks a program "
+    k_per_split = k_blocks(k, cfg) * cfg.block_k
+    if not 0 <= cfg.preload <= min(2, k_blocks(k, cfg)):
+        raise ValueError(f"skinny_gemm: preload {cfg.preload} of {k_blocks(k, cfg)} K blocks a program "
                          "(0-2, at most the blocks a program multiplies)")
     out = torch.empty(cfg.split, m, n, device=x.device, dtype=torch.float32)
     grid = (math.ceil(n / cfg.block_n), cfg.split)
@@ -170,21 +175,23 @@ def partials(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig | None = None, pd
 if triton is not None:
     # As a custom op, torch.compile keeps the launch as one opaque node and fuses the sum after it.
     @torch.library.custom_op("qual::skinny_gemm_partials", mutates_args=())
-    def _partials_op(x: torch.Tensor, w: torch.Tensor, pdl: bool) -> torch.Tensor:
-        return partials(x, w, pdl=pdl)
+    def _partials_op(x: torch.Tensor, w: torch.Tensor, pdl: bool, preload: int) -> torch.Tensor:
+        cfg = choose_config(w.shape[0], x.shape[1])
+        return partials(x, w, replace(cfg, preload=min(preload, k_blocks(x.shape[1], cfg))), pdl=pdl)
 
     @_partials_op.register_fake
-    def _(x, w, pdl):
+    def _(x, w, pdl, preload):
         split = choose_config(w.shape[0], x.shape[1]).split
         return x.new_empty(split, x.shape[0], w.shape[0], dtype=torch.float32)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """x @ w.T for x [..., K]: the split-K kernel when the rows fit one tile, else torch's linear."""
+def linear(x: torch.Tensor, w: torch.Tensor, pdl: bool = False, preload: int = 0) -> torch.Tensor:
+    """x @ w.T for x [..., K]: the split-K kernel when the rows fit one tile, else torch's linear. preload: weight
+    tiles each program loads before its PDL wait, at most the K blocks it multiplies."""
     rows = math.prod(x.shape[:-1])
     if triton is None or rows > MAX_ROWS or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
         return torch.nn.functional.linear(x, w)
     flat = x.reshape(rows, x.shape[-1])
     if flat.stride(1) != 1:
         flat = flat.contiguous()
-    return _partials_op(flat, w, pdl).sum(0).to(x.dtype).view(*x.shape[:-1], w.shape[0])
+    return _partials_op(flat, w, pdl, preload).sum(0).to(x.dtype).view(*x.shape[:-1], w.shape[0])
