@@ -13,7 +13,8 @@ finishes: each program waits for that kernel (whose output x is) before its firs
 after it launch. PDL pays where a product is followed by a small kernel, as everywhere in a decode step, and costs
 where two products follow each other (bench/skinny_gemm_sweep.py --chain measures both; docs/PERFORMANCE.md),
 likely because a grid launched early holds SM slots while it waits. Asking L2 for the first columns of each slab
-before the wait was tried and was slower.
+before the wait was tried and was slower; loading the first weight tiles into registers before it
+(GemmConfig.preload, the backend part `preload`) is built and not yet measured (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
