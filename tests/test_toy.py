@@ -338,16 +338,13 @@ def test_tiny_glm5_pipeline_runs_in_the_runtime(tmp_path, monkeypatch):
     on its hyper-connection streams; the runtime loads the pair and decodes what transformers decodes."""
     from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
     from qual.runtime.engine import GenerationRequest, LLMEngine
-    from qual.toy.config import apply_overrides
     from qual.toy.pipeline import STAGES, run
     from qual.toy.target import load_target
 
     work, out = tmp_path / "work", tmp_path / "out"
     _fake_wheels(work / "downloads")
     _pin_fake_wheels(work / "downloads", monkeypatch)
-    cfg = apply_overrides(TrainConfig.tiny(), ["arch=glm5", "val_every=3", "glm.q_lora_rank=32", "glm.kv_lora_rank=32",
-                                               "glm.index_topk=8", "glm.moe_intermediate_size=32"])
-    run(cfg, out, work, "cpu", list(STAGES), log=lambda _: None)
+    run(TrainConfig.glm_toy_tiny(), out, work, "cpu", list(STAGES), log=lambda _: None)
     config = json.loads((out / "target" / "config.json").read_text())
     assert config["model_type"] == "glm5_next" and config["text_config"]["layer_types"][-1] == "indexed_attention"
     assert json.loads((out / "MANIFEST.json").read_text())["eval"]["drafts"] > 0
@@ -362,3 +359,19 @@ def test_tiny_glm5_pipeline_runs_in_the_runtime(tmp_path, monkeypatch):
         for _ in range(8):
             ids = torch.cat([ids, model(input_ids=ids).logits[:, -1:].argmax(-1)], dim=1)
     assert got.output_token_ids == ids[0, len(prompt):].tolist() and got.drafts > 0
+
+
+def test_toy_train_writes_a_smoke_run_apart_from_the_shipped_pairs_and_trains_the_preset(tmp_path, capsys, monkeypatch):
+    """`qual toy train --tiny` lands in WORK/PRESET-tiny, never on qual/data/models (whose pair `qual run` reads);
+    --preset picks the architecture at either size; without --tiny the preset's own shipped folder is the default."""
+    from cli_inprocess import qual_in
+    from qual.paths import DATA_DIR
+    from qual.toy import pipeline
+
+    runs = []
+    monkeypatch.setattr(pipeline, "run", lambda cfg, out, work, device, stages, **kw: runs.append((cfg.arch, out)))
+    for args in (["--tiny"], ["--tiny", "--preset", "glm-toy"], ["--preset", "glm-toy"], ["--tiny", "--out", tmp_path / "o"]):
+        res = qual_in(capsys, "toy", "train", "--device", "cpu", "--work", tmp_path / "w", *args)
+        assert res.returncode == 0, res.stderr
+    assert runs == [("qwen3", tmp_path / "w" / "toy-tiny"), ("glm5", tmp_path / "w" / "glm-toy-tiny"),
+                    ("glm5", DATA_DIR / "models" / "glm-toy"), ("qwen3", tmp_path / "o")]

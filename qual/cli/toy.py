@@ -26,10 +26,13 @@ def _default_device() -> str:
 @toy_app.command("train")
 def train(
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda when available)")] = None,
-    out: Annotated[Path, typer.Option(help="where target/, draft/ and MANIFEST.json are written")] = TOY_DIR,
+    out: Annotated[Optional[Path], typer.Option(help="where target/, draft/ and MANIFEST.json are written (default: "
+                                                "the preset's shipped pair, qual/data/models/PRESET; with --tiny, "
+                                                "WORK/PRESET-tiny)")] = None,
     work: Annotated[Path, typer.Option(help="cache of downloads, tokens and generated data")] = Path(".cache/toy"),
     stages: Annotated[str, typer.Option(help="'all', a comma list, or 'STAGE-' (that stage and the rest)")] = "all",
-    tiny: Annotated[bool, typer.Option(help="a few steps on the same data: a smoke run, not the committed pair")] = False,
+    tiny: Annotated[bool, typer.Option(help="the preset's architecture at a few steps' size on the same data: a smoke "
+                                            "run, not the committed pair")] = False,
     preset: Annotated[str, typer.Option(help="the committed pair to reproduce: toy (Qwen3 + DFlash) or glm-toy "
                                              "(GLM-5.3-Flash-shaped target + DFlash2)")] = "toy",
     refresh_data: Annotated[bool, typer.Option(help="redo fetch/tokenizer/tokenize even when cached")] = False,
@@ -40,16 +43,18 @@ def train(
                                                       "shape.FIELD=VALUE (tuples as comma lists); repeatable")] = None,
 ) -> None:
     """Reproduce the toy pair: fetch data, tokenizer, tokenize, train target, generate, train drafter, eval, manifest."""
-    from qual.toy.config import TrainConfig, apply_overrides
+    from qual.toy.config import PRESETS, apply_overrides
     from qual.toy.pipeline import parse_stages, run
 
     dev = device or _default_device()
     if dev not in ("cuda", "cpu") and not dev.startswith("cuda:"):
         raise QualError(f"--device must be cuda or cpu (got {dev!r})")
-    presets = {"toy": TrainConfig.full, "glm-toy": TrainConfig.glm_toy}
-    if preset not in presets:
-        raise QualError(f"--preset must be one of {', '.join(presets)} (got {preset!r})")
-    cfg = TrainConfig.tiny() if tiny else presets[preset]()
+    if preset not in PRESETS:
+        raise QualError(f"--preset must be one of {', '.join(PRESETS)} (got {preset!r})")
+    full, smoke = PRESETS[preset]
+    cfg = smoke() if tiny else full()
+    # a smoke run never lands on a shipped pair unless --out says so
+    out = out or (work / f"{preset}-tiny" if tiny else DATA_DIR / "models" / preset)
     if target_steps is not None:
         cfg.target_steps = target_steps
     if draft_steps is not None:

@@ -216,8 +216,18 @@ class TrainConfig:
                              target_layer_ids=(1, 2)),
         )
 
+    @classmethod
+    def glm_toy_tiny(cls) -> "TrainConfig":
+        """tiny() with the GLM-shaped target (glm_toy's architecture at a few steps' size)."""
+        return dataclasses.replace(cls.tiny(), arch="glm5", val_every=3,
+                                   glm=GlmShape(q_lora_rank=32, kv_lora_rank=32, index_topk=8, moe_intermediate_size=32))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# `qual toy train --preset`: each committed pair's configuration and its smoke-run (--tiny) variant
+PRESETS = {"toy": (TrainConfig.full, TrainConfig.tiny), "glm-toy": (TrainConfig.glm_toy, TrainConfig.glm_toy_tiny)}
 
 
 def _parse_like(current, text: str, key: str):
