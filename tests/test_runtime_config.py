@@ -153,12 +153,19 @@ def test_missing_or_misshapen_tensor_is_named(tmp_path, tiny_pair):
         Qwen3Target(t, target_spec(t).config, Comm(), torch.float32, (), parse_backend("pytorch"), ModelOptions())
 
 
-def test_mismatched_pair_is_rejected(tmp_path, tiny_pair):
+def test_mismatched_pair_is_rejected_before_any_process_starts(tmp_path, tiny_pair):
+    """validate() (the driver's preflight) refuses a drafter of another width or another target's depth, naming both
+    sides; an engine built anyway refuses it the same way."""
     from qual.runtime.engine import LLMEngine
 
     other = make_draft(tmp_path / "wide", hidden_size=32, head_dim=8)
-    with pytest.raises(QualError, match="hidden_size/vocab_size must match"):
+    with pytest.raises(QualError, match=r"hidden_size/vocab_size 32/96 must match the target's \(64/96\)"):
+        validate(cfg(tiny_pair[0], other))
+    with pytest.raises(QualError, match="hidden_size/vocab_size 32/"):
         LLMEngine(cfg(tiny_pair[0], other))
+    deep = make_target(tmp_path / "deep", num_hidden_layers=6)
+    with pytest.raises(QualError, match="num_target_layers=4 but the target has 6 layers"):
+        validate(cfg(deep, tiny_pair[1]))
 
 
 def test_reference_profile_knobs_reach_the_runtime():
@@ -175,3 +182,22 @@ def test_reference_profile_knobs_reach_the_runtime():
     assert (default.backend, default.steps_per_launch, default.prefill_ahead) == ("pytorch", 1, 0)
     with pytest.raises(QualError, match="fused needs tp 1"):  # a bad profile fails as the runtime says
         engine_config(synthetic_arm_config(1, tp=2, device="cuda", dtype="bfloat16", extra={"reference": {"backend": "fused"}}))
+
+
+def test_a_checkpoint_problem_found_in_the_ranks_is_one_line_each(tmp_path, tiny_pair, capfd):
+    """A drafter tensor of the wrong shape is found where the weights load, in every rank: rank 0 raises it, and the
+    other ranks say it in one line each instead of a traceback apiece."""
+    from safetensors.torch import load_file, save_file
+
+    from qual.runtime.engine import LLMEngine
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_pair[1], draft)
+    w = load_file(str(draft / "model.safetensors"))
+    w["fc.weight"] = w["fc.weight"][:, :-1].contiguous()
+    save_file(w, str(draft / "model.safetensors"))
+    with pytest.raises(QualError, match="fc.weight"):
+        LLMEngine(cfg(tiny_pair[0], draft, tp=2, dcp=2))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    assert all(line.startswith("rank 1: error: ") and "fc.weight" in line for line in err.splitlines() if line), err

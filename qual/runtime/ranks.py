@@ -15,7 +15,7 @@ import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
-from qual.errors import EngineError
+from qual.errors import EngineError, QualError
 from qual.proc import die_with_parent
 from qual.runtime.config import EngineConfig
 from qual.runtime.launch import (adopt_environment, environment, forked_by_server, ignored_by_children,
@@ -48,6 +48,9 @@ def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str
             runner.execute(step)
         runner.close()
         shutdown_comm(comm)
+    except QualError as exc:  # a checkpoint or option problem: rank 0 meets it too; one line, no traceback
+        print(f"rank {rank}: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
     except Exception:
         traceback.print_exc()
         os._exit(1)  # a dead peer fails rank 0's next collective at once

@@ -73,6 +73,7 @@ def validate(cfg) -> tuple[ModelSpec, ModelSpec | None]:
     if cfg.draft_path:
         draft = draft_spec(cfg.draft_path)
         draft.model_class.check_parallel(draft.config, cfg.parallel)
+        draft.model_class.check_target(draft.config, target.config, cfg.draft_path)
         block = draft.config.block_size
         if cfg.num_speculative_tokens is not None and cfg.num_speculative_tokens > block - 1:
             raise QualError(f"num_speculative_tokens={cfg.num_speculative_tokens} exceeds what the drafter's block "

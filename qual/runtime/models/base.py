@@ -102,6 +102,9 @@ class DraftModel(Protocol):
     def check_parallel(cfg: Any, parallel) -> None: ...
 
     @staticmethod
+    def check_target(cfg: Any, target_cfg: Any, path) -> None: ...  # QualError if it cannot draft for that target
+
+    @staticmethod
     def cache_groups(cfg: Any, comm, dtype_bytes: int, draft_kv: str, draft_window: int | None) -> list[KVCacheGroup]: ...
 
     def __init__(self, path: str | Path, cfg: Any, comm, dtype: torch.dtype, target: TargetModel) -> None: ...

@@ -40,6 +40,17 @@ class DFlashDrafter:
         parallel.check_model(cfg.layers.num_attention_heads, cfg.layers.num_key_value_heads, "drafter")
 
     @staticmethod
+    def check_target(cfg: DFlashConfig, tcfg, path) -> None:
+        """The drafter reads the target's hidden states and shares its embedding and LM head."""
+        lcfg = cfg.layers
+        if lcfg.hidden_size != tcfg.hidden_size or lcfg.vocab_size != tcfg.vocab_size:
+            raise QualError(f"drafter {path}: hidden_size/vocab_size {lcfg.hidden_size}/{lcfg.vocab_size} must match "
+                            f"the target's ({tcfg.hidden_size}/{tcfg.vocab_size})")
+        if cfg.num_target_layers != tcfg.num_hidden_layers:
+            raise QualError(f"drafter {path}: num_target_layers={cfg.num_target_layers} but the target has "
+                            f"{tcfg.num_hidden_layers} layers")
+
+    @staticmethod
     def cache_groups(cfg: DFlashConfig, comm: Comm, dtype_bytes: int, draft_kv: str,
                      draft_window: int | None) -> list[KVCacheGroup]:
         """Draft layers grouped by attention kind; replicated (the fix) or sharded like the target (legacy), sliding
@@ -57,11 +68,8 @@ class DFlashDrafter:
 
     def __init__(self, path: str | Path, cfg: DFlashConfig, comm: Comm, dtype: torch.dtype, target: TargetModel):
         self.cfg = self.config = cfg
-        lcfg, tcfg = cfg.layers, target.config
-        if lcfg.hidden_size != tcfg.hidden_size or lcfg.vocab_size != tcfg.vocab_size:
-            raise QualError(f"drafter {path}: hidden_size/vocab_size must match the target's ({tcfg.hidden_size}/{tcfg.vocab_size})")
-        if cfg.num_target_layers != tcfg.num_hidden_layers:
-            raise QualError(f"drafter {path}: num_target_layers={cfg.num_target_layers} but the target has {tcfg.num_hidden_layers} layers")
+        self.check_target(cfg, target.config, path)
+        lcfg = cfg.layers
         weights = load_weights(path)
         check_weight_names(cfg, weights, path)
         shapes = weight_shapes(cfg)
