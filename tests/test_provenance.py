@@ -109,3 +109,26 @@ def test_results_without_provenance_say_so():
     res.control.provenance = None
     assert provenance_differences(res.control, res.candidate) == [
         "provenance not recorded for the control arm (a result written before qual recorded it)"]
+
+
+def test_arms_of_two_models_say_so_in_the_warnings_and_the_title(tmp_path):
+    """qual compare joins arms of any two runs: arms that ran other target or drafter checkpoints are warned about
+    (by the files' digest where recorded, else the path), and the title names both models instead of claiming a
+    DCP 1 -> DCP 4 comparison of one."""
+    from qual.harness.build import checkpoint_differences
+    from qual.report.common import title
+
+    build = EngineBuild("reference", "0.1.0", host=H200)
+    res = _result(tmp_path, build, build)
+    assert checkpoint_differences(res.control, res.candidate) == [] and title(res).startswith("toy: DCP 1 \u2192 DCP 4")
+    res.candidate.config.update(model="glm-toy", target_path="models/glm-toy/target", draft_path="models/glm-toy/draft")
+    res.control.provenance.checkpoints = res.candidate.provenance.checkpoints = None  # older results: paths speak
+    assert provenance_differences(res.control, res.candidate)[:2] == [
+        "target differs: control toy (models/toy/target), candidate glm-toy (models/glm-toy/target)",
+        "drafter differs: control toy (models/toy/draft), candidate glm-toy (models/glm-toy/draft)"]
+    assert title(res).startswith("toy DCP 1 \u2192 glm-toy DCP 4 (")
+    digest = {"path": "elsewhere/toy/target", "revision": None, "identity": "sha256:" + "ab" * 32}
+    for arm in (res.control, res.candidate):  # the same files at two paths: not a difference
+        arm.provenance.checkpoints = {"target": digest, "draft": None}
+        arm.config.update(draft_path="models/toy/draft")
+    assert checkpoint_differences(res.control, res.candidate) == []

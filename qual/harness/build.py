@@ -59,14 +59,34 @@ def _gpu_type(p: Provenance) -> str | None:
     return ", ".join(sorted(set(host.gpus))) if host.gpus else "CPU"
 
 
+def _checkpoint(arm: ArmResult, role: str) -> str | None:
+    """The checkpoint an arm ran as its target or draft: its recorded identity (the files' digest), else its path."""
+    checkpoints = arm.provenance.checkpoints if arm.provenance is not None else None
+    record = checkpoints.get(role) if checkpoints else None
+    if record and record.get("identity", "").startswith(("sha256:", "hub:")):
+        return record["identity"]
+    return arm.config.get(f"{role}_path")
+
+
+def checkpoint_differences(control: ArmResult, candidate: ArmResult) -> list[str]:
+    """The arms ran other targets or drafters (qual compare joins arms of any two runs): one line each."""
+    out = []
+    for role, name in (("target", "target"), ("draft", "drafter")):
+        ca, cb = _checkpoint(control, role), _checkpoint(candidate, role)
+        if ca != cb:
+            ma, mb = control.config.get("model", "?"), candidate.config.get("model", "?")
+            out.append(f"{name} differs: control {ma} ({ca}), candidate {mb} ({cb})")
+    return out
+
+
 def provenance_differences(control: ArmResult, candidate: ArmResult) -> list[str]:
-    """Differences between two arms' provenance that change what acceptance or speed mean, one line each:
-    engine version, dtype, GPU type (unknown on either side is not a difference)."""
+    """Differences between two arms that change what acceptance or speed mean, one line each: the target or drafter
+    checkpoint, engine version, dtype, GPU type (unknown on either side is not a difference)."""
     a, b = control.provenance, candidate.provenance
     if a is None or b is None:
         missing = [name for name, p in (("control", a), ("candidate", b)) if p is None]
         return [f"provenance not recorded for the {' and '.join(missing)} arm (a result written before qual recorded it)"]
-    out = []
+    out = checkpoint_differences(control, candidate)
     (na, va), (nb, vb) = (a.engine.name, a.engine.version), (b.engine.name, b.engine.version)
     if na != nb:
         out.append(f"engine differs: control {na} {va or '(version unknown)'}, candidate {nb} {vb or '(version unknown)'}")

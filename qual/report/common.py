@@ -49,10 +49,14 @@ def replayed(result: Result) -> str:
 
 
 def title(result: Result) -> str:
-    """'toy: DCP 1 -> DCP 4 (reference, draft KV sharded)'."""
+    """'toy: DCP 1 -> DCP 4 (reference, draft KV sharded)'; arms of two models (qual compare):
+    'toy DCP 1 -> glm-toy DCP 4 (...)'."""
     c, k = result.control.config, result.candidate.config
+    cm, km = c.get("model", "?"), k.get("model", "?")
+    arms = (f"{km}: DCP {c.get('dcp', '?')} \u2192 DCP {k.get('dcp', '?')}" if cm == km
+            else f"{cm} DCP {c.get('dcp', '?')} \u2192 {km} DCP {k.get('dcp', '?')}")
     return (
-        f"{k.get('model', '?')}: DCP {c.get('dcp', '?')} \u2192 DCP {k.get('dcp', '?')} "
+        f"{arms} "
         f"({k.get('engine', '?')}, TP {k.get('tp', '?')}, draft KV {k.get('draft_kv', '?')}"
         + (f", DSA top-k {k['dsa_topk']}" if k.get("dsa_topk") else "") + ")"
     )
