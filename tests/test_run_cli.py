@@ -285,3 +285,26 @@ def test_a_full_disk_is_exit_2_leaves_no_temporary_file_and_resumes(profile, sma
         assert (out / f"{arm}.requests.jsonl").read_text() == text
         assert result["arms"][arm]["per_request"] == [json.loads(line) for line in text.splitlines()]
     assert history_rows(db) == 1 and list(out.glob("*.tmp")) == []
+
+
+def test_runs_with_the_default_out_in_the_same_second_get_their_own_folders(profile, tmp_path, capsys, monkeypatch):
+    """The default --out is named by the second it starts in: a run that finds that folder taken (another run
+    started in the same second) takes NAME-2 instead of refusing a folder the user never named."""
+    from datetime import datetime, timezone
+
+    from qual.harness import plan
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 12, 5, 7, 15, 20, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(plan, "datetime", Frozen)
+    monkeypatch.chdir(tmp_path)
+    taken = Path("reports") / f"20261205T071520Z-{Path(profile).stem}-dcp2"
+    taken.mkdir(parents=True)
+    (taken / "run.json").write_text("{}")  # the other run's
+    res = cli(capsys, "run", "--model", profile, "--dcp", 2, "--limit", 1, "--history", tmp_path / "h.sqlite", "-q")
+    assert res.returncode == 0, res.stderr
+    assert (taken.with_name(taken.name + "-2") / "result.json").is_file()
+    assert (taken / "run.json").read_text() == "{}"

@@ -27,6 +27,22 @@ def output_dir(path: Path, option: str) -> None:
         raise QualError(f"{option} {path}: cannot write in this directory ({cause})")
 
 
+def claim_fresh_dir(base: Path, option: str) -> Path:
+    """base, or base-2, base-3, ... if it exists: the first that this process creates itself (mkdir is atomic, so two
+    runs started in the same second with the default --out each get their own)."""
+    output_dir(base.parent, option)
+    for n in range(1, 1000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise QualError(f"{option} {path}: cannot create this directory ({exc.strerror or exc})") from None
+        return path
+    raise QualError(f"{option} {base}: it and {base.name}-2 .. -999 exist already")
+
+
 def holds_run(path: Path) -> str | None:
     """The file that makes `path` a run's directory (`qual run`'s run.json or a journal), or None."""
     return next((name for name in RUN_FILES if (path / name).exists()), None)

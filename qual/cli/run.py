@@ -11,7 +11,7 @@ import typer
 
 from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
-from qual.cli.outputs import history_file, output_dir
+from qual.cli.outputs import claim_fresh_dir, history_file, output_dir
 from qual.cli.verdict import print_speedup, print_sweep_verdict, print_verdict, print_warnings
 from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
@@ -110,6 +110,8 @@ def run_command(
         _print_dry_run(plan)
         return
     progress = RunProgress({arm: f"{arm} (dcp {c.dcp}, tp {c.tp})" for arm, c in plan.arms.items()}, quiet=quiet)
+    if resume is None and plan.options.out is None:  # the default, named by the second: never another run's
+        plan.out_dir = claim_fresh_dir(plan.out_dir, "--out")
     if resume is None and plan.out_dir.is_dir() and any(plan.out_dir.iterdir()):
         raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
     history_file(plan.history_path)
