@@ -392,3 +392,21 @@ def test_an_existing_out_on_a_read_only_file_system_says_so(toy_profile, tmp_pat
     assert one_line(proc.stderr) == (f"error: --out {mnt}/out: cannot write in this directory (its file system is "
                                      "mounted read-only)")
     assert "free space" not in proc.stderr and history_rows(db) == 0
+
+
+@pytest.mark.parametrize("model,ids,needle", [
+    ("toy", [5, 99_999_999], "request 'a': token id 99999999 is not in the target's vocabulary (4096 ids)"),
+    ("glm-toy", [5, 4096], "request 'a': token id 4096 is not in the target's vocabulary (4096 ids)"),  # text_config
+    ("toy", [5] * 2040, "request 'a': prompt 2040 tokens + 9 positions of output and drafts is more than the target "
+                        "was built for (max_position_embeddings 2048 in "),
+    ("glm-toy", [5] * 2040, "max_position_embeddings 2048 in "),
+])
+def test_generate_refuses_ids_past_the_vocabulary_and_prompts_past_the_positions(model, ids, needle, tmp_path, capsys):
+    """An id past the embedding table was an internal error (exit 4); a prompt past max_position_embeddings
+    decoded silently. Both are the prompts file's mistake: exit 2, before any rank starts."""
+    from cli_inprocess import qual_in
+
+    (tmp_path / "p.jsonl").write_text(json.dumps({"id": "a", "prompt_token_ids": ids}) + "\n")
+    target = paths.DATA_DIR / "models" / model / "target"
+    res = qual_in(capsys, "generate", "--target", target, "--prompts", tmp_path / "p.jsonl", "--max-tokens", 8)
+    assert res.returncode == 2 and needle in res.stderr, res.stderr
