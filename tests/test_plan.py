@@ -254,3 +254,30 @@ def test_resume_of_a_bad_run_json_is_exit_2_naming_file_and_key(base, tmp_path, 
     code, err = qual(["run", "--resume", run], capsys)
     assert code == 2 and str(run) in err and words in err and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in run.iterdir()) == ["run.json"] and not (tmp_path / "h.sqlite").exists()
+
+
+def test_a_dry_run_refuses_what_the_run_would_from_the_files_alone(base, tmp_path, capsys):
+    """--dry-run checks what needs nothing started: a top-k mode for a target without sparse attention, a drafter of
+    another width, a knob an attached server cannot take (each was approved by a dry run and refused by the run)."""
+    refused(["--model", base, "--dcp", 1, "--dsa-topk", "union"], tmp_path, capsys, "has no sparse attention")
+    wide = tmp_path / "wide"
+    from checkpoints import make_draft
+
+    make_draft(wide, hidden_size=32, head_dim=8)
+    refused(["--model", base, "--dcp", 1, "--draft", wide], tmp_path, capsys, "hidden_size/vocab_size 32/")
+    urls = ["--control-url", "http://127.0.0.1:9/v1", "--candidate-url", "http://127.0.0.1:9/v1"]
+    refused([*urls, "--device", "cuda"], tmp_path, capsys, "--device: an attached server runs where")
+
+
+def test_a_dry_run_of_a_gpu_plan_says_what_it_did_not_check(base, tmp_path, capsys):
+    """A dry run may plan a GPU run from a machine without one: it passes, and says that part is unchecked."""
+    old = sys.argv
+    sys.argv = ["qual", "run", "--model", str(base), "--dcp", "1", "--device", "cuda", "--dtype", "bfloat16",
+                "--dry-run", "--history", str(tmp_path / "h.sqlite")]
+    try:
+        with pytest.raises(SystemExit) as done:
+            main()
+    finally:
+        sys.argv = old
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "# not checked by a dry run: that the machine that runs it has the GPUs" in out

@@ -166,5 +166,7 @@ def _print_dry_run(plan) -> None:
     engine = get_engine(plan.options.engine)
     for arm, config in plan.arms.items():
         print(f"{arm}: {engine.describe(config)}")
+    if not engine.attaches and any(c.device.startswith("cuda") for c in plan.arms.values()):
+        print("# not checked by a dry run: that the machine that runs it has the GPUs the arms name")
     if plan.baseline is not None:
         print(f"# baseline: {plan.baseline.describe()}; {baseline_match(plan.baseline)}")

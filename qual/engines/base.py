@@ -33,6 +33,11 @@ class Engine(ABC):
         QualError (exit 2), never a run that claims a configuration it did not run.
         """
 
+    def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        """What preflight checks that needs nothing started, installed or present beyond the files (`--dry-run`):
+        default nothing; return the arm as it would run."""
+        return arm
+
     def version(self, arm: ArmConfig) -> str | None:
         """The engine_version this arm's run will record (ArmRunInfo.engine_version), known before it runs where the
         engine can tell (after preflight); None where it cannot yet. Part of the configuration key."""

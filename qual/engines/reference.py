@@ -100,6 +100,15 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
     )
 
 
+def _with_dsa_topk(arm: ArmConfig, target, requested: frozenset[str]) -> ArmConfig:
+    """The arm with the top-k mode that runs: the asked or default one where the target has sparse attention, None
+    where it has none (asking for one there is refused)."""
+    sparse = target.model_class.sparse_attention
+    if "dsa_topk" in requested and not sparse:
+        raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
+    return replace(arm, dsa_topk=(arm.dsa_topk or DEFAULT_DSA_TOPK) if sparse else None)
+
+
 class ReferenceEngine(Engine):
     """Runs one arm on the embedded DCP-aware DFlash runtime."""
 
@@ -135,11 +144,16 @@ class ReferenceEngine(Engine):
 
             rank_context(arm.device)
         target, _ = _runtime().validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
-        sparse = target.model_class.sparse_attention
-        if "dsa_topk" in requested and not sparse:
-            raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
-        # What runs: the top-k mode where the target has one (asked, or the default), None where it has none
-        return replace(arm, dsa_topk=(arm.dsa_topk or DEFAULT_DSA_TOPK) if sparse else None)
+        return _with_dsa_topk(arm, target, requested)
+
+    def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        """preflight's checks of the checkpoints and options, where the target is on this machine; not the GPUs (a
+        dry run may plan a GPU run from a machine without one) and nothing started."""
+        if not (Path(arm.target_path) / "config.json").is_file():
+            return arm  # the real run reports it missing
+        target, _ = _runtime().validate(engine_config(arm), devices=False)
+        return _with_dsa_topk(arm, target, requested)
+
 
     def context_needed(self, arm: ArmConfig, prompt_tokens: int, max_tokens: int) -> int:
         # The runtime reserves one verify step (the last token plus K drafts) beyond max_tokens.

@@ -426,8 +426,10 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     if not dry_run:  # checkpoints, head layout vs tp/dcp, installs, servers: refused before anything is written
         arms = {name: engine.preflight(arm, o.requested()) for name, arm in arms.items()}
         requests = _tokenize(profile, corpus, selected, o, engine, arms, tokenizer, conversations, prompts)
-    elif tokenizer is not None:  # a dry run checks lengths with the local tokenizer and asks no server
-        requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer, conversations, prompts)
+    else:  # a dry run checks what needs no server, install or GPU: local checkpoints, lengths (local tokenizer)
+        arms = {name: engine.dry_check(arm, o.requested()) for name, arm in arms.items()}
+        if tokenizer is not None:
+            requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer, conversations, prompts)
     _check_lengths(engine, arms, corpus, selected, requests, default_max, conversations, prompts)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     label = "sweep" if sweep.swept(o) else f"dcp{dcps[0]}"

@@ -65,8 +65,9 @@ def draft_spec(path: str | Path) -> ModelSpec:
     return ModelSpec(str(path), _load(ref).parse_config(raw, Path(path)), ref)
 
 
-def validate(cfg) -> tuple[ModelSpec, ModelSpec | None]:
-    """Read both checkpoints' configs (once) and check every constraint of an EngineConfig before any process starts."""
+def validate(cfg, devices: bool = True) -> tuple[ModelSpec, ModelSpec | None]:
+    """Read both checkpoints' configs (once) and check every constraint of an EngineConfig before any process starts;
+    devices=False leaves out whether this machine has the GPUs it names (a dry run's plan for another machine)."""
     target = target_spec(cfg.target_path)
     target.model_class.check_parallel(target.config, cfg.parallel)
     draft = None
@@ -78,7 +79,7 @@ def validate(cfg) -> tuple[ModelSpec, ModelSpec | None]:
         if cfg.num_speculative_tokens is not None and cfg.num_speculative_tokens > block - 1:
             raise QualError(f"num_speculative_tokens={cfg.num_speculative_tokens} exceeds what the drafter's block "
                             f"allows (block_size {block}: the last token plus at most {block - 1} drafts)")
-    if cfg.device.startswith("cuda"):
+    if devices and cfg.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():

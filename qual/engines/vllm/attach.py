@@ -105,13 +105,18 @@ class AttachEngine(Engine):
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(AttachOptions, section, where, "attach").model_dump(exclude_defaults=True)
 
-    def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+    def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        """The knobs and keys an attached server cannot take, refused without asking it."""
         for knob in sorted(requested & set(REFUSED)):
             raise QualError(REFUSED[knob])
         for key in REVISION_KEYS:
             if arm.extra.get(key):
                 raise QualError(f"{key}: an attached server loaded its checkpoints itself; qual cannot apply a hub "
                                 "revision to it (remove the key from the profile)")
+        return arm
+
+    def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        self.dry_check(arm, requested)
         spec = ServerSpec.of(arm)
         facts = self._attach(arm, spec, _options(arm))
         device = facts.config("device_config").get("device") or NOT_OBSERVED  # where the deployment put it
