@@ -281,3 +281,19 @@ def test_a_dry_run_of_a_gpu_plan_says_what_it_did_not_check(base, tmp_path, caps
         sys.argv = old
     out = capsys.readouterr().out
     assert done.value.code == 0 and "# not checked by a dry run: that the machine that runs it has the GPUs" in out
+
+
+def test_run_json_names_the_history_by_its_full_path(tmp_path, monkeypatch):
+    """A relative --history (or the default reports/history.sqlite) is saved as a full path: `qual run --resume`
+    from another directory records the run in the database it began with, not in a new one there."""
+    from qual.harness.plan import RunOptions, load_plan, make_plan
+
+    monkeypatch.chdir(tmp_path)
+    for history, expected in (("h.sqlite", tmp_path / "h.sqlite"), (None, tmp_path / "reports" / "history.sqlite")):
+        plan = make_plan(RunOptions(limit=2, history=history), dry_run=True)
+        plan.out_dir = tmp_path / f"run-{history}"
+        plan.out_dir.mkdir()
+        plan.save()
+        monkeypatch.chdir("/")
+        assert load_plan(plan.out_dir).options.history == str(expected)
+        monkeypatch.chdir(tmp_path)

@@ -169,7 +169,10 @@ class RunPlan:
                                    self.engine_version, identities(checkpoint_records(candidate)))
 
     def save(self) -> None:
-        data = {"run_id": self.run_id, "options": asdict(self.options), "corpus": self.corpus_info,
+        # The history as a full path: a --resume from another directory records the run in the database it began
+        # with, not in a new one beside that directory
+        options = {**asdict(self.options), "history": str(Path(self.history_path).absolute())}
+        data = {"run_id": self.run_id, "options": options, "corpus": self.corpus_info,
                 "arms": {k: a.to_json() for k, a in self.arms.items()}, "inputs": self.inputs}
         if self.baseline is not None:
             data["baseline"] = {"ref": self.baseline.ref, "chosen_by": self.baseline.chosen_by,
