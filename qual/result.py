@@ -316,6 +316,10 @@ class CheckResult:
         return {"name": self.name, "passed": self.passed, "detail": self.detail, "skipped": self.skipped}
 
 
+# Why a gate failed where no check did: said wherever the verdict is (stdout, summary.md, report.html, junit.xml)
+DECIDED_NOTHING = "every check was skipped: a gate that decides nothing fails"
+
+
 @dataclass
 class GateOutcome:
     """All checks of a gate; passed only if every check passed."""
@@ -327,6 +331,11 @@ class GateOutcome:
     @property
     def failed(self) -> list[CheckResult]:
         return [c for c in self.checks if not c.passed and not c.skipped]
+
+    @property
+    def decided_nothing(self) -> bool:
+        """Every check was skipped (or there was none): no check failed, yet the gate fails (qual.gate.evaluate)."""
+        return not self.passed and all(c.skipped for c in self.checks)
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "source": self.source, "checks": [c.to_json() for c in self.checks]}

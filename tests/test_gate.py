@@ -352,3 +352,25 @@ def test_graph_capture_not_observed_is_skipped_never_guessed():
         "acceptance_delta_lower_bound", "mean_acceptance_length_ratio"]
     only = synthetic_result(5, control_graph=unseen, candidate_graph=unseen, rules=[{"check": "graph_sizes_captured"}])
     assert not only.gate.passed  # a gate that evaluated nothing decided nothing: it does not pass
+
+
+def test_a_gate_whose_every_check_is_skipped_fails_and_says_why_everywhere(tmp_path, capsys):
+    """Skipped checks decide nothing, and a gate that decides nothing fails: the verdict on stdout, summary.md,
+    report.html and junit.xml each say so (junit.xml counted no failure, which a CI reads as a pass)."""
+    import xml.etree.ElementTree as ET
+
+    from qual.cli.verdict import print_verdict
+    from qual.report import write_reports
+    from qual.result import DECIDED_NOTHING
+
+    res = synthetic_result(10, rules=[{"check": "acceptance_floor", "min_rate": 0.05, "models": ["nottoy"]}])
+    assert not res.gate.passed and res.gate.decided_nothing and res.gate.checks[0].skipped
+    assert not synthetic_result(10).gate.decided_nothing
+    print_verdict(res, "control", "candidate", tmp_path)
+    assert f"  [FAIL] {DECIDED_NOTHING}" in capsys.readouterr().out
+    write_reports(res, tmp_path)
+    assert DECIDED_NOTHING in (tmp_path / "summary.md").read_text()
+    assert DECIDED_NOTHING in (tmp_path / "report.html").read_text()
+    suites = ET.parse(tmp_path / "junit.xml").getroot()
+    assert (suites.get("tests"), suites.get("failures")) == ("2", "1")
+    assert suites.find("testsuite/testcase[@name='gate']/failure").get("message") == DECIDED_NOTHING

@@ -7,6 +7,7 @@ from pathlib import Path
 
 def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
     from qual.report.common import pct  # imported when used: every `qual` invocation loads this module
+    from qual.result import DECIDED_NOTHING
 
     verdict = "PASS" if result.gate.passed else "FAIL"
     print(f"{verdict}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
@@ -18,6 +19,8 @@ def print_verdict(result, control_label: str, candidate_label: str, report_dir: 
     for check in result.gate.checks:
         mark = "skip" if check.skipped else "ok" if check.passed else "FAIL"
         print(f"  [{mark}] {check.name}: {check.detail}")
+    if result.gate.decided_nothing:
+        print(f"  [FAIL] {DECIDED_NOTHING}")
 
 
 def print_sweep_verdict(sweep, report_dir: Path) -> None:

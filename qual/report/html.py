@@ -12,7 +12,7 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, plots, provenance, siblings, tables
 from qual.files import write_text
-from qual.result import Result
+from qual.result import DECIDED_NOTHING, Result
 from qual.sweep_result import SweepResult
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -64,6 +64,7 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
         replayed=common.replayed(result),
         headline=common.headline(result),
         failed=result.gate.failed,
+        decided_nothing=DECIDED_NOTHING,
         positions=tables.position_rows(result),
         categories=categories,
         worst=common.worst_requests(result),

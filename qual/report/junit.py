@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qual.files import write_text
 from qual.redact import redact_text
-from qual.result import Result
+from qual.result import DECIDED_NOTHING, Result
 from qual.sweep_result import SweepResult
 
 # Characters XML 1.0 cannot carry even escaped; drop them rather than emit an unparsable file.
@@ -32,13 +32,18 @@ def sweep_suite(model: object, candidate: str) -> str:
 
 
 def _failures(result: Result) -> int:
-    return sum(not c.passed and not c.skipped for c in result.gate.checks)
+    """Failed checks, and the gate's own failure where every check was skipped (its test case below)."""
+    return len(result.gate.failed) + result.gate.decided_nothing
+
+
+def _cases(result: Result) -> int:
+    return len(result.gate.checks) + result.gate.decided_nothing
 
 
 def render(result: Result) -> str:
     """The JUnit XML document as text."""
     cfg = result.candidate.config
-    root = ET.Element("testsuites", name="qual", tests=str(len(result.gate.checks)), failures=str(_failures(result)),
+    root = ET.Element("testsuites", name="qual", tests=str(_cases(result)), failures=str(_failures(result)),
                       errors="0")
     _suite(root, result, gate_suite(cfg.get("model", "model"), cfg.get("dcp", "?")))
     ET.indent(root)
@@ -48,7 +53,7 @@ def render(result: Result) -> str:
 def render_sweep(sweep: SweepResult) -> str:
     """A sweep's JUnit XML: one test suite per candidate, one test case per gate check of its comparison."""
     results = sweep.results()
-    root = ET.Element("testsuites", name="qual", tests=str(sum(len(r.gate.checks) for _, r in results)),
+    root = ET.Element("testsuites", name="qual", tests=str(sum(_cases(r) for _, r in results)),
                       failures=str(sum(_failures(r) for _, r in results)), errors="0")
     for name, result in results:
         _suite(root, result, sweep_suite(result.candidate.config.get("model", "model"), name))
@@ -62,7 +67,7 @@ def _suite(root: ET.Element, result: Result, suite_name: str) -> None:
     failures = _failures(result)
     skipped = sum(c.skipped for c in checks)
     suite = ET.SubElement(
-        root, "testsuite", name=_x(suite_name), tests=str(len(checks)), failures=str(failures),
+        root, "testsuite", name=_x(suite_name), tests=str(_cases(result)), failures=str(failures),
         errors="0", skipped=str(skipped), timestamp=_x(result.created_at), time="0",
     )
     props = ET.SubElement(suite, "properties")
@@ -85,6 +90,9 @@ def _suite(root: ET.Element, result: Result, suite_name: str) -> None:
         else:
             failure = ET.SubElement(case, "failure", message=_x(c.detail), type="GateCheckFailed")
             failure.text = _x(c.detail)
+    if result.gate.decided_nothing:  # the verdict is FAIL: a CI reading failures="0" would take it for a pass
+        case = ET.SubElement(suite, "testcase", classname=_x(suite_name), name="gate", time="0")
+        ET.SubElement(case, "failure", message=DECIDED_NOTHING, type="GateDecidedNothing").text = DECIDED_NOTHING
 
 
 def render_error(suite_name: str, case: str, message: str, error_type: str, timestamp: str) -> str:

@@ -9,7 +9,7 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, provenance
 from qual.files import write_text
-from qual.result import Result
+from qual.result import DECIDED_NOTHING, Result
 from qual.sweep_result import SweepResult
 
 
@@ -76,7 +76,8 @@ def _headline(result: Result, c_dcp, k_dcp) -> list[str]:
 def _checks(result: Result) -> list[str]:
     return ["| | check | detail |", "|---|---|---|",
             *(f"| {'⏭️' if c.skipped else '✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |"
-              for c in result.gate.checks)]
+              for c in result.gate.checks),
+            *([f"| ❌ | | {DECIDED_NOTHING} |"] if result.gate.decided_nothing else [])]
 
 
 def render_sweep(sweep: SweepResult) -> str:
