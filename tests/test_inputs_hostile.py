@@ -397,7 +397,7 @@ def test_an_existing_out_on_a_read_only_file_system_says_so(toy_profile, tmp_pat
 @pytest.mark.parametrize("model,ids,needle", [
     ("toy", [5, 99_999_999], "request 'a': token id 99999999 is not in the target's vocabulary (4096 ids)"),
     ("glm-toy", [5, 4096], "request 'a': token id 4096 is not in the target's vocabulary (4096 ids)"),  # text_config
-    ("toy", [5] * 2040, "request 'a': prompt 2040 tokens + 9 positions of output and drafts is more than the target "
+    ("toy", [5] * 2040, "request 'a': prompt 2040 tokens + max_tokens 8 needs 2049 positions, more than the target "
                         "was built for (max_position_embeddings 2048 in "),
     ("glm-toy", [5] * 2040, "max_position_embeddings 2048 in "),
 ])

@@ -297,3 +297,22 @@ def test_run_json_names_the_history_by_its_full_path(tmp_path, monkeypatch):
         monkeypatch.chdir("/")
         assert load_plan(plan.out_dir).options.history == str(expected)
         monkeypatch.chdir(tmp_path)
+
+
+def test_a_corpus_its_manifest_does_not_describe_runs_with_a_warning(base, tmp_path, capsys):
+    """A corpus file edited after its import (qual corpus list: MISMATCH) runs as it is, with a warning on stderr;
+    one that matches its manifest runs without."""
+    from qual.paths import DATA_DIR
+
+    for name in ("smoke.jsonl", "smoke.manifest.json"):
+        shutil.copy(DATA_DIR / "corpora" / name, tmp_path / name)
+    argv = ["run", "--model", base, "--dcp", 1, "--corpus", tmp_path / "smoke.jsonl", "--dry-run",
+            "--history", tmp_path / "h.sqlite"]
+    code, err = qual(argv, capsys)
+    assert code == 0 and "warning" not in err, err
+    lines = (tmp_path / "smoke.jsonl").read_text().splitlines()
+    (tmp_path / "smoke.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # a row removed after the import
+    code, err = qual(argv, capsys)
+    assert code == 0, err
+    assert f"warning: corpus smoke: {tmp_path / 'smoke.jsonl'} differs from its manifest (count {len(lines)} != " \
+           f"{len(lines) - 1} in file;" in err and "the run replays the file as it is" in err, err

@@ -12,7 +12,7 @@ from rich.text import Text
 from qual.cli.main import app
 from qual.corpus.importer import ImportOptions, import_corpus
 from qual.corpus.loader import available_corpora, corpora_dir, load_corpus
-from qual.corpus.manifest import manifest_path, read_manifest
+from qual.corpus.manifest import manifest_path, manifest_problems, read_manifest
 from qual.corpus.packages import PACKAGE_SOURCES
 from qual.corpus.records import Corpus, short_fingerprint
 from qual.corpus.validate import display_path
@@ -29,14 +29,11 @@ def _categories(corpus: Corpus) -> str:
 
 
 def _manifest_status(corpus: Corpus) -> str:
-    path = manifest_path(corpus.path)
-    if not path.exists():
-        return "missing"
     try:
-        bad = read_manifest(path).mismatches(corpus)
+        problems = manifest_problems(corpus)
     except QualError:
         return "unreadable"
-    return "MISMATCH" if bad else "ok"
+    return "missing" if problems is None else "MISMATCH" if problems else "ok"
 
 
 def _preview(req) -> str:

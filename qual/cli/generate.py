@@ -81,24 +81,6 @@ def read_prompts(path: Path, tokenizer_dir: str) -> list[tuple[str, list[int]]]:
     return out
 
 
-def check_requests(rows: list[tuple[str, list[int]]], target: Path, positions: int) -> None:
-    """Every prompt's token ids are in the target's vocabulary, and prompt + `positions` (max_tokens and the
-    speculative headroom) fits the positions it was built for: an id past the embedding table was an internal error,
-    and a prompt past max_position_embeddings decoded silently (qual run refuses both)."""
-    from qual.checkpoints.config import max_positions, read_config
-    from qual.runtime.registry import target_spec
-
-    vocab = target_spec(target).config.vocab_size
-    limit = max_positions(read_config(target))
-    for rid, ids in rows:
-        if (top := max(ids)) >= vocab:
-            raise QualError(f"request {rid!r}: token id {top} is not in the target's vocabulary ({vocab} ids)")
-        if limit is not None and len(ids) + positions > limit:
-            raise QualError(f"request {rid!r}: prompt {len(ids)} tokens + {positions} positions of output and "
-                            f"drafts is more than the target was built for (max_position_embeddings {limit} in "
-                            f"{target / 'config.json'})")
-
-
 def _speculative_tokens(draft: Path | None) -> int:
     """K: the drafter's block less its last token (what the runtime takes without a profile), 0 without one."""
     if draft is None:
@@ -136,7 +118,6 @@ def generate_command(
     check_layout(o.tp, o.dcp)
     rows = read_prompts(prompts, str(target))
     k = _speculative_tokens(draft)
-    check_requests(rows, target, o.max_tokens + k + 1)
     arm = ArmConfig(engine="reference", model=target.name, dcp=o.dcp, tp=o.tp, draft_kv=DEFAULT_DRAFT_KV,
                     target_path=str(target), draft_path=str(draft) if draft else None, num_speculative_tokens=k,
                     sampling=Sampling(o.temperature, o.seed, o.max_tokens), dtype=o.dtype, device=o.device,

@@ -106,6 +106,8 @@ def run_command(
                               candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
                               max_concurrency=max_concurrency, speedup=speedup)
         plan = make_plan(options, dry_run=dry_run)
+    for note in plan.notes:
+        print(f"warning: {note}", file=sys.stderr)
     if dry_run:
         _print_dry_run(plan)
         return

@@ -84,3 +84,10 @@ def read_manifest(path: Path) -> CorpusManifest:
         return CorpusManifest(**raw)
     except TypeError as exc:
         raise QualError(f"{path}: bad manifest fields: {exc}") from None
+
+
+def manifest_problems(corpus: Corpus) -> list[str] | None:
+    """How the corpus's manifest disagrees with its file (empty: it matches); None where it has none. An unreadable
+    manifest is a QualError."""
+    path = manifest_path(corpus.path)
+    return read_manifest(path).mismatches(corpus) if path.exists() else None

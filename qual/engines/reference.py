@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import NonNegativeInt, PositiveInt, field_validator
 
 import qual
+from qual.checkpoints.config import max_positions, read_config
 from qual.engines.base import KNOBS, Engine
 from qual.errors import EngineError, QualError
 from qual.options import DEFAULT_DCP_COMM, DEFAULT_DSA_TOPK, DcpComm
@@ -169,6 +170,7 @@ class ReferenceEngine(Engine):
         """`qual generate`: the requests through the runtime as they are (no journal, no result), one dict per
         request in input order; the arm comes through preflight first, as a run's does."""
         runtime = _runtime()
+        self._check_prompts(arm, requests, runtime.validate(engine_config(arm))[0].config.vocab_size)
         sampling = SamplingParams(temperature=arm.sampling.temperature, seed=arm.sampling.seed,
                                   max_tokens=arm.sampling.max_tokens)
         gen = [runtime.GenerationRequest(r.id, tuple(r.prompt_token_ids), r.max_tokens, r.category) for r in requests]
@@ -176,6 +178,20 @@ class ReferenceEngine(Engine):
             results = engine.generate(gen, sampling)
         return [{"id": r.id, "prompt_token_ids": r.prompt_token_ids, "output_token_ids": r.output_token_ids}
                 for r in results]
+
+    def _check_prompts(self, arm: ArmConfig, requests: list[EngineRequest], vocab: int) -> None:
+        """Token ids given as they are (`qual generate`) are in the target's vocabulary, and each request fits the
+        positions the target was built for: an id past the embedding table was an internal error, and a prompt past
+        max_position_embeddings decoded silently (a run's tokenizer and plan see to both)."""
+        limit = max_positions(read_config(arm.target_path))
+        for r in requests:
+            if (top := max(r.prompt_token_ids)) >= vocab:
+                raise QualError(f"request {r.id!r}: token id {top} is not in the target's vocabulary ({vocab} ids)")
+            needed = self.context_needed(arm, len(r.prompt_token_ids), r.max_tokens)
+            if limit is not None and needed > limit:
+                raise QualError(f"request {r.id!r}: prompt {len(r.prompt_token_ids)} tokens + max_tokens "
+                                f"{r.max_tokens} needs {needed} positions, more than the target was built for "
+                                f"(max_position_embeddings {limit} in {Path(arm.target_path) / 'config.json'})")
 
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:

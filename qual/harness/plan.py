@@ -18,6 +18,7 @@ from qual.chat import load_template
 from qual.configuration import ConfigurationKey
 from qual.checkpoints.weights import inspect_weights
 from qual.corpus import load_corpus
+from qual.corpus.manifest import manifest_problems
 from qual.corpus.records import MAX_TOKENS
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
@@ -142,6 +143,7 @@ class RunPlan:
     out_dir: Path
     history_path: Path
     run_id: str = ""  # kept in run.json: a resumed run is the same run (recorded in the history once)
+    notes: list[str] = field(default_factory=list)  # what the user should hear before the run (stderr: "warning:")
     baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
     inputs: dict | None = None  # what the run depends on (qual.harness.inputs), recorded in run.json
     engine_version: str | None = None  # the candidate engine's, as its run will record it (None: not known yet)
@@ -369,6 +371,19 @@ def _check_lengths(engine, arms: dict[str, ArmConfig], corpus, selected, request
                                 f"{needed} positions, more than the {name} arm's max_model_len {limit}")
 
 
+def _corpus_notes(corpus) -> list[str]:
+    """A corpus file that its manifest does not describe (edited after its import, or a broken manifest) still runs,
+    as the file is (the result records its fingerprint), but not silently."""
+    try:
+        problems = manifest_problems(corpus)
+    except QualError as exc:
+        return [f"corpus {corpus.name}: {exc}"]
+    if not problems:
+        return []
+    return [f"corpus {corpus.name}: {corpus.path} differs from its manifest ({'; '.join(problems)}); the run replays "
+            "the file as it is"]
+
+
 def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False, run_id: str | None = None) -> RunPlan:
     """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input.
 
@@ -444,6 +459,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
                    request_ids=request_ids(selected))
     plan.engine_version = engine.version(arms[plan.candidates[0]])
+    plan.notes = _corpus_notes(corpus)
     if o.baseline_any and o.baseline is None:
         raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
