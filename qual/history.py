@@ -433,6 +433,12 @@ def list_runs(db_path: str | Path, *, model: str | None = None, limit: int | Non
         return [HistoryRun.from_row(r) for r in conn.execute(sql, args)]
 
 
+def count_runs(db_path: str | Path) -> int:
+    """How many runs the history holds (what a listing that matched none is measured against)."""
+    with _open(db_path, create=False) as conn:
+        return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
+
+
 def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
     """One run by id (QualError if absent)."""
     if not 1 <= run_id <= MAX_RUN_ID:
