@@ -344,3 +344,19 @@ def test_cli_trend_checks_its_plot_path_before_the_trend(db, tmp_path, capsys):
     proc = qual_in(capsys, "history", "trend", "--out", tmp_path / "a.svg", "--history", db)
     assert (proc.returncode, proc.stdout, proc.stderr) == \
         (2, "", f"error: --out {tmp_path / 'a.svg'}: is a directory; give the plot file's path\n")
+
+
+@pytest.mark.parametrize("column,value,what", [
+    ("config_json", "{not json", "config_json: not JSON (Expecting property name enclosed in double quotes: line 1 "
+                                 "column 2 (char 1))"),
+    ("config_json", "[1]", "config_json: expected an object, got list"),
+    ("failed_checks", "5", "failed_checks: expected a list of check names, got int"),
+])
+def test_cli_a_damaged_row_is_one_line_naming_it(db, tmp_path, capsys, column, value, what):
+    from cli_inprocess import qual_in
+
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE runs SET {column} = ? WHERE id = 3", (value,))
+    for command in (["list"], ["trend"], ["show", "3"], ["publish", tmp_path / "site"]):
+        proc = qual_in(capsys, "history", *command, "--history", db)
+        assert (proc.returncode, proc.stderr) == (2, f"error: history {db}: run 3: {what}\n"), command

@@ -379,6 +379,20 @@ def test_compare_refuses_an_out_that_holds_a_run(tmp_path, capsys):
     assert tree(cmp) == before
 
 
+@pytest.mark.parametrize("key,value", [("config", 5), ("config", None), ("graph_capture", []), ("extra", "x")])
+def test_compare_refuses_an_arm_field_of_another_type(key, value, tmp_path, capsys):
+    """qual compare reads them as objects: another JSON type is the file's fault, not a bug (exit 4)."""
+    run = _run_dir(tmp_path / "A")
+    data = json.loads((run / "result.json").read_text())
+    data["arms"]["candidate"][key] = value
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    code, err = qual(["compare", f"{run}:control", edited, "--out", tmp_path / "cmp"], capsys)
+    assert (code, one_line(err)) == \
+        (2, f"error: {edited}: arms.candidate.{key}: expected an object, got {type(value).__name__}")
+    assert not (tmp_path / "cmp").exists()
+
+
 def test_an_existing_out_on_a_read_only_file_system_says_so(toy_profile, tmp_path):
     mnt, db = tmp_path / "mnt", tmp_path / "h.sqlite"
     mnt.mkdir()
