@@ -160,11 +160,26 @@ class HistoryRun:
         return key.label() if key is not None else f"{self.model} {self.config_key}"
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> "HistoryRun":
+    def from_row(cls, row: sqlite3.Row, path: str | Path) -> "HistoryRun":
         d = {k: row[k] for k in _COLUMNS if k in row.keys()}
-        d["failed_checks"] = json.loads(d["failed_checks"])
-        d["config"] = json.loads(d.pop("config_json"))
+        where = f"history {path}: run {d['id']}"
+        d["failed_checks"] = _stored_json(d["failed_checks"], f"{where}: failed_checks", "a list of check names",
+                                          lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v))
+        d["config"] = _stored_json(d.pop("config_json"), f"{where}: config_json", "an object",
+                                   lambda v: isinstance(v, dict))
         return cls(**d)
+
+
+def _stored_json(text: Any, where: str, expected: str, fits: Callable[[Any], bool]) -> Any:
+    """A JSON column's value. A damaged one (edited by hand, written by another tool) is the user's to repair or
+    delete: one line naming the row and column, not a bug's traceback."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:  # TypeError: SQLite keeps any type in a TEXT column (a number, NULL)
+        raise QualError(f"{where}: not JSON ({exc})") from None
+    if not fits(value):
+        raise QualError(f"{where}: expected {expected}, got {type(value).__name__}")
+    return value
 
 
 def config_key(result: Result) -> str:
@@ -430,7 +445,13 @@ def list_runs(db_path: str | Path, *, model: str | None = None, limit: int | Non
         sql += " LIMIT ?"
         args.append(int(limit))
     with _open(db_path, create=False) as conn:
-        return [HistoryRun.from_row(r) for r in conn.execute(sql, args)]
+        return [HistoryRun.from_row(r, db_path) for r in conn.execute(sql, args)]
+
+
+def count_runs(db_path: str | Path) -> int:
+    """How many runs the history holds (what a listing that matched none is measured against)."""
+    with _open(db_path, create=False) as conn:
+        return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
 
 
 def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
@@ -441,7 +462,7 @@ def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
         row = conn.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
     if row is None:
         raise QualError(f"no run {run_id} in {db_path}")
-    return HistoryRun.from_row(row)
+    return HistoryRun.from_row(row, db_path)
 
 
 def trend(db_path: str | Path, model: str | None = None, **filters: Any) -> dict[str, list[HistoryRun]]:
@@ -527,7 +548,7 @@ def configuration_runs(db_path: str | Path, configuration: ConfigurationKey, lim
         sql += " LIMIT ?"
         args.append(int(limit))
     with _open(db_path, create=False) as conn:
-        return [HistoryRun.from_row(r) for r in conn.execute(sql, args)]
+        return [HistoryRun.from_row(r, db_path) for r in conn.execute(sql, args)]
 
 
 def last_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
@@ -537,14 +558,14 @@ def last_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRu
             "SELECT * FROM runs WHERE configuration = ? AND verdict = 'pass' ORDER BY created_at DESC, id DESC LIMIT 1",
             (configuration.key(),),
         ).fetchone()
-    return HistoryRun.from_row(row) if row is not None else None
+    return HistoryRun.from_row(row, db_path) if row is not None else None
 
 
 def nearest_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
     """The passing run of the same model whose configuration differs from this one in the fewest fields (the
     newest of those): what `--baseline-any` compares with, and what a refusal names."""
     with _open(db_path, create=False) as conn:
-        rows = [HistoryRun.from_row(r) for r in conn.execute(
+        rows = [HistoryRun.from_row(r, db_path) for r in conn.execute(
             "SELECT * FROM runs WHERE model = ? AND verdict = 'pass' AND configuration IS NOT NULL "
             "ORDER BY created_at DESC, id DESC", (configuration.model,))]
     if not rows:
@@ -559,7 +580,7 @@ def pinned_run(db_path: str | Path, configuration: ConfigurationKey) -> HistoryR
             "SELECT runs.* FROM pins JOIN runs ON runs.id = pins.run_id WHERE pins.configuration = ?",
             (configuration.key(),),
         ).fetchone()
-    return HistoryRun.from_row(row) if row is not None else None
+    return HistoryRun.from_row(row, db_path) if row is not None else None
 
 
 def baseline_result_paths(db_path: str | Path) -> list[str]:
@@ -604,4 +625,4 @@ def list_pins(db_path: str | Path) -> list[tuple[HistoryRun, str]]:
             "SELECT runs.*, pins.pinned_at AS pinned_at FROM pins JOIN runs ON runs.id = pins.run_id "
             "ORDER BY pins.pinned_at DESC, runs.id DESC"
         ).fetchall()
-    return [(HistoryRun.from_row(r), r["pinned_at"]) for r in rows]
+    return [(HistoryRun.from_row(r, db_path), r["pinned_at"]) for r in rows]

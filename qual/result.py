@@ -129,8 +129,12 @@ class ArmResult:
 
     @classmethod
     def from_json(cls, d: dict, where: str = "arm") -> "ArmResult":
+        # Read later with .get and .items (qual compare, the reports): another type there is the file's fault
+        for key, value in (("config", d["config"]), ("graph_capture", d["graph_capture"]), ("extra", d.get("extra") or {})):
+            if not isinstance(value, dict):
+                raise QualError(f"{where}.{key}: expected an object, got {type(value).__name__}")
         cfg = d["config"]
-        k = cfg.get("num_speculative_tokens") if isinstance(cfg, dict) and cfg.get("draft_path") else None
+        k = cfg.get("num_speculative_tokens") if cfg.get("draft_path") else None
         records = []
         for i, r in enumerate(d["per_request"]):
             try:  # each record's internal consistency: a hand-edited result is refused, naming the record

@@ -103,3 +103,32 @@ def test_a_closed_stdout_is_not_gate_failed(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE, err
+
+
+def _qual_with(redirect: str, *args) -> subprocess.CompletedProcess:
+    """`qual ARGS` through the console entry, started by a shell with `redirect` (`>&-`: stdout closed)."""
+    return subprocess.run(["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, "-m", "qual", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_stream_closed_at_start_drops_its_output_not_the_exit_code(profile, tmp_path):
+    """Python starts with sys.stdout (sys.stderr) None where fd 1 (2) is closed: the command still does its work and
+    exits with its own code. DCP 2: the rank processes inherit the /dev/null that takes the closed descriptor."""
+    for args in (["schema"], ["--version"]):
+        proc = _qual_with(">&-", *args)
+        assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    run = ["run", "--model", profile, "--limit", "2", "--max-tokens", "3", "--history", tmp_path / "h.sqlite", "-q"]
+    proc = _qual_with(">&-", *run, "--dcp", "2", "--out", tmp_path / "closed-stdout")
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert (tmp_path / "closed-stdout" / "result.json").is_file()
+    proc = _qual_with("2>&-", *run, "--dcp", "1", "--out", tmp_path / "closed-stderr")
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS: "), proc.stdout
+    assert _history_rows(tmp_path / "h.sqlite") == 2
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_stdout_that_refuses_writes_is_one_line_and_exit_2():
+    """A full disk under stdout is the user's to fix, as an output file's is (qual.files.WriteError), not a bug."""
+    for args in (["schema"], ["--version"]):  # a write the command makes; output still buffered when it returns
+        proc = _qual_with(">/dev/full", *args)
+        assert (proc.returncode, proc.stderr) == (2, "error: cannot write to stdout: No space left on device\n")

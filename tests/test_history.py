@@ -319,3 +319,44 @@ def test_keys_that_share_a_label_are_two_series(db):
     assert sorted(len(v) for v in series.values()) == [1, 2, 4]
     steps = history.detect_step_changes([r for v in series.values() for r in v])
     assert all(s.series in series for s in steps) and all(s.run_id not in (6, 7) for s in steps)
+
+
+def test_cli_filters_that_match_no_run_say_so(db, capsys):
+    from cli_inprocess import qual_in
+
+    for filters in (["list", "--model", "bogus"], ["trend", "--dcp", "0"], ["trend", "--draft-kv", "bogus"]):
+        proc = qual_in(capsys, "history", *filters, "--history", db)
+        assert (proc.returncode, proc.stdout, proc.stderr) == \
+            (0, f"no run matches {' '.join(filters[1:])} in {db} (5 runs recorded)\n", ""), filters
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM runs")
+    proc = qual_in(capsys, "history", "list", "--model", "bogus", "--history", db)
+    assert (proc.returncode, proc.stdout) == (0, f"no runs recorded in {db}\n")
+
+
+def test_cli_trend_checks_its_plot_path_before_the_trend(db, tmp_path, capsys):
+    from cli_inprocess import qual_in
+
+    proc = qual_in(capsys, "history", "trend", "--out", tmp_path / "tr.txt", "--history", db)
+    assert (proc.returncode, proc.stdout, proc.stderr) == \
+        (2, "", "error: plot output must end in .png or .svg, got 'tr.txt'\n")
+    (tmp_path / "a.svg").mkdir()
+    proc = qual_in(capsys, "history", "trend", "--out", tmp_path / "a.svg", "--history", db)
+    assert (proc.returncode, proc.stdout, proc.stderr) == \
+        (2, "", f"error: --out {tmp_path / 'a.svg'}: is a directory; give the plot file's path\n")
+
+
+@pytest.mark.parametrize("column,value,what", [
+    ("config_json", "{not json", "config_json: not JSON (Expecting property name enclosed in double quotes: line 1 "
+                                 "column 2 (char 1))"),
+    ("config_json", "[1]", "config_json: expected an object, got list"),
+    ("failed_checks", "5", "failed_checks: expected a list of check names, got int"),
+])
+def test_cli_a_damaged_row_is_one_line_naming_it(db, tmp_path, capsys, column, value, what):
+    from cli_inprocess import qual_in
+
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE runs SET {column} = ? WHERE id = 3", (value,))
+    for command in (["list"], ["trend"], ["show", "3"], ["publish", tmp_path / "site"]):
+        proc = qual_in(capsys, "history", *command, "--history", db)
+        assert (proc.returncode, proc.stderr) == (2, f"error: history {db}: run 3: {what}\n"), command

@@ -379,6 +379,37 @@ def test_compare_refuses_an_out_that_holds_a_run(tmp_path, capsys):
     assert tree(cmp) == before
 
 
+def test_compare_refuses_an_out_that_is_not_empty(tmp_path, capsys):
+    """As `qual run --out`: an earlier comparison's reports, a published site or any other file is never overwritten."""
+    run = _run_dir(tmp_path / "A")
+    cmp, site = tmp_path / "cmp", tmp_path / "site"
+    assert qual(["compare", f"{run}:control", f"{run}:candidate", "--out", cmp], capsys)[0] in (0, 1)
+    site.mkdir()
+    (site / "qual-site.json").write_text("{}\n")
+    for out, first in ((cmp, "junit.xml, ..."), (site, "qual-site.json")):
+        before = tree(out)
+        code, err = qual(["compare", f"{run}:control", f"{run}:candidate", "--out", out], capsys)
+        assert (code, one_line(err)) == (2, f"error: --out {out}: is not empty ({first}); the reports would overwrite "
+                                            "what it holds: give another directory")
+        assert tree(out) == before
+    (tmp_path / "empty").mkdir()
+    assert qual(["compare", f"{run}:control", f"{run}:candidate", "--out", tmp_path / "empty"], capsys)[0] in (0, 1)
+
+
+@pytest.mark.parametrize("key,value", [("config", 5), ("config", None), ("graph_capture", []), ("extra", "x")])
+def test_compare_refuses_an_arm_field_of_another_type(key, value, tmp_path, capsys):
+    """qual compare reads them as objects: another JSON type is the file's fault, not a bug (exit 4)."""
+    run = _run_dir(tmp_path / "A")
+    data = json.loads((run / "result.json").read_text())
+    data["arms"]["candidate"][key] = value
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    code, err = qual(["compare", f"{run}:control", edited, "--out", tmp_path / "cmp"], capsys)
+    assert (code, one_line(err)) == \
+        (2, f"error: {edited}: arms.candidate.{key}: expected an object, got {type(value).__name__}")
+    assert not (tmp_path / "cmp").exists()
+
+
 def test_an_existing_out_on_a_read_only_file_system_says_so(toy_profile, tmp_path):
     mnt, db = tmp_path / "mnt", tmp_path / "h.sqlite"
     mnt.mkdir()

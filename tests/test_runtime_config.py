@@ -1,15 +1,18 @@
 """Bad configurations and checkpoints fail before any process starts, naming the constraint."""
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from checkpoints import make_draft, make_target
 from qual.errors import QualError
 from qual.runtime.backends import parse_backend
-from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig
+from qual.runtime.config import HANG_DUMP_ENV, CacheConfig, EngineConfig, ParallelConfig, hang_dump_seconds
 from qual.runtime.engine import validate
 
 
@@ -73,6 +76,22 @@ def test_preload_needs_the_triton_gemm_it_changes_and_pdl():
     for name in ("compiled+pdl+preload", "triton-gemm+preload"):
         with pytest.raises(QualError, match=re.escape(f"backend {name}: preload moves triton-gemm's first weight")):
             EngineConfig("x", device="cuda", dtype="bfloat16", backend=name)
+
+
+def test_a_bad_hang_dump_interval_is_refused_before_any_process_starts(tmp_path):
+    assert hang_dump_seconds({}) is None and hang_dump_seconds({HANG_DUMP_ENV: ""}) is None
+    assert hang_dump_seconds({HANG_DUMP_ENV: "0.2"}) == 0.2
+    for bad in ("abc", "0", "-1", "nan", "1e300"):  # 1e300: beyond what faulthandler's timer holds
+        with pytest.raises(QualError, match=f"^{HANG_DUMP_ENV}='{re.escape(bad)}': expected a number of seconds > 0"):
+            hang_dump_seconds({HANG_DUMP_ENV: bad})
+    # was a rank's traceback and exit 3 ("engine failure") once both arms' ranks had started
+    out, db = tmp_path / "out", tmp_path / "h.sqlite"
+    proc = subprocess.run([sys.executable, "-m", "qual", "run", "--dcp", "2", "--limit", "2", "--out", out,
+                           "--history", db], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, HANG_DUMP_ENV: "abc"})
+    assert (proc.returncode, proc.stderr) == \
+        (2, f"error: {HANG_DUMP_ENV}='abc': expected a number of seconds > 0 and at most 86400, or unset (off)\n")
+    assert not out.exists() and not db.exists()
 
 
 def test_interleave_must_divide_block_size():

@@ -15,20 +15,29 @@ from qual.errors import QualError
 from qual.userfiles import check_path_name
 
 
-def _refuse_input_folder(out: Path, *refs: str) -> None:
-    """--out must not hold a run, nor be where an input's result.json lies: the reports would replace its own."""
+def _refuse_used_folder(out: Path, *refs: str) -> None:
+    """--out must be new or empty, as `qual run`'s: the reports would replace files of a run, an input's result.json,
+    an earlier comparison's reports or whatever else lies there. A run or an input is named as such."""
     from qual.harness.compare import parse_ref
 
-    if out.is_dir():
-        found = holds_run(out)
-        if found is not None:
-            raise QualError(f"--out {out}: holds a run ({found}); its reports would be overwritten: give another "
-                            "directory")
-        for ref in refs:
-            result = parse_ref(ref)[0]
-            if result.resolve().parent == out.resolve():
-                raise QualError(f"--out {out}: holds {result.name}, an input of this comparison ({ref}): give "
-                                "another directory")
+    if not out.is_dir():
+        return
+    found = holds_run(out)
+    if found is not None:
+        raise QualError(f"--out {out}: holds a run ({found}); its reports would be overwritten: give another "
+                        "directory")
+    for ref in refs:
+        result = parse_ref(ref)[0]
+        if result.resolve().parent == out.resolve():
+            raise QualError(f"--out {out}: holds {result.name}, an input of this comparison ({ref}): give "
+                            "another directory")
+    try:
+        names = sorted(entry.name for entry in out.iterdir())
+    except OSError as exc:
+        raise QualError(f"--out {out}: cannot list this directory ({exc.strerror or exc})") from None
+    if names:
+        raise QualError(f"--out {out}: is not empty ({names[0]}{', ...' if len(names) > 1 else ''}); the reports "
+                        "would overwrite what it holds: give another directory")
 
 
 @app.command("compare")
@@ -50,7 +59,7 @@ def compare_command(
 
     check_path_name(out, "--out")
     result = compare(a, b, str(gate or DEFAULT_GATE), seed)  # mismatched inputs: exit 2 before anything is made
-    _refuse_input_folder(out, a, b)
+    _refuse_used_folder(out, a, b)
     if history:
         history_file(Path(history))
     output_dir(out, "--out")

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qual import history as hist
+from qual.errors import QualError
 from qual.paths import DEFAULT_HISTORY
 from qual.cli.main import EXIT_GATE_FAILED, app
 
@@ -58,6 +59,15 @@ def _model_name(model: str | None) -> str | None:
     return load_profile(model).name
 
 
+def _none_found(history: Path, filters: dict[str, object]) -> str:
+    """Why a listing is empty: the history holds no run, or none of its runs matches the filters given."""
+    given = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in filters.items() if value is not None)
+    total = hist.count_runs(history) if given else 0
+    if not total:
+        return f"no runs recorded in {_t(history)}"
+    return f"no run matches {_t(given)} in {_t(history)} ({total} run{'s' if total != 1 else ''} recorded)"
+
+
 def _verdict(v: str) -> str:
     return "[green]pass[/]" if v == "pass" else "[bold red]FAIL[/]"
 
@@ -72,7 +82,7 @@ def list_cmd(
     runs = hist.list_runs(history, model=_model_name(model), limit=limit)
     console = _console()
     if not runs:
-        console.print(f"no runs recorded in {_t(history)}")
+        console.print(_none_found(history, {"model": model}), highlight=False, soft_wrap=True)
         return
     table = Table(title=f"qual runs ({_t(history)})", box=box.SIMPLE_HEAD)
     for col, justify in (("id", "right"), ("created (UTC)", "left"), ("model", "left"), ("engine", "left"),
@@ -131,13 +141,15 @@ def trend_cmd(
     fail_on_step: bool = typer.Option(False, "--fail-on-step", help="Exit 1 when a step change is flagged."),
 ) -> None:
     """Acceptance over time per configuration (qual.configuration); flags step changes between consecutive runs."""
+    if out is not None:  # before the work, not after the trend was printed
+        _check_plot_path(out)
     series = hist.trend(history, model=_model_name(model), dcp=dcp, draft_kv=draft_kv)
     runs = [r for rows in series.values() for r in rows]
     steps = hist.detect_step_changes(runs, threshold_pp)
     if as_json:
         print(json.dumps(_trend_json(series, steps, threshold_pp), indent=2))
     else:
-        _print_trend(series, steps, threshold_pp, history)
+        _print_trend(series, steps, threshold_pp, history, {"model": model, "dcp": dcp, "draft_kv": draft_kv})
     if out is not None:
         from qual.report import plots
 
@@ -150,7 +162,18 @@ def trend_cmd(
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
-def _print_trend(series: dict, steps: list, threshold_pp: float, history: Path) -> None:
+def _check_plot_path(out: Path) -> None:
+    """--out names a plot file (.png or .svg, not a folder) in a folder that exists or can be made, and written."""
+    from qual.cli.outputs import output_dir
+    from qual.report.plots import plot_format
+
+    plot_format(out)
+    if out.is_dir():
+        raise QualError(f"--out {out}: is a directory; give the plot file's path")
+    output_dir(out.parent, "--out")
+
+
+def _print_trend(series: dict, steps: list, threshold_pp: float, history: Path, filters: dict[str, object]) -> None:
     console = _console()
     for label, rows in series.items():
         latest = rows[-1]
@@ -158,7 +181,7 @@ def _print_trend(series: dict, steps: list, threshold_pp: float, history: Path) 
                       f"candidate {_pct(latest.candidate_rate)} ({_verdict(latest.verdict)})", highlight=False,
                       soft_wrap=True)
     if not series:
-        console.print(f"no runs recorded in {_t(history)}")
+        console.print(_none_found(history, filters), highlight=False, soft_wrap=True)
     if steps:
         console.print(f"[bold red]{len(steps)} step change(s) > {threshold_pp:g} pp:[/]")
         for s in steps:
@@ -216,8 +239,6 @@ history_app.add_typer(baseline_app, name="baseline")
 def pin_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history list`."), history: Path = HistoryOpt) -> None:
     """Make run ID the baseline of its configuration (it wins over the newest passing run)."""
     from datetime import timezone
-
-    from qual.errors import QualError
 
     run = hist.get_run(history, run_id)
     if not run.result_path or not Path(run.result_path).is_file():

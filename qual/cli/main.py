@@ -12,7 +12,9 @@ import typer
 import typer.core
 
 from qual import stop_signals
+from qual.cli import streams
 from qual.cli.crash import internal_error_line, save_traceback
+from qual.cli.streams import say
 from qual.errors import EngineError, InternalError, QualError
 from qual.proc import private_tmp, signals_held
 from qual.stop_signals import STOP_SIGNALS
@@ -136,6 +138,7 @@ def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
 
 def main() -> None:
     """Console-script entry point: one-line errors, stable exit codes."""
+    streams.prepare()  # before anything opens a file that could take a closed stdout's descriptor
     _register()  # still under qual.cli.entry's start-up handler: nothing has been created that an exit must undo
     interrupts = Interrupts()
     try:
@@ -145,14 +148,17 @@ def main() -> None:
             interrupts.install()
         code = run_app()  # a signal held above arrives here at the latest, inside run_app or just before it
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         code = EXIT_INTERRUPTED
     interrupts.finished = code
     if code == EXIT_INTERRUPTED:
         # Everything a --resume needs is on disk and every child is gone: skip the interpreter's teardown,
         # which takes seconds once torch is loaded, so that a CI job's SIGTERM ends the process at once.
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, QualError):  # output that cannot be written changes nothing now
+                pass
         tmp.remove()
         os._exit(code)
     sys.exit(code)
@@ -165,13 +171,13 @@ def run_app(args: list[str] | None = None) -> int:
         # KeyboardInterrupt into Exit(130)).
         code = app(args=args, standalone_mode=False)
     except QualError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return EXIT_USAGE
     except EngineError as exc:
-        print(f"engine failure: {exc}", file=sys.stderr)
+        say(f"engine failure: {exc}")
         return EXIT_ENGINE
     except InternalError as exc:
-        print(str(exc), file=sys.stderr)
+        say(str(exc))
         return EXIT_INTERNAL
     except typer.Exit as exc:
         code = exc.exit_code
@@ -186,15 +192,30 @@ def run_app(args: list[str] | None = None) -> int:
         if isinstance(exc, aborts):
             code = EXIT_INTERRUPTED
         elif isinstance(exc, usage_errors):
-            print(f"error: {exc.format_message()}", file=sys.stderr)
+            say(f"error: {exc.format_message()}")
             return EXIT_USAGE
         else:
             # Anything else is a bug in qual, never "gate failed": exit 4, the traceback kept in a file.
-            print(internal_error_line(exc, save_traceback(exc, None)), file=sys.stderr)
+            say(internal_error_line(exc, save_traceback(exc, None)))
             return EXIT_INTERNAL
     code = code if isinstance(code, int) else 0
     if code == EXIT_INTERRUPTED:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
+    return _flushed(code)
+
+
+def _flushed(code: int) -> int:
+    """code, once stdout's buffered output is written: here a full disk is one line and exit 2 and a reader gone is
+    141, where at exit nothing could say so and the command's code would stand."""
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+        return EXIT_BROKEN_PIPE
+    except QualError as exc:  # streams.StdoutError
+        say(f"error: {exc}")
+        return EXIT_USAGE
     return code
 
 

@@ -18,7 +18,8 @@ from qual.options import DEFAULT_DCP_COMM, DEFAULT_DSA_TOPK, DcpComm
 from qual.provenance import local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, DoctorCheck, EngineBuild, EngineRequest, GraphCapture, OnResult
 from qual.runtime.backends import parse_backend, part_problems
-from qual.runtime.config import DEFAULT_SIZES, CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+from qual.runtime.config import (DEFAULT_SIZES, CacheConfig, EngineConfig, ParallelConfig, SamplingParams,
+                                 hang_dump_seconds)
 from qual.validation import Section, parse_section
 
 
@@ -140,6 +141,7 @@ class ReferenceEngine(Engine):
         return self.version_label
 
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        hang_dump_seconds()  # read by every rank as it starts: a bad value is refused before the first one
         if arm.tp > 1:  # a real run follows: its CPU rank server starts now, importing while this process does
             from qual.runtime.launch import rank_context
 

@@ -201,12 +201,18 @@ def _time_axis(ax, times: list) -> None:
     ax.tick_params(axis="x", labelbottom=True, labelsize=8)
 
 
+def plot_format(path: str | Path) -> str:
+    """png or svg, by the path's suffix (a caller checks it before the work whose plot it is)."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg"):
+        raise QualError(f"plot output must end in .png or .svg, got {Path(path).name!r}")
+    return fmt
+
+
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write a figure as .png or .svg (chosen by suffix)."""
     path = Path(path)
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in ("png", "svg"):
-        raise QualError(f"plot output must end in .png or .svg, got {path.name!r}")
+    fmt = plot_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with matplotlib.rc_context(_RC):
         fig.savefig(path, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)

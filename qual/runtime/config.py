@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 
 from qual.errors import QualError
@@ -12,6 +14,26 @@ from qual.runtime.backends import PYTORCH, parse_backend
 
 # Batch sizes captured as CUDA graphs by default (qual/runtime/cuda_graphs.py); a step pads to the next one.
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+HANG_DUMP_ENV = "QUAL_HANG_DUMP_S"
+HANG_DUMP_MAX_S = 86400.0  # a day: longer than any step, and far inside what faulthandler's timer can hold
+
+
+def hang_dump_seconds(environ=os.environ) -> float | None:
+    """$QUAL_HANG_DUMP_S: every how many seconds each process of an engine prints its threads' stacks (where did a
+    rank hang?); None where unset. Read by every rank (parallel.arm_hang_dump) and checked by the engine's preflight,
+    so that a typo is one line before any process starts, not a rank's traceback."""
+    value = environ.get(HANG_DUMP_ENV, "")
+    if value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= HANG_DUMP_MAX_S:  # NaN fails it too
+        raise QualError(f"{HANG_DUMP_ENV}={value[:80]!r}: expected a number of seconds > 0 and at most "
+                        f"{HANG_DUMP_MAX_S:.0f}, or unset (off)")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from qual.options import DEFAULT_DCP_COMM
+from qual.runtime.config import hang_dump_seconds
 
 # The ranks' own TCP links (gloo pairs, NCCL bootstrap) bind this interface: every rank is on one host, and the
 # libraries' default (the address the host name resolves to) can be one the network reaches.
@@ -150,11 +151,11 @@ def abort_comm(comm: Comm) -> None:
 
 def arm_hang_dump() -> None:
     """QUAL_HANG_DUMP_S=N: print every thread's stack to stderr every N seconds (where did a rank hang?)."""
-    seconds = os.environ.get("QUAL_HANG_DUMP_S")
-    if seconds:
+    seconds = hang_dump_seconds()
+    if seconds is not None:
         import faulthandler
 
-        faulthandler.dump_traceback_later(float(seconds), repeat=True)
+        faulthandler.dump_traceback_later(seconds, repeat=True)
 
 
 def set_cpu_threads(world_size: int, threads: int | None) -> None:
