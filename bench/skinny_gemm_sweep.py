@@ -15,8 +15,7 @@ kernel), each in microseconds and weight bytes read per second.
 them), each product's input made from the one before's output by a small kernel (as a compiled step's norms and
 activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best configurations, or with
 --no-sweep at choose_config's); the same with PDL (the small kernel waits where it first reads, as inductor's do);
-each also with fixed inputs and no small kernels between (products only); with PDL, products that load their first
-one or two weight tiles before they wait for the small kernel before (`preload`); and `finished` / `finished+pdl`: products
+each also with fixed inputs and no small kernels between (products only); and `finished` / `finished+pdl`: products
 that sum their own split-K partials (the last program of each column block to finish, counted atomically) and
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
 could reach, norms and activations left out). Each against the copy bandwidth.
@@ -165,13 +164,13 @@ def glue(parts: torch.Tensor, n_take: int, pdl: bool) -> torch.Tensor:
 @triton.jit
 def _reduced_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
                     SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr):
+                    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
     """The split-K product that finishes its own output: each program stores its float32 partial, and the last of a
     column block's SPLIT programs to arrive (an atomic count, reset for the next launch) sums them and writes
     out[M, N] in bf16 (scaled as the glue kernel's), so the next product reads it with no kernel between."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     acc, rm, rn = skinny_gemm.split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
-                                           BLOCK_K, EVEN_N, EVEN_K, PDL, PRELOAD)
+                                           BLOCK_K, EVEN_N, EVEN_K, PDL)
     tile = rm[:, None] * N + rn[None, :]
     ok = (rm[:, None] < M) & (rn[None, :] < N)
     if SPLIT == 1:
@@ -196,16 +195,15 @@ def reduced(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, cfg: GemmCon
     m, k = x.shape
     n = w.shape[0]
     cfg = cfg or skinny_gemm.choose_config(n, k)
-    k_per_split = skinny_gemm.k_blocks(k, cfg) * cfg.block_k
-    assert cfg.preload <= skinny_gemm.k_blocks(k, cfg), (cfg, k)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k
     out = torch.empty(m, n, device=x.device, dtype=torch.bfloat16)
     parts = torch.empty(cfg.split, m, n, device=x.device, dtype=torch.float32) if cfg.split > 1 else out
     launch = {"launch_pdl": True} if pdl else {}
     _reduced_kernel[(triton.cdiv(n, cfg.block_n), cfg.split)](
         x, w, parts, counts, out, m, n, k, k_per_split, x.stride(0), w.stride(0), SPLIT=cfg.split,
         BLOCK_M=skinny_gemm.MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_N=n % cfg.block_n == 0,
-        EVEN_K=k % (cfg.split * cfg.block_k) == 0, PDL=pdl, PRELOAD=cfg.preload, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch)
+        EVEN_K=k % (cfg.split * cfg.block_k) == 0, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch)
     return out
 
 
@@ -244,10 +242,9 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
     def cublas(h, w, p, m):  # bf16 [1, M, N]: the glue kernel sums it as one partial
         return F.linear(h, w)[None]
 
-    def kernel(pdl: bool, swept: bool = True, preload: int = 0):
+    def kernel(pdl: bool, swept: bool = True):
         def f(h, w, p, m):
-            cfg = best.get((p, m)) if swept else None
-            cfg = replace(cfg or skinny_gemm.choose_config(*w.shape), preload=preload)
+            cfg = best.get((p, m)) if swept else None  # None: choose_config
             return skinny_gemm.partials(h, w, cfg, pdl=pdl)
         return f
 
@@ -267,9 +264,6 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
         "kernel, products only": (kernel(False), False, "fixed"),
         "kernel+pdl": (kernel(True), True, "glue"),
         "kernel+pdl, products only": (kernel(True), True, "fixed"),
-        # the first weight tiles loaded before the PDL wait, while the small kernel before finishes
-        "kernel+pdl, preload 1": (kernel(True, preload=1), True, "glue"),
-        "kernel+pdl, preload 2": (kernel(True, preload=2), True, "glue"),
         # each product sums its own split-K partials (its last program of a column block): no kernel between
         "finished": (finishing(False), False, "direct"),
         "finished+pdl": (finishing(True), True, "direct"),

@@ -21,15 +21,12 @@ pytestmark = pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton with
 ROOT = Path(__file__).resolve().parents[1]
 
 PRODUCTS = """
-from dataclasses import replace
 import torch
-from qual.runtime.backends.skinny_gemm import choose_config, partials
+from qual.runtime.backends.skinny_gemm import partials
 
 for m, n, k in [(3, 640, 256), (16, 100, 300)]:  # ragged column and K blocks
     for pdl in (False, True):
-        for preload in (0, 1, 2):
-            partials(torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(),
-                     replace(choose_config(n, k), preload=preload), pdl=pdl)
+        partials(torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(), pdl=pdl)
 """
 
 FINISHED = """
@@ -107,14 +104,13 @@ def compile_for_hopper(script: str) -> str:
 
 
 def test_split_k_product_compiles_for_hopper():
-    """The split-K product, even and ragged blocks, with and without PDL, 0-2 weight tiles preloaded; with PDL the
-    preloaded tiles are requested before the wait (the compiler keeps them there), and nothing else is."""
+    """The split-K product, even and ragged blocks, with and without PDL; with PDL no global load is issued before
+    the wait (x is the kernel before's output: a load the compiler hoisted above the wait would read it early)."""
     out = compile_for_hopper(PRODUCTS)
     lines = [line for line in out.splitlines() if line.startswith("_partials_kernel:")]
-    assert len(lines) == 12, out
+    assert len(lines) == 4, out
     early = [int(line.split(", ")[-1].split()[0]) for line in lines if "before its PDL wait" in line]
-    assert len(early) == 6 and early[0] == early[3] == 0, out
-    assert 0 < early[1] < early[2] and 0 < early[4] < early[5], out  # in launch order: preload 0, 1, 2
+    assert early == [0, 0], out
 
 
 def test_the_chains_finished_product_compiles_for_hopper():
@@ -135,7 +131,7 @@ def test_paged_attention_spills_no_register_at_decode_and_verify_shapes():
     """At a plain step's one query position and a speculative verify's 16, 2 to 8 query heads a KV head, head size
     128 in bf16, the attention kernel keeps its tiles in registers (no stack), compiled by the GPU image's Triton
     (a newer one spills 24 B at 2 query heads and 16 positions): a kernel that holds more in flight (keys and
-    values a block ahead: docs/PERFORMANCE.md) spills at the verify shapes."""
+    values a block ahead: docs/PERFORMANCE.md) takes 156-199 registers a thread where this one takes 118-164."""
     out = compile_for_hopper(ATTENTION_STEPS)
     lines = [line for line in out.splitlines() if line.startswith("_paged_attention_kernel:")]
     assert len(lines) == 6 and all(line.endswith(" 0 B stack") for line in lines), out

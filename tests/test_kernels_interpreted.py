@@ -80,26 +80,15 @@ print("ok")
 """
 
 SKINNY_GEMM = """
-from dataclasses import replace
 import torch
 from qual.runtime.backends.skinny_gemm import choose_config, partials
 
 g = torch.Generator().manual_seed(0)
 for m, n, k in [(1, 256, 512), (5, 100, 300), (16, 64, 1024)]:
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-    cfg = choose_config(n, k)
-    for preload in (0, 1, 2):  # weight tiles loaded before the loop, multiplied after it
-        parts = partials(x, w, replace(cfg, preload=preload))
-        assert parts.shape[0] == cfg.split
-        assert torch.allclose(parts.sum(0), x @ w.T, atol=1e-3), (preload, (parts.sum(0) - x @ w.T).abs().max())
-from qual.runtime.backends.skinny_gemm import _partials_op  # what linear() launches: the preload capped
-x, w = torch.randn(2, 64, generator=g), torch.randn(64, 64, generator=g)  # one K block a program
-assert torch.allclose(_partials_op(x, w, False, 2).sum(0), x @ w.T, atol=1e-3)
-try:  # 300 columns of K in blocks of 64 over 8 programs: one block each, nothing to preload a second
-    partials(torch.randn(1, 300), torch.randn(8, 300), replace(choose_config(8, 300), split=8, preload=2))
-    raise AssertionError("a preload past a program's K blocks was accepted")
-except ValueError as exc:
-    assert "preload 2 of 1 K blocks" in str(exc), exc
+    parts = partials(x, w)
+    assert parts.shape[0] == choose_config(n, k).split
+    assert torch.allclose(parts.sum(0), x @ w.T, atol=1e-3), (parts.sum(0) - x @ w.T).abs().max()
 print("ok")
 """
 
@@ -155,9 +144,7 @@ def test_paged_attention_matches_gather_then_attend():
 
 
 def test_split_k_partials_sum_to_the_product():
-    """The split-K GEMM's float32 partials sum to x @ w.T (ragged N and K, 1 to 16 rows), with 0, 1 and 2 weight tiles
-    loaded before the loop; a preload past a program's K blocks is refused, and capped there by the op linear()
-    launches."""
+    """The split-K GEMM's float32 partials sum to x @ w.T (ragged N and K, 1 to 16 rows)."""
     interpret(SKINNY_GEMM)
 
 

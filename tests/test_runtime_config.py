@@ -69,15 +69,6 @@ def test_pdl_backend_launches_some_triton_kernels_on_a_gpu():
     assert parse_backend("compiled+pdl").pdl and not parse_backend("compiled").pdl
 
 
-def test_preload_needs_the_triton_gemm_it_changes_and_pdl():
-    """preload moves triton-gemm's first weight loads before the PDL wait: refused without either, by name."""
-    backend = EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+triton-gemm+pdl+preload").backend
-    assert parse_backend(backend).preload and not parse_backend("triton-gemm+pdl").preload
-    for name in ("compiled+pdl+preload", "triton-gemm+preload"):
-        with pytest.raises(QualError, match=re.escape(f"backend {name}: preload moves triton-gemm's first weight")):
-            EngineConfig("x", device="cuda", dtype="bfloat16", backend=name)
-
-
 def test_a_bad_hang_dump_interval_is_refused_before_any_process_starts(tmp_path):
     assert hang_dump_seconds({}) is None and hang_dump_seconds({HANG_DUMP_ENV: ""}) is None
     assert hang_dump_seconds({HANG_DUMP_ENV: "0.2"}) == 0.2

@@ -4,10 +4,9 @@ A backend names its parts, joined by "+": `compiled` (torch.compile of the decod
 capture), `compiled-prefill` (torch.compile of the padded prefill too, before its buckets are captured),
 `triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
 `triton-attention` (the target's decode attention read in place from the paged store), `fused`
-(one-token target decode steps through one persistent kernel for all layers), `pdl` (the step's Triton
+(one-token target decode steps through one persistent kernel for all layers) and `pdl` (the step's Triton
 kernels, compiled ones too, launched with programmatic dependent launch: each may start while the one before
-finishes) and `preload` (triton-gemm's products, launched with pdl, load their first weight tiles before they wait
-for the kernel before). `pytorch` (the default) is
+finishes). `pytorch` (the default) is
 none of them: PyTorch operators only (`reference`, its earlier name, is still read). Each part says which steps it
 serves; the capture record carries that, so a step a part cannot serve is visible there, never a silent fallback.
 """
@@ -21,9 +20,7 @@ from qual.errors import QualError
 
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
-PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused", "pdl",
-         "preload")
-PRELOAD_TILES = 2  # weight tiles a program of the preload part loads before its PDL wait (skinny_gemm.GemmConfig)
+PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused", "pdl")
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
 # (draft + verify of K+1 tokens).
@@ -40,8 +37,6 @@ SERVES = {
     "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention and the compiled step's "
            "own; with compiled-prefill, the compiled prefill's too) launched with programmatic dependent launch; "
            "cuBLAS and PyTorch's kernels wait as before",
-    "preload": "triton-gemm's products: each program loads its first two weight tiles (one where it multiplies only "
-               "one) before it waits for the kernel before, under pdl",
 }
 
 
@@ -81,10 +76,6 @@ class Backend:
     def pdl(self) -> bool:
         return "pdl" in self.parts
 
-    @property
-    def preload(self) -> bool:
-        return "preload" in self.parts
-
     def check(self, device: str, dtype: str, tp: int) -> None:
         """Refuse a backend that cannot run here, before any process starts."""
         # torch.compile also runs on the CPU
@@ -102,9 +93,6 @@ class Backend:
                                                 "triton-attention"}):
             raise QualError(f"backend {self.name}: pdl launches the Triton kernels of compiled, compiled-prefill, "
                             "triton-gemm or triton-attention; name at least one of them")
-        if self.preload and not (self.triton_gemm and self.pdl):
-            raise QualError(f"backend {self.name}: preload moves triton-gemm's first weight loads before its pdl "
-                            "wait; name triton-gemm and pdl too")
 
     def check_device(self, device) -> None:
         """Refuse, once the device is known, a part this GPU or this Triton cannot run."""
@@ -130,7 +118,7 @@ class Backend:
         from qual.runtime.backends import skinny_gemm
 
         _need_triton(skinny_gemm.available())
-        return functools.partial(skinny_gemm.linear, pdl=self.pdl, preload=PRELOAD_TILES if self.preload else 0)
+        return functools.partial(skinny_gemm.linear, pdl=True) if self.pdl else skinny_gemm.linear
 
     def paged_attention(self):
         """The target's decode attention over the paged store, or None (gather the keys, then PyTorch)."""
@@ -182,7 +170,7 @@ def part_problems(device: str) -> dict[str, str | None]:
     rank, and whether the Triton its kernels need is installed (qual doctor)."""
     from qual.runtime.backends import skinny_gemm
 
-    companion = {"pdl": "triton-gemm+pdl", "preload": "triton-gemm+pdl+preload"}  # parts that need others
+    companion = {"pdl": "triton-gemm+pdl"}  # parts that need another
     problems = {}
     for part in PARTS:
         backend = parse_backend(companion.get(part, part))

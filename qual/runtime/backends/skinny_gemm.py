@@ -13,14 +13,13 @@ finishes: each program waits for that kernel (whose output x is) before its firs
 after it launch. PDL pays where a product is followed by a small kernel, as everywhere in a decode step, and costs
 where two products follow each other (bench/skinny_gemm_sweep.py --chain measures both; docs/PERFORMANCE.md),
 likely because a grid launched early holds SM slots while it waits. Asking L2 for the first columns of each slab
-before the wait was tried and was slower; loading the first weight tiles into registers before it
-(GemmConfig.preload, the backend part `preload`) is built and not yet measured (docs/PERFORMANCE.md).
+before the wait was tried and was slower.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -43,8 +42,6 @@ class GemmConfig:
     # 4 stages: the best, or within noise of it, on every 0.6B-shape projection at 1 and 8 rows
     # (python3 bench/skinny_gemm_sweep.py on one H200)
     num_stages: int = 4
-    # weight tiles a program loads before its PDL wait (0-2; split_k_tile), at least that many K blocks each
-    preload: int = 0
 
 
 def available() -> bool:
@@ -88,65 +85,43 @@ def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 64) -> GemmC
     return GemmConfig(block_n, block_k, split)
 
 
-def k_blocks(k: int, cfg: GemmConfig) -> int:
-    """The K blocks each program of a product of inner size k multiplies at configuration cfg."""
-    return math.ceil(math.ceil(k / cfg.split) / cfg.block_k)
-
-
 if triton is not None:
-
-    @triton.jit
-    def _w_tile(w_ptr, rn, k0, N, K, stride_wn, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
-        """w's [BLOCK_N, BLOCK_K] tile at columns rn and K offset k0 (zeros past N and K)."""
-        rk = k0 + tl.arange(0, BLOCK_K)
-        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
-        if EVEN_N and EVEN_K:
-            return tl.load(w_ptrs, eviction_policy="evict_first")  # read once: keep L2 for what is read again
-        return tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
-
-    @triton.jit
-    def _x_tile(x_ptr, rm, k0, M, K, stride_xm, BLOCK_K: tl.constexpr):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        return tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
-                       other=0.0)
 
     @triton.jit
     def split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                     PDL: tl.constexpr, PRELOAD: tl.constexpr):
+                     PDL: tl.constexpr):
         """This program's partial of the split-K product, float32 [BLOCK_M, BLOCK_N], with its rows rm and output
         columns rn: program (n, s) multiplies x by w's column block n over the s-th k_per_split of K. With PDL it
-        first waits for the kernel before (whose output x is), after loading its first PRELOAD (0-2) weight tiles.
-        The kernels that finish the product differently call it."""
+        first waits for the kernel before (whose output x is). The kernels that finish the product differently call
+        it."""
         pid_n, pid_s = tl.program_id(0), tl.program_id(1)
         rm = tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         k_lo = pid_s * k_per_split
-        # PRELOAD tiles of w before the wait: the weights are not the kernel before's output, so they stream while
-        # it finishes; they are multiplied after the loop (Triton's pipeliner keeps the loop's own loads in flight)
-        if PRELOAD >= 1:
-            w0 = _w_tile(w_ptr, rn, k_lo, N, K, stride_wn, BLOCK_K, EVEN_N, EVEN_K)
-        if PRELOAD >= 2:
-            w1 = _w_tile(w_ptr, rn, k_lo + BLOCK_K, N, K, stride_wn, BLOCK_K, EVEN_N, EVEN_K)
         if PDL:
             tl.extra.cuda.gdc_wait()  # x is the kernel before's output
             tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(k_lo + PRELOAD * BLOCK_K, k_lo + k_per_split, BLOCK_K):
-            x = _x_tile(x_ptr, rm, k0, M, K, stride_xm, BLOCK_K)
-            acc += tl.dot(x, tl.trans(_w_tile(w_ptr, rn, k0, N, K, stride_wn, BLOCK_K, EVEN_N, EVEN_K)))
-        if PRELOAD >= 1:
-            acc += tl.dot(_x_tile(x_ptr, rm, k_lo, M, K, stride_xm, BLOCK_K), tl.trans(w0))
-        if PRELOAD >= 2:
-            acc += tl.dot(_x_tile(x_ptr, rm, k_lo + BLOCK_K, M, K, stride_xm, BLOCK_K), tl.trans(w1))
+        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                        other=0.0)
+            w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+            if EVEN_N and EVEN_K:
+                w = tl.load(w_ptrs, eviction_policy="evict_first")  # read once: keep L2 for what is read again
+            else:
+                w = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0,
+                            eviction_policy="evict_first")
+            acc += tl.dot(x, tl.trans(w))
         return acc, rm, rn
 
     @triton.jit
     def _partials_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr):
+                         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
         acc, rm, rn = split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                   EVEN_N, EVEN_K, PDL, PRELOAD)
+                                   EVEN_N, EVEN_K, PDL)
         out = out_ptr + tl.program_id(1) * M * N + rm[:, None] * N + rn[None, :]
         tl.store(out, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -159,40 +134,35 @@ def partials(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig | None = None, pd
     if m > MAX_ROWS or w.shape[1] != k or w.stride(1) != 1 or x.stride(1) != 1:
         raise ValueError(f"skinny_gemm: x {tuple(x.shape)} w {tuple(w.shape)} (need M <= {MAX_ROWS}, unit K stride)")
     cfg = cfg or choose_config(n, k)
-    k_per_split = k_blocks(k, cfg) * cfg.block_k
-    if not 0 <= cfg.preload <= min(2, k_blocks(k, cfg)):
-        raise ValueError(f"skinny_gemm: preload {cfg.preload} of {k_blocks(k, cfg)} K blocks a program "
-                         "(0-2, at most the blocks a program multiplies)")
+    k_per_split = math.ceil(math.ceil(k / cfg.split) / cfg.block_k) * cfg.block_k
     out = torch.empty(cfg.split, m, n, device=x.device, dtype=torch.float32)
     grid = (math.ceil(n / cfg.block_n), cfg.split)
     launch = {"launch_pdl": True} if pdl else {}
     _partials_kernel[grid](x, w, out, m, n, k, k_per_split, x.stride(0), w.stride(0),
                            BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                            EVEN_N=n % cfg.block_n == 0, EVEN_K=k % (cfg.split * cfg.block_k) == 0, PDL=pdl,
-                           PRELOAD=cfg.preload, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
     return out
 
 
 if triton is not None:
     # As a custom op, torch.compile keeps the launch as one opaque node and fuses the sum after it.
     @torch.library.custom_op("qual::skinny_gemm_partials", mutates_args=())
-    def _partials_op(x: torch.Tensor, w: torch.Tensor, pdl: bool, preload: int) -> torch.Tensor:
-        cfg = choose_config(w.shape[0], x.shape[1])
-        return partials(x, w, replace(cfg, preload=min(preload, k_blocks(x.shape[1], cfg))), pdl=pdl)
+    def _partials_op(x: torch.Tensor, w: torch.Tensor, pdl: bool) -> torch.Tensor:
+        return partials(x, w, pdl=pdl)
 
     @_partials_op.register_fake
-    def _(x, w, pdl, preload):
+    def _(x, w, pdl):
         split = choose_config(w.shape[0], x.shape[1]).split
         return x.new_empty(split, x.shape[0], w.shape[0], dtype=torch.float32)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, pdl: bool = False, preload: int = 0) -> torch.Tensor:
-    """x @ w.T for x [..., K]: the split-K kernel when the rows fit one tile, else torch's linear. preload: weight
-    tiles each program loads before its PDL wait, at most the K blocks it multiplies."""
+def linear(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """x @ w.T for x [..., K]: the split-K kernel when the rows fit one tile, else torch's linear."""
     rows = math.prod(x.shape[:-1])
     if triton is None or rows > MAX_ROWS or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
         return torch.nn.functional.linear(x, w)
     flat = x.reshape(rows, x.shape[-1])
     if flat.stride(1) != 1:
         flat = flat.contiguous()
-    return _partials_op(flat, w, pdl, preload).sum(0).to(x.dtype).view(*x.shape[:-1], w.shape[0])
+    return _partials_op(flat, w, pdl).sum(0).to(x.dtype).view(*x.shape[:-1], w.shape[0])
