@@ -41,8 +41,15 @@ def decode(target, draft, async_decode, max_num_seqs=8, requests=None, temperatu
 
 
 def same(a, b):
-    keys = ("output_token_ids", "draft_steps", "accepted_per_position", "top2_margins", "finish_reason")
-    return [[getattr(r, k) for k in keys] for r in a] == [[getattr(r, k) for k in keys] for r in b]
+    """Tokens, drafts, acceptance and finish equal; the top-2 margins equal to float32 rounding. A launch ahead keeps a
+    finished request's row as padding where a step-by-step engine runs fewer rows, and the CPU's BLAS may block
+    another row count differently (margins 1e-6 apart were seen on the last steps of the last request running)."""
+    keys = ("output_token_ids", "draft_steps", "accepted_per_position", "finish_reason")
+    if [[getattr(r, k) for k in keys] for r in a] != [[getattr(r, k) for k in keys] for r in b]:
+        return False
+    return all(len(x.top2_margins) == len(y.top2_margins)
+               and torch.allclose(torch.tensor(x.top2_margins), torch.tensor(y.top2_margins), rtol=1e-5, atol=1e-5)
+               for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("max_num_seqs", [8, 3])  # all at once; a full batch that admits as requests finish
