@@ -83,6 +83,9 @@ def test_a_bad_hang_dump_interval_is_refused_before_any_process_starts(tmp_path)
     assert (proc.returncode, proc.stderr) == \
         (2, f"error: {HANG_DUMP_ENV}='abc': expected a number of seconds > 0 and at most 86400, or unset (off)\n")
     assert not out.exists() and not db.exists()
+    dry = subprocess.run([sys.executable, "-m", "qual", "run", "--dcp", "2", "--dry-run"], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, HANG_DUMP_ENV: "abc"})
+    assert (dry.returncode, dry.stderr) == (proc.returncode, proc.stderr)  # the dry run approved it before
 
 
 def test_interleave_must_divide_block_size():

@@ -152,6 +152,7 @@ class ReferenceEngine(Engine):
     def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         """preflight's checks of the checkpoints and options, where the target is on this machine; not the GPUs (a
         dry run may plan a GPU run from a machine without one) and nothing started."""
+        hang_dump_seconds()  # the environment the run would start its ranks with
         if not (Path(arm.target_path) / "config.json").is_file():
             return arm  # the real run reports it missing
         target, _ = _runtime().validate(engine_config(arm), devices=False)
