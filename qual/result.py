@@ -94,6 +94,27 @@ class Provenance:
         return cls(**{**d, "host": HostFacts(**d["host"]), "engine": EngineBuild.from_json(d["engine"])})
 
 
+# An arm's fields read later as these types (.get and .items of the objects in qual compare and the reports, the
+# strings as paths and text): another type in a result.json is the file's fault, refused by name, not a bug's exit 4.
+_ARM_FIELD_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "config": ("an object", (dict,)),
+    "graph_capture": ("an object", (dict,)),
+    "extra": ("an object or null", (dict, type(None))),
+    "latency": ("an object or null", (dict, type(None))),
+    "engine_version": ("a string", (str,)),
+    "runnable": ("true or false", (bool,)),
+    "not_runnable_reason": ("a string or null", (str, type(None))),
+    "log_path": ("a string or null", (str, type(None))),
+}
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type, as an error message shows it."""
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 @dataclass
 class ArmResult:
     """One arm: its config, acceptance, per-request results, graph capture and throughput."""
@@ -129,10 +150,9 @@ class ArmResult:
 
     @classmethod
     def from_json(cls, d: dict, where: str = "arm") -> "ArmResult":
-        # Read later with .get and .items (qual compare, the reports): another type there is the file's fault
-        for key, value in (("config", d["config"]), ("graph_capture", d["graph_capture"]), ("extra", d.get("extra") or {})):
-            if not isinstance(value, dict):
-                raise QualError(f"{where}.{key}: expected an object, got {type(value).__name__}")
+        for key, (json_type, python_types) in _ARM_FIELD_TYPES.items():
+            if key in d and not isinstance(d[key], python_types):
+                raise QualError(f"{where}.{key}: expected {json_type}, got {_json_type(d[key])}")
         cfg = d["config"]
         k = cfg.get("num_speculative_tokens") if cfg.get("draft_path") else None
         records = []

@@ -396,17 +396,24 @@ def test_compare_refuses_an_out_that_is_not_empty(tmp_path, capsys):
     assert qual(["compare", f"{run}:control", f"{run}:candidate", "--out", tmp_path / "empty"], capsys)[0] in (0, 1)
 
 
-@pytest.mark.parametrize("key,value", [("config", 5), ("config", None), ("graph_capture", []), ("extra", "x")])
-def test_compare_refuses_an_arm_field_of_another_type(key, value, tmp_path, capsys):
-    """qual compare reads them as objects: another JSON type is the file's fault, not a bug (exit 4)."""
+@pytest.mark.parametrize("key,value,expected", [
+    ("config", 5, "expected an object, got a number"), ("config", None, "expected an object, got null"),
+    ("graph_capture", [], "expected an object, got an array"), ("extra", "x", "expected an object or null, got a string"),
+    ("latency", 5, "expected an object or null, got a number"),  # was accepted: the reports went without it
+    ("engine_version", 5, "expected a string, got a number"), ("runnable", "yes", "expected true or false, got a string"),
+    ("not_runnable_reason", [], "expected a string or null, got an array"),
+    ("log_path", 5, "expected a string or null, got a number"),  # was exit 4 (a path made of an int)
+])
+def test_compare_refuses_an_arm_field_of_another_type(key, value, expected, tmp_path, capsys):
+    """qual compare reads them as the types result.json writes: another JSON type is the file's fault, not a bug
+    (exit 4) nor a report that silently leaves the field out."""
     run = _run_dir(tmp_path / "A")
     data = json.loads((run / "result.json").read_text())
     data["arms"]["candidate"][key] = value
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(data))
     code, err = qual(["compare", f"{run}:control", edited, "--out", tmp_path / "cmp"], capsys)
-    assert (code, one_line(err)) == \
-        (2, f"error: {edited}: arms.candidate.{key}: expected an object, got {type(value).__name__}")
+    assert (code, one_line(err)) == (2, f"error: {edited}: arms.candidate.{key}: {expected}")
     assert not (tmp_path / "cmp").exists()
 
 
