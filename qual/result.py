@@ -98,6 +98,10 @@ class Provenance:
 # strings as paths and text): another type in a result.json is the file's fault, refused by name, not a bug's exit 4.
 _ARM_FIELD_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "config": ("an object", (dict,)),
+    "acceptance": ("an object", (dict,)),
+    "per_request": ("an array", (list,)),
+    "throughput": ("an object", (dict,)),
+    "provenance": ("an object or null", (dict, type(None))),
     "graph_capture": ("an object", (dict,)),
     "extra": ("an object or null", (dict, type(None))),
     "latency": ("an object or null", (dict, type(None))),

@@ -400,6 +400,8 @@ def test_compare_refuses_an_out_that_is_not_empty(tmp_path, capsys):
     ("config", 5, "expected an object, got a number"), ("config", None, "expected an object, got null"),
     ("graph_capture", [], "expected an object, got an array"), ("extra", "x", "expected an object or null, got a string"),
     ("latency", 5, "expected an object or null, got a number"),  # was accepted: the reports went without it
+    ("acceptance", 5, "expected an object, got a number"), ("per_request", {}, "expected an array, got an object"),
+    ("throughput", "x", "expected an object, got a string"), ("provenance", 5, "expected an object or null, got a number"),
     ("engine_version", 5, "expected a string, got a number"), ("runnable", "yes", "expected true or false, got a string"),
     ("not_runnable_reason", [], "expected a string or null, got an array"),
     ("log_path", 5, "expected a string or null, got a number"),  # was exit 4 (a path made of an int)
