@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Callable, TypedDict, TypeVar
 
 from qual import __version__
 from qual.baseline import BaselineComparison
@@ -25,6 +25,7 @@ from qual.userfiles import read_json
 SCHEMA = "qual.result/1"
 MAX_RESULT_BYTES = 1 << 30  # a result.json read back (compare, --baseline): every request's tokens, but bounded
 ARMS = ("control", "candidate")
+T = TypeVar("T")
 
 
 @dataclass
@@ -112,6 +113,17 @@ _ARM_FIELD_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
 }
 
 
+def _field(where: str, key: str, build: Callable[[], T]) -> T:
+    """An arm's field built from its JSON object: a key missing or unknown inside it is the file's fault, named by
+    the field's path."""
+    try:
+        return build()
+    except KeyError as exc:
+        raise QualError(f"{where}.{key}: missing key {exc}") from None
+    except TypeError as exc:  # an unknown key (the record's __init__), or a value inside of another type
+        raise QualError(f"{where}.{key}: {exc}") from None
+
+
 def _json_type(value: Any) -> str:
     """The JSON name of a parsed value's type, as an error message shows it."""
     names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
@@ -167,15 +179,16 @@ class ArmResult:
                 raise QualError(f"{where}.per_request[{i}]: {exc}") from None
         return cls(
             config=cfg,
-            acceptance=Acceptance.from_json(d["acceptance"]),
+            acceptance=_field(where, "acceptance", lambda: Acceptance.from_json(d["acceptance"])),
             per_request=records,
             graph_capture=d["graph_capture"],
-            throughput=Throughput(**d["throughput"]),
+            throughput=_field(where, "throughput", lambda: Throughput(**d["throughput"])),
             engine_version=d["engine_version"],
             runnable=d.get("runnable", True),
             not_runnable_reason=d.get("not_runnable_reason"),
             log_path=d.get("log_path"),
-            provenance=Provenance.from_json(d["provenance"]) if d.get("provenance") else None,
+            provenance=_field(where, "provenance", lambda: Provenance.from_json(d["provenance"]))
+            if d.get("provenance") else None,
             extra=d.get("extra") or {},
             latency=d.get("latency"),
         )

@@ -419,6 +419,23 @@ def test_compare_refuses_an_arm_field_of_another_type(key, value, expected, tmp_
     assert not (tmp_path / "cmp").exists()
 
 
+@pytest.mark.parametrize("key,value,expected", [
+    ("throughput", {"a": 1}, "Throughput.__init__() got an unexpected keyword argument 'a'"),
+    ("acceptance", {}, "missing key 'drafts'"),
+    ("provenance", {"x": 1}, "missing key 'host'"),
+])
+def test_compare_names_the_field_a_key_is_missing_from_or_unknown_in(key, value, expected, tmp_path, capsys):
+    """Was 'malformed result (KeyError: ...)', naming no field."""
+    run = _run_dir(tmp_path / "A")
+    data = json.loads((run / "result.json").read_text())
+    data["arms"]["candidate"][key] = value
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    code, err = qual(["compare", f"{run}:control", edited, "--out", tmp_path / "cmp"], capsys)
+    assert (code, one_line(err)) == (2, f"error: {edited}: arms.candidate.{key}: {expected}")
+    assert not (tmp_path / "cmp").exists()
+
+
 def test_an_existing_out_on_a_read_only_file_system_says_so(toy_profile, tmp_path):
     mnt, db = tmp_path / "mnt", tmp_path / "h.sqlite"
     mnt.mkdir()
