@@ -6,8 +6,12 @@ fractions; an undefined rate is null.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 
 from pathlib import Path
@@ -95,24 +99,6 @@ class Provenance:
         return cls(**{**d, "host": HostFacts(**d["host"]), "engine": EngineBuild.from_json(d["engine"])})
 
 
-# An arm's fields read later as these types (.get and .items of the objects in qual compare and the reports, the
-# strings as paths and text): another type in a result.json is the file's fault, refused by name, not a bug's exit 4.
-_ARM_FIELD_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
-    "config": ("an object", (dict,)),
-    "acceptance": ("an object", (dict,)),
-    "per_request": ("an array", (list,)),
-    "throughput": ("an object", (dict,)),
-    "provenance": ("an object or null", (dict, type(None))),
-    "graph_capture": ("an object", (dict,)),
-    "extra": ("an object or null", (dict, type(None))),
-    "latency": ("an object or null", (dict, type(None))),
-    "engine_version": ("a string", (str,)),
-    "runnable": ("true or false", (bool,)),
-    "not_runnable_reason": ("a string or null", (str, type(None))),
-    "log_path": ("a string or null", (str, type(None))),
-}
-
-
 def _field(where: str, key: str, build: Callable[[], T]) -> T:
     """An arm's field built from its JSON object: a key missing or unknown inside it is the file's fault, named by
     the field's path."""
@@ -124,11 +110,25 @@ def _field(where: str, key: str, build: Callable[[], T]) -> T:
         raise QualError(f"{where}.{key}: {exc}") from None
 
 
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or false", type(None): "null"}
+
+
+def _json_types(hint: Any) -> tuple[type, ...]:
+    """What json.loads gives for a field of this annotation: records (dataclasses, TypedDicts) and dicts are objects."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(hint) for t in _json_types(arg))
+    if hint in (str, bool, type(None)):
+        return (hint,)
+    if hint is list or typing.get_origin(hint) is list:
+        return (list,)
+    if hint is dict or typing.get_origin(hint) is dict or dataclasses.is_dataclass(hint) or typing.is_typeddict(hint):
+        return (dict,)
+    raise TypeError(f"no JSON type for {hint!r}")  # a new kind of field: say what a result.json holds there
+
+
 def _json_type(value: Any) -> str:
     """The JSON name of a parsed value's type, as an error message shows it."""
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-             dict: "an object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
+    return "a number" if type(value) in (int, float) else _JSON_NAMES.get(type(value), type(value).__name__)
 
 
 @dataclass
@@ -166,9 +166,10 @@ class ArmResult:
 
     @classmethod
     def from_json(cls, d: dict, where: str = "arm") -> "ArmResult":
-        for key, (json_type, python_types) in _ARM_FIELD_TYPES.items():
-            if key in d and not isinstance(d[key], python_types):
-                raise QualError(f"{where}.{key}: expected {json_type}, got {_json_type(d[key])}")
+        for key, python_types in _arm_field_types().items():  # read later as these (.get, .items, paths, text)
+            if key in d and type(d[key]) not in python_types:
+                expected = " or ".join(_JSON_NAMES[t] for t in python_types)
+                raise QualError(f"{where}.{key}: expected {expected}, got {_json_type(d[key])}")
         cfg = d["config"]
         k = cfg.get("num_speculative_tokens") if cfg.get("draft_path") else None
         records = []
@@ -192,6 +193,14 @@ class ArmResult:
             extra=d.get("extra") or {},
             latency=d.get("latency"),
         )
+
+
+@functools.cache
+def _arm_field_types() -> dict[str, tuple[type, ...]]:
+    """Each ArmResult field's JSON types, from its annotation (the one qual.schema writes the JSON Schema from): another
+    type in a result.json is the file's fault, refused by name, never a bug's exit 4 or a field silently dropped."""
+    hints = typing.get_type_hints(ArmResult)
+    return {f.name: _json_types(hints[f.name]) for f in dataclasses.fields(ArmResult)}
 
 
 class SpeculativeAndPlain(TypedDict):

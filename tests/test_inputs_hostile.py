@@ -398,7 +398,7 @@ def test_compare_refuses_an_out_that_is_not_empty(tmp_path, capsys):
 
 @pytest.mark.parametrize("key,value,expected", [
     ("config", 5, "expected an object, got a number"), ("config", None, "expected an object, got null"),
-    ("graph_capture", [], "expected an object, got an array"), ("extra", "x", "expected an object or null, got a string"),
+    ("graph_capture", [], "expected an object, got an array"), ("extra", "x", "expected an object, got a string"),
     ("latency", 5, "expected an object or null, got a number"),  # was accepted: the reports went without it
     ("acceptance", 5, "expected an object, got a number"), ("per_request", {}, "expected an array, got an object"),
     ("throughput", "x", "expected an object, got a string"), ("provenance", 5, "expected an object or null, got a number"),
