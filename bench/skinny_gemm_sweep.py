@@ -195,7 +195,7 @@ def reduced(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, cfg: GemmCon
     m, k = x.shape
     n = w.shape[0]
     cfg = cfg or skinny_gemm.choose_config(n, k)
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k
+    k_per_split = skinny_gemm.split_width(k, cfg)
     out = torch.empty(m, n, device=x.device, dtype=torch.bfloat16)
     parts = torch.empty(cfg.split, m, n, device=x.device, dtype=torch.float32) if cfg.split > 1 else out
     launch = {"launch_pdl": True} if pdl else {}

@@ -6,13 +6,12 @@ fractions; an undefined rate is null.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
 import types
 import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 from pathlib import Path
 from typing import Any, Callable, TypedDict, TypeVar
@@ -121,7 +120,7 @@ def _json_types(hint: Any) -> tuple[type, ...]:
         return (hint,)
     if hint is list or typing.get_origin(hint) is list:
         return (list,)
-    if hint is dict or typing.get_origin(hint) is dict or dataclasses.is_dataclass(hint) or typing.is_typeddict(hint):
+    if hint is dict or typing.get_origin(hint) is dict or is_dataclass(hint) or typing.is_typeddict(hint):
         return (dict,)
     raise TypeError(f"no JSON type for {hint!r}")  # a new kind of field: say what a result.json holds there
 
@@ -200,7 +199,7 @@ def _arm_field_types() -> dict[str, tuple[type, ...]]:
     """Each ArmResult field's JSON types, from its annotation (the one qual.schema writes the JSON Schema from): another
     type in a result.json is the file's fault, refused by name, never a bug's exit 4 or a field silently dropped."""
     hints = typing.get_type_hints(ArmResult)
-    return {f.name: _json_types(hints[f.name]) for f in dataclasses.fields(ArmResult)}
+    return {f.name: _json_types(hints[f.name]) for f in fields(ArmResult)}
 
 
 class SpeculativeAndPlain(TypedDict):

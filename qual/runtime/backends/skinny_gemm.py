@@ -85,6 +85,11 @@ def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 64) -> GemmC
     return GemmConfig(block_n, block_k, split)
 
 
+def split_width(k: int, cfg: GemmConfig) -> int:
+    """The columns of K each of a product's cfg.split programs multiplies: whole blocks of cfg.block_k."""
+    return math.ceil(math.ceil(k / cfg.split) / cfg.block_k) * cfg.block_k
+
+
 if triton is not None:
 
     @triton.jit
@@ -134,7 +139,7 @@ def partials(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig | None = None, pd
     if m > MAX_ROWS or w.shape[1] != k or w.stride(1) != 1 or x.stride(1) != 1:
         raise ValueError(f"skinny_gemm: x {tuple(x.shape)} w {tuple(w.shape)} (need M <= {MAX_ROWS}, unit K stride)")
     cfg = cfg or choose_config(n, k)
-    k_per_split = math.ceil(math.ceil(k / cfg.split) / cfg.block_k) * cfg.block_k
+    k_per_split = split_width(k, cfg)
     out = torch.empty(cfg.split, m, n, device=x.device, dtype=torch.float32)
     grid = (math.ceil(n / cfg.block_n), cfg.split)
     launch = {"launch_pdl": True} if pdl else {}
