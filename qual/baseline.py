@@ -21,7 +21,8 @@ class BaselineArm:
 
     compared: bool  # both tonight's arm and the baseline's ran
     reason: str | None = None  # why not compared
-    n_requests: int = 0
+    n_requests: int = 0  # requests compared: tonight's that the baseline ran too
+    not_in_baseline: int = 0  # tonight's requests the baseline did not run (it replayed another selection)
     retokenized: list[str] = field(default_factory=list)  # ids whose prompt token ids differ from the baseline's
     baseline_rate: float | None = None
     tonight_rate: float | None = None
@@ -49,7 +50,7 @@ class BaselineComparison:
     """Tonight's run against its baseline: where the baseline came from, what differs, each arm, the trend."""
 
     ref: str  # as given to --baseline: a result path, a history id, history:last-pass
-    chosen_by: str  # "result file" | "history id" | "pinned" | "last pass"
+    chosen_by: str  # "result file" | "history id" | "pinned" | "last pass" | "previous series" | "nearest pass"
     history_id: int | None
     result_path: str
     created_at: str  # the baseline run's
@@ -60,6 +61,9 @@ class BaselineComparison:
     bootstrap: dict = field(default_factory=dict)
     forced: bool = False  # --baseline-any: taken although its configuration key differs from tonight's
     key_differences: list[dict] = field(default_factory=list)  # key, tonight, baseline: each field of the key that differs
+    # What changed between the baseline's night and tonight beside the key: the engine's version, torch, qual, the
+    # machine (qual.nights.changes), one phrase each: "engine vllm 0.32.0 -> 0.33.0"
+    changed: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:

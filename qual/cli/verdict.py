@@ -5,22 +5,31 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
-    from qual.report.common import pct  # imported when used: every `qual` invocation loads this module
-    from qual.result import DECIDED_NOTHING
+# A check's mark on stdout, by its outcome (qual.result.CheckResult.outcome)
+MARKS = {"pass": "ok", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "skip"}
 
-    verdict = "PASS" if result.gate.passed else "FAIL"
-    print(f"{verdict}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
+
+def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
+    from qual.report.common import inconclusive_note, pct  # imported when used: every `qual` invocation loads this
+    from qual.result import DECIDED_NOTHING, FIRST_NIGHT
+
+    print(f"{result.gate.word}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
           f"{pct(result.candidate.acceptance.rate)} acceptance; report {report_dir / 'report.html'}")
     if result.baseline is not None:
         rates = ", ".join(f"{arm} {pct(b.tonight_rate)} vs {pct(b.baseline_rate)}" for arm, b in result.baseline.arms.items()
                           if b.compared)
         print(f"  baseline {result.baseline.label}: {rates or 'no arm compared'}")
+        if result.baseline.changed:
+            print(f"  changed since the baseline: {'; '.join(result.baseline.changed)}")
+    elif result.first_night:
+        print(f"  {FIRST_NIGHT}")
     for check in result.gate.checks:
-        mark = "skip" if check.skipped else "ok" if check.passed else "FAIL"
-        print(f"  [{mark}] {check.name}: {check.detail}")
+        print(f"  [{MARKS[check.outcome]}] {check.name}: {check.detail}")
     if result.gate.decided_nothing:
         print(f"  [FAIL] {DECIDED_NOTHING}")
+    note = inconclusive_note(result.gate)
+    if note:
+        print(f"  {note}")
 
 
 def print_sweep_verdict(sweep, report_dir: Path) -> None:
@@ -42,8 +51,7 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
         print(f"  {row.verdict} {row.name} ({row.settings}): {row.rate}, delta {row.delta} {row.ci}, mean acceptance "
               f"length ratio {row.mal_ratio}")
         for check in result.gate.checks:
-            mark = "skip" if check.skipped else "ok" if check.passed else "FAIL"
-            print(f"    [{mark}] {check.name}: {check.detail}")
+            print(f"    [{MARKS[check.outcome]}] {check.name}: {check.detail}")
 
 
 def print_warnings(result) -> None:

@@ -71,7 +71,8 @@ class Night:
 
     @property
     def failed(self) -> bool:
-        return self.run.verdict != "pass"
+        """Not a pass: failed, inconclusive (even where it exited 0) or without a verdict."""
+        return self.run.outcome != "pass"
 
 
 @dataclass(frozen=True)
