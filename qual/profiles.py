@@ -9,14 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from qual import paths
 from qual.checkpoints.config import max_positions, read_config
 from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
-from qual.options import DEFAULT_DTYPE, Dtype
+from qual.options import DEFAULT_DTYPE, Device, Dtype
 from qual.userfiles import check_path_name, load_yaml
 from qual.validation import Section, parse_section, read_config_text
 
@@ -24,9 +24,17 @@ _MOVED = {"block_size": "reference", "kv_memory_mib": "reference"}  # keys that 
 
 
 class ModelProfile(Section):
-    """One profile. `tp` and `dcp` are the defaults of `qual run --model NAME`."""
+    """One profile: what to load, and how `qual run --model NAME` runs it where no flag says otherwise (a flag wins,
+    then the profile, then qual's default)."""
 
     name: str
+    # How it runs: the engine and device of `--engine` / `--device` (unset: qual's defaults, the embedded runtime on
+    # the CPU). An arm on cuda needs one GPU per TP rank; the arms run one after the other on the same GPUs.
+    engine: str | None = None
+    device: Device | None = None
+    # Memory each of those GPUs must have (GiB) where the engine has no memory plan for the target, or cannot read its
+    # config.json yet (weights not downloaded); the engine's plan decides where it has one (`qual doctor --model`)
+    gpu_memory_gib: PositiveFloat | None = None
     target: str = Field(min_length=1)
     draft: str | None = None
     # The hub revisions (a branch, tag or commit) of a target or drafter given as a hub id: passed to the engine
@@ -50,6 +58,13 @@ class ModelProfile(Section):
     reference: dict = Field(default_factory=dict)  # validated by the reference engine
     attach: dict = Field(default_factory=dict)  # validated by the attach engine (servers qual did not start)
     path: str = ""  # the file it came from (not a key of the file)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, engine: str | None) -> str | None:
+        if engine is not None and engine not in ENGINES:
+            raise ValueError(f"must be one of {', '.join(ENGINES)}")
+        return engine
 
     def local_path(self, value: str | None) -> str | None:
         """A relative path resolves against the profile's folder, then qual's data folder; anything else (a
@@ -117,8 +132,10 @@ def load_profile(name_or_path: str) -> ModelProfile:
     """A profile by name (configs/models/<name>.yaml, searched as qual.paths says) or by path."""
     check_path_name(name_or_path, "--model")
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        found = paths.find("profile", name_or_path) if len(path.parts) == 1 and not path.suffix else None
+    yaml = path.suffix in (".yaml", ".yml")
+    if not (yaml and path.is_file()):
+        # a name may hold dots (glm-5.3-flash): only a .yaml or .yml ending makes it a path
+        found = paths.find("profile", name_or_path) if len(path.parts) == 1 and not yaml else None
         if found is None:
             raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
         path = found.path

@@ -43,7 +43,9 @@ def describe_error(exc: ValidationError, prefix: str = "") -> str:
         return f"{key}: unknown key"
     if err["type"] == "missing":
         return f"{key}: missing"
-    return f"{key}: {err['msg'][0].lower() + err['msg'][1:]} (got {shown(err.get('input'))})"
+    # a validator's own words, without pydantic's "Value error, " in front
+    msg = str(err["ctx"]["error"]) if err["type"] == "value_error" and "error" in err.get("ctx", {}) else err["msg"]
+    return f"{key}: {msg[0].lower() + msg[1:]} (got {shown(err.get('input'))})"
 
 
 def parse_flags(options_class, /, **values):

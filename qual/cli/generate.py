@@ -13,8 +13,8 @@ from pydantic.dataclasses import dataclass as checked_dataclass
 from qual.cli.main import app
 from qual.corpus.records import MAX_TOKENS
 from qual.errors import QualError
-from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DEVICE_PATTERN,
-                          DSA_TOPK_MODES, DTYPES, MAX_SEED, DsaTopk, Dtype, check_layout)
+from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DSA_TOPK_MODES,
+                          DTYPES, MAX_SEED, Device, DsaTopk, Dtype, check_layout)
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.userfiles import read_text
 from qual.validation import parse_flags
@@ -32,7 +32,7 @@ class GenerateOptions:
     dtype: Dtype = DEFAULT_DTYPE
     temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
     seed: int = Field(0, ge=0, le=MAX_SEED)
-    device: str = Field(DEFAULT_DEVICE, pattern=DEVICE_PATTERN)
+    device: Device = DEFAULT_DEVICE
     dsa_topk: DsaTopk | None = None  # None: the engine's default, where the target has sparse attention
 
 

@@ -96,8 +96,6 @@ def run_command(
         if not dry_run:
             check_unchanged(saved.inputs, plan.inputs, resume)
     else:
-        if engine is None:
-            engine = "attach" if control_url or candidate_url else DEFAULT_ENGINE
         options = run_options(model=model, target=target, draft=draft, dcp=dcp, tp=tp, engine=engine, corpus=corpus,
                               chat_template=chat_template, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
@@ -165,12 +163,13 @@ def _print_dry_run(plan) -> None:
     print(f"# corpus {plan.corpus_info['name']}: {shown}, {plan.corpus_info['fingerprint']}")
     for what, path in (("profile", plan.profile_path), ("gate", plan.gate_path), ("corpus", plan.corpus_info["path"])):
         print(f"# {what} file: {path} ({origin(path)})")
+    print(f"# runs with {plan.how}")
     if plan.prompts is not None:
         print(f"# chat template: {plan.prompts.template.source} ({plan.prompts.template.sha256})")
-    engine = get_engine(plan.options.engine)
+    engine = get_engine(plan.engine)
     for arm, config in plan.arms.items():
         print(f"{arm}: {engine.describe(config)}")
-    if not engine.attaches and any(c.device.startswith("cuda") for c in plan.arms.values()):
-        print("# not checked by a dry run: that the machine that runs it has the GPUs the arms name")
+    for problem in plan.lacking:
+        print(f"# this machine lacks: {problem}")
     if plan.baseline is not None:
         print(f"# baseline: {plan.baseline.describe()}; {baseline_match(plan.baseline)}")

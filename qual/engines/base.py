@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+from qual.inventory import GIB, Inventory, MemoryNeed, gpu_shortfall
 from qual.records import ArmConfig, ArmRunInfo, EngineRequest, OnResult
 
 # Knobs an arm can ask for; each engine declares the ones it applies (Engine.honours).
@@ -20,6 +21,11 @@ class Engine(ABC):
     local_checkpoints: ClassVar[bool] = False  # True: target/draft must be local directories (no hub ids)
     attaches: ClassVar[bool] = False  # True: each arm is a running server (--control-url/--candidate-url), not started
 
+    def __init__(self, inventory: Inventory | None = None):
+        from qual.engines.machine import ThisMachine
+
+        self.inventory = inventory if inventory is not None else ThisMachine()  # what the machine has (tests: a fake)
+
     @classmethod
     @abstractmethod
     def parse_options(cls, section: dict, where: str) -> dict:
@@ -32,6 +38,22 @@ class Engine(ABC):
         `requested` names the knobs the user set explicitly: a knob the engine cannot apply as asked is a
         QualError (exit 2), never a run that claims a configuration it did not run.
         """
+
+    def missing(self, arm: ArmConfig, gpu_memory_gib: float | None = None) -> list[str]:
+        """What this machine lacks to run the arm, a phrase each ([]: nothing), asked of self.inventory before
+        anything starts: on cuda, one GPU a TP rank with the memory of the engine's plan (memory_need), else of the
+        profile's gpu_memory_gib. Engines add what else they need (an install, checkpoints)."""
+        if not arm.device.startswith("cuda"):
+            return []
+        need = self.memory_need(arm)
+        if need is None and gpu_memory_gib is not None:
+            need = MemoryNeed(int(gpu_memory_gib * GIB), "the profile's gpu_memory_gib")
+        short = gpu_shortfall(self.inventory.gpus(), arm.device, arm.tp, need and need.bytes, need and need.how)
+        return [short] if short else []
+
+    def memory_need(self, arm: ArmConfig) -> MemoryNeed | None:
+        """The memory each GPU of the arm needs by this engine's plan for its target; None where it has none."""
+        return None
 
     def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         """What preflight checks that needs nothing started, installed or present beyond the files (`--dry-run`):

@@ -105,6 +105,10 @@ class AttachEngine(Engine):
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(AttachOptions, section, where, "attach").model_dump(exclude_defaults=True)
 
+    def missing(self, arm: ArmConfig, gpu_memory_gib: float | None = None) -> list[str]:
+        """Nothing of this machine: the servers run where they run (preflight asks them)."""
+        return []
+
     def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         """The knobs and keys an attached server cannot take, refused without asking it."""
         for knob in sorted(requested & set(REFUSED)):
