@@ -57,7 +57,8 @@ class Inventory(Protocol):
 
 
 def gib(nbytes: float) -> str:
-    return f"{nbytes / GIB:,.1f} GiB"
+    """'87.0 GiB'; below a GiB, '12.3 MiB'."""
+    return f"{nbytes / GIB:,.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:,.1f} MiB"
 
 
 def first_gpu(device: str) -> int:

@@ -39,16 +39,20 @@ class Engine(ABC):
         QualError (exit 2), never a run that claims a configuration it did not run.
         """
 
-    def missing(self, arm: ArmConfig, gpu_memory_gib: float | None = None) -> list[str]:
-        """What this machine lacks to run the arm, a phrase each ([]: nothing), asked of self.inventory before
-        anything starts: on cuda, one GPU a TP rank with the memory of the engine's plan (memory_need), else of the
-        profile's gpu_memory_gib. Engines add what else they need (an install, checkpoints)."""
-        if not arm.device.startswith("cuda"):
+    def missing(self, arms: list[ArmConfig], gpu_memory_gib: float | None = None) -> list[str]:
+        """What this machine lacks to run the arms, a phrase each ([]: nothing), asked of self.inventory before
+        anything starts. The arms run one after the other on the same GPUs: on cuda, one GPU a rank of the widest arm,
+        each with the most memory an arm's plan says (memory_need), else the profile's gpu_memory_gib. Engines add
+        what else they need (an install, checkpoints)."""
+        cuda = [arm for arm in arms if arm.device.startswith("cuda")]
+        if not cuda:
             return []
-        need = self.memory_need(arm)
+        planned = [need for need in map(self.memory_need, cuda) if need is not None]
+        need = max(planned, key=lambda n: n.bytes) if planned else None
         if need is None and gpu_memory_gib is not None:
             need = MemoryNeed(int(gpu_memory_gib * GIB), "the profile's gpu_memory_gib")
-        short = gpu_shortfall(self.inventory.gpus(), arm.device, arm.tp, need and need.bytes, need and need.how)
+        widest = max(cuda, key=lambda arm: arm.tp)
+        short = gpu_shortfall(self.inventory.gpus(), widest.device, widest.tp, need and need.bytes, need and need.how)
         return [short] if short else []
 
     def memory_need(self, arm: ArmConfig) -> MemoryNeed | None:

@@ -278,9 +278,7 @@ def how_it_runs(o: RunOptions, profile, engine: str, device: str) -> str:
 def machine_problems(profile, engine, arms: dict[str, ArmConfig]) -> list[str]:
     """What this machine lacks for the arms (engine.missing, asked of its inventory) and for qual's own tokenization
     (the profile's tokenizer, local or in the Hugging Face cache), each once, in the order found."""
-    found: list[str] = []
-    for arm in arms.values():
-        found += engine.missing(arm, profile.gpu_memory_gib)
+    found = engine.missing(list(arms.values()), profile.gpu_memory_gib)
     if not engine.attaches and _tokenizer_dir(profile, engine) is None and profile.tokenizer_path not in (
             profile.target_path, profile.draft_path):  # the checkpoint's own line says so
         found.append(f"tokenizer {profile.tokenizer_path} is neither a local directory nor in the local Hugging Face "

@@ -105,7 +105,7 @@ class AttachEngine(Engine):
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(AttachOptions, section, where, "attach").model_dump(exclude_defaults=True)
 
-    def missing(self, arm: ArmConfig, gpu_memory_gib: float | None = None) -> list[str]:
+    def missing(self, arms: list[ArmConfig], gpu_memory_gib: float | None = None) -> list[str]:
         """Nothing of this machine: the servers run where they run (preflight asks them)."""
         return []
 

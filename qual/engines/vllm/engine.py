@@ -121,23 +121,24 @@ class VllmEngine(Engine):
             return DCP_NEEDS_GPU
         return None
 
-    def missing(self, arm: ArmConfig, gpu_memory_gib: float | None = None) -> list[str]:
-        """The GPUs (Engine.missing), a vLLM build that can run the arm, and checkpoints given as hub ids in the local
+    def missing(self, arms: list[ArmConfig], gpu_memory_gib: float | None = None) -> list[str]:
+        """The GPUs (Engine.missing), a vLLM build that can run each arm, and checkpoints given as hub ids in the local
         Hugging Face cache (the server runs offline)."""
-        problems = super().missing(arm, gpu_memory_gib)
-        options = VllmOptions.from_extra(arm.extra)
-        if options.python is not None and not Path(options.python).is_file():
-            problems.append(f"vLLM: vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
-        else:
-            problems += build_problems(self.inventory.vllm(options.python), arm)
-        absent = [(path, arm.extra.get(f"{key}_revision")) for key, path in (("target", arm.target_path),
-                                                                             ("draft", arm.draft_path))
-                  if path is not None and self._hub_folder(path, arm.extra.get(f"{key}_revision")) is None]
-        if absent:
-            problems.append(f"weights: {' and '.join(p for p, _ in absent)} {'is' if len(absent) == 1 else 'are'} not "
-                            "in the local Hugging Face cache (vLLM runs offline, HF_HUB_OFFLINE=1): "
-                            + " && ".join(hub_download_command(p, r) for p, r in absent))
-        return problems
+        problems = super().missing(arms, gpu_memory_gib)
+        for arm in arms:
+            options = VllmOptions.from_extra(arm.extra)
+            if options.python is not None and not Path(options.python).is_file():
+                problems.append(f"vLLM: vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
+            else:
+                problems += build_problems(self.inventory.vllm(options.python), arm)
+            absent = [(path, arm.extra.get(f"{key}_revision")) for key, path in (("target", arm.target_path),
+                                                                                 ("draft", arm.draft_path))
+                      if path is not None and self._hub_folder(path, arm.extra.get(f"{key}_revision")) is None]
+            if absent:
+                problems.append(f"weights: {' and '.join(p for p, _ in absent)} {'is' if len(absent) == 1 else 'are'} "
+                                "not in the local Hugging Face cache (vLLM runs offline, HF_HUB_OFFLINE=1): "
+                                + " && ".join(hub_download_command(p, r) for p, r in absent))
+        return list(dict.fromkeys(problems))
 
     def memory_need(self, arm: ArmConfig) -> MemoryNeed | None:
         """The target's memory plan (qual.runtime.memory_plan) for one sequence of max_model_len tokens, the least a
@@ -340,7 +341,7 @@ def build_problems(build: VllmBuild | None, arm: ArmConfig) -> list[str]:
     """What the vLLM install a run would start lacks for the arm: none at all, an older release than qual drives, a
     CPU build for GPU arms, no DFlash for a drafter, no DCP for a DCP arm."""
     if build is None:
-        return [f"vLLM: {NOT_FOUND}; on GPUs, pip install 'vllm>={'.'.join(map(str, MIN_VLLM))}' beside qual"]
+        return [f"vLLM: {NOT_FOUND}, or on GPUs `pip install 'vllm>={'.'.join(map(str, MIN_VLLM))}'` beside qual"]
     name = f"vLLM: {build.distribution or 'vllm'} {build.version or '(unknown version)'} at {build.where}"
     version = vllm_version(build.version)
     if version is not None and version < MIN_VLLM:
