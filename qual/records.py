@@ -401,3 +401,5 @@ class DoctorCheck:
     detail: str
     evidence: list[str] = field(default_factory=list)
     install: str | None = None  # which install the check is about (the label of its engine's first line)
+    # whether the run doctor checks needs it (--strict fails on a "no" that is needed; another is shown, not counted)
+    needed: bool = True

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
@@ -155,6 +155,7 @@ class RunPlan:
     profile_path: str = ""  # the profile file the run reads (its origin: qual.paths.origin)
     how: str = ""  # the engine and device, and whence (qual.harness.plan.how_it_runs)
     lacking: list[str] = field(default_factory=list)  # a dry run: what this machine lacks for the run (a run: exit 2)
+    inventory: Any = None  # what the machine was asked (qual.inventory.Inventory; None: this machine's)
 
     @property
     def candidates(self) -> list[str]:
@@ -530,7 +531,8 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                    "total_in_corpus": len(corpus.requests)}
     plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
-                   request_ids=request_ids(selected), profile_path=profile.path, how=how, lacking=lacking)
+                   request_ids=request_ids(selected), profile_path=profile.path, how=how, lacking=lacking,
+                   inventory=inventory)
     plan.engine_version = engine.version(arms[plan.candidates[0]])
     plan.notes = _corpus_notes(corpus)
     if o.baseline_any and o.baseline is None:
