@@ -114,8 +114,8 @@ def _mark(check: DoctorCheck) -> str:
 def doctor(
     model: Optional[str] = typer.Option(None, "--model", metavar="NAME", help="Check what `qual run --model NAME` "
                                         "needs here (default: the default run, the toy profile)."),
-    engine: Optional[str] = typer.Option(None, "--engine", metavar="ENGINE", help=f"With that engine "
-                                         f"({', '.join(ENGINES)}; default: the profile's, else {DEFAULT_ENGINE})."),
+    engine: Optional[str] = typer.Option(None, "--engine", metavar="|".join(ENGINES), help=f"With that engine "
+                                         f"(default: the profile's, else {DEFAULT_ENGINE})."),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evidence behind each verdict."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when a check the run needs says no (✗); without it, "
