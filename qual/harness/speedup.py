@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from qual.records import ArmConfig
-from qual.result import ArmResult, SpeculativeAndPlain, Speedup
+from qual.result import ArmResult, SpeculativeAndPlain, Speedup, StepSeconds
 from qual.stats import DEFAULT_RESAMPLES, compare_outputs, decode_speedup, pair_requests
 
 PLAIN_ARM = "plain"  # the third arm's name: its journal, arm record and progress line
@@ -43,7 +43,7 @@ def speedup(candidate: ArmResult, plain: ArmResult, *, seed: int = 0, n_resample
         ratio_ci95=list(ci) if ci is not None else None,
         n_requests=interval.n_requests if ran else 0,
         mean_acceptance_length=mal,
-        step_s=SpeculativeAndPlain(speculative=spec_step, plain=plain_step),
+        step_s=StepSeconds(speculative=spec_step, plain=plain_step),
         bound=bound,
         generate_tokens_per_second=SpeculativeAndPlain(speculative=candidate.throughput.generate_tokens_per_second,
                                                        plain=plain.throughput.generate_tokens_per_second),
