@@ -296,6 +296,12 @@ class Speedup:
     """Plain decoding's outputs equal the candidate's (greedy: they must)"""
     bootstrap: Bootstrap = field(default_factory=dict)
     """How the interval was computed"""
+    batch_ratio: float | None = None
+    """Speculative over plain generate_tokens_per_second: the batch throughput's ratio, one number per arm and no
+    interval (the bound does not apply to it); null in results written before qual reported it [ratio]"""
+    directions_agree: bool | None = None
+    """ratio and batch_ratio say the same (both at least 1, or both below): speculation speeds each request and the
+    batch alike; false: they disagree in direction (the report says why that can be)"""
 
     def to_json(self) -> dict:
         return {**asdict(self), "plain": self.plain.to_json()}
