@@ -23,6 +23,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
 from qual.result import ARMS, SCHEMA, Result
 from qual.sweep_result import SWEEP_SCHEMA, SweepResult
+from qual.validation import tidy_schema
 
 COMMITTED = RESULT_SCHEMA
 SWEEP_COMMITTED = SWEEP_RESULT_SCHEMA
@@ -65,21 +66,10 @@ class _ResultJson(GenerateJsonSchema):
         return False
 
     def generate(self, schema, mode="serialization") -> dict:
-        return _without(super().generate(schema, mode), ("title", "default"))
+        return tidy_schema(super().generate(schema, mode), ("title", "default"))
 
     def handle_invalid_for_json_schema(self, schema, error_info):
         raise TypeError(f"no JSON Schema for {error_info}")  # a record field of a new kind: say what the file holds
-
-
-def _without(node, keys: tuple[str, ...]):
-    """node with `keys` removed from every schema object in it (a property named like one of them stays), and each
-    description on one line (a docstring wraps)."""
-    if isinstance(node, list):
-        return [_without(n, keys) for n in node]
-    if not isinstance(node, dict):
-        return node
-    return {k: (" ".join(v.split()) if k == "description" else _without(v, keys) if k != "properties" else
-                {p: _without(s, keys) for p, s in v.items()}) for k, v in node.items() if k not in keys}
 
 
 def _generate(record: type, schema_id: str, title: str) -> dict:

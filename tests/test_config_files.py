@@ -57,7 +57,7 @@ PROFILE_CASES = [  # (change to a valid profile, words the one-line error must h
     ({"vllm": {"cudagraph_mode": "SOMETIMES"}}, "vllm.cudagraph_mode: not one of NONE"),
     ({"vllm": {"warp": 9}}, "vllm.warp: unknown key"),
     ({"vllm": {"startup_timeout_s": float("nan")}}, "vllm.startup_timeout_s: input should be a finite number"),
-    ({"engine": "warp"}, "engine: must be one of reference, vllm, attach (got 'warp')"),
+    ({"engine": "warp"}, "engine: input should be 'reference', 'vllm' or 'attach' (got 'warp')"),
     ({"device": "gpu"}, "device: must be cpu, cuda or cuda:N (got 'gpu')"),
     ({"gpu_memory_gib": 0}, "gpu_memory_gib: input should be greater than 0"),
     ({"block_size": 4}, "block_size: belongs under `reference:`"),

@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from qual.inventory import GIB, Inventory, MemoryNeed, gpu_shortfall
 from qual.records import ArmConfig, ArmRunInfo, EngineRequest, OnResult
 
@@ -26,10 +28,17 @@ class Engine(ABC):
 
         self.inventory = inventory if inventory is not None else ThisMachine()  # what the machine has (tests: a fake)
 
+    options_model: ClassVar[type[BaseModel]]  # the profile's section for this engine (`vllm:`), as it is validated
+
     @classmethod
     @abstractmethod
     def parse_options(cls, section: dict, where: str) -> dict:
         """The profile's section for this engine (e.g. `vllm:`), validated; unknown keys are a QualError."""
+
+    @classmethod
+    def options_schema(cls) -> dict:
+        """The JSON Schema of the profile's section for this engine: the model that validates it."""
+        return cls.options_model.model_json_schema()
 
     @abstractmethod
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:

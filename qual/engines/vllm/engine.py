@@ -49,6 +49,7 @@ class VllmEngine(Engine):
     """Runs arms on a vLLM server started per arm; logs go to <run_dir>/<name>.vllm.log."""
 
     name = "vllm"
+    options_model = VllmOptions
     honours = frozenset(KNOBS) - {"draft_kv", "dsa_topk"}  # the build decides both
 
     def __init__(self, run_dir: str | Path | None = None, *, python: str | Path | None = None,
