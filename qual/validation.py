@@ -44,9 +44,11 @@ def describe_error(exc: ValidationError, prefix: str = "") -> str:
         return f"{key}: unknown key"
     if err["type"] == "missing":
         return f"{key}: missing"
-    # a validator's own words, without pydantic's "Value error, " in front
-    msg = str(err["ctx"]["error"]) if err["type"] == "value_error" and "error" in err.get("ctx", {}) else err["msg"]
-    return f"{key}: {msg[0].lower() + msg[1:]} (got {shown(err.get('input'))})"
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):  # a validator's own words, as it wrote them
+        msg = str(err["ctx"]["error"])
+    else:
+        msg = err["msg"][0].lower() + err["msg"][1:]
+    return f"{key}: {msg} (got {shown(err.get('input'))})"
 
 
 def parse_flags(options_class, /, **values):
