@@ -118,7 +118,7 @@ def load_profile(name_or_path: str) -> ModelProfile:
     check_path_name(name_or_path, "--model")
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        found = paths.find("profile", name_or_path) if len(path.parts) == 1 and not path.suffix else None
+        found = paths.find("profile", name_or_path) if len(path.parts) == 1 else None
         if found is None:
             raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
         path = found.path
