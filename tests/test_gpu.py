@@ -149,6 +149,45 @@ def test_skinny_gemm_kernel_matches_float64(m, n, k, pdl):
         assert torch.equal(got, skinny_gemm.linear(x, w))
 
 
+def _gluon_here() -> bool:
+    from qual.runtime.backends import gluon_gemm
+
+    return gluon_gemm.available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (1, 6144, 4096, None), (8, 4096, 14336, None), (16, 28672, 4096, None), (3, 200, 328, (64, 64, 3, 2)),
+    (5, 130, 4096, (128, 128, 7, 3)), (16, 640, 256, (256, 64, 1, 3)), (2, 64, 1000, (64, 64, 16, 6))])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gluon_products_match_float64(m, n, k, cfg, pdl):
+    """The Gluon product's partials and its finishing form (residual added, column blocks summed by their last
+    program) against float64: the 8B shape's products at choose_config, ragged column and K blocks (TMA reads zeros
+    past the edges), more splits than K tiles a program; with PDL the same bits. Twice in a row: the finishing
+    counts are left at zero."""
+    from qual.runtime.backends import gluon_gemm
+
+    if not _gluon_here():
+        pytest.skip("needs compute capability 9.0 and the Triton the Gluon kernels are written in")
+    cfg = gluon_gemm.GluonConfig(*cfg) if cfg else None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    res = torch.randn(m, n, device="cuda", generator=g).bfloat16()
+    exact = x.double() @ w.double().T
+    got = gluon_gemm.partials(x, w, cfg, pdl=pdl)
+    assert got.shape == ((cfg or gluon_gemm.choose_config(n, k)).split, m, n)
+    torch.testing.assert_close(got.double().sum(0), exact, rtol=1e-5, atol=5e-4)  # float32 sums of exact products
+    counts = torch.zeros(-(-n // 64), device="cuda", dtype=torch.int32)
+    for _ in range(2):
+        fin = gluon_gemm.finished(x, w, counts, res, 0.5, cfg, pdl=pdl)
+        torch.testing.assert_close(fin.double(), 0.5 * exact + res.double(), rtol=2 ** -8, atol=1e-2)
+        assert not counts.any()
+    if pdl:
+        assert torch.equal(got, gluon_gemm.partials(x, w, cfg))
+    if cfg is None:
+        assert torch.equal(gluon_gemm.linear(x, w), got.sum(0).bfloat16())
+
+
 @pytest.mark.parametrize("r,q,h,hk,d,s,splits", [
     (1, 1, 16, 8, 128, 192, 1), (8, 8, 16, 8, 128, 192, 1), (3, 8, 8, 1, 32, 70, 1),
     (1, 1, 16, 8, 128, 4000, 16), (2, 8, 16, 8, 128, 1000, 4), (3, 8, 8, 1, 32, 70, 2)])
@@ -254,7 +293,8 @@ def test_half_precision_prefill_runs_fused_and_is_as_near_float64(graph_tokens, 
     assert error <= 1.5 * base_error + 1e-3, (error, base_error)
 
 
-@pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention", "triton-gemm+triton-attention+pdl"])
+@pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention", "triton-gemm+triton-attention+pdl",
+                                    "gluon-gemm+triton-attention+pdl"])
 def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
     """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly;
     with pdl, launched with programmatic dependent launch (compiled: inductor's kernels too).
@@ -264,6 +304,8 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
 
     if "pdl" in kernel and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
         pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
+    if "gluon" in kernel and not _gluon_here():
+        pytest.skip("needs compute capability 9.0 and the Triton the Gluon kernels are written in")
     from runtime_helpers import prompts
 
     common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2])
