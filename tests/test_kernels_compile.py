@@ -144,15 +144,15 @@ def test_the_chains_finished_product_compiles_for_hopper():
 @pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
 def test_gluon_products_compile_for_hopper_two_programs_an_sm():
     """The Gluon products (qual/runtime/backends/gluon_gemm.py) lower for sm_90 with the GPU image's Triton (its
-    interpreter does not run Gluon): each program keeps within 128 registers a thread (8 warps: two programs an SM
-    share its 64K) and half an SM's shared memory, nothing spilled; with PDL the producer warp issues weight tiles
+    interpreter does not run Gluon): each program keeps within 96 registers a thread (8 warps: two programs an SM
+    share its 64K, a quarter left for a small kernel launched early) and half an SM's shared memory, nothing spilled; with PDL the producer warp issues weight tiles
     (TMA) before its wait and x's after it, and no program stores before the wait."""
     out = compile_for_hopper(GLUON_PRODUCTS, "--ptx")
     lines = [line for line in out.splitlines() if line.startswith(("_partials_kernel:", "_finished_kernel:"))]
     assert len(lines) == 8 and sum(line.startswith("_finished_kernel:") for line in lines) == 3, out
     for line in lines:
         regs, shared = int(line.split(" registers")[0].split()[-1]), int(line.split(" B shared")[0].split()[-1])
-        assert regs <= 128 and shared <= 113 << 10 and " 0 B stack" in line, line
+        assert regs <= 96 and shared <= 113 << 10 and " 0 B stack" in line, line
     ptx = out.split("PTX:\n", 1)[1].split("\n_partials_kernel:", 1)[0]  # the first launch's: qkv with PDL
     # the producer's code: its first TMA copy, a wait, more copies (the consumer's own wait guards the stores)
     first_copy, producer_wait = ptx.index("cp.async.bulk.tensor"), ptx.rindex("griddepcontrol.wait")

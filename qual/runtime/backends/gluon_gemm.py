@@ -43,8 +43,9 @@ ROWS = 16  # x's rows padded to the tensor-core product's N (TMA fills the rows 
 SMS = 132  # streaming multiprocessors of an H100 / H200: a grid of at most 2 x SMS programs runs in one wave
 PROGRAMS_AN_SM = 2
 # Registers a thread at launch: a program is 8 warps (the consumer's group and the producer's, rounded to a group),
-# so 128 lets two programs share an SM's 64K registers (the producer then gives most of its share to the consumer)
-MAX_REGISTERS = 128
+# so 96 lets two programs share an SM's 64K registers with a quarter left for the small kernel after them, launched
+# early with PDL (the producer gives most of its share to the consumer)
+MAX_REGISTERS = 96
 
 
 @dataclass(frozen=True)
