@@ -3,7 +3,7 @@
     python3 bench/gpu_bench.py [--out bench.json] [--backends pytorch,compiled+triton-gemm+triton-attention,...]
                                [--models qwen3-0.6b-shape,8b-shape,toy] [--batches 1,8] [--no-spec] [--no-hf]
                                [--prompt-tokens N] [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
-                               [--stream 64 --stream-batch 8 --prefill-ahead 0,8] [--peer]
+                               [--stream 64 --stream-batch 8 --prefill-ahead 0,8] [--peer] [--repeats N]
 
 Backends are the runtime's: pytorch, or parts joined by "+" (qual/runtime/backends: PARTS, and what each serves).
 
@@ -305,9 +305,10 @@ def weight_bytes_read(target, rows: int) -> int:
 
 
 def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, new_tokens: int, sizes=(1, 8),
-         prompts=None, max_model_len: int | None = None, kernels: bool = False, **engine_kw) -> dict[int, dict]:
-    """One engine, then for each batch size a warm-up generate and a timed one: {batch: record}. prompts: the
-    requests of a single batch entry (the batch size is then the engine's max_num_seqs at most)."""
+         prompts=None, max_model_len: int | None = None, kernels: bool = False, repeats: int = 1,
+         **engine_kw) -> dict[int, dict]:
+    """One engine, then for each batch size a warm-up generate and `repeats` timed ones: {batch: record}. prompts:
+    the requests of a single batch entry (the batch size is then the engine's max_num_seqs at most)."""
     # 16 GiB of KV: 8 rows of 4k tokens of the 0.6B shape take 3.7 GB
     cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=16 << 30), dtype="bfloat16", device="cuda",
@@ -322,21 +323,26 @@ def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, 
         for batch in batches:
             reqs = prompts or [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab - 2, (prompt_len,), generator=g).tolist()),
                                                  new_tokens) for i in range(batch)]
-            res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels)
+            res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels, repeats)
             res[batch]["init_s"] = init_s
     return res
 
 
-def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: bool, kernels: bool) -> dict:
-    """A warm-up generate of reqs, then a timed one; the graph of `batch` rows replayed alone for the bound."""
+def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: bool, kernels: bool,
+           repeats: int = 1) -> dict:
+    """A warm-up generate of reqs, then `repeats` timed ones (the median wall time counts; the phases and launches
+    are the last one's); the graph of `batch` rows replayed alone for the bound."""
     sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     engine.generate(reqs, sp)  # warm-up
-    ahead, launches = engine.steps_ahead, dict(engine.launches)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = engine.generate(reqs, sp)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t
+    walls = []
+    for _ in range(repeats):
+        ahead, launches = engine.steps_ahead, dict(engine.launches)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = engine.generate(reqs, sp)
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t)
+    wall = sorted(walls)[len(walls) // 2]
     phases = engine.phase_times()
     phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
     phases["launches"] = {k: v - launches.get(k, 0) for k, v in engine.launches.items()}  # of the timed generate
@@ -370,7 +376,8 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
     per_step = (tokens - len(out)) / max(1, phases["decode_steps"])
     bound = per_step / step_s if step_s else None
     return {"tokens_per_s": tokens / wall, "bound_tokens_per_s": bound, "tokens_per_decode_step": per_step,
-            "requests": len(out), "tokens": tokens, "phase_times": phases, "wall_s": wall, "graph_step_s": step_s,
+            "requests": len(out), "tokens": tokens, "phase_times": phases, "wall_s": wall, "wall_s_each": walls,
+            "graph_step_s": step_s,
             "graph_share": phases["decode_steps"] * step_s / wall if step_s else None,
             "graph_step_inputs": "middle launch" if saved is not None else "last launch",
             "weight_bytes_read": wbytes, "kv_bytes_read_per_step": kv_bytes,
@@ -428,6 +435,14 @@ def end_to_end_rows(res: dict):
         for mode in ("plain", "spec"):
             if mode in r:
                 yield name, mode, int(batch), r[mode]
+
+
+def e2e_range(o: dict) -> str:
+    """A row's e2e / bound at its slowest, median and fastest timed generate."""
+    if not o.get("bound_tokens_per_s"):
+        return "n/a"
+    shares = sorted(o["tokens"] / w / o["bound_tokens_per_s"] for w in o["wall_s_each"])
+    return f"{100 * shares[0]:.1f}% / {100 * shares[len(shares) // 2]:.1f}% / {100 * shares[-1]:.1f}%"
 
 
 def print_end_to_end(res: dict) -> None:
@@ -560,6 +575,8 @@ def main() -> int:
                     "(EngineConfig.steps_per_launch; rows of n > 1 are named ~s<n>)")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
                     "graphs' static key width follows it")
+    ap.add_argument("--repeats", type=int, default=1, help="timed generates a row (the median counts; every wall time "
+                    "is in --out, and the spec rows print their e2e / bound range)")
     ap.add_argument("--peer", action="store_true", help="also bench/compiled_peer.py's gpt-fast-style decoder on each "
                     "shaped model's weights (rows ~peer)")
     args = ap.parse_args()
@@ -599,7 +616,8 @@ def main() -> int:
             for suffix, (backend, steps) in runs.items():
                 outs = attempt(f"{name}{suffix}/b{batches[0]}", lambda: ours(
                     models[name], None, batches, args.prompt_tokens, args.new_tokens, sizes_for(batches, backend),
-                    max_model_len=args.max_model_len, backend=backend, kernels=args.kernels, steps_per_launch=steps))
+                    max_model_len=args.max_model_len, backend=backend, kernels=args.kernels, steps_per_launch=steps,
+                    repeats=args.repeats))
                 for batch, o in (outs or {}).items():
                     res[f"{name}{suffix}/b{batch}"] = decode_row(f"{name}{suffix}", batch, o, hfs.get(batch), bw,
                                                                  read_bw)
@@ -620,7 +638,8 @@ def main() -> int:
                 plen = max(len(r.prompt_token_ids) for r in reqs)
                 for suffix, (backend, steps) in runs.items():
                     key = f"toy-spec{suffix}/b{batch}"
-                    kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps)
+                    kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps,
+                              repeats=args.repeats)
                     pair = attempt(key, lambda: [ours(toy_t, d, [batch], plen, 64, sizes_for([batch], backend), **kw)[batch]
                                                  for d in (toy_d, None)])
                     if pair:
@@ -632,7 +651,7 @@ def main() -> int:
             for (suffix, (backend, steps)), held in [(r, int(p)) for r in runs.items() for p in args.prefill_ahead.split(",")]:
                 key = f"toy-stream{suffix}{f'~p{held}' if held else ''}/b{n}"
                 kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps, max_num_seqs=n,
-                          prefill_ahead=held)
+                          prefill_ahead=held, repeats=args.repeats)
                 pair = attempt(key, lambda: [ours(toy_t, d, [n], plen, 64, sizes_for([n], backend), **kw)[n]
                                              for d in (toy_d, None)])
                 if pair:
@@ -647,6 +666,8 @@ def main() -> int:
         r = res[k]
         print(f"{k} spec vs plain: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
               f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
+        for mode in ("spec", "plain"):
+            print(f"    {mode}: e2e / bound {e2e_range(r[mode])} over {len(r[mode]['wall_s_each'])} timed generates")
     print_stream_rows(res)
     print_end_to_end(res)
     print_kernels(res)
