@@ -24,6 +24,8 @@ Bandwidth shares are printed against two measurements made in the same process: 
 device-to-device copy, read + write) and the read bandwidth (a kernel that only streams 4 GiB in: what a decode
 step's weight stream does). --peer: beside each shaped model's decode rows, bench/compiled_peer.py's gpt-fast-style
 decoder (torch.compile reduce-overhead) on the same weights at the same batches, in the same process (rows ~peer).
+--repeats N: each row's timed generate N times, the median counting (a batch-1 speculative generate of the toy
+pair is about 4 ms, so a single sample moves with any hiccup of the host's).
 
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
