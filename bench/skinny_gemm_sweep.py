@@ -2,7 +2,7 @@
 chain of products with and without programmatic dependent launch (PDL).
 
     python3 bench/skinny_gemm_sweep.py [--out gemm.json] [--rows 1,8] [--shape qwen3-0.6b-shape|8b-shape]
-                                       [--chain] [--no-sweep] [--gluon-sweep]
+                                       [--chain] [--no-sweep] [--gluon-sweep] [--variants A,B]
 
 Runs on CUDA. Each product is timed as back-to-back calls captured in one CUDA graph, as inside a decode step.
 The calls cycle through copies of the weight that together exceed the L2 cache three times over, so every call
@@ -264,7 +264,8 @@ def gluon_sweep(shapes: dict, rows: list[int], res: dict) -> dict:
     return best
 
 
-def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_best: dict | None = None) -> None:
+def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_best: dict | None = None,
+          only: list[str] | None = None) -> None:
     """A decode step's products in order, every layer's own weights, small kernels between: one graph replay."""
     shapes = SHAPES[shape]
     order = ["qkv", "o", "gate_up", "down"]
@@ -348,6 +349,10 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
             "gluon finished": (gluon_finishing(False), False, "direct"),
             "gluon finished+pdl": (gluon_finishing(True), True, "direct"),
         })
+    unknown = set(only or ()) - set(variants)
+    if unknown:
+        raise SystemExit(f"--variants: unknown {sorted(unknown)} (known: {', '.join(variants)})")
+    variants = {k: v for k, v in variants.items() if not only or k in only}
     print(f"chain: {LAYERS[shape]} layers x {order} + lm_head, {wbytes / 1e9:.2f} GB of weights; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     for m in rows:
@@ -371,6 +376,7 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-0.6b-shape", choices=sorted(SHAPES))
     ap.add_argument("--chain", action="store_true", help="also the decode step's chain of products (see above)")
     ap.add_argument("--no-sweep", action="store_true", help="chain only, at the chosen configurations")
+    ap.add_argument("--variants", help="comma list: only these chain variants (default: every one)")
     ap.add_argument("--gluon-sweep", action="store_true", help="also sweep the Gluon kernel's configurations (its "
                     "chain variants then run at their best; else at gluon_gemm.choose_config's)")
     args = ap.parse_args()
@@ -386,7 +392,7 @@ def main() -> int:
     res["gluon_best"] = {f"{p}/m{m}": str(c) for (p, m), c in gluon_best.items()}
     Path(args.out).write_text(json.dumps(res, indent=2))
     if args.chain:
-        chain(args.shape, rows, best, bw, res, gluon_best)
+        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(",") if args.variants else None)
     Path(args.out).write_text(json.dumps(res, indent=2))
     return 0
 
