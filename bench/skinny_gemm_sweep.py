@@ -2,7 +2,7 @@
 chain of products with and without programmatic dependent launch (PDL).
 
     python3 bench/skinny_gemm_sweep.py [--out gemm.json] [--rows 1,8] [--shape qwen3-0.6b-shape|8b-shape]
-                                       [--chain] [--no-sweep] [--gluon-sweep] [--variants A,B]
+                                       [--chain] [--no-sweep] [--gluon-sweep] [--variants "A;B"]
 
 Runs on CUDA. Each product is timed as back-to-back calls captured in one CUDA graph, as inside a decode step.
 The calls cycle through copies of the weight that together exceed the L2 cache three times over, so every call
@@ -376,7 +376,7 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-0.6b-shape", choices=sorted(SHAPES))
     ap.add_argument("--chain", action="store_true", help="also the decode step's chain of products (see above)")
     ap.add_argument("--no-sweep", action="store_true", help="chain only, at the chosen configurations")
-    ap.add_argument("--variants", help="comma list: only these chain variants (default: every one)")
+    ap.add_argument("--variants", help="';'-separated: only these chain variants (names hold commas; default: all)")
     ap.add_argument("--gluon-sweep", action="store_true", help="also sweep the Gluon kernel's configurations (its "
                     "chain variants then run at their best; else at gluon_gemm.choose_config's)")
     args = ap.parse_args()
@@ -392,7 +392,7 @@ def main() -> int:
     res["gluon_best"] = {f"{p}/m{m}": str(c) for (p, m), c in gluon_best.items()}
     Path(args.out).write_text(json.dumps(res, indent=2))
     if args.chain:
-        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(",") if args.variants else None)
+        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(";") if args.variants else None)
     Path(args.out).write_text(json.dumps(res, indent=2))
     return 0
 
