@@ -42,6 +42,10 @@ except ImportError:  # CPU-only torch builds ship no Triton; a Triton before 3.4
 ROWS = 16  # x's rows padded to the tensor-core product's N (TMA fills the rows past M with zeros)
 SMS = 132  # streaming multiprocessors of an H100 / H200: a grid of at most 2 x SMS programs runs in one wave
 PROGRAMS_AN_SM = 2
+# Splits a product at most: inductor unrolls a reduction of fewer than 8 elements (unroll_reductions_threshold) and
+# fuses the sum over splits into the compiled step's next kernel; at 8 it launched a kernel of its own for each sum
+# (the 8B step: 96 kernels more, docs/PERFORMANCE.md)
+MAX_SPLIT = 7
 # Registers a thread at launch: a program is 8 warps (the consumer's group and the producer's, rounded to a group),
 # so 96 lets two programs share an SM's 64K registers with a quarter left for the small kernel after them, launched
 # early with PDL (the producer gives most of its share to the consumer)
@@ -74,11 +78,11 @@ def available() -> bool:
 
 
 def choose_config(n: int, k: int, block_n: int = 128, block_k: int = 64, stages: int = 4) -> GluonConfig:
-    """Split K so that the grid fills one wave of PROGRAMS_AN_SM programs an SM (at least one K tile a program);
-    a product with more column blocks than that runs unsplit, in several waves."""
+    """Split K so that the grid fills one wave of PROGRAMS_AN_SM programs an SM (at least one K tile a program, at most
+    MAX_SPLIT splits); a product with more column blocks than that runs unsplit, in several waves."""
     blocks = math.ceil(n / block_n)
     tiles = math.ceil(k / block_k)
-    split = max(1, min(tiles, (PROGRAMS_AN_SM * SMS) // blocks))
+    split = max(1, min(tiles, MAX_SPLIT, (PROGRAMS_AN_SM * SMS) // blocks))
     return GluonConfig(block_n, block_k, split, stages)
 
 
