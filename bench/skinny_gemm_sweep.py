@@ -19,7 +19,7 @@ each also with fixed inputs and no small kernels between (products only); and `f
 that sum their own split-K partials (the last program of each column block to finish, counted atomically) and
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
 could reach, norms and activations left out). Each against the copy bandwidth. Where Triton has Gluon, the same
-variants with qual/runtime/backends/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
+variants with bench/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
 the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next product launch before their own wait,
 so that its weight stream may start while the product before still runs (inductor's kernels let it launch after
 their loads). --gluon-sweep times the Gluon kernel's configurations per projection first (gluon_sweep).
@@ -39,8 +39,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from qual.runtime.backends import gluon_gemm, skinny_gemm
-from qual.runtime.backends.gluon_gemm import GluonConfig
+import gluon_gemm  # bench/gluon_gemm.py, beside this script
+from gluon_gemm import GluonConfig
+from qual.runtime.backends import skinny_gemm
 from qual.runtime.backends.skinny_gemm import GemmConfig
 
 SHAPES = {  # name -> (N, K) of w [N, K]

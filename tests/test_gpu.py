@@ -1,5 +1,8 @@
 """CUDA and NCCL: the same invariants on GPUs, plus CUDA graphs equal eager. Skipped without CUDA."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -149,10 +152,14 @@ def test_skinny_gemm_kernel_matches_float64(m, n, k, pdl):
         assert torch.equal(got, skinny_gemm.linear(x, w))
 
 
-def _gluon_here() -> bool:
-    from qual.runtime.backends import gluon_gemm
+def _gluon_gemm():
+    """bench/gluon_gemm.py, or a skip where it cannot run (compute capability 9.0 and the Triton it is written in)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gluon_gemm
 
-    return gluon_gemm.available() and torch.cuda.get_device_capability() >= (9, 0)
+    if not (gluon_gemm.available() and torch.cuda.get_device_capability() >= (9, 0)):
+        pytest.skip("needs compute capability 9.0 and the Triton the Gluon kernels are written in")
+    return gluon_gemm
 
 
 @pytest.mark.parametrize("m,n,k,cfg", [
@@ -164,10 +171,7 @@ def test_gluon_products_match_float64(m, n, k, cfg, pdl):
     program) against float64: the 8B shape's products at choose_config, ragged column and K blocks (TMA reads zeros
     past the edges), more splits than K tiles a program; with PDL the same bits. Twice in a row: the finishing
     counts are left at zero."""
-    from qual.runtime.backends import gluon_gemm
-
-    if not _gluon_here():
-        pytest.skip("needs compute capability 9.0 and the Triton the Gluon kernels are written in")
+    gluon_gemm = _gluon_gemm()
     cfg = gluon_gemm.GluonConfig(*cfg) if cfg else None
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
@@ -184,8 +188,6 @@ def test_gluon_products_match_float64(m, n, k, cfg, pdl):
         assert not counts.any()
     if pdl:
         assert torch.equal(got, gluon_gemm.partials(x, w, cfg))
-    if cfg is None:
-        assert torch.equal(gluon_gemm.linear(x, w), got.sum(0).bfloat16())
 
 
 @pytest.mark.parametrize("r,q,h,hk,d,s,splits", [
@@ -293,8 +295,7 @@ def test_half_precision_prefill_runs_fused_and_is_as_near_float64(graph_tokens, 
     assert error <= 1.5 * base_error + 1e-3, (error, base_error)
 
 
-@pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention", "triton-gemm+triton-attention+pdl",
-                                    "gluon-gemm+triton-attention+pdl"])
+@pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention", "triton-gemm+triton-attention+pdl"])
 def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
     """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly;
     with pdl, launched with programmatic dependent launch (compiled: inductor's kernels too).
@@ -304,8 +305,6 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
 
     if "pdl" in kernel and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
         pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
-    if "gluon" in kernel and not _gluon_here():
-        pytest.skip("needs compute capability 9.0 and the Triton the Gluon kernels are written in")
     from runtime_helpers import prompts
 
     common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2])

@@ -44,8 +44,10 @@ for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 4)):
 """
 
 GLUON_PRODUCTS = """
+import sys
 import torch
-from qual.runtime.backends.gluon_gemm import GluonConfig, finished, partials
+sys.path.insert(0, "{bench}")
+from gluon_gemm import GluonConfig, finished, partials
 
 # the 8B shape's qkv with PDL (first: its PTX is read), down and the LM head at choose_config, a row or sixteen
 for pdl, m, n, k in [(True, 1, 6144, 4096), (False, 1, 6144, 4096), (True, 16, 4096, 14336), (True, 1, 128256, 4096)]:
@@ -143,11 +145,11 @@ def test_the_chains_finished_product_compiles_for_hopper():
 
 @pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
 def test_gluon_products_compile_for_hopper_two_programs_an_sm():
-    """The Gluon products (qual/runtime/backends/gluon_gemm.py) lower for sm_90 with the GPU image's Triton (its
+    """The Gluon products (bench/gluon_gemm.py) lower for sm_90 with the GPU image's Triton (its
     interpreter does not run Gluon): each program keeps within 96 registers a thread (8 warps: two programs an SM
     share its 64K, a quarter left for a small kernel launched early) and half an SM's shared memory, nothing spilled; with PDL the producer warp issues weight tiles
     (TMA) before its wait and x's after it, and no program stores before the wait."""
-    out = compile_for_hopper(GLUON_PRODUCTS, "--ptx")
+    out = compile_for_hopper(GLUON_PRODUCTS.format(bench=ROOT / "bench"), "--ptx")
     lines = [line for line in out.splitlines() if line.startswith(("_partials_kernel:", "_finished_kernel:"))]
     assert len(lines) == 8 and sum(line.startswith("_finished_kernel:") for line in lines) == 3, out
     for line in lines:

@@ -48,23 +48,6 @@ def test_backends_are_chosen_by_name_and_refused_where_they_cannot_run():
         EngineConfig("x", backend="triton-attention")
 
 
-def test_the_gluon_gemm_is_a_projection_kernel_of_its_own():
-    """gluon-gemm serves the projections as triton-gemm does (one of them at most), on a GPU in bf16/fp16; its
-    engines take the Gluon kernel as their GEMM."""
-    EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+gluon-gemm+triton-attention+pdl")
-    with pytest.raises(QualError, match="gluon-gemm need device cuda"):
-        EngineConfig("x", backend="gluon-gemm")
-    with pytest.raises(QualError, match="gluon-gemm need dtype bfloat16 or float16"):
-        EngineConfig("x", device="cuda", dtype="float32", backend="gluon-gemm")
-    with pytest.raises(QualError, match="at most one of triton-gemm, gluon-gemm"):
-        EngineConfig("x", device="cuda", dtype="bfloat16", backend="triton-gemm+gluon-gemm")
-    from qual.runtime.backends import gluon_gemm
-
-    if gluon_gemm.available():
-        assert parse_backend("gluon-gemm").linear() is gluon_gemm.linear
-        assert parse_backend("gluon-gemm+pdl").linear().func is gluon_gemm.linear
-
-
 def test_fused_backend_needs_one_gpu_rank():
     EngineConfig("x", device="cuda", dtype="float32", backend="fused")
     EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+fused")  # the step around the kernel compiled

@@ -2,8 +2,7 @@
 
 A backend names its parts, joined by "+": `compiled` (torch.compile of the decode step before graph
 capture), `compiled-prefill` (torch.compile of the padded prefill too, before its buckets are captured),
-`triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel), `gluon-gemm` (the same
-projections through the Gluon kernel: TMA weight ring, producer warp; Hopper),
+`triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
 `triton-attention` (the target's decode attention read in place from the paged store), `fused`
 (one-token target decode steps through one persistent kernel for all layers) and `pdl` (the step's Triton
 kernels, compiled ones too, launched with programmatic dependent launch: each may start while the one before
@@ -21,9 +20,7 @@ from qual.errors import QualError
 
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
-PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "gluon-gemm", "triton-attention", "fused",
-         "pdl")
-GEMM_PARTS = ("triton-gemm", "gluon-gemm")  # the projections' kernel: one of them at most
+PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused", "pdl")
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
 # (draft + verify of K+1 tokens).
@@ -34,13 +31,10 @@ SERVES = {
                         "mode of compiled or compiled-autotune where named (else compiled's); chunks too large for a "
                         "bucket stay eager",
     "triton-gemm": "projections of <= 16 rows (decode at small batch); larger products use torch's GEMM",
-    "gluon-gemm": "projections of <= 16 rows (decode at small batch) on a GPU of compute capability 9.0 or later; "
-                  "larger products use torch's GEMM",
     "triton-attention": "the target's attention in decode and verify steps; prefill and draft attention stay PyTorch",
     "fused": "one-token target decode steps (batch 1, no drafter); verify, draft and prefill steps use the per-layer "
              "path (with compiled: the step around the kernel is compiled, the kernel launched as it is)",
-    "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm or gluon-gemm, triton-attention and the "
-           "compiled step's "
+    "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention and the compiled step's "
            "own; with compiled-prefill, the compiled prefill's too) launched with programmatic dependent launch; "
            "cuBLAS and PyTorch's kernels wait as before",
 }
@@ -71,10 +65,6 @@ class Backend:
         return "triton-gemm" in self.parts
 
     @property
-    def gluon_gemm(self) -> bool:
-        return "gluon-gemm" in self.parts
-
-    @property
     def triton_attention(self) -> bool:
         return "triton-attention" in self.parts
 
@@ -92,7 +82,7 @@ class Backend:
         gpu_only = [p for p in self.parts if p not in COMPILE_MODES and p != "compiled-prefill"]
         if gpu_only and device == "cpu":
             raise QualError(f"backend {self.name}: {', '.join(gpu_only)} need device cuda (got cpu)")
-        triton = [p for p in self.parts if p.startswith("triton-") or p == "gluon-gemm"]
+        triton = [p for p in self.parts if p.startswith("triton-")]
         if triton and dtype not in ("bfloat16", "float16"):
             raise QualError(f"backend {self.name}: {', '.join(triton)} need dtype bfloat16 or float16 (got {dtype})")
         if self.fused_decode and dtype == "float64":
@@ -100,26 +90,18 @@ class Backend:
         if self.fused_decode and tp > 1:
             raise QualError(f"backend {self.name}: fused needs tp 1 (got tp {tp})")
         if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "compiled-prefill", "triton-gemm",
-                                                "gluon-gemm", "triton-attention"}):
+                                                "triton-attention"}):
             raise QualError(f"backend {self.name}: pdl launches the Triton kernels of compiled, compiled-prefill, "
-                            "triton-gemm, gluon-gemm or triton-attention; name at least one of them")
+                            "triton-gemm or triton-attention; name at least one of them")
 
     def check_device(self, device) -> None:
         """Refuse, once the device is known, a part this GPU or this Triton cannot run."""
-        if not (self.pdl or self.gluon_gemm):
+        if not self.pdl:
             return
         import torch
 
-        from qual.runtime.backends import gluon_gemm, skinny_gemm
+        from qual.runtime.backends import skinny_gemm
 
-        if self.gluon_gemm and torch.cuda.get_device_capability(device) < (9, 0):
-            raise QualError(f"backend {self.name}: gluon-gemm needs a GPU of compute capability 9.0 or later "
-                            f"(got {torch.cuda.get_device_name(device)})")
-        if self.gluon_gemm and not gluon_gemm.available():
-            raise QualError(f"backend {self.name}: gluon-gemm needs a Triton with Gluon's Hopper parts "
-                            "(triton.experimental.gluon, Triton 3.4 or later)")
-        if not self.pdl:
-            return
         if torch.cuda.get_device_capability(device) < (9, 0):
             raise QualError(f"backend {self.name}: pdl needs a GPU of compute capability 9.0 or later "
                             f"(got {torch.cuda.get_device_name(device)})")
@@ -129,16 +111,14 @@ class Backend:
 
     def linear(self):
         """The projections' GEMM."""
-        if self.gluon_gemm:
-            from qual.runtime.backends import gluon_gemm as kernel
-        elif self.triton_gemm:
-            from qual.runtime.backends import skinny_gemm as kernel
-        else:
+        if not self.triton_gemm:
             import torch.nn.functional as F  # here: naming a backend (a profile's check) needs no torch
 
             return F.linear
-        _need_triton(kernel.available())
-        return functools.partial(kernel.linear, pdl=True) if self.pdl else kernel.linear
+        from qual.runtime.backends import skinny_gemm
+
+        _need_triton(skinny_gemm.available())
+        return functools.partial(skinny_gemm.linear, pdl=True) if self.pdl else skinny_gemm.linear
 
     def paged_attention(self):
         """The target's decode attention over the paged store, or None (gather the keys, then PyTorch)."""
@@ -226,6 +206,4 @@ def parse_backend(name: str) -> Backend:
         raise QualError(f"backend {name!r}: expected {PYTORCH!r} or parts joined by '+' from {', '.join(PARTS)}")
     if sum(p in COMPILE_MODES for p in parts) > 1:
         raise QualError(f"backend {name!r}: at most one of {', '.join(COMPILE_MODES)}")
-    if sum(p in GEMM_PARTS for p in parts) > 1:
-        raise QualError(f"backend {name!r}: at most one of {', '.join(GEMM_PARTS)}")
     return Backend(name, parts)

@@ -1,10 +1,12 @@
 """Decode's skinny products in Gluon (Triton's explicit-layout language, Hopper): y[M, N] = x[M, K] @ w[N, K]^T for
-M <= 16, the weight streamed by TMA through a ring of shared-memory stages by a producer warp.
+M <= 16, the weight streamed by TMA through a ring of shared-memory stages by a producer warp. The chain of
+bench/skinny_gemm_sweep.py runs it; no backend does (docs/PERFORMANCE.md: as the projections' kernel of the compiled
+8B step it ties the split-K kernel end to end).
 
-Why not the split-K Triton kernel (skinny_gemm): there each program's own warps issue its loads (`cp.async`, the
-pipeliner's stages) and wait for them between tensor-core products, and a program launched early with programmatic
-dependent launch (PDL) cannot load anything before its wait, since only Triton knows which loads are x. Here the
-work is split by warps instead:
+Why not the split-K Triton kernel (qual/runtime/backends/skinny_gemm.py): there each program's own warps issue its
+loads (`cp.async`, the pipeliner's stages) and wait for them between tensor-core products, and a program launched
+early with programmatic dependent launch (PDL) cannot load anything before its wait, since only Triton knows which
+loads are x. Here the work is split by warps instead:
 
 - a producer warp (a `gl.warp_specialize` worker) issues TMA copies of the weight tiles into a ring of STAGES
   shared-memory buffers, each signalled on an mbarrier when its bytes land. The first pass through the ring is
@@ -13,14 +15,14 @@ work is split by warps instead:
 - the consumer warp group multiplies each stage on the tensor cores (`warpgroup_mma`, the weight tile as the
   product's A [BLOCK_N, BLOCK_K] and x's tile, transposed in place, as its B [BLOCK_K, 16]: rows of w are the wide
   side, so the 16 padded rows of x are the instruction's N) and frees the stage;
-- after both, the program's warps store its float32 partial [M, BLOCK_N] of split s, as skinny_gemm.partials does:
-  `partials` here is a drop-in for it (the sum over splits fuses into the compiled step's next kernel).
+- after both, the program's warps store its float32 partial [M, BLOCK_N] of split s (`partials`, as
+  skinny_gemm.partials does), or (`finished`) the last program of each column block to arrive sums the partials,
+  adds a residual and writes the product in x's dtype, so that the next product reads it with no kernel between.
 
 The grid is the split-K one (column blocks x splits), sized by `choose_config` to fit in one wave (every program
 resident at once, two an SM), so that a program launched early never takes a slot another program of its own
-product is waiting for. `bench/skinny_gemm_sweep.py --chain` measures it against the split-K kernel;
-docs/PERFORMANCE.md has the numbers. Triton's interpreter does not run Gluon: tests/test_kernels_compile.py compiles
-it for sm_90 on the CPU, tests/test_gpu.py checks it against float64 on the GPU.
+product is waiting for. Triton's interpreter does not run Gluon: tests/test_kernels_compile.py compiles it for sm_90
+on the CPU with the GPU image's Triton, tests/test_gpu.py checks it against float64 on the GPU.
 """
 
 from __future__ import annotations
@@ -278,30 +280,3 @@ def partials(x: torch.Tensor, w: torch.Tensor, cfg: GluonConfig | None = None, p
         w_desc, x_desc, out, m, n, TILES=tiles_per_split(k, cfg), STAGES=cfg.stages, PDL=pdl, num_warps=4,
         maxnreg=MAX_REGISTERS, **launch)
     return out
-
-
-if gluon is not None:
-    # As a custom op, torch.compile keeps the launch as one opaque node and fuses the sum after it.
-    @torch.library.custom_op("qual::gluon_gemm_partials", mutates_args=())
-    def _partials_op(x: torch.Tensor, w: torch.Tensor, pdl: bool) -> torch.Tensor:
-        if x.data_ptr() % 16:  # a view into another tensor (rows are aligned: linear made them so); TMA needs the base
-            x = x.clone()
-        return partials(x, w, pdl=pdl)
-
-    @_partials_op.register_fake
-    def _(x, w, pdl):
-        split = choose_config(w.shape[0], x.shape[1]).split
-        return x.new_empty(split, x.shape[0], w.shape[0], dtype=torch.float32)
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """x @ w.T for x [..., K]: the Gluon kernel when the rows fit one tile, else torch's linear."""
-    rows = math.prod(x.shape[:-1])
-    if (not available() or rows > ROWS or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16)
-            or x.dtype != w.dtype or w.stride(1) != 1 or (w.stride(0) * w.element_size()) % 16
-            or (x.shape[-1] * x.element_size()) % 16):
-        return torch.nn.functional.linear(x, w)  # TMA reads 16-byte aligned weight rows
-    flat = x.reshape(rows, x.shape[-1])
-    if flat.stride(1) != 1 or (flat.stride(0) * flat.element_size()) % 16:
-        flat = flat.contiguous()
-    return _partials_op(flat, w, pdl).sum(0).to(x.dtype).view(*x.shape[:-1], w.shape[0])
