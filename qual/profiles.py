@@ -161,10 +161,8 @@ def load_profile(name_or_path: str) -> ModelProfile:
     """A profile by name (configs/models/<name>.yaml, searched as qual.paths says) or by path."""
     check_path_name(name_or_path, "--model")
     path = Path(name_or_path)
-    yaml = path.suffix in (".yaml", ".yml")
-    if not (yaml and path.is_file()):
-        # a name may hold dots (glm-5.3-flash): only a .yaml or .yml ending makes it a path
-        found = paths.find("profile", name_or_path) if len(path.parts) == 1 and not yaml else None
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        found = paths.find("profile", name_or_path) if len(path.parts) == 1 else None
         if found is None:
             raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
         path = found.path
