@@ -530,4 +530,4 @@ def test_qual_schema_gate_prints_it(capsys):
     proc = qual_in(capsys, "schema", "--gate")
     assert proc.returncode == 0 and json.loads(proc.stdout) == gate_schema()
     proc = qual_in(capsys, "schema", "--gate", "--sweep")
-    assert proc.returncode == 2 and "give one" in proc.stderr
+    assert proc.returncode == 2 and "one schema at a time" in proc.stderr

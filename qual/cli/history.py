@@ -18,6 +18,7 @@ from rich.table import Table
 from qual import history as hist
 from qual.errors import QualError
 from qual.nights import check_axis
+from qual.options import DRAFT_KV_MODES
 from qual.paths import DEFAULT_HISTORY
 from qual.cli.main import EXIT_GATE_FAILED, app
 
@@ -178,7 +179,8 @@ def trend_cmd(
     history: Path = HistoryOpt,
     model: Optional[str] = typer.Option(None, "--model", help="Only this model (a profile name, or its file)."),
     dcp: Optional[int] = typer.Option(None, "--dcp", help="Only candidates of this DCP size."),
-    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="Only this draft KV layout."),
+    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", metavar="|".join(DRAFT_KV_MODES),
+                                           help="Only this draft KV layout."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the plot here (.png or .svg)."),
     axis: str = typer.Option("date", "--axis", help="What each series is plotted along: date, engine (its version), "
                              "qual (version and commit) or meta:KEY (a `qual run --meta KEY=...`)."),
@@ -188,7 +190,7 @@ def trend_cmd(
     fail_on_step: bool = typer.Option(False, "--fail-on-step", help="Exit 1 when a step change is flagged."),
 ) -> None:
     """Acceptance over nights per configuration (qual.configuration), along an axis; flags step changes between
-    consecutive runs and names what changed between them (engine, torch, qual, --meta)."""
+    consecutive runs and names what changed between them (engine, torch, qual)."""
     check_axis(axis)
     if out is not None:  # before the work, not after the trend was printed
         _check_plot_path(out)

@@ -50,7 +50,7 @@ def record_error_night(plan, exc: BaseException) -> None:
     row says how it ended, and `--resume` records the verdict in its place."""
     code, what, line = describe(exc)
     line = redact_text(" ".join(line.split()))
-    command = plan.options.command()
+    command = plan.options.command(plan.engine)
     first = plan.arms[plan.candidates[0]].to_json()
     if not (plan.out_dir / FILES["json"]).exists():
         try:
