@@ -14,7 +14,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from qual.records import ArmConfig
 from qual.engines.vllm.install import REPO_ROOT, VllmInstall
 from qual.errors import QualError
-from qual.options import DcpComm
+from qual.options import VllmDcpComm
 from qual.redact import redact_env
 from qual.validation import Section, parse_section
 
@@ -51,7 +51,7 @@ class VllmOptions(Section):
     block_size: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     attention_backend: str | None = None
-    dcp_comm_backend: DcpComm | None = None  # only passed when DCP > 1
+    dcp_comm_backend: VllmDcpComm | None = None  # only passed when DCP > 1
     cudagraph_mode: str | None = None
     cudagraph_capture_sizes: list[PositiveInt] | None = None
     enforce_eager: bool = False
