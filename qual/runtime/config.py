@@ -164,11 +164,8 @@ class EngineConfig:
         self.parallel.check_block_size(self.cache.block_size)
         backend = parse_backend(self.backend)
         backend.check(self.device, self.dtype, self.parallel.tp)
-        replaced = [p for p in backend.parts if p in ATTENTION_PARTS]
-        if self.parallel.invariant and replaced:
-            raise QualError(f"backend {self.backend}: {', '.join(replaced)} compute the target's attention their own "
-                            f"way, and dcp_comm {INVARIANT} computes it with its own (fixed summation order): use "
-                            "another dcp_comm, or a backend without them")
+        if self.parallel.invariant:
+            self._check_invariant_backend(backend)
         padded_prefill = self.static_shapes or (self.device == "cuda" and bool(self.cuda_graph_sizes))
         if backend.compile_prefill and not (padded_prefill and self.prefill_graph_tokens):
             raise QualError(f"backend {self.backend}: compiled-prefill compiles the prefill at padded shapes, which runs "
@@ -182,6 +179,20 @@ class EngineConfig:
             raise QualError(f"prefill_graph_tokens must be >= 0 (got {self.prefill_graph_tokens})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
+
+    def _check_invariant_backend(self, backend) -> None:
+        """The invariant merge's bits rest on PyTorch's operators each rounding on its own (qual/runtime/dcp_invariant.py):
+        a backend part that computes the attention its own way, or compiles the step (a compiler may fuse a multiply
+        and an add into one rounding, as the shapes it sees lead it to), would break them, so it is refused by name."""
+        replaced = [p for p in backend.parts if p in ATTENTION_PARTS]
+        if replaced:
+            raise QualError(f"backend {self.backend}: dcp_comm {INVARIANT} computes the target's attention itself (in "
+                            f"a fixed summation order), which {' and '.join(replaced)} would take over: use another "
+                            "dcp_comm, or a backend without them")
+        if backend.compiles:
+            raise QualError(f"backend {self.backend}: dcp_comm {INVARIANT} rests on every operator rounding on its own, "
+                            "and a compiled step may fuse them (a multiply-add rounded once) differently at each DCP "
+                            "size: use another dcp_comm, or a backend without compiled parts")
 
 
 @dataclass(frozen=True, slots=True)
