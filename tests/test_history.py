@@ -309,6 +309,20 @@ def test_a_v4_history_keys_gain_the_dcp_merge_path_and_keep_the_rest(tmp_path):
     assert history.pinned_run(path, key).id == 1
 
 
+def test_the_dcp_merge_path_is_part_of_the_configuration_key():
+    """Runs that differ only in how DCP partial attentions merge are different configurations: the reference engine's
+    dcp_comm, vLLM's dcp_comm_backend; unknown where the engine section names none (vLLM's own default)."""
+    def key(engine, section):
+        return history.configuration_of(synthetic_result(40, 0.75, 0.75, n_resamples=100, engine=engine,
+                                                         extra={engine: section}))
+
+    a2a, invariant = key("reference", {"dcp_comm": "a2a"}), key("reference", {"dcp_comm": "invariant"})
+    assert [d[0] for d in a2a.differences(invariant)] == ["dcp_comm"]
+    assert "merge=" not in a2a.label() and "merge=invariant" in invariant.label()
+    assert key("vllm", {"dcp_comm_backend": "ag_rs"}).dcp_comm == "ag_rs"
+    assert key("vllm", {}).dcp_comm == NO_IDENTITY
+
+
 def test_a_new_history_is_created_at_the_current_schema(db):
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION)

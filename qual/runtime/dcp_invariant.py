@@ -23,7 +23,7 @@ from qual.runtime.parallel import Comm
 
 # Elements of one chunk's products (queries x keys x head dims): bounds the scratch memory without changing a value
 # (each query row's partials are computed from that row alone).
-_CHUNK = 1 << 19
+_CHUNK = 1 << 20
 _NEG_INF = float("-inf")
 
 
@@ -36,11 +36,11 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     dim = dim % x.dim()
     if x.shape[dim] == 0:
         return x.sum(dim)
+    lead = (slice(None),) * dim
     while x.shape[dim] > 1:
         n = x.shape[dim]
         even = n - n % 2
-        pairs = x.narrow(dim, 0, even).unflatten(dim, (even // 2, 2))
-        halves = pairs.select(dim + 1, 0) + pairs.select(dim + 1, 1)
+        halves = x[lead + (slice(0, even, 2),)] + x[lead + (slice(1, even, 2),)]
         x = halves if n == even else torch.cat([halves, x.narrow(dim, even, 1)], dim)
     return x.squeeze(dim)
 
