@@ -6,7 +6,7 @@ what the invariant merge (dcp_comm invariant) costs and what it buys.
 
 --model: a shipped pair (qual/data/models/<name>: toy, glm-toy). Each layout is TPxDCP. The first --requests
 HumanEval prompts, 64 new tokens each, at most --batch in flight, greedy, float32, speculative (the pair's drafter
-with its profile's K). A decode step's time is the generate's wall time less its
+with its profile's K); on CUDA, decode replayed from CUDA graphs (each rank on its own GPU). A decode step's time is the generate's wall time less its
 prefill steps, over its decode steps (rank 0's phase times); its CPU time is rank 0's process time over the whole
 generate (prefill included), over the same steps: on a shared machine the steadier of the two, and at TP 1 all of
 the engine's work. Each is the best of --generates generates on one engine. "vs a2a": the row's cost over a2a's at
@@ -24,7 +24,7 @@ from pathlib import Path
 from qual.corpus import load_corpus
 from qual.paths import DATA_DIR
 from qual.profiles import load_profile
-from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
+from qual.runtime.config import DEFAULT_SIZES, CacheConfig, EngineConfig, ParallelConfig, SamplingParams
 from qual.runtime.engine import GenerationRequest, LLMEngine
 from qual.tokenize import PromptTokenizer
 
@@ -43,7 +43,8 @@ def measure(tp: int, dcp: int, comm: str, reqs, args) -> dict:
                        CacheConfig(block_size=16, memory_bytes=1 << 28), dtype="float32", device=args.device,
                        max_model_len=longest + 64 + 32, phase_times=True, max_num_seqs=args.batch,
                        threads_per_rank=args.threads or None,
-                       num_speculative_tokens=load_profile(args.model).num_speculative_tokens)
+                       num_speculative_tokens=load_profile(args.model).num_speculative_tokens,
+                       cuda_graph_sizes=DEFAULT_SIZES if args.device.startswith("cuda") else None)
     best, best_cpu = float("inf"), float("inf")
     with LLMEngine(cfg) as engine:
         for _ in range(args.generates):

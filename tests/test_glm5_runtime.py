@@ -222,9 +222,10 @@ def tied_tp8(tmp_path_factory):
     return target, draft, [pattern[0] * 9, pattern[0] * 12, pattern[1] * 7 + [3], pattern[2] * 11]
 
 
-def invariant_run(monkeypatch, target, draft, prompts, dcp, dtype):
+def invariant_run(monkeypatch, target, draft, prompts, dcp, dtype, tp=8, device="cpu"):
     """(tokens and proposals per request, the pools every full layer selected at every step, {layer: the smallest
-    gap between the k-th and the (k+1)-th candidate}, prompt logits) of one engine at TP 8."""
+    gap between the k-th and the (k+1)-th candidate}, prompt logits) of one engine (on CUDA: decode replayed from
+    CUDA graphs)."""
     from qual.runtime.models.glm5 import target as glm5_target
     from qual.runtime.models.glm5 import topk
 
@@ -248,13 +249,15 @@ def invariant_run(monkeypatch, target, draft, prompts, dcp, dtype):
     monkeypatch.setattr(glm5_target.Glm5Target, "_select", at_layer)
     monkeypatch.setattr(glm5_target.Glm5Target, "_attended", record_pools)
     monkeypatch.setattr(glm5_target, "local_topk", record_gap)
-    cfg = EngineConfig(str(target), str(draft), ParallelConfig(8, dcp, 1, "invariant"),
-                       CacheConfig(block_size=4, memory_bytes=2**26), dtype=dtype, max_model_len=64)
+    cfg = EngineConfig(str(target), str(draft), ParallelConfig(tp, dcp, 1, "invariant"),
+                       CacheConfig(block_size=4, memory_bytes=2**26), dtype=dtype, max_model_len=64, device=device,
+                       cuda_graph_sizes=(1, 2, 4) if device == "cuda" else None)
     with LLMEngine(cfg) as engine:
-        out = engine.generate([GenerationRequest(f"r{i}", tuple(p), 6) for i, p in enumerate(prompts)],
-                              SamplingParams(max_tokens=6))
+        out = engine.generate([GenerationRequest(f"r{i}", tuple(p), 4) for i, p in enumerate(prompts)],
+                              SamplingParams(max_tokens=4))
         lg = engine.prompt_logits(prompts)
     monkeypatch.undo()
+    picked = [p.cpu() for p in picked]
     return ([(r.output_token_ids, r.draft_steps) for r in out], picked,
             {i: float(torch.cat(g).min()) if torch.cat(g).numel() else float("inf") for i, g in gaps.items()}, lg)
 
@@ -272,6 +275,20 @@ def test_invariant_merge_makes_dcp_n_dcp_1_bit_for_bit_through_every_layer(tied_
         assert torch.equal(lg, base_lg), dcp
         assert out == base and sum(len(steps) for _, steps in out) > 0
         assert len(pools) == len(base_pools) and all(torch.equal(a, b) for a, b in zip(pools, base_pools)), dcp
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL takes one rank per GPU)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_invariant_merge_on_gpus_over_nccl(tied_tp8, monkeypatch, dtype):
+    """The same on CUDA ranks over NCCL, decode replayed from CUDA graphs: TP = the GPUs (2, 4 or 8), DCP 1 against
+    every DCP size up to it."""
+    tp = 1 << (min(torch.cuda.device_count(), 8).bit_length() - 1)
+    base, base_pools, _, base_lg = invariant_run(monkeypatch, *tied_tp8, 1, dtype, tp=tp, device="cuda")
+    for dcp in (d for d in (2, 4, 8) if d <= tp):
+        out, pools, _, lg = invariant_run(monkeypatch, *tied_tp8, dcp, dtype, tp=tp, device="cuda")
+        assert torch.equal(lg, base_lg), dcp
+        assert out == base and all(torch.equal(a, b) for a, b in zip(pools, base_pools)), dcp
 
 
 def test_union_attends_another_set_beyond_the_top_k_and_the_same_within_it(ckpts, control):
