@@ -186,7 +186,7 @@ class Glm5Target:
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
         qg = comm.all_gather_dcp(q_lat).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, L)
         latents = store.gather(j, view.keys.slots)  # [R, S, L (+ R)]
-        # Steps 2 and 3: one latent "KV head" serves every query head; in at least float32 (latent_attention)
+        # Steps 2 and 3: one latent "KV head" serves every query head, in at least float32 (latent_inputs)
         q, k = latent_inputs(pad_queries(qg, meta.q_index, meta.dense), latents)
         out = dcp_attention(comm, q, k, k[..., :w.latent_dim], view.mask & attend, w.scale, Hl)
         return mla_output(w, unpad(out, meta.q_index, T, meta.dense), h.dtype)
