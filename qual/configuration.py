@@ -3,8 +3,9 @@
 A series is every night of one key: history trends group on it, the report's "runs of this configuration" strip
 selects on it, `history:last-pass` and pins select on it (docs/statistics.md, "Series" and "Baselines"). The key
 names the measurement: the model profile, what the checkpoints hold (a drafter swapped in at the same path is a new
-key), the engine that measures, the parallel layout, the draft-KV, sparse top-k, numerics and DCP-merge modes, the
-dtype and the kind of device, the requests replayed and how they are sampled. The software under test is not in it:
+key), the engine that measures, the parallel layout, the draft-KV, sparse top-k and numerics modes, the DCP merge
+path, the dtype and the kind of device, the requests replayed and how they are sampled. The software under test is
+not in it:
 the engine's version and build, qual's version and commit, torch, the driver, the GPU model and the host are each
 night's facts (qual.nights), the axis a series is plotted along, so a night after an engine upgrade is compared with
 the last pass of its own series.
@@ -20,6 +21,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
+
+from qual.options import DEFAULT_DCP_COMM
 
 NO_IDENTITY = "unknown"  # a run recorded before qual kept checkpoint identities, or a checkpoint it cannot read
 _REQUIRED = object()  # a field every key must carry (a stored key without it is damaged)
@@ -67,7 +70,7 @@ class ConfigurationKey:
     draft_kv: str = _arm("draft_kv")
     dsa_topk: str = _arm("dsa_topk", str, "none")  # "none" for a target without sparse attention
     numerics: str = _arm("numerics", str, "exact")  # exact | vllm | vllm-hopper
-    dcp_comm: str = _arm("dcp_comm", str, "a2a")  # the DCP merge's collectives: a2a | ag_rs | invariant
+    dcp_comm: str = _run("dcp_comm", default=NO_IDENTITY)  # how DCP partial attentions merge (dcp_comm_of)
     dtype: str = _arm("dtype")
     device: str = _arm("device", device_kind)  # the kind: cpu | cuda
     corpus_fingerprint: str = _run("corpus_fingerprint")
@@ -84,7 +87,8 @@ class ConfigurationKey:
         ids = checkpoints or {}
         run = {"corpus_fingerprint": corpus_fingerprint, "n_requests": n_requests,
                "target": ids.get("target"),
-               "draft": ids.get("draft") or ("none" if candidate.get("draft_path") is None else None)}
+               "draft": ids.get("draft") or ("none" if candidate.get("draft_path") is None else None),
+               "dcp_comm": dcp_comm_of(candidate)}
         values = {}
         for f in fields(cls):
             source: _Source = f.metadata["source"]
@@ -135,9 +139,9 @@ class ConfigurationKey:
 
     def label(self) -> str:
         """One line naming the series (trend output, plots, the published site)."""
-        modes = f" kv={self.draft_kv}" + (f" dsa={self.dsa_topk}" if self.dsa_topk != "none" else "")
-        modes += "".join(f" {name}={getattr(self, name)}" for name in ("numerics", "dcp_comm")
-                         if getattr(self, name) != _default(name))
+        modes = (f" kv={self.draft_kv}" + (f" dsa={self.dsa_topk}" if self.dsa_topk != "none" else "")
+                 + (f" numerics={self.numerics}" if self.numerics != _default("numerics") else "")
+                 + (f" merge={self.dcp_comm}" if self.dcp_comm not in (NO_IDENTITY, DEFAULT_DCP_COMM) else ""))
         il = f" il{self.interleave}" if self.interleave != 1 else ""
         return (f"{self.model} {self.engine} dcp{self.dcp} tp{self.tp}{il}{modes} K={self.num_speculative_tokens} "
                 f"T={self.temperature:g} {self.dtype} {self.device} n={self.n_requests} max_tokens={self.max_tokens} "
@@ -146,6 +150,16 @@ class ConfigurationKey:
     def describe(self) -> str:
         """Every field, for messages that must say exactly which configuration."""
         return ", ".join(f"{k} {v}" for k, v in asdict(self).items())
+
+
+def dcp_comm_of(candidate: dict) -> str:
+    """The merge path of DCP partial attentions an arm's config (result.json arms.<arm>.config) ran with: its engine
+    section's `dcp_comm` (the reference engine's) or `dcp_comm_backend` (vLLM's flag), NO_IDENTITY where the section
+    names none (vLLM's own default, an attached server, a run recorded before the reference engine had the option)."""
+    section = (candidate.get("extra") or {}).get(str(candidate.get("engine"))) or {}
+    if not isinstance(section, dict):
+        return NO_IDENTITY
+    return str(section.get("dcp_comm") or section.get("dcp_comm_backend") or NO_IDENTITY)
 
 
 def field_names() -> tuple[str, ...]:

@@ -32,10 +32,15 @@ DSA_TOPK_MODES = ("exact", "union")
 DEFAULT_DSA_TOPK = "exact"
 DsaTopk = Literal[DSA_TOPK_MODES]
 
-# How DCP ranks merge their partial attention: one all-to-all, or an all-gather of the LSEs and a reduce-scatter
-DCP_COMM_MODES = ("a2a", "ag_rs")
+# How DCP ranks merge their partial attention: vLLM's two backends (one all-to-all, or an all-gather of the LSEs and a
+# reduce-scatter), and the reference engine's own: a fixed merge tree over virtual shards, DCP 1's bits at every DCP
+# size (docs/dcp.md, "The invariant merge")
+VLLM_DCP_COMM_MODES = ("a2a", "ag_rs")
+INVARIANT = "invariant"
+DCP_COMM_MODES = (*VLLM_DCP_COMM_MODES, INVARIANT)
 DEFAULT_DCP_COMM = "a2a"
 DcpComm = Literal[DCP_COMM_MODES]
+VllmDcpComm = Literal[VLLM_DCP_COMM_MODES]
 
 DEVICES = ("cpu", "cuda", "cuda:N")  # cuda:N: the N-th GPU
 DEFAULT_DEVICE = "cpu"

@@ -26,12 +26,13 @@ def test_every_field_is_read_from_the_candidate_or_the_run_and_the_software_is_n
     assert field_names() == tuple(f.name for f in fields(ConfigurationKey))
     assert all("source" in f.metadata for f in fields(ConfigurationKey))  # each field says where it comes from
     assert not {"engine_version", "qual_commit", "torch", "gpu", "host"} & set(field_names())
-    assert (key.numerics, key.dcp_comm, key.dsa_topk, key.interleave) == ("exact", "a2a", "none", 1)  # not recorded
-    arm = {**synthetic_arm_config(4).to_json(), "numerics": "vllm-hopper", "dcp_comm": "ag_rs", "device": "cuda:3"}
+    assert (key.numerics, key.dcp_comm, key.dsa_topk, key.interleave) == ("exact", NO_IDENTITY, "none", 1)  # unsaid
+    arm = {**synthetic_arm_config(4, extra={"vllm": {"dcp_comm_backend": "ag_rs"}}, engine="vllm").to_json(),
+           "numerics": "vllm-hopper", "device": "cuda:3"}
     read = ConfigurationKey.of(arm, FINGERPRINT, 10, None)
     assert (read.numerics, read.dcp_comm, read.device) == ("vllm-hopper", "ag_rs", "cuda")
     assert read.differences(replace(read, numerics="exact"))[0] == ("numerics", "vllm-hopper", "exact")
-    assert "numerics=vllm-hopper dcp_comm=ag_rs" in read.label() and "numerics" not in key.label()
+    assert "numerics=vllm-hopper merge=ag_rs" in read.label() and "numerics" not in key.label()
     assert (read.target, read.draft) == (NO_IDENTITY, NO_IDENTITY)  # identities not recorded
     assert ConfigurationKey.of({**arm, "draft_path": None}, FINGERPRINT, 10, None).draft == "none"
     assert [device_kind(d) for d in ("cpu", "cuda", "cuda:0", "cuda:12")] == ["cpu", "cuda", "cuda", "cuda"]

@@ -69,8 +69,8 @@ class ReferenceOptions(Section):
     """The kernels: pytorch, or parts joined by + (compiled, triton-gemm, triton-attention, fused, pdl, ...;
     docs/ARCHITECTURE.md, "Backends")"""
     dcp_comm: DcpComm = DEFAULT_DCP_COMM
-    """How DCP ranks merge their partial attention: a2a (one all-to-all) or ag_rs (all-gather of the LSEs,
-    reduce-scatter)"""
+    """How DCP ranks merge their partial attention: a2a (one all-to-all), ag_rs (all-gather of the LSEs,
+    reduce-scatter) or invariant (DCP 1's bits at every DCP size; DCP 1, 2, 4 or 8: docs/dcp.md)"""
     steps_per_launch: PositiveInt = _ENGINE["steps_per_launch"].default
     """Decode steps a launch runs back to back where async decode is taken"""
     prefill_ahead: NonNegativeInt = _ENGINE["prefill_ahead"].default

@@ -18,11 +18,11 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from qual.configuration import ConfigurationKey, field_names
+from qual.configuration import ConfigurationKey, dcp_comm_of, field_names
 from qual.errors import QualError
 from qual.userfiles import check_path_name
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 MAX_RUN_ID = 2**63 - 1  # SQLite's largest INTEGER PRIMARY KEY: a larger id names no run (and cannot be bound)
 KEY_FIELDS = "key_fields"  # meta: the configuration key's fields the rows are keyed by
@@ -105,20 +105,42 @@ def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
 
 
 def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
+    """The configuration key gains the DCP merge path (dcp_comm), read from each row's stored candidate config; the
+    rest of each key stays as recorded (a recomputation would lose the checkpoints' identities)."""
+    rows = conn.execute("SELECT id, config_json, configuration FROM runs WHERE configuration IS NOT NULL").fetchall()
+    for run_id, config_json, configuration in rows:
+        try:
+            key = json.loads(configuration)
+            key["dcp_comm"] = dcp_comm_of(json.loads(config_json)["candidate"])
+            new = ConfigurationKey.from_key(json.dumps(key)).key()
+        except (ValueError, KeyError, TypeError, AttributeError):
+            new = None  # as configuration_of_row: listed, never a baseline
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (new, run_id))
+    conn.execute("DELETE FROM pins WHERE run_id NOT IN (SELECT id FROM runs WHERE configuration IS NOT NULL)")
+    # The pins follow their runs when `_upgrade` keys the rows again (rekey): keys that became one there keep one pin
+
+
+_V6_COLUMNS = ("outcome TEXT", "exit_code INTEGER", "error TEXT", "command TEXT", "run_dir TEXT", "meta TEXT",
+               "facts TEXT")
+
+
+def _migrate_v5_to_v6(conn: sqlite3.Connection) -> None:
     """Four outcomes (pass, fail, inconclusive, error: `verdict` stays pass exactly where the run exited 0); error
     rows (the exit code, its one-line cause, what ran, the run's folder); each night's --meta and facts (engine,
-    torch, qual... as JSON). The key's fields changed too (the engine version left it): `ensure_schema` keys the rows
-    again."""
-    for column in ("outcome TEXT", "exit_code INTEGER", "error TEXT", "command TEXT", "run_dir TEXT", "meta TEXT",
-                   "facts TEXT"):
-        conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
-    conn.execute("UPDATE runs SET outcome = verdict")
+    torch, qual... as JSON). The key's fields changed too (the engine's version left it): `_upgrade` keys the rows
+    again. A column already there is kept (the migration may meet a database it half-made)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    for column in _V6_COLUMNS:
+        if column.split()[0] not in have:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
+    conn.execute("UPDATE runs SET outcome = verdict WHERE outcome IS NULL")
 
 
 # version v -> function migrating a v database to v+1 (inside the open transaction). A new database is
 # created at v1 and migrated, in the same transaction: one spelling of the schema.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1_to_v2, 2: _migrate_v2_to_v3,
-                                                               3: _migrate_v3_to_v4, 4: _migrate_v4_to_v5}
+                                                               3: _migrate_v3_to_v4, 4: _migrate_v4_to_v5,
+                                                               5: _migrate_v5_to_v6}
 
 
 def rekey(conn: sqlite3.Connection) -> list[str]:

@@ -14,7 +14,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from qual.records import ArmConfig
 from qual.engines.vllm.install import REPO_ROOT, VllmInstall
 from qual.errors import QualError
-from qual.options import DcpComm
+from qual.options import VllmDcpComm
 from qual.redact import redact_env
 from qual.validation import Section, parse_section
 
@@ -58,7 +58,7 @@ class VllmOptions(Section):
     """--max-num-seqs: requests a server batches"""
     attention_backend: str | None = None
     """--attention-backend (DCP needs one that returns the softmax LSE)"""
-    dcp_comm_backend: DcpComm | None = None
+    dcp_comm_backend: VllmDcpComm | None = None
     """--dcp-comm-backend: ag_rs or a2a (passed only at DCP > 1)"""
     cudagraph_mode: str | None = None
     """The compilation config's cudagraph_mode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE"""
