@@ -35,6 +35,11 @@ class WriteError(QualError):
 
 
 def write_text(path: str | Path, text: str) -> Path:
+    """Write path atomically as UTF-8 text (write_bytes)."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
     """Write path atomically: a temporary file beside it, fsync'd, then renamed over it.
 
     The temporary file is created new (O_EXCL, a random name): a file or a link already there under any name is
@@ -43,8 +48,8 @@ def write_text(path: str | Path, text: str) -> Path:
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would make reports unreadable to others

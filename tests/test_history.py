@@ -589,3 +589,53 @@ def test_pin_takes_a_run_directory(tmp_path, capsys):
     assert proc.returncode == 0 and proc.stdout.startswith("run 1 is now the baseline of its configuration"), proc
     proc = qual_in(capsys, "history", "baseline", "pin", tmp_path / "elsewhere", "--history", path)
     assert proc.returncode == 2 and "no run recorded from the folder" in proc.stderr
+
+
+# ---------------------------------------------------------------- the history for notebooks
+
+
+def test_load_history_gives_nights_and_series_as_tables(db, tmp_path):
+    """`qual.load_history`: a row a night (each value the row's, read typed), a row a series (its nights counted by
+    outcome, its latest night, its last pass); pandas loads with the first table, never with `import qual`."""
+    import subprocess
+    import sys
+
+    import qual
+
+    loaded = qual.load_history(db)
+    runs, series = loaded.runs, loaded.series
+    recorded = sorted(history.list_runs(db), key=lambda r: (r.created_at, r.id))
+    assert list(runs["id"]) == [r.id for r in recorded] == [1, 2, 3, 4, 5]
+    assert list(runs["outcome"]) == [r.outcome for r in recorded] == ["pass", "pass", "fail", "pass", "fail"]
+    assert list(runs["candidate_rate"]) == [r.candidate_rate for r in recorded]
+    assert list(runs["key.draft_kv"]) == [r.key.draft_kv for r in recorded]
+    assert list(runs["facts.engine"]) == ["qual-reference 0.1.0"] * 5 and str(runs["created_at"].dt.tz) == "UTC"
+    assert runs.loc[2, "failed_checks"] == "acceptance_delta_lower_bound, mean_acceptance_length_ratio"
+    groups = history.group_series(recorded)
+    assert list(series["series"]) == list(groups) and list(series["nights"]) == [len(g) for g in groups.values()]
+    nightly = series[series["nights"] == 4].iloc[0]
+    assert (nightly["passes"], nightly["fails"], nightly["latest_id"], nightly["last_pass_id"]) == (3, 1, 4, 4)
+    code = "import qual, sys; qual.load_history; print('pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_export_writes_the_tables(db, tmp_path, capsys):
+    import pandas as pd
+
+    from cli_inprocess import qual_in
+
+    proc = qual_in(capsys, "history", "export", tmp_path / "out", "--history", db)
+    assert proc.returncode == 0, proc.stderr
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv")
+    assert list(runs["id"]) == [1, 2, 3, 4, 5] and list(runs["outcome"]) == ["pass", "pass", "fail", "pass", "fail"]
+    assert list(pd.read_csv(tmp_path / "out" / "series.csv")["nights"]) == [4, 1]
+    proc = qual_in(capsys, "history", "export", tmp_path / "out", "--format", "xlsx", "--history", db)
+    assert proc.returncode == 2 and "--format 'xlsx': expected csv or parquet" in proc.stderr
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        proc = qual_in(capsys, "history", "export", tmp_path / "pq", "--format", "parquet", "--history", db)
+        assert proc.returncode == 2 and "needs pyarrow" in proc.stderr
+        return
+    proc = qual_in(capsys, "history", "export", tmp_path / "pq", "--format", "parquet", "--history", db)
+    assert proc.returncode == 0 and list(pd.read_parquet(tmp_path / "pq" / "runs.parquet")["id"]) == [1, 2, 3, 4, 5]

@@ -267,6 +267,25 @@ def _trend_json(series: dict, steps: list, threshold_pp: float, axis: str) -> di
     }
 
 
+@history_app.command("export")
+def export_cmd(
+    out_dir: Path = typer.Argument(..., metavar="DIR", help="Folder for runs.<format> and series.<format>."),
+    fmt: str = typer.Option("csv", "--format", metavar="csv|parquet", help="CSV, or Parquet (needs pyarrow)."),
+    history: Path = HistoryOpt,
+) -> None:
+    """Write the history's nights (runs) and series as tables: one row a night, one a series (what
+    `qual.load_history` gives a notebook)."""
+    from qual.cli.outputs import output_dir
+    from qual.history.frames import FORMATS, export, load_history
+
+    if fmt not in FORMATS:  # before the work
+        raise QualError(f"--format {fmt!r}: expected {' or '.join(FORMATS)}")
+    loaded = load_history(history)
+    output_dir(out_dir, "DIR")
+    for path in export(loaded, out_dir, fmt):
+        print(f"wrote {path}")
+
+
 @history_app.command("prune")
 def prune_cmd(
     runs_dir: Path = typer.Argument(..., metavar="DIR", help="The folder whose subfolders are run directories "
