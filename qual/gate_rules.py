@@ -148,7 +148,8 @@ class GateFile(BaseModel):
     name: str | None = _what("the gate's name", default=None)
     description: str | None = _what("what the gate is for", default=None)
     inconclusive: Literal["fail", "pass"] = _what(
-        "what a gate whose outcome is INCONCLUSIVE exits with: fail (1) or pass (0)", default="fail")
+        "'fail' (exit 1, the default) or 'pass' (exit 0): what a gate whose outcome is INCONCLUSIVE exits with",
+        default="fail")
     rules: list[Rule] = _what("the rules, evaluated in order", min_length=1)
 
 

@@ -109,6 +109,7 @@ def test_the_trend_is_drawn_before_the_upload_that_carries_it_with_junit(workflo
     site = re.search(r"qual history publish (\S+)", trend["run"]).group(1)  # the history as a static site
     assert site in paths
     assert {"${{ env.QUAL_RUN_DIR }}/junit.xml", "${{ env.QUAL_RUN_DIR }}/report.html"} <= set(paths)
+    assert "reports/history.sqlite" in paths  # the history within a laptop's reach, not only in the Actions cache
     assert re.search(r'--out "\$QUAL_RUN_DIR"', steps[_index(steps, _gate)]["run"])  # where the upload looks
 
 

@@ -436,8 +436,8 @@ def test_precedence_and_what_inconclusive_exits_with():
     failing = {"inconclusive": "pass", "rules": [*DELTA_ONLY, {"check": "mean_acceptance_length_ratio", "min": 0.99}]}
     res = synthetic_result(6, 0.75, 0.745, rules=failing)
     assert (res.gate.outcome, res.gate.passed) == ("fail", False)
-    with pytest.raises(QualError, match=r"g\.yaml: inconclusive must be what a gate whose outcome is INCONCLUSIVE "
-                                        r"exits with: fail \(1\) or pass \(0\), got 'maybe'"):
+    with pytest.raises(QualError, match=r"g\.yaml: inconclusive must be 'fail' \(exit 1, the default\) or 'pass' "
+                                        r"\(exit 0\): what a gate whose outcome is INCONCLUSIVE exits with, got 'maybe'"):
         parse_rules({"inconclusive": "maybe", "rules": DELTA_ONLY}, "g.yaml")
 
 

@@ -47,7 +47,7 @@ def inconclusive_note(gate) -> str | None:
         return None
     needed = max((c.needed_requests for c in gate.checks if c.inconclusive and c.needed_requests), default=None)
     more = f"; about {needed} requests would resolve it at this variance" if needed else ""
-    exits = "exits 0 (the gate file says inconclusive: pass)" if gate.passed else "exits 1 (the gate file's inconclusive: fail)"
+    exits = "exits 0 (the gate's inconclusive: pass)" if gate.passed else "exits 1 (the gate's inconclusive: fail)"
     return (f"INCONCLUSIVE: no check failed, but an interval straddles its threshold{more}; it {exits} and is never "
             "a series' last pass")
 
