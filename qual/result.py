@@ -218,7 +218,7 @@ class Speedup:
     plain: ArmResult  # the third arm: the candidate's configuration, no drafter
     decode_tokens_per_second: SpeculativeAndPlain  # per request: sum of (tokens - 1) / sum of first-to-last seconds
     ratio: float | None  # speculative / plain decode tokens/s
-    ratio_ci95: list[float] | None  # paired bootstrap over requests, percentile
+    ratio_ci95: list[float] | None  # paired bootstrap over requests (qual.intervals)
     n_requests: int  # paired requests both arms timed (the ratio's and the interval's)
     mean_acceptance_length: float | None  # the candidate's: tokens a speculative step commits on average
     step_s: SpeculativeAndPlain  # seconds of one decode step (arms.<arm>.latency.step_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from qual.intervals import METHOD
 from qual.records import ArmConfig
 from qual.result import ArmResult, SpeculativeAndPlain, Speedup
 from qual.stats import DEFAULT_RESAMPLES, compare_outputs, decode_speedup, pair_requests
@@ -48,6 +49,6 @@ def speedup(candidate: ArmResult, plain: ArmResult, *, seed: int = 0, n_resample
         generate_tokens_per_second=SpeculativeAndPlain(speculative=candidate.throughput.generate_tokens_per_second,
                                                        plain=plain.throughput.generate_tokens_per_second),
         target_outputs_identical=identical,
-        bootstrap={"unit": "request", "method": "paired percentile of the ratio of sums", "resamples": n_resamples,
+        bootstrap={"unit": "request", "method": f"paired {METHOD} of the ratio of sums", "resamples": n_resamples,
                    "seed": seed, "n_requests": interval.n_requests if ran else 0},
     )
