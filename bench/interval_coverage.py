@@ -252,11 +252,13 @@ def _print_table(scenario: Scenario, truth: dict[str, float], cells: dict[int, C
 
 def _print_candidates(scenario: Scenario, cells: dict[int, Cell]) -> None:
     print(f"\n## {scenario.name}: {scenario.description}")
-    print("\nrate delta: coverage of the 95% interval (lower bound above the truth / upper bound below it)")
+    print("\nrate delta: coverage of the 95% interval (% of lower bounds above the truth / of upper bounds below it; "
+          "mean width in pp)")
     print("| requests | " + " | ".join(CANDIDATES) + " |")
     print("|---:|" + "---:|" * len(CANDIDATES))
     for n, cell in cells.items():
-        parts = [f"{t.coverage * 100:.1f}% ({t.tail('low') * 100:.1f} / {t.tail('high') * 100:.1f})"
+        parts = [f"{t.coverage * 100:.1f}% ({t.tail('low') * 100:.1f} / {t.tail('high') * 100:.1f}; "
+                 f"{t.width / max(t.trials - t.undefined, 1) * 100:.1f})"
                  for t in (cell.tally("rate", m) for m in CANDIDATES)]
         print(f"| {n} | " + " | ".join(parts) + " |")
 
