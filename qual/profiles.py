@@ -82,7 +82,8 @@ class ModelProfile(Section):
 
 
 def available_profiles() -> list[str]:
-    return sorted(p.stem for p in paths.PROFILE_DIR.glob("*.yaml"))
+    """The profiles found by name ($QUAL_ROOT, the checkout's configs/models, the package's copy)."""
+    return list(paths.available("profile"))
 
 
 def _read(path: Path) -> dict:
@@ -113,13 +114,14 @@ def _positions(profile: ModelProfile, given: bool) -> ModelProfile:
 
 
 def load_profile(name_or_path: str) -> ModelProfile:
-    """A profile by name (configs/models/NAME.yaml) or by path."""
+    """A profile by name (configs/models/<name>.yaml, searched as qual.paths says) or by path."""
     check_path_name(name_or_path, "--model")
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        path = paths.PROFILE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
+        found = paths.find("profile", name_or_path) if len(path.parts) == 1 else None
+        if found is None:
+            raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
+        path = found.path
     data = _read(path)
     for key, section in _MOVED.items():
         if key in data:

@@ -286,7 +286,7 @@ def test_dry_run_checks_the_baseline_before_anything_runs(toy_baseline, tmp_path
 def test_a_gate_that_needs_a_baseline_is_refused_without_one(tmp_path, capsys):
     code, _, err = qual(["run", "--dry-run", "--gate", "nightly-baseline"], capsys)  # a shipped gate, by name
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert f"{paths.GATE_DIR / 'nightly-baseline.yaml'}: rule 6 (baseline_delta_lower_bound) compares with a " \
+    assert f"{paths.shipped('gate', 'nightly-baseline')}: rule 6 (baseline_delta_lower_bound) compares with a " \
            "baseline: give --baseline REF" in err
     skip = tmp_path / "skip.yaml"
     skip.write_text("rules:\n  - {check: per_position_delta, max_pp: 2, without_baseline: skip}\n")

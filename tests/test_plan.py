@@ -302,10 +302,11 @@ def test_run_json_names_the_history_by_its_full_path(tmp_path, monkeypatch):
 def test_a_corpus_its_manifest_does_not_describe_runs_with_a_warning(base, tmp_path, capsys):
     """A corpus file edited after its import (qual corpus list: MISMATCH) runs as it is, with a warning on stderr;
     one that matches its manifest runs without."""
-    from qual.paths import DATA_DIR
+    from qual.paths import shipped
 
+    smoke = shipped("corpus", "smoke")
     for name in ("smoke.jsonl", "smoke.manifest.json"):
-        shutil.copy(DATA_DIR / "corpora" / name, tmp_path / name)
+        shutil.copy(smoke.with_name(name), tmp_path / name)
     argv = ["run", "--model", base, "--dcp", 1, "--corpus", tmp_path / "smoke.jsonl", "--dry-run",
             "--history", tmp_path / "h.sqlite"]
     code, err = qual(argv, capsys)

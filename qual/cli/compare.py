@@ -52,13 +52,13 @@ def compare_command(
 ) -> None:
     """Compare two arms of earlier results (same corpus fingerprint and sampling, else exit 2)."""
     from qual.harness.compare import compare
-    from qual.paths import DEFAULT_GATE
+    from qual.paths import default_gate
     from qual.history import record_run
     from qual.report import write_reports
     from qual.report.junit import gate_suite
 
     check_path_name(out, "--out")
-    result = compare(a, b, str(gate or DEFAULT_GATE), seed)  # mismatched inputs: exit 2 before anything is made
+    result = compare(a, b, str(gate or default_gate()), seed)  # mismatched inputs: exit 2 before anything is made
     _refuse_used_folder(out, a, b)
     if history:
         history_file(Path(history))

@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 import typer
 
+from qual import paths
 from qual.cli.main import EXIT_GATE_FAILED, app
 from qual.engines.registry import ENGINES, engine_class
 from qual.records import DoctorCheck
@@ -41,10 +42,22 @@ def _torch() -> list[DoctorCheck]:
     return checks
 
 
+def _kept_files() -> list[DoctorCheck]:
+    """The profiles, gates and corpora found by name, and the folders searched ($QUAL_ROOT, the checkout, the
+    package), each name with the place it comes from."""
+    checks = []
+    for kind, title in (("profile", "profiles"), ("gate", "gates"), ("corpus", "corpora")):
+        found = paths.available(kind)
+        names = ", ".join(f"{name} ({where.origin})" for name, where in found.items())
+        checks.append(DoctorCheck(title, "yes" if found else "no", names or "none found",
+                                  [f"searched {place.describe()}" for place in paths.places(kind)]))
+    return checks
+
+
 def collect_checks() -> list[DoctorCheck]:
-    """Every check, in report order: this Python and torch, then what each engine says about itself (the reference
-    engine: its runtime's kernel backends)."""
-    checks = [_python(), *_torch()]
+    """Every check, in report order: this Python and torch, the profiles, gates and corpora found, then what each
+    engine says about itself (the reference engine: its runtime's kernel backends)."""
+    checks = [_python(), *_torch(), *_kept_files()]
     for name in ENGINES:
         checks += engine_class(name).doctor()
     return checks

@@ -19,14 +19,14 @@ from qual.errors import QualError
 from qual.files import DirectoryLock
 from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DRAFT_KV_MODES,
                           DSA_TOPK_MODES, SHARDED)
-from qual.paths import DEFAULT_HISTORY
+from qual.paths import DEFAULT_HISTORY, origin
 from qual.userfiles import check_path_name
 
 
 @app.command("run")
 def run_command(
     ctx: typer.Context,
-    model: str = typer.Option("toy", "--model", help="Model profile: a shipped name (qual/data/configs/models) or a YAML path."),
+    model: str = typer.Option("toy", "--model", help="Model profile: a name (configs/models/NAME.yaml: $QUAL_ROOT, the checkout, the package) or a YAML path."),
     target: Optional[str] = typer.Option(None, "--target", help="Target checkpoint directory, in place of the "
                                          "profile's (and its tokenizer's, unless the profile names a local one)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter checkpoint directory, in place of the profile's."),
@@ -163,6 +163,8 @@ def _print_dry_run(plan) -> None:
     count, total = plan.corpus_info["count"], len(plan.request_ids) or plan.corpus_info["count"]
     shown = f"{count} rows, {total} requests over their turns" if total != count else f"{count} requests"
     print(f"# corpus {plan.corpus_info['name']}: {shown}, {plan.corpus_info['fingerprint']}")
+    for what, path in (("profile", plan.profile_path), ("gate", plan.gate_path), ("corpus", plan.corpus_info["path"])):
+        print(f"# {what} file: {path} ({origin(path)})")
     if plan.prompts is not None:
         print(f"# chat template: {plan.prompts.template.source} ({plan.prompts.template.sha256})")
     engine = get_engine(plan.options.engine)

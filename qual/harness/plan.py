@@ -152,6 +152,7 @@ class RunPlan:
     conversations: list[Conversation] = field(default_factory=list)
     prompts: ChatPrompts | None = None
     request_ids: list[str] = field(default_factory=list)
+    profile_path: str = ""  # the profile file the run reads (its origin: qual.paths.origin)
 
     @property
     def candidates(self) -> list[str]:
@@ -394,7 +395,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     dcps = [d or profile.dcp or DEFAULT_DCP for d in sweep.values(o, "dcp")]
     for dcp in dcps:
         check_layout(o.tp or profile.tp or dcp, dcp)
-    gate_path = str(gate_file(o.gate) if o.gate else paths.DEFAULT_GATE)
+    gate_path = str(gate_file(o.gate) if o.gate else paths.default_gate())
     gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
     if o.baseline is None and needs_baseline(gate):
         r = needs_baseline(gate)[0]
@@ -457,7 +458,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                    "total_in_corpus": len(corpus.requests)}
     plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
-                   request_ids=request_ids(selected))
+                   request_ids=request_ids(selected), profile_path=profile.path)
     plan.engine_version = engine.version(arms[plan.candidates[0]])
     plan.notes = _corpus_notes(corpus)
     if o.baseline_any and o.baseline is None:
