@@ -407,7 +407,8 @@ def test_too_few_requests_for_the_intervals_is_said_beside_the_verdict_everywher
     turns = replace(few, comparison=replace(few.comparison, bootstrap={**few.comparison.bootstrap,
                                                                          "unit": "conversation", "n_requests": 1}))
     assert common.interval_note(turns).startswith("1 conversation: below ")
-    sweep = SweepResult.of([("candidate-dcp4", few)])
+    sweep = SweepResult.of([("candidate-dcp4", few)], notes=["the control runs once, at TP 4"])
     print_sweep_verdict(sweep, tmp_path)
-    assert capsys.readouterr().out.splitlines()[1] == f"  note: {note}"
+    shown = capsys.readouterr()
+    assert shown.out.splitlines()[1] == f"  note: {note}" and shown.err == "note: the control runs once, at TP 4\n"
     assert f"⚠️ {markdown.cell(note)}." in markdown.render_sweep(sweep)

@@ -35,7 +35,7 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
     from qual.report import matrix
 
     rows = matrix.rows(sweep)
-    note = matrix.interval_note(sweep)
+    few_units = matrix.interval_note(sweep)
     for note in sweep.notes:
         print(f"note: {note}", file=sys.stderr)
     for name, result in sweep.results():
@@ -43,8 +43,8 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
             print(f"warning: {name}: {warning}", file=sys.stderr)
     print(f"{'PASS' if sweep.passed else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} candidates passed against "
           f"{matrix.control_line(sweep)}; report {report_dir / 'report.html'}")
-    if note is not None:
-        print(f"  note: {note}")
+    if few_units is not None:
+        print(f"  note: {few_units}")
     for row, (_, result) in zip(rows, sweep.results()):
         print(f"  {row.verdict} {row.name} ({row.settings}): {row.rate}, delta {row.delta} {row.ci}, mean acceptance "
               f"length ratio {row.mal_ratio}")
