@@ -101,7 +101,8 @@ def _rate_gradient(sums: np.ndarray) -> np.ndarray:
         return np.stack([-1 / t, a / t ** 2, zero, 1 / u, -b / u ** 2, zero], axis=1)
 
 
-def candidate_bounds(x: np.ndarray, n_resamples: int, seed: int, confidence: float) -> dict[str, tuple[float, float]]:
+def candidate_bounds(x: np.ndarray, n_resamples: int, seed: int,
+                     confidence: float) -> dict[str, tuple[float, float] | None]:
     """The rate delta's interval by each method measured before qual's was chosen, on the same resamples as qual's:
     the plain percentile, BCa, the studentized bootstrap (bootstrap-t, delta-method standard errors), the delta method
     and the jackknife with Student's t on n - 1 degrees of freedom, the expanded percentile (n - 1 degrees of
@@ -138,10 +139,11 @@ def candidate_bounds(x: np.ndarray, n_resamples: int, seed: int, confidence: flo
     with np.errstate(divide="ignore", invalid="ignore"):
         se_star = np.sqrt(n / max(n - 1, 1) * np.einsum("bi,bij,bj->b", grads, moments, grads))
         studentized = (boot - value) / se_star
-    studentized = studentized[np.isfinite(studentized)]
-    q_lo, q_hi = np.percentile(studentized, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    out["studentized"] = (value - q_hi * se, value - q_lo * se)
-    return {k: (float(v[0]), float(v[1])) for k, v in out.items() if v is not None}
+    studentized = studentized[np.isfinite(studentized)]  # none where every resample repeats one unit
+    if studentized.size:
+        q_lo, q_hi = np.percentile(studentized, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        out["studentized"] = (value - q_hi * se, value - q_lo * se)
+    return {k: (float(out[k][0]), float(out[k][1])) if out.get(k) is not None else None for k in CANDIDATES}
 
 
 CANDIDATES = ("percentile", "BCa", "studentized", "delta t", "jackknife t", "expanded", "qual")
