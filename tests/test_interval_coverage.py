@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 coverage = pytest.importorskip("interval_coverage")
 
 POPULATION = 20_000
-TRIALS = {8: 250, 16: 200, 64: 60, 164: 40}  # per scenario: most where the old interval failed; the bench: 2,000
+TRIALS = {8: 200, 16: 160, 64: 50, 164: 25}  # per scenario: most where the old interval failed; the bench: 2,000
 NOMINAL = 0.025  # each tail of a 95% interval
 
 
