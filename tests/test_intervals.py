@@ -143,3 +143,18 @@ def test_the_small_sample_note_names_the_units_below_the_threshold_only():
     assert small_sample_note(MIN_UNITS - 1).startswith(f"{MIN_UNITS - 1} requests: below {MIN_UNITS} ")
     assert small_sample_note(1, "conversation").startswith("1 conversation: ")
     assert "docs/statistics.md" in small_sample_note(2)
+
+
+def test_every_interval_comes_from_qual_intervals():
+    """One method for every interval: no other module of qual takes percentiles or quantiles of resamples (latency's
+    are percentiles of measured seconds, not an interval)."""
+    import re
+    from pathlib import Path
+
+    import qual
+
+    root = Path(qual.__file__).parent
+    allowed = {root / "intervals.py", root / "latency.py"}
+    found = [str(path.relative_to(root)) for path in root.rglob("*.py") if path not in allowed
+             and re.search(r"\b(?:nan)?(?:percentile|quantile)\s*\(", path.read_text())]
+    assert found == [], found
