@@ -12,7 +12,7 @@ every request. A request of the population (population()): per-token acceptance 
 accepts a chain of the K = 7 positions, position i only if i - 1 was, each with probability p; an arm makes a
 Poisson number of drafts, as many as its output length takes at its mean accepted length; the candidate's p is the
 control's shifted by a normal amount per request. Output lengths are 64 tokens, or in the skewed population
-lognormal (median 64, sigma 1.5, at most 4096), so that the longest 5% of requests hold about 45% of the drafts.
+lognormal (median 64, sigma 1.5, at most 4096), so that the longest 5% of requests hold 44% of the drafts.
 """
 
 from __future__ import annotations
