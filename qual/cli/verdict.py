@@ -10,11 +10,15 @@ MARKS = {"pass": "ok", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped"
 
 
 def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
-    from qual.report.common import inconclusive_note, pct  # imported when used: every `qual` invocation loads this
+    # imported when used: every `qual` invocation loads this module
+    from qual.report.common import inconclusive_note, interval_note, pct
     from qual.result import DECIDED_NOTHING, FIRST_NIGHT
 
     print(f"{result.gate.word}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
           f"{pct(result.candidate.acceptance.rate)} acceptance; report {report_dir / 'report.html'}")
+    note = interval_note(result)
+    if note is not None:
+        print(f"  note: {note}")
     if result.baseline is not None:
         rates = ", ".join(f"{arm} {pct(b.tonight_rate)} vs {pct(b.baseline_rate)}" for arm, b in result.baseline.arms.items()
                           if b.compared)
@@ -40,6 +44,7 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
     from qual.report import matrix
 
     rows = matrix.rows(sweep)
+    few_units = matrix.interval_note(sweep)
     for note in sweep.notes:
         print(f"note: {note}", file=sys.stderr)
     for name, result in sweep.results():
@@ -47,6 +52,8 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
             print(f"warning: {name}: {warning}", file=sys.stderr)
     print(f"{'PASS' if sweep.passed else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} candidates passed against "
           f"{matrix.control_line(sweep)}; report {report_dir / 'report.html'}")
+    if few_units is not None:
+        print(f"  note: {few_units}")
     for row, (_, result) in zip(rows, sweep.results()):
         print(f"  {row.verdict} {row.name} ({row.settings}): {row.rate}, delta {row.delta} {row.ci}, mean acceptance "
               f"length ratio {row.mal_ratio}")

@@ -43,6 +43,7 @@ def render(result: Result) -> str:
         f"{n_pass}/{len(result.gate.checks)} gate checks passed on {common.replayed(result)} "
         f"of `{cell(result.corpus.name)}`.",
         "",
+        *_interval_note(common.interval_note(result)),
         *([f"⚠️ {cell(note)}.", ""] if note else []),
         *([f"{cell(FIRST_NIGHT[0].upper() + FIRST_NIGHT[1:])}.", ""] if result.first_night else []),
         *([f"Changed since the baseline ({cell(result.baseline.label)}): {cell('; '.join(result.baseline.changed))}.",
@@ -80,6 +81,10 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _interval_note(note: str | None) -> list[str]:
+    return [f"⚠️ {cell(note)}.", ""] if note is not None else []
+
+
 def _headline(result: Result, c_dcp, k_dcp) -> list[str]:
     return [f"| | control (DCP {cell(c_dcp)}) | candidate (DCP {cell(k_dcp)}) | candidate − control |", "|---|---:|---:|---|",
             *(f"| {cell(h.label)} | {cell(h.control)} | {cell(h.candidate)} | {cell(h.delta)} |"
@@ -102,7 +107,8 @@ def render_sweep(sweep: SweepResult) -> str:
     rows = matrix.rows(sweep)
     lines = [f"## {HEADINGS['pass' if sweep.passed else 'fail']}: qual {cell(matrix.title(sweep))}", "",
              f"{sum(r.passed for r in rows)}/{len(rows)} candidates passed their gate on {sweep.corpus.count} requests "
-             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", ""]
+             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", "",
+             *_interval_note(matrix.interval_note(sweep))]
     lines += [f"⚠️ {cell(n)}." for n in sweep.notes] + ([""] if sweep.notes else [])
     lines += ["| candidate | settings | acceptance | Δ vs control (95% CI) | mean acceptance length ratio | "
               "target outputs identical | graph sizes | verdict |", "|---|---|---:|---|---:|---|---|---|"]
