@@ -11,6 +11,7 @@ import math
 from typing import Literal
 
 from qual.errors import QualError
+from qual.validation import ascii_digits
 
 # Floating-point types a run computes in (torch's names)
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -59,7 +60,7 @@ def check_choice(what: str, value, allowed: tuple[str, ...]) -> str:
 
 
 def check_device(what: str, value: str) -> str:
-    if not (value == "cpu" or value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit())):
+    if not (value == "cpu" or value == "cuda" or (value.startswith("cuda:") and ascii_digits(value[5:]))):
         raise QualError(f"{what} must be cpu, cuda or cuda:N (got {value!r})")
     return value
 

@@ -20,13 +20,16 @@ import types
 import typing
 from typing import Any, Union
 
+from qual.files import write_text
 from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
 from qual.records import ArmConfig, GraphCapture
 from qual.result import SCHEMA, ArmResult, Result
 from qual.stats import AcceptanceJson
 from qual.sweep_result import SWEEP_SCHEMA, SweepResult
+from qual.userfiles import read_json
 
 COMMITTED = RESULT_SCHEMA
+MAX_SCHEMA_BYTES = 1 << 22
 SWEEP_COMMITTED = SWEEP_RESULT_SCHEMA
 # Fields whose JSON form another type describes (ArmResult keeps its config as a dict; an arm's acceptance is written
 # as its counts and the rates derived from them).
@@ -183,14 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = ((COMMITTED, result_schema(), "qual.result.SCHEMA"),
                (SWEEP_COMMITTED, sweep_schema(), "qual.sweep_result.SWEEP_SCHEMA"))
     for path, schema, constant in targets:  # every schema checked before any is written
-        old = json.loads(path.read_text()) if path.is_file() else {}
+        old = read_json(path, MAX_SCHEMA_BYTES, "JSON Schema") if path.is_file() else {}
         broken = incompatible(old, schema) if old else []
         if broken and old.get("$id") == schema["$id"]:
             print(f"refused: {len(broken)} key(s) of {schema['$id']} would break (extend, never rename; bump "
                   f"{constant} only if you must): " + "; ".join(broken[:10]), file=sys.stderr)
             return 1
     for path, schema, _ in targets:
-        path.write_text(dumps(schema))
+        write_text(path, dumps(schema))
         print(f"wrote {path}")
     return 0
 

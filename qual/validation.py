@@ -29,6 +29,12 @@ _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 3, 4, 4, 4
 _REPR.maxstring = _REPR.maxother = _SHOWN
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether text is one or more ASCII digits: what int() and a kernel take as a number (str.isdigit also says yes
+    to '²' and '٢', which int() refuses or reads as another number)."""
+    return text.isascii() and text.isdigit()
+
+
 def shown(value) -> str:
     """A bounded repr of a user's value for an error message (never expands a YAML alias bomb)."""
     text = _REPR.repr(value)

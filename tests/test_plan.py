@@ -111,8 +111,10 @@ def test_a_conversation_too_long_for_its_last_turn_is_refused(base, tmp_path, ca
 
 
 @pytest.mark.parametrize("line,words", [
-    ({"id": "a", "prompt": "x", "max_tokens": 10**20}, 'field "max_tokens" must be <= 2147483647, got 100000000000000000000'),
-    ('{"id": "a", "id": "b", "prompt": "x"}', 'key "id" appears twice in one object'),
+    ({"id": "a", "prompt": "x", "max_tokens": 10**20}, "max_tokens: an integer of 21 digits is beyond what qual reads "
+                                                        "(64 bits)"),
+    ({"id": "a", "prompt": "x", "max_tokens": 2**40}, 'field "max_tokens" must be <= 2147483647, got 1099511627776'),
+    ('{"id": "a", "id": "b", "prompt": "x"}', "key 'id' given twice in one object (JSON would keep only the last)"),
 ])
 def test_corpus_lines_that_json_or_arrow_would_misread_are_refused(base, tmp_path, capsys, line, words):
     corpus = tmp_path / "c.jsonl"

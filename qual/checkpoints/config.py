@@ -34,11 +34,21 @@ def field(cfg: dict, key: str, where: Path, default=...):
     return default
 
 
-def max_positions(cfg: dict) -> int | None:
-    """The positions the model was built for (`max_position_embeddings`, at the top level or in a multimodal
-    config's text_config), or None where the config does not say."""
+def _positive(cfg: dict, key: str) -> int | None:
     for section in (cfg, cfg.get("text_config")):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        value = section.get(key) if isinstance(section, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def max_positions(cfg: dict) -> int | None:
+    """The positions the model was built for (`max_position_embeddings`, at the top level or in a multimodal
+    config's text_config), or None where the config does not say."""
+    return _positive(cfg, "max_position_embeddings")
+
+
+def vocab_size(cfg: dict) -> int | None:
+    """The vocabulary's size (`vocab_size`, at the top level or in text_config), or None where the config does not
+    say."""
+    return _positive(cfg, "vocab_size")

@@ -9,6 +9,9 @@ import typer
 
 from qual.cli.main import app
 from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
+from qual.userfiles import read_text
+
+MAX_SCHEMA_BYTES = 1 << 22  # the shipped schema: package data, a few hundred KB at most
 
 
 @app.command("schema")
@@ -16,4 +19,4 @@ def schema_command(
     sweep: bool = typer.Option(False, "--sweep", help="A sweep's result.json (qual run --dcp 2,4) instead."),
 ) -> None:
     """Print the JSON Schema (draft 2020-12) that every result.json this qual writes follows."""
-    sys.stdout.write((SWEEP_RESULT_SCHEMA if sweep else RESULT_SCHEMA).read_text(encoding="utf-8"))
+    sys.stdout.write(read_text(SWEEP_RESULT_SCHEMA if sweep else RESULT_SCHEMA, MAX_SCHEMA_BYTES, "JSON Schema"))

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from qual.checkpoints.config import read_config, vocab_size
 from qual.engines.registry import get_engine
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
@@ -101,7 +102,7 @@ def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
     it give) and at most their planned tokens (run.json and the journals describe one run)."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
-    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None)
+    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None, _vocab(config))
     planned = {r.id: r for r in [*plan.requests, *later_turns(plan.conversations, plan.prompts, done,
                                                                plan.corpus_info["name"])]}
     for rid, rec in done.items():
@@ -112,7 +113,17 @@ def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
         if tuple(rec.prompt_token_ids) != tuple(req.prompt_token_ids) or len(rec.output_token_ids) > req.max_tokens:
             raise QualError(f"{path}: request {rid} was journaled with another prompt or more than its "
                             f"{req.max_tokens} planned tokens (run.json and the journal describe different runs)")
+        if rec.category != req.category:
+            raise QualError(f"{path}: request {rid} was journaled in category {rec.category!r}, planned in "
+                            f"{req.category!r} (run.json and the journal describe different runs)")
     return done
+
+
+def _vocab(config: ArmConfig) -> int | None:
+    """The target's vocabulary size where its checkpoint is a local directory (an attached server's is not known)."""
+    if not config.target_path or not (Path(config.target_path) / "config.json").is_file():
+        return None
+    return vocab_size(read_config(config.target_path))
 
 
 def _merged(piece: ArmRunInfo, prior: ArmRunInfo | None) -> ArmRunInfo:

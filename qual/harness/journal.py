@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from qual.errors import QualError
-from qual.files import AppendOnly, WriteError
+from qual.files import AppendOnly
 from qual.records import RecordError, RequestResult
-from qual.userfiles import read_text
+from qual.userfiles import load_json, read_text
 
 MAX_JOURNAL_BYTES = 1 << 30  # a run's finished requests, every token of them: bounded like result.json
 
@@ -17,27 +17,36 @@ def journal_path(out_dir: Path, arm: str) -> Path:
     return out_dir / f"{arm}.requests.jsonl"
 
 
-def read_journal(path: Path, num_speculative_tokens: int | None = None) -> dict[str, RequestResult]:
-    """Finished requests by id, each checked for internal consistency (a hand-edited record is exit 2, naming
-    its line and field); a torn last line (the process died mid-write) is ignored."""
+def read_journal(path: Path, num_speculative_tokens: int | None = None, vocab_size: int | None = None
+                 ) -> dict[str, RequestResult]:
+    """Finished requests by id, each read with the strict bounded JSON loader and checked for internal consistency
+    (a hand-edited record is exit 2, naming its line and field), token ids within the vocabulary where its size is
+    given; a torn last line (the process died mid-write) is ignored."""
     done: dict[str, RequestResult] = {}
-    if not path.exists():
+    if not path.is_symlink() and not path.exists():
         return done
-    text = read_text(path, MAX_JOURNAL_BYTES, "journal")  # a FIFO or device in its place is refused, not read
+    try:  # a FIFO or device in its place is refused, not read; a link is refused, never read through
+        text = read_text(path, MAX_JOURNAL_BYTES, "journal", follow=False)
+    except OSError as exc:
+        raise QualError(f"{path}: unreadable journal ({exc.strerror or exc}); a journal is a file qual wrote, not a "
+                        "link") from None
     lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()  # partial final write
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if n == len(lines) and not text.endswith("\n"):
-                break  # partial final write
-            raise QualError(f"{path}:{n}: corrupt journal line ({exc})") from None
+        data = load_json(line, str(path), n)
         try:
             rec = RequestResult.from_json(data, num_speculative_tokens)
         except RecordError as exc:
             raise QualError(f"{path}:{n}: {exc}") from None
+        if vocab_size is not None:
+            for name in ("prompt_token_ids", "output_token_ids"):
+                bad = next((t for t in getattr(rec, name) if t >= vocab_size), None)
+                if bad is not None:
+                    raise QualError(f"{path}:{n}: request {rec.id}: {name}: token id {bad} is not in the target's "
+                                    f"vocabulary ({vocab_size} ids)")
         if rec.id in done:
             raise QualError(f"{path}:{n}: request {rec.id} is journaled twice")
         done[rec.id] = rec
@@ -49,14 +58,7 @@ class Journal:
 
     def __init__(self, path: Path):
         self.path = path
-        existing = path.read_bytes() if path.exists() else b""
-        if existing and not existing.endswith(b"\n"):
-            try:  # drop a torn last line before appending after it
-                with path.open("r+b") as f:
-                    f.truncate(existing.rfind(b"\n") + 1)
-            except OSError as exc:
-                raise WriteError(path, exc) from None
-        self._file = AppendOnly(path)
+        self._file = AppendOnly(path)  # a torn last line is cut through its own descriptor, never through a link
 
     def append(self, result: RequestResult) -> None:
         self._file.append(json.dumps(result.to_json()) + "\n")

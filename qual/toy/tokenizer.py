@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from qual.errors import QualError
+from qual.files import write_text
 from qual.toy.config import EOS_TOKEN, MASK_TOKEN, SPECIAL_TOKENS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -67,8 +68,8 @@ def save_tokenizer(tok, out_dir: Path) -> None:
             for t in SPECIAL_TOKENS
         },
     }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    write_text(out_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+    write_text(out_dir / "chat_template.jinja", CHAT_TEMPLATE)
 
 
 def load_tokenizer(tok_dir: Path):

@@ -25,6 +25,7 @@ from qual.engines.vllm.facts import ServerFacts, read_facts
 from qual.engines.vllm.metrics import counts_from_reply
 from qual.engines.vllm.transport import REDIRECTS, one_line
 from qual.errors import EngineError, QualError
+from qual.files import open_append
 from qual.options import NOT_OBSERVED, REVISION_KEYS
 from qual.records import (GRAPH_NOT_OBSERVED, AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest,
                           GraphCapture, OnResult, RequestResult)
@@ -212,7 +213,7 @@ class AttachEngine(Engine):
         facts = self._attach(arm, spec, options)  # again: the server at the URL may have changed since preflight
         client = self._client(arm, spec, options, attaching=False)
         log_path = Path(run_dir) / f"{name}.attach.log"
-        with open(log_path, "a", encoding="utf-8") as log:
+        with open_append(log_path) as log:  # a link planted at the log is refused
             _log(log, f"attached to {spec.shown_url}: vLLM {facts.version}, model {client.model!r}, fingerprint "
                       f"{facts.fingerprint}, per-request metrics {'yes' if facts.per_request_metrics else 'no'}, "
                       f"max concurrency {spec.max_concurrency}{', exclusive' if spec.exclusive else ''}")
