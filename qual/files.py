@@ -51,7 +51,7 @@ def write_with(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """Write path atomically with write(file): a temporary file beside it, fsync'd, then renamed over it (a figure's
     savefig, an array's save: anything that writes to a file object)."""
     path = Path(path)
-    _check_replaceable(path)
+    check_replaceable(path)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
@@ -71,7 +71,7 @@ def write_with(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     return path
 
 
-def _check_replaceable(path: Path) -> None:
+def check_replaceable(path: Path) -> None:
     """What is at path may be replaced: nothing, a regular file, or a link (replaced itself, never followed). A
     FIFO, a device or a folder there is refused: renaming over it would remove it from the file system."""
     try:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from qual.errors import QualError
-from qual.files import WriteError, write_text
+from qual.files import write_text
 from qual.paths import cache_dir
 from qual.userfiles import read_chunks, read_json
 
@@ -80,7 +80,7 @@ def checkpoint_identity(path: str | Path | None) -> str | None:
     try:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         write_text(cache_path, json.dumps(cache))
-    except (OSError, WriteError):
+    except (OSError, QualError):  # WriteError, or a FIFO or device where the cache would be
         pass  # a cache that cannot be written costs a rehash next time, nothing else
     return digest
 

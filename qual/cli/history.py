@@ -165,11 +165,13 @@ def trend_cmd(
 def _check_plot_path(out: Path) -> None:
     """--out names a plot file (.png or .svg, not a folder) in a folder that exists or can be made, and written."""
     from qual.cli.outputs import output_dir
+    from qual.files import check_replaceable
     from qual.report.plots import plot_format
 
     plot_format(out)
     if out.is_dir():
         raise QualError(f"--out {out}: is a directory; give the plot file's path")
+    check_replaceable(out)  # a FIFO or a device there is refused now, not waited on after the trend is printed
     output_dir(out.parent, "--out")
 
 
@@ -214,8 +216,10 @@ def publish_cmd(
 ) -> None:
     """A static site of the history: an index of configurations, a page per configuration (trends, runs) and each
     run's report copied under DIR/runs/; offline, relative links only. DIR is replaced whole."""
+    from qual.cli.outputs import check_before_work
     from qual.report import site as published
 
+    check_before_work(out_dir, history, history_written=False, create_out=False, out_option="DIR")
     result = published.publish(history, out_dir)
     nights = result.nights
     linked = sum(n.report is not None for n in nights)

@@ -164,8 +164,22 @@ def main() -> None:
     sys.exit(code)
 
 
+def _working_directory_gone() -> bool:
+    """Whether the working directory was deleted while the shell stayed in it: no relative path can be found or
+    written, and torch's MKL cannot load (it exits the process with a message of its own)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
+
+
 def run_app(args: list[str] | None = None) -> int:
     """Run the CLI; every outcome becomes one exit code of the contract (and at most one line on stderr)."""
+    if _working_directory_gone():  # checked before any work: nothing is read, started or written
+        say("error: the working directory no longer exists (deleted after the shell entered it): cd to an existing "
+            "folder and run the command again")
+        return EXIT_USAGE
     try:
         # Without standalone mode click returns typer.Exit's code instead of raising it (and typer turns a
         # KeyboardInterrupt into Exit(130)).

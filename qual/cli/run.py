@@ -11,7 +11,7 @@ import typer
 
 from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
-from qual.cli.outputs import claim_fresh_dir, history_file, output_dir
+from qual.cli.outputs import check_before_work, claim_fresh_dir, leftovers_only
 from qual.cli.verdict import print_speedup, print_sweep_verdict, print_verdict, print_warnings
 from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
@@ -115,9 +115,9 @@ def run_command(
     if resume is None and plan.options.out is None:  # the default, named by the second: never another run's
         plan.out_dir = claim_fresh_dir(plan.out_dir, "--out")
     if resume is None and plan.out_dir.is_dir() and any(plan.out_dir.iterdir()):
-        raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
-    history_file(plan.history_path)
-    output_dir(plan.out_dir, "--out")
+        if not leftovers_only(plan.out_dir):  # a run killed while it wrote run.json left only a temporary file
+            raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
+    check_before_work(plan.out_dir, plan.history_path)
     lock = lock or DirectoryLock(plan.out_dir, "--out")
     first = plan.arms[plan.candidates[0]]
     # a sweep that ends without a verdict (exit 3 or 4) has one suite for its error: qual.gate.<model>.sweep

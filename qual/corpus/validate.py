@@ -58,7 +58,7 @@ def display_path(path: Path) -> str:
     """The path as a user would type it: relative to the working directory when inside it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+    except (ValueError, OSError):  # OSError: the working directory was deleted (then no path is inside it)
         return str(path)
 
 

@@ -22,7 +22,7 @@ from qual.corpus.manifest import manifest_problems
 from qual.corpus.records import MAX_TOKENS
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
-from qual.files import write_text
+from qual.files import is_leftover, write_text
 from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness import sweep
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
@@ -485,6 +485,9 @@ def load_plan(run_dir: Path) -> SavedPlan:
     """run.json of a previous run, validated key by key (a hand-edited or truncated file is exit 2)."""
     path = run_dir / PLAN_FILE
     if not path.is_file():
+        if run_dir.is_dir() and any(is_leftover(p.name) and p.name.startswith(f".{PLAN_FILE}.") for p in run_dir.iterdir()):
+            raise QualError(f"--resume {run_dir}: the run stopped before its {PLAN_FILE} was written whole, so nothing "
+                            f"ran: start it again (`qual run ... --out {run_dir}`)")
         raise QualError(f"--resume {run_dir}: no {PLAN_FILE} there (not a qual run directory)")
     try:
         data = load_json(read_config_text(path), str(path))

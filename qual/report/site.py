@@ -315,15 +315,6 @@ def check_target(out_dir: Path) -> None:
                                 "whole: move it out, or give another folder")
 
 
-def check_history_outside(history_path: Path, out_dir: Path) -> None:
-    """The history is not inside DIR: the publish replaces DIR whole, the database with it."""
-    history = Path(os.path.realpath(history_path))
-    out = Path(os.path.realpath(out_dir))
-    if history == out or out in history.parents:
-        raise QualError(f"--history {history_path}: is inside {out_dir}, which the publish replaces whole; keep the "
-                        "history outside the site's folder")
-
-
 def _copy(source: Path, target: Path) -> bool:
     """Copy one file of a run (False: it could not be read, is no regular file or is larger than MAX_COPIED_BYTES,
     and is left out)."""
@@ -364,7 +355,6 @@ def _write_site(site: Site, root: Path) -> Site:
 def publish(history_path: str | Path, out_dir: str | Path) -> Site:
     """Build the site of a history into out_dir, replacing the site published there before."""
     out = Path(os.path.abspath(out_dir))
-    check_history_outside(Path(history_path), out)
     check_target(out)
     site = build(history_path)
     try:
