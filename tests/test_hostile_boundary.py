@@ -284,3 +284,84 @@ def test_a_fifo_as_the_identity_cache_is_passed_over(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(TOY / "target")], capture_output=True, text=True, timeout=60,
                          env={**ENV, "XDG_CACHE_HOME": str(tmp_path)})  # was: a hang
     assert out.stdout.startswith("sha256:"), out.stderr
+
+
+# ---------------------------------------------------------------- 5 and shown text: commands quoted, controls escaped
+
+
+def test_the_reproduce_command_is_one_argument_per_value_when_pasted_into_a_shell(tmp_path):
+    import shlex
+
+    from qual.harness.plan import run_options
+
+    opts = run_options(model="toy", target=None, draft=None, dcp="4", tp=None, engine="reference", corpus="a b;c.jsonl",
+                       chat_template="$(rm -rf ~).jinja", limit=None, max_tokens=None, draft_kv=None, temperature=0.0,
+                       seed=0, gate="g > x.yaml", out=None, history=None, device=None, dtype=None, dsa_topk=None,
+                       baseline=None, baseline_any=False, control_url=None, candidate_url=None, api_key_env=None,
+                       exclusive=False, max_concurrency=None, speedup=False)
+    argv = shlex.split(opts.command())  # was: "--corpus a b;c.jsonl" split at the space, ";" ran the rest
+    assert argv[argv.index("--corpus") + 1] == "a b;c.jsonl"
+    assert argv[argv.index("--chat-template") + 1] == "$(rm -rf ~).jinja"
+    assert argv[argv.index("--gate") + 1] == "g > x.yaml"
+    assert argv[:6] == ["qual", "run", "--model", "toy", "--engine", "reference"]
+
+
+def test_compare_quotes_its_reproduce_command(tmp_path, capsys):
+    import shlex
+
+    from qual.report import write_reports
+
+    a = tmp_path / "run a; rm x"
+    write_reports(synthetic_result(8, n_resamples=50), a)
+    out = tmp_path / "cmp"
+    assert qual_in(capsys, "compare", f"{a}:control", f"{a}:candidate", "--out", out).returncode in (0, 1)
+    reproduce = json.loads((out / "result.json").read_text())["reproduce"]
+    assert shlex.split(reproduce) == ["qual", "compare", f"{a}:control", f"{a}:candidate"]
+    summary = (out / "summary.md").read_text()
+    assert reproduce in summary
+
+
+def _hostile_history(tmp_path) -> Path:
+    db = tmp_path / "h.sqlite"
+    result = synthetic_result(8, n_resamples=50)
+    for arm in (result.control, result.candidate):
+        arm.config["model"] = "toy\x1b[2J\x1b]0;owned\x07\n"
+    history.record_run(db, result, str(tmp_path / "nowhere\x1b[31m" / "result.json"))
+    return db
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "1"], ["trend"], ["baseline", "dirs"]])
+def test_history_output_shows_control_characters_escaped(command, tmp_path, capsys):
+    db = _hostile_history(tmp_path)
+    if command[0] == "baseline":
+        history.pin(db, 1, "2026-12-01T00:00:00+00:00")
+    res = qual_in(capsys, "history", *command, "--history", db)
+    assert res.returncode == 0, res.stderr
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout, res.stdout  # was: printed raw
+    assert "\\x1b" in res.stdout
+
+
+def test_publish_output_shows_control_characters_escaped(tmp_path, capsys):
+    db = _hostile_history(tmp_path)
+    res = qual_in(capsys, "history", "publish", tmp_path / "site", "--history", db)
+    assert res.returncode == 0 and "\x1b" not in res.stdout and "nowhere\\x1b[31m" in res.stdout, res.stdout
+
+
+def test_summary_md_escapes_control_characters(tmp_path):
+    from qual.report import write_reports
+
+    result = synthetic_result(8, n_resamples=50)
+    for arm in (result.control, result.candidate):
+        arm.config["model"] = "toy\x1b[2J"
+    result.reproduce = "qual run --corpus 'x\x1b[31m.jsonl'"
+    write_reports(result, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "\x1b" not in summary and "toy\\x1b[2J" in summary and "x\\x1b[31m.jsonl" in summary
+
+
+def test_an_error_naming_a_hostile_file_is_one_line_with_nothing_a_terminal_acts_on(tmp_path, capsys):
+    gate = tmp_path / "gate\x1b[2J\nline.yaml"
+    res = qual_in(capsys, "run", "--dcp", 1, "--gate", gate, "--dry-run", "--out", tmp_path / "o")
+    assert res.returncode == 2
+    line = one_line(res.stderr)  # was: two lines, the first ending in a clear-screen sequence
+    assert "\x1b" not in line and "gate\\x1b[2J\\x0aline.yaml" in line

@@ -17,6 +17,7 @@ from qual.cli.crash import internal_error_line, save_traceback
 from qual.cli.streams import say
 from qual.errors import EngineError, InternalError, QualError
 from qual.proc import private_tmp, signals_held
+from qual.shown import safe
 from qual.stop_signals import STOP_SIGNALS
 
 
@@ -184,14 +185,15 @@ def run_app(args: list[str] | None = None) -> int:
         # Without standalone mode click returns typer.Exit's code instead of raising it (and typer turns a
         # KeyboardInterrupt into Exit(130)).
         code = app(args=args, standalone_mode=False)
+    # Messages quote file names, file contents and server replies: escaped, each stays one line a terminal only shows
     except QualError as exc:
-        say(f"error: {exc}")
+        say(f"error: {safe(exc)}")
         return EXIT_USAGE
     except EngineError as exc:
-        say(f"engine failure: {exc}")
+        say(f"engine failure: {safe(exc)}")
         return EXIT_ENGINE
     except InternalError as exc:
-        say(str(exc))
+        say(safe(exc))
         return EXIT_INTERNAL
     except typer.Exit as exc:
         code = exc.exit_code
@@ -206,11 +208,11 @@ def run_app(args: list[str] | None = None) -> int:
         if isinstance(exc, aborts):
             code = EXIT_INTERRUPTED
         elif isinstance(exc, usage_errors):
-            say(f"error: {exc.format_message()}")
+            say(f"error: {safe(exc.format_message())}")
             return EXIT_USAGE
         else:
             # Anything else is a bug in qual, never "gate failed": exit 4, the traceback kept in a file.
-            say(internal_error_line(exc, save_traceback(exc, None)))
+            say(safe(internal_error_line(exc, save_traceback(exc, None))))
             return EXIT_INTERNAL
     code = code if isinstance(code, int) else 0
     if code == EXIT_INTERRUPTED:
@@ -228,7 +230,7 @@ def _flushed(code: int) -> int:
             raise
         return EXIT_BROKEN_PIPE
     except QualError as exc:  # streams.StdoutError
-        say(f"error: {exc}")
+        say(f"error: {safe(exc)}")
         return EXIT_USAGE
     return code
 

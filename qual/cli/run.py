@@ -20,6 +20,7 @@ from qual.files import DirectoryLock
 from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DRAFT_KV_MODES,
                           DSA_TOPK_MODES, SHARDED)
 from qual.paths import DEFAULT_HISTORY, origin
+from qual.shown import safe
 from qual.userfiles import check_path_name
 
 
@@ -77,7 +78,7 @@ def run_command(
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
     from qual.cli.progress import RunProgress
-    from qual.harness.execute import execute
+    from qual.harness.execute import execute, resume_command
     from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
     from qual.report.junit import gate_suite, sweep_suite
@@ -107,7 +108,7 @@ def run_command(
                               max_concurrency=max_concurrency, speedup=speedup)
         plan = make_plan(options, dry_run=dry_run)
     for note in plan.notes:
-        print(f"warning: {note}", file=sys.stderr)
+        print(f"warning: {safe(note)}", file=sys.stderr)
     if dry_run:
         _print_dry_run(plan)
         return
@@ -134,7 +135,7 @@ def run_command(
                 print_verdict(result, "control", "candidate", plan.out_dir)
                 print_speedup(result)
     except KeyboardInterrupt:
-        print(f"finish the run with: qual run --resume {plan.out_dir}", file=sys.stderr)
+        print(f"finish the run with: {resume_command(plan.out_dir)}", file=sys.stderr)
         raise
     finally:
         lock.release()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from qual.checkpoints.config import read_config, vocab_size
+from qual import shown
 from qual.engines.registry import get_engine
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
@@ -219,12 +220,22 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | S
     resumed run keeps its id, so its rows are recorded once).
 
     A file that cannot be written (disk full, read-only) is exit 2 naming it and the remedy; the journals keep
-    every finished request, so `--resume` after it repeats nothing."""
+    every finished request, so `--resume` after it repeats nothing. Where run.json itself was not written, nothing
+    ran and there is nothing to resume: the remedy is to run the command again."""
     try:
         return _execute(plan, progress)
     except WriteError as exc:
+        if not (plan.out_dir / "run.json").is_file():
+            again = f"{plan.options.command()} {shown.command(['--out', plan.out_dir, '--history', plan.history_path])}"
+            raise QualError(f"{exc}; nothing ran (no run.json to resume from): {exc.remedy}, then run it again: "
+                            f"`{again}`") from None
         raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: {exc.remedy}, then "
-                        f"`qual run --resume {plan.out_dir}`") from None
+                        f"`{resume_command(plan.out_dir)}`") from None
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command that finishes the run in out_dir, shell-quoted."""
+    return shown.command(["qual", "run", "--resume", out_dir])
 
 
 def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepResult, dict[str, Path]]:
@@ -268,5 +279,5 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
                        on_wait=lambda line: sys.stderr.write(line + "\n"))
     except HistoryLocked as exc:
         raise QualError(f"{exc}; the run's reports are written in {plan.out_dir}: record it in the history with "
-                        f"`qual run --resume {plan.out_dir}`") from None
+                        f"`{resume_command(plan.out_dir)}`") from None
     return result, paths

@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
-from qual import paths
+from qual import paths, shown
 from qual.chat import load_template
 from qual.configuration import ConfigurationKey
 from qual.checkpoints.weights import inspect_weights
@@ -88,8 +88,9 @@ class RunOptions:
     speedup: bool = False  # also the candidate's configuration without the drafter: what speculation buys
 
     def command(self) -> str:
-        """The `qual run` command line that reproduces this run."""
-        parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
+        """The `qual run` command line that reproduces this run, shell-quoted (a path with a space or `;` in it is
+        one argument when pasted into a shell)."""
+        parts = ["qual", "run", "--model", self.model, "--engine", self.engine]
         for flag, value in [("--target", self.target), ("--draft", self.draft), ("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--chat-template", self.chat_template),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
@@ -100,15 +101,15 @@ class RunOptions:
             if isinstance(value, tuple):  # a sweep's list
                 value = SWEEP_SEPARATOR.join(map(str, value))
             if value is not None:
-                parts.append(f"{flag} {value}")
+                parts += [flag, str(value)]
         if self.exclusive:
             parts.append("--exclusive")
         if self.baseline_any:
             parts.append("--baseline-any")
         if self.speedup:
             parts.append("--speedup")
-        parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
-        return " ".join(parts)
+        parts += ["--temperature", f"{self.temperature:g}", "--seed", str(self.seed)]
+        return shown.command(parts)
 
     def servers(self) -> dict[str, dict]:
         """Per arm, the running server an attaching engine uses (ArmConfig.extra["server"])."""
@@ -487,7 +488,7 @@ def load_plan(run_dir: Path) -> SavedPlan:
     if not path.is_file():
         if run_dir.is_dir() and any(is_leftover(p.name) and p.name.startswith(f".{PLAN_FILE}.") for p in run_dir.iterdir()):
             raise QualError(f"--resume {run_dir}: the run stopped before its {PLAN_FILE} was written whole, so nothing "
-                            f"ran: start it again (`qual run ... --out {run_dir}`)")
+                            f"ran: start it again (`qual run ... --out {shown.safe(run_dir)}`)")
         raise QualError(f"--resume {run_dir}: no {PLAN_FILE} there (not a qual run directory)")
     try:
         data = load_json(read_config_text(path), str(path))

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from pydantic import Field
 
+from qual import shown
 from qual.engines.base import Engine
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.facts import ServerFacts, read_facts
@@ -318,8 +319,8 @@ class _Replay:
             return counts_from_reply(metrics, self.k)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise EngineError(f"{self.spec.who}: the reply to request {req.id} carries spec-decode metrics qual cannot "
-                              f"read ({one_line(repr(metrics))}): `qual run --resume {self.run_dir}` finishes the run "
-                              "once the server answers as vLLM does", self.log_path) from exc
+                              f"read ({one_line(repr(metrics))}): `{shown.command(['qual', 'run', '--resume', self.run_dir])}` "
+                              "finishes the run once the server answers as vLLM does", self.log_path) from exc
 
     def _counters(self, when: str, req: EngineRequest | None = None) -> AcceptanceCounts:
         """The server's counters now; read after `req`, a server gone meanwhile is one that went away (resumable)."""
@@ -372,8 +373,8 @@ class _Replay:
         kept = len(self.finished)
         _log(self.log, f"request {req.id}: {exc}; server {'unreachable' if gone else 'still answers /health'}")
         return EngineError(f"{self.spec.who} {what} {when} request {req.id} ({exc}); {kept} finished request"
-                           f"{'' if kept == 1 else 's'} of this arm kept: `qual run --resume {self.run_dir}` finishes "
-                           "the run once the server answers", self.log_path)
+                           f"{'' if kept == 1 else 's'} of this arm kept: `{shown.command(['qual', 'run', '--resume', self.run_dir])}` "
+                           "finishes the run once the server answers", self.log_path)
 
 
 def _version_label(version: str | None) -> str:
