@@ -90,7 +90,9 @@ def run_command(
         if not dry_run and resume.is_dir():
             lock = DirectoryLock(resume, "--resume")  # a second resume of this run is refused at once
         saved = load_plan(resume)  # run.json validated key by key: a bad one is exit 2 naming file and key
-        plan = make_plan(saved.options, dry_run=dry_run, run_id=saved.run_id)
+        plan = make_plan(saved.options, dry_run=dry_run, run_id=saved.run_id, render_time=saved.render_time)
+        plan.notes = [*saved.notes, *plan.notes]
+        plan.journals_sealed = saved.journals_sealed  # a run begun before journals were sealed keeps unsealed lines
         plan.out_dir = resume
         if plan.corpus_info["fingerprint"] != saved.fingerprint:
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")

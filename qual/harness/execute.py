@@ -103,7 +103,8 @@ def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
     it give) and at most their planned tokens (run.json and the journals describe one run)."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
-    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None, _vocab(config))
+    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None, _vocab(config),
+                        plan.journals_sealed)
     planned = {r.id: r for r in [*plan.requests, *later_turns(plan.conversations, plan.prompts, done,
                                                                plan.corpus_info["name"])]}
     for rid, rec in done.items():

@@ -40,6 +40,7 @@ from qual.userfiles import check_path_name, load_json
 from qual.validation import describe_error, parse_flags, read_config_text
 
 PLAN_FILE = "run.json"
+RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")  # what run.json's run_id may be (qual writes uuid4 hex)
 
 
 def _text():
@@ -154,6 +155,10 @@ class RunPlan:
     prompts: ChatPrompts | None = None
     request_ids: list[str] = field(default_factory=list)
     profile_path: str = ""  # the profile file the run reads (its origin: qual.paths.origin)
+    # The clock chat templates read (strftime_now): fixed when the run starts and kept in run.json, so that every arm
+    # and every resume renders the same prompts
+    render_time: datetime | None = None
+    journals_sealed: bool = True  # every journal line carries its digest (False: a run begun by a qual before that)
 
     @property
     def candidates(self) -> list[str]:
@@ -178,6 +183,10 @@ class RunPlan:
         options = {**asdict(self.options), "history": str(Path(self.history_path).absolute())}
         data = {"run_id": self.run_id, "options": options, "corpus": self.corpus_info,
                 "arms": {k: a.to_json() for k, a in self.arms.items()}, "inputs": self.inputs}
+        if self.render_time is not None:
+            data["render_time"] = self.render_time.isoformat()
+        if self.journals_sealed:
+            data["journals_sealed"] = True
         if self.baseline is not None:
             data["baseline"] = {"ref": self.baseline.ref, "chosen_by": self.baseline.chosen_by,
                                 "history_id": self.baseline.history_id, "path": str(self.baseline.path)}
@@ -281,7 +290,7 @@ def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, 
 
 
 def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer | None,
-          dry_run: bool) -> ChatPrompts | None:
+          dry_run: bool, render_time: datetime) -> ChatPrompts | None:
     """The chat template chat rows render with (the tokenizer's, or --chat-template's); None without chat rows, or
     on a dry run without a local tokenizer. A chat row with no template to render it is refused, naming the row."""
     first = next((r for r in selected if r.messages is not None), None)
@@ -303,7 +312,7 @@ def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer |
                         f"chat_template.jinja): give one with --chat-template FILE")
     if o.chat_template is not None:
         template = replace(template, source=str(Path(o.chat_template).resolve()))
-    return ChatPrompts(tokenizer, template)
+    return ChatPrompts(tokenizer, replace(template, now=render_time))
 
 
 def _with_checkpoints(profile, o: RunOptions):
@@ -386,11 +395,15 @@ def _corpus_notes(corpus) -> list[str]:
             "the file as it is"]
 
 
-def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False, run_id: str | None = None) -> RunPlan:
+def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False, run_id: str | None = None,
+              render_time: datetime | None = None) -> RunPlan:
     """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input.
 
     A dry run needs no local tokenizer or engine install (real deployments name hub ids); it checks the rest.
+    render_time: the clock chat templates read (a resumed run's, from its run.json; else now, local time as
+    transformers' strftime_now reads it).
     """
+    render_time = render_time or datetime.now()
     _validate_options(o)
     profile = _with_checkpoints(load_profile(o.model), o)
     dcps = [d or profile.dcp or DEFAULT_DCP for d in sweep.values(o, "dcp")]
@@ -413,7 +426,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
     tokenizer = _local_tokenizer(profile, engine, dry_run)
     default_max = o.max_tokens or profile.max_tokens
-    prompts = _chat(profile, corpus, selected, o, tokenizer, dry_run)
+    prompts = _chat(profile, corpus, selected, o, tokenizer, dry_run, render_time)
     conversations = {r.id: Conversation(r, o.max_tokens or r.max_tokens or profile.max_tokens)
                      for r in selected if r.messages is not None}
     extra = {"max_model_len": profile.max_model_len, "tokenizer": profile.tokenizer_path,
@@ -459,7 +472,8 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                    "total_in_corpus": len(corpus.requests)}
     plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
-                   request_ids=request_ids(selected), profile_path=profile.path)
+                   request_ids=request_ids(selected), profile_path=profile.path,
+                   render_time=render_time if prompts is not None else None)
     plan.engine_version = engine.version(arms[plan.candidates[0]])
     plan.notes = _corpus_notes(corpus)
     if o.baseline_any and o.baseline is None:
@@ -480,6 +494,9 @@ class SavedPlan:
     fingerprint: str  # the corpus's, when the run started
     run_id: str | None  # None: written by a qual that kept no run id
     inputs: dict | None = None  # None: written by a qual that recorded no inputs (qual.harness.inputs)
+    render_time: datetime | None = None  # None: no chat rows, or written by a qual that kept no clock
+    notes: tuple[str, ...] = ()  # what the user hears before the resumed run (stderr: "warning:")
+    journals_sealed: bool = False  # its journals' lines carry their digests (qual.harness.journal)
 
 
 def load_plan(run_dir: Path) -> SavedPlan:
@@ -496,7 +513,7 @@ def load_plan(run_dir: Path) -> SavedPlan:
         raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
         raise QualError(f"{path}: expected a JSON object")
-    check_sealed(data, str(path))
+    unsealed = check_sealed(data, str(path))
     for key in ("options", "corpus"):
         if not isinstance(data.get(key), dict):
             raise QualError(f"{path}: {key}: {'missing' if key not in data else 'must be an object'}")
@@ -504,8 +521,9 @@ def load_plan(run_dir: Path) -> SavedPlan:
     if not isinstance(fingerprint, str) or not fingerprint.startswith("sha256:"):
         raise QualError(f"{path}: corpus.fingerprint: {'missing' if fingerprint is None else 'not a sha256: fingerprint'}")
     run_id = data.get("run_id")
-    if run_id is not None and (not isinstance(run_id, str) or not run_id):
-        raise QualError(f"{path}: run_id: must be a non-empty string")
+    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
+        raise QualError(f"{path}: run_id: {shown.safe(repr(run_id)[:60])} is not a run id (letters, digits, '.', '_' "
+                        "and '-', 1 to 64 of them, not starting with '.': it names history rows and folders)")
     try:
         options = RunOptions(**data["options"])
     except ValidationError as exc:
@@ -513,4 +531,13 @@ def load_plan(run_dir: Path) -> SavedPlan:
     inputs = data.get("inputs")
     if inputs is not None and not isinstance(inputs, dict):
         raise QualError(f"{path}: inputs: must be an object")
-    return SavedPlan(options, fingerprint, run_id, inputs)
+    render_time = data.get("render_time")
+    if render_time is not None:
+        try:
+            render_time = datetime.fromisoformat(render_time)
+        except (TypeError, ValueError):
+            raise QualError(f"{path}: render_time: not a time ({shown.safe(str(render_time)[:40])})") from None
+    if data.get("journals_sealed") not in (None, True):
+        raise QualError(f"{path}: journals_sealed: must be true where present")
+    return SavedPlan(options, fingerprint, run_id, inputs, render_time, (unsealed,) if unsealed else (),
+                     data.get("journals_sealed") is True)
