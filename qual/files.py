@@ -256,6 +256,7 @@ class DirectoryLock:
     lock when the process ends, however it ends."""
 
     def __init__(self, directory: str | Path, what: str):
+        self._fd = -1
         try:
             self._fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
@@ -264,7 +265,7 @@ class DirectoryLock:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _flock_holder(os.fstat(self._fd))
-            os.close(self._fd)
+            self.release()
             raise QualError(f"{what} {directory} is in use by another qual process (pid {holder}); wait for it to "
                             f"end, or stop it") from None
 
@@ -272,6 +273,9 @@ class DirectoryLock:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def __del__(self) -> None:  # a lock an error dropped before its release (a refused --resume) ends with it
+        self.release()
 
 
 def _flock_holder(st: os.stat_result) -> str:

@@ -203,9 +203,26 @@ def read_text(path: str | Path, limit: int = MAX_CONFIG_BYTES, what: str = "conf
         raise QualError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
+def not_utf8(value: str | Path, option: str) -> QualError | None:
+    """The refusal of a name that is not UTF-8 (bytes Python carries as lone surrogates from the command line): qual
+    records paths in run.json, result.json and the history, which hold text. None for a name that is text."""
+    text = str(value)
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return None
+    raw = os.fsencode(text) if all("\udc80" <= c <= "\udcff" for c in _SURROGATE.findall(text)) else None
+    where = raw.decode("utf-8", errors="backslashreplace") if raw is not None else text.encode(
+        "utf-8", errors="backslashreplace").decode()
+    return QualError(f"{option} {where}: not UTF-8 text; qual records names in run.json, result.json and the history, "
+                     "which hold text: rename it")
+
+
 def check_path_name(value: str | Path, option: str) -> None:
-    """A path the file system can name: no NUL, no component over NAME_MAX bytes, not over PATH_MAX bytes in all
-    (the kernel's ENAMETOOLONG, raised by every later stat, is a traceback otherwise)."""
+    """A path the file system can name and qual can record: UTF-8 text, no NUL, no component over NAME_MAX bytes,
+    not over PATH_MAX bytes in all (the kernel's ENAMETOOLONG, raised by every later stat, is a traceback
+    otherwise)."""
+    problem = not_utf8(value, option)
+    if problem is not None:
+        raise problem
     raw = os.fsencode(value)
     if b"\0" in raw:
         raise QualError(f"{option}: a path cannot hold a NUL byte")

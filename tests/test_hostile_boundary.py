@@ -365,3 +365,36 @@ def test_an_error_naming_a_hostile_file_is_one_line_with_nothing_a_terminal_acts
     assert res.returncode == 2
     line = one_line(res.stderr)  # was: two lines, the first ending in a clear-screen sequence
     assert "\x1b" not in line and "gate\\x1b[2J\\x0aline.yaml" in line
+
+
+# ---------------------------------------------------------------- a run killed or refused while it writes run.json
+
+
+def test_a_folder_holding_only_a_killed_runs_temporary_file_is_taken_by_out_and_explained_by_resume(tmp_path, capsys):
+    out, db = tmp_path / "out", tmp_path / "h.sqlite"
+    out.mkdir()
+    (out / ".run.json.k1ll3d9x.tmp").write_text('{"run_id": ')  # what a kill -9 during write_text leaves
+    res = qual_in(capsys, "run", "--resume", out)
+    assert (res.returncode, one_line(res.stderr)) == (  # was: "no run.json there (not a qual run directory)"
+        2, f"error: --resume {out}: the run stopped before its run.json was written whole, so nothing ran: start it "
+           f"again (`qual run ... --out {out}`)")
+    res = qual_in(capsys, "run", "--dcp", 1, "--limit", 1, "--max-tokens", 2, "-q", "--out", out, "--history", db)
+    assert res.returncode in (0, 1), res.stderr  # was: "--out ... is not empty (use --resume to finish a run there)"
+    assert (out / "run.json").is_file() and history_rows(db) == 1
+
+
+def test_a_run_json_that_cannot_be_written_says_to_run_again_not_resume(tmp_path, capsys, monkeypatch):
+    from qual.files import WriteError
+    from qual.harness.plan import RunPlan
+
+    def full(self):
+        raise WriteError(self.out_dir / "run.json", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+    monkeypatch.setattr(RunPlan, "save", full)
+    out, db = tmp_path / "out", tmp_path / "h.sqlite"
+    res = qual_in(capsys, "run", "--dcp", 1, "--limit", 1, "--max-tokens", 2, "-q", "--out", out, "--history", db)
+    assert res.returncode == 2
+    line = one_line(res.stderr)
+    assert line.startswith(f"error: cannot write {out / 'run.json'}: No space left on device; nothing ran (no run.json "
+                           "to resume from): free space, then run it again: `qual run --model toy")
+    assert line.endswith(f"--out {out} --history {db}`") and "--resume" not in line  # was: "then qual run --resume"

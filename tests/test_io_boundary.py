@@ -43,6 +43,7 @@ RULES = {
     "shutil": "shutil copy/move/remove: qual.files.copy_file / remove_tree",
     "tempfile": "tempfile's files: qual.files.write_new / write_with",
     ".isdigit": "str.isdigit/isdecimal/isnumeric take '²' and '٢': qual.validation.ascii_digits",
+    "from_file": "a library's from_file (tokenizers): read with qual.userfiles.read_text, then from_str",
 }
 _BOUNDARY_MODULES = {"qual.files", "qual.userfiles", "files", "userfiles"}
 _SHUTIL = {"copy", "copy2", "copyfile", "copyfileobj", "copytree", "move", "rmtree"}
@@ -137,6 +138,8 @@ class _Finder(ast.NodeVisitor):
                     return "savefig"
             if func.attr in ("isdigit", "isdecimal", "isnumeric"):
                 return ".isdigit"
+            if func.attr == "from_file":
+                return "from_file"
         return None
 
 
@@ -202,6 +205,7 @@ def f(p, fig):
     tempfile.mkstemp()               # tempfile
     fig.savefig(p)                   # savefig
     "2".isdigit()                    # .isdigit
+    Tokenizer.from_file(p)           # from_file
 
 def allowed(p, fig):
     buf = io.BytesIO()

@@ -22,7 +22,12 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
         raise QualError(f"checkpoint {path} has no *.safetensors files")
     weights: dict[str, torch.Tensor] = {}
     for f in files:  # a FIFO or device named *.safetensors is refused, never waited on
-        weights.update(load_safetensors(f))
+        for name, tensor in load_safetensors(f).items():
+            if tensor.is_floating_point() and tensor.element_size() > 1 and not torch.isfinite(tensor).all():
+                # a NaN or an infinity in a weight runs as a model whose outputs mean nothing (float8 is read by
+                # the loaders that dequantize it)
+                raise QualError(f"{f}: tensor {name!r} holds NaN or infinite values; refused")
+            weights[name] = tensor
     return weights
 
 

@@ -33,7 +33,7 @@ from qual.history import check_history
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
                           DEVICE_PATTERN, MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, DraftKv, DsaTopk, Dtype,
                           check_layout)
-from qual.profiles import load_profile
+from qual.profiles import fit_positions, load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
 from qual.userfiles import check_path_name, load_json
@@ -328,7 +328,7 @@ def _with_checkpoints(profile, o: RunOptions):
         update[key] = str(path.resolve())
     if "target" in update and not (profile.tokenizer and Path(profile.local_path(profile.tokenizer)).is_dir()):
         update["tokenizer"] = update["target"]
-    return profile.model_copy(update=update) if update else profile
+    return fit_positions(profile.model_copy(update=update)) if update else profile
 
 
 def _check_local(profile) -> None:
