@@ -313,3 +313,16 @@ def test_an_edited_journal_line_is_refused_by_its_seal(tmp_path):
     with pytest.raises(QualError, match=r"its seal \(\"sealed\"\) is missing"):
         read_journal(path, 2, 4096, sealed=True)
     assert read_journal(path, 2, 4096, sealed=False)["a"].id == "a"  # a run begun before seals: read as it was
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("hidden_size", "256", "expected an integer, got '256'"), ("hc_mult", 4.5, "expected an integer, got 4.5"),
+    ("rms_norm_eps", "x", "expected a number, got 'x'"), ("norm_topk_prob", "false", "expected true or false"),
+])
+def test_a_glm_config_is_read_as_written_too(key, value, expected, tmp_path):
+    from qual.runtime.models.glm5.config import parse_glm5_config
+
+    raw = json.loads((paths.DATA_DIR / "models" / "glm-toy" / "target" / "config.json").read_text())
+    (raw.get("text_config") or raw)[key] = value  # was: int("256"), int(4.5) = 4, bool("false") = True
+    with pytest.raises(QualError, match=f"{key}: {expected}"):
+        parse_glm5_config(raw, "config.json")

@@ -249,7 +249,7 @@ def _run_dir(tmp_path: Path, base: Path, change) -> Path:
     (lambda d: d["options"].update(corpus=""), "run.json: options.corpus: string should have at least 1 character"),
     (lambda d: d["options"].update(colour="red"), "run.json: options.colour: unknown key"),
     (lambda d: d.update(options=[1]), "run.json: options: must be an object"),
-    (lambda d: d.update(run_id=7), "run.json: run_id: must be a non-empty string"),
+    (lambda d: d.update(run_id=7), "run.json: run_id: 7 is not a run id"),
 ])
 def test_resume_of_a_bad_run_json_is_exit_2_naming_file_and_key(base, tmp_path, capsys, change, words):
     run = _run_dir(tmp_path, base, change)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from qual.errors import QualError
 from qual.userfiles import MAX_CONFIG_BYTES, read_json
+from qual.validation import shown
 
 
 def read_config(path: str | Path) -> dict:
@@ -23,6 +24,31 @@ def read_config(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise QualError(f"{cfg_path}: expected a JSON object")
     return data
+
+
+def _kind(value) -> str | None:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return None
+
+
+def check_kinds(cfg: dict, defaults: dict, where: str) -> None:
+    """Each key of cfg holds the JSON kind its default has (an integer where the default is one, a number, a flag,
+    a string): a value is read as written, never coerced ("256" is not 256, 256.7 not 256, "false" not false).
+    Keys whose default is null or a container are the parser's to check."""
+    for key, value in cfg.items():
+        expected = _kind(defaults.get(key))
+        if expected is None or value is None and defaults.get(key) is None:
+            continue
+        got = _kind(value)
+        if got != expected and not (expected == "a number" and got == "an integer"):
+            raise QualError(f"{where}: {key}: expected {expected}, got {shown(value)}")
 
 
 def field(cfg: dict, key: str, where: Path, default=...):

@@ -13,9 +13,12 @@ from qual.files import is_leftover
 from qual.userfiles import check_path_name
 
 RUN_FILES = ("run.json", "control.requests.jsonl", "candidate.requests.jsonl")  # what `qual run` leaves in its --out
-# Room a command needs on a file system it writes before it starts: run.json, the first journal lines, a history
-# row and its write-ahead log (the reports' size is not known until the end)
-MIN_FREE_BYTES = 16 << 20
+# Room a command needs before it starts, where the size of what it writes is known: a history row with its
+# write-ahead log (a new database: its schema too; SQLite leaves an empty database behind on a full disk), and the
+# first files of an output folder (run.json and the first journal lines; the reports' size is known only at the end,
+# and a failed write there is exit 2 with its remedy, nothing lost)
+HISTORY_ROOM = 256 << 10
+OUT_ROOM = 16 << 10
 
 
 def check_before_work(out: Path | None, history: Path | None, *, history_written: bool = True,
@@ -37,14 +40,14 @@ def check_before_work(out: Path | None, history: Path | None, *, history_written
         from qual.history import check_history
 
         check_history(history, history_option)
-        _check_room(history.parent, history_option, history)
+        _check_room(history.parent, history_option, history, HISTORY_ROOM)
     if out is not None:
         output_dir(out if create_out else out.parent, out_option)
-        _check_room(out if create_out else out.parent, out_option, out)
+        _check_room(out if create_out else out.parent, out_option, out, OUT_ROOM)
 
 
-def _check_room(folder: Path, option: str, shown: Path) -> None:
-    """At least MIN_FREE_BYTES free on the file system that holds folder (or would: its nearest existing parent)."""
+def _check_room(folder: Path, option: str, shown: Path, room: int) -> None:
+    """At least `room` bytes free on the file system that holds folder (or would: its nearest existing parent)."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
@@ -52,9 +55,9 @@ def _check_room(folder: Path, option: str, shown: Path) -> None:
     except OSError:
         return  # not knowable here: the writes will say
     free = st.f_bavail * st.f_frsize
-    if free < MIN_FREE_BYTES:
-        raise QualError(f"{option} {shown}: {free // 1024} KiB free on its file system, less than the "
-                        f"{MIN_FREE_BYTES >> 20} MiB a command needs to start: free space")
+    if free < room:
+        raise QualError(f"{option} {shown}: {free // 1024} KiB free on its file system, less than the {room >> 10} KiB "
+                        "the command writes before its work: free space")
 
 
 def leftovers_only(path: Path) -> bool:
