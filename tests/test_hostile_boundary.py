@@ -398,3 +398,40 @@ def test_a_run_json_that_cannot_be_written_says_to_run_again_not_resume(tmp_path
     assert line.startswith(f"error: cannot write {out / 'run.json'}: No space left on device; nothing ran (no run.json "
                            "to resume from): free space, then run it again: `qual run --model toy")
     assert line.endswith(f"--out {out} --history {db}`") and "--resume" not in line  # was: "then qual run --resume"
+
+
+# ---------------------------------------------------------------- sizes refused before reading, copies bounded
+
+
+def test_a_file_larger_than_its_cap_is_refused_before_a_byte_is_read(tmp_path, monkeypatch):
+    from qual import userfiles
+
+    big = tmp_path / "result.json"
+    with big.open("wb") as f:
+        f.truncate(20 << 30)  # 20 GB, sparse
+    reads = []
+    real = userfiles.os.read
+    monkeypatch.setattr(userfiles.os, "read", lambda fd, n: reads.append(n) or real(fd, n))
+    with pytest.raises(QualError, match=r"larger than a result file may be \(1073741824 bytes\); refused"):
+        userfiles.read_bytes(big, 1 << 30, "result file")
+    assert reads == []  # was: 1 GiB read, then refused
+
+
+def test_publish_leaves_out_a_linked_file_past_its_cap(tmp_path, capsys):
+    from qual.report import write_reports
+    from qual.report.site import MAX_COPIED_BYTES
+    from qual.result import load_result
+
+    run = tmp_path / "run"
+    write_reports(synthetic_result(8, n_resamples=50), run)
+    with (run / "candidate.log").open("wb") as f:  # a log the report links to, 3 GB and sparse
+        f.truncate(3 << 30)
+    write_reports(synthetic_result(8, n_resamples=50), run)  # the report now links candidate.log
+    assert 'href="candidate.log"' in (run / "report.html").read_text()
+    db = tmp_path / "h.sqlite"
+    history.record_run(db, load_result(run / "result.json"), str(run / "result.json"))
+    site = tmp_path / "site"
+    assert qual_in(capsys, "history", "publish", site, "--history", db).returncode == 0
+    copied = {p.name for p in (site / "runs" / "1").iterdir()}
+    assert "report.html" in copied and "candidate.log" not in copied  # was: 3 GB copied
+    assert (3 << 30) > MAX_COPIED_BYTES
