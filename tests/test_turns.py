@@ -140,7 +140,7 @@ def test_a_later_turn_whose_earlier_turn_differs_is_marked_not_compared(chat_run
     first = next(r for r in records if r["id"] == "two/turn1")
     first["output_token_ids"][-1] = (first["output_token_ids"][-1] + 1) % 90  # one token: a turn built on it differs
     first["top2_margins"] = None
-    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    journal.write_text("".join(json.dumps(sealed(r)) + "\n" for r in records))  # resealed: past the digest
     for name in ("result.json", "candidate.arm.json"):
         (out / name).unlink()
     proc = qual("run", "--resume", out)

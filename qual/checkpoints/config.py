@@ -41,10 +41,11 @@ def _kind(value) -> str | None:
 def check_kinds(cfg: dict, defaults: dict, where: str) -> None:
     """Each key of cfg holds the JSON kind its default has (an integer where the default is one, a number, a flag,
     a string): a value is read as written, never coerced ("256" is not 256, 256.7 not 256, "false" not false).
-    Keys whose default is null or a container are the parser's to check."""
+    Keys whose default is null or a container, and null values (the default, where the format allows it), are the
+    parser's to check."""
     for key, value in cfg.items():
         expected = _kind(defaults.get(key))
-        if expected is None or value is None and defaults.get(key) is None:
+        if expected is None or value is None:
             continue
         got = _kind(value)
         if got != expected and not (expected == "a number" and got == "an integer"):

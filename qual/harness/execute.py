@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from qual.checkpoints.config import read_config, vocab_size
 from qual import shown
+from qual.checkpoints.config import read_config, vocab_size
 from qual.engines.registry import get_engine
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
