@@ -61,6 +61,8 @@ class Budget:
 
 
 _CONTAINERS = (list, tuple, dict, set, frozenset)
+_SIZED = (str, *_CONTAINERS)
+_PLAIN = frozenset({int, float, bool, type(None)})  # what needs no size (an int's width is checked apart)
 
 
 def size(value: Any, limit: int = MAX_CHARS) -> int:
@@ -69,7 +71,7 @@ def size(value: Any, limit: int = MAX_CHARS) -> int:
     kind = type(value)
     if kind is str:
         return len(value)
-    if kind not in _CONTAINERS and not isinstance(value, (str, *_CONTAINERS)):
+    if kind in _PLAIN or kind not in _CONTAINERS and not isinstance(value, _SIZED):
         return 0
     if isinstance(value, str):
         return len(value)
@@ -89,9 +91,15 @@ def size(value: Any, limit: int = MAX_CHARS) -> int:
 
 
 def check_size(value: Any, what: str) -> Any:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
+    """value, if it is within the bounds (an integer's width, a string's or container's size)."""
+    kind = type(value)
+    if kind is str:
+        if len(value) > MAX_CHARS:
+            raise RenderLimit(f"{what}: a value longer than {MAX_CHARS} characters")
+        return value
+    if kind is int and value.bit_length() > MAX_INT_BITS:
         raise RenderLimit(f"{what}: an integer wider than {MAX_INT_BITS} bits")
-    if size(value) > MAX_CHARS:
+    if kind not in _PLAIN and size(value) > MAX_CHARS:
         raise RenderLimit(f"{what}: a value longer than {MAX_CHARS} characters")
     return value
 

@@ -490,35 +490,77 @@ def _plus(line: int | None, offset: int) -> int | None:
     return None if line is None else line + offset
 
 
+class _Refused(Exception):
+    """Raised by the checking decoder's hooks: the document holds something load_json refuses (found again, with
+    its field and line, by the reporting decoder)."""
+
+
+def _int_or_refuse(literal: str) -> int:
+    if len(literal) > 20 or abs(value := int(literal)) > MAX_INT:
+        raise _Refused
+    return value
+
+
+def _float_or_refuse(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _Refused
+    return value
+
+
+def _refuse_constant(literal: str):
+    raise _Refused
+
+
+def _dict_or_refuse(items: list[tuple[str, Any]]) -> dict:
+    obj = dict(items)
+    if len(obj) != len(items):
+        raise _Refused
+    return obj
+
+
+# A small document (a server's reply, one token's event, a JSONL line) is decoded with every number and object
+# checked by a hook as it is made: a few Python calls, where scanning its text for suspect literals first would
+# cost as much as the decode. A large one (result.json) is scanned first, and hooked only where it must be.
+_CHECKING = json.JSONDecoder(object_pairs_hook=_dict_or_refuse, parse_int=_int_or_refuse,
+                             parse_float=_float_or_refuse, parse_constant=_refuse_constant)
+_SMALL = 1 << 12
+
+
+def _decode_error(exc: Exception, text: str, where: str, offset: int) -> QualError:
+    if isinstance(exc, json.JSONDecodeError):
+        return QualError(f"{where}:{exc.lineno + offset}: invalid JSON ({exc.msg}, column {exc.colno})")
+    line = _plus(_line_too_deep(text), offset)  # a RecursionError: nesting deeper than the decoder recurses
+    return QualError(f"{where}{f':{line}' if line else ''}: nested deeper than {MAX_DEPTH} levels")
+
+
 def load_json(text: str, where: str, first_line: int = 1) -> Any:
     """A JSON document, refused as the module says; `first_line`: the line of the file the text starts at (one
     line of a JSONL file)."""
     offset = first_line - 1
-    # The number hooks cost a Python call a number (3x the decode of a large result.json): taken only where a
-    # literal might be out of range (19 digits in a row, an exponent of 100 or more).
-    suspect = _SUSPECT.search(text) is not None
+    suspect = True  # what the reporting decoder below hooks: every number, where the checking one refused
+    if len(text) <= _SMALL:
+        try:
+            data = _CHECKING.decode(text)
+        except _Refused:
+            pass
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise _decode_error(exc, text, where, offset) from None
+        else:
+            # what the hooks cannot see: a lone surrogate (only a \\u escape makes one), nesting past MAX_DEPTH
+            if "\\u" in text or text.count("[") + text.count("{") > MAX_DEPTH:
+                _walk_json(data, text, where, offset)
+            return data
+    else:
+        # The number hooks cost a Python call a number (3x the decode of a large result.json): taken only where a
+        # literal might be out of range (19 digits in a row, an exponent of 100 or more).
+        suspect = _SUSPECT.search(text) is not None
     numbers = {"parse_int": _int, "parse_float": _float} if suspect else {}
-    repeated = []
-
-    def pairs(items: list[tuple[str, Any]]) -> dict:
-        obj = _pairs(items)
-        if type(obj) is _Repeated:
-            repeated.append(obj)
-        return obj
-
     try:
-        data = json.loads(text, object_pairs_hook=pairs, parse_constant=_constant, **numbers)
-    except json.JSONDecodeError as exc:
-        raise QualError(f"{where}:{exc.lineno + offset}: invalid JSON ({exc.msg}, column {exc.colno})") from None
-    except RecursionError:
-        line = _plus(_line_too_deep(text), offset)
-        raise QualError(f"{where}{f':{line}' if line else ''}: nested deeper than {MAX_DEPTH} levels") from None
-    # The walk finds what the decoder let through; it is skipped where nothing can be there (a server's reply of a
-    # few hundred bytes, per streamed token): no repeated key, no suspect number or NaN, no \\u escape (the only way
-    # a decoded string holds a lone surrogate), and too few brackets to nest past MAX_DEPTH.
-    if (repeated or suspect or "\\u" in text or "NaN" in text or "Infinity" in text
-            or text.count("[") + text.count("{") > MAX_DEPTH or not text.isascii() and _SURROGATE.search(text)):
-        _walk_json(data, text, where, offset)
+        data = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, **numbers)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise _decode_error(exc, text, where, offset) from None
+    _walk_json(data, text, where, offset)  # the first refused value, with its field and line
     return data
 
 
