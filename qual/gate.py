@@ -458,7 +458,7 @@ def gate_file(name_or_path: str | Path) -> Path:
     """A gate file: a path as given, or the name of a shipped one (`nightly`, `nightly-baseline`)."""
     check_path_name(name_or_path, "--gate")
     path = Path(name_or_path)
-    if path.exists() or path.suffix or len(path.parts) != 1:
+    if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) != 1:
         return path
     found = paths.find("gate", path.name)
     return found.path if found else path

@@ -40,6 +40,7 @@ RUNS = {
     "other draft KV": dict(day=6, draft_kv="sharded"),
     "other interleave": dict(day=6, interleave=2),
     "other sparse top-k": dict(day=6, dsa_topk="union"),
+    "other DCP merge path": dict(day=6, extra={"reference": {"dcp_comm": "invariant"}}),
     "other target": dict(day=6, target_path="models/other/target"),
     "other drafter": dict(day=6, draft_path="models/other/draft"),
     "other model, failing": dict(day=7, model="tiny", rules=FAILING),
@@ -61,6 +62,7 @@ EXPECTED = {
     "other draft KV": "other draft KV",
     "other interleave": "other interleave",
     "other sparse top-k": "other sparse top-k",
+    "other DCP merge path": "other DCP merge path",
     "other target": "other target",
     "other drafter": "other drafter",
     "only failing": None,
@@ -241,7 +243,8 @@ def toy_baseline(tmp_path_factory):
     candidate = [replace(r, id=i, category="code") for r, i in zip(candidate, ids)]
     toy = plan.arms["candidate"]  # the real checkpoints: their identities are tonight's
     res = synthetic_result(pair=(control, candidate), n_resamples=50, fingerprint=plan.corpus_info["fingerprint"],
-                           corpus_name="humaneval", tp=4, target_path=toy.target_path, draft_path=toy.draft_path)
+                           corpus_name="humaneval", tp=4, target_path=toy.target_path, draft_path=toy.draft_path,
+                           extra=toy.extra)  # the engine's options as the run records them (its DCP merge path)
     return save_result(res, tmp_path_factory.mktemp("baseline") / "result.json").parent
 
 

@@ -258,7 +258,7 @@ def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
     assert history.last_pass(old, night).id == 4  # nights 3 and 5 (sharded draft KV) failed
     assert history.pin(old, 2, "2026-12-06T00:00:00+00:00")[0].id == 2
     with sqlite3.connect(old) as conn:
-        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "4"
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "5"
     conn.close()
 
 
@@ -288,6 +288,39 @@ def test_a_v3_history_keeps_its_pins_under_the_new_key(tmp_path):
     key = replace(history.configuration_of(night), target=NO_IDENTITY, draft=NO_IDENTITY)
     assert history.get_run(path, 1).key == key
     assert history.pinned_run(path, key).id == 1
+
+
+def test_a_v4_history_keys_gain_the_dcp_merge_path_and_keep_the_rest(tmp_path):
+    """v4 keyed configurations without the DCP merge path: v5 reads it from each row's stored candidate config and
+    keeps the rest of the key as recorded (the checkpoints' identities, which a recomputation would lose), and pins
+    follow their runs."""
+    path = tmp_path / "v4.sqlite"
+    night = synthetic_result(40, 0.75, 0.75, n_resamples=100, extra={"reference": {"dcp_comm": "invariant"}})
+    history.record_run(path, night, "a/result.json")
+    key = replace(history.configuration_of(night), target="sha256:" + "1" * 64)
+    assert key.dcp_comm == "invariant" and "merge=invariant" in key.label()
+    v4 = {k: v for k, v in json.loads(key.key()).items() if k != "dcp_comm"}
+    with sqlite3.connect(path) as conn:  # the row and a pin on it as a v4 qual left them
+        conn.execute("UPDATE runs SET configuration = ?", (json.dumps(v4),))
+        conn.execute("INSERT INTO pins VALUES (?, 1, '2026-12-03T00:00:00+00:00')", (json.dumps(v4),))
+        conn.execute("UPDATE meta SET value = '4'")
+    conn.close()
+    assert history.get_run(path, 1).key == key
+    assert history.pinned_run(path, key).id == 1
+
+
+def test_the_dcp_merge_path_is_part_of_the_configuration_key():
+    """Runs that differ only in how DCP partial attentions merge are different configurations: the reference engine's
+    dcp_comm, vLLM's dcp_comm_backend; unknown where the engine section names none (vLLM's own default)."""
+    def key(engine, section):
+        return history.configuration_of(synthetic_result(40, 0.75, 0.75, n_resamples=100, engine=engine,
+                                                         extra={engine: section}))
+
+    a2a, invariant = key("reference", {"dcp_comm": "a2a"}), key("reference", {"dcp_comm": "invariant"})
+    assert [d[0] for d in a2a.differences(invariant)] == ["dcp_comm"]
+    assert "merge=" not in a2a.label() and "merge=invariant" in invariant.label()
+    assert key("vllm", {"dcp_comm_backend": "ag_rs"}).dcp_comm == "ag_rs"
+    assert key("vllm", {}).dcp_comm == NO_IDENTITY
 
 
 def test_a_new_history_is_created_at_the_current_schema(db):

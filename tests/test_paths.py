@@ -98,3 +98,8 @@ def test_corpus_import_writes_into_qual_root_or_into(root, tmp_path, capsys):
 def test_without_qual_root_a_checkout_imports_into_its_corpora_folder(monkeypatch):
     monkeypatch.delenv("QUAL_ROOT", raising=False)
     assert import_folder() == REPO / "corpora"
+
+
+def test_a_name_with_a_dot_is_a_name():
+    """`glm-5.3-flash` is a profile's name, not a file with the suffix `.3-flash`."""
+    assert load_profile("glm-5.3-flash").path == str(REPO / "configs" / "models" / "glm-5.3-flash.yaml")

@@ -42,9 +42,9 @@ def _refuse_used_folder(out: Path, *refs: str) -> None:
 
 @app.command("compare")
 def compare_command(
-    a: str = typer.Argument(..., help="Control: RESULT[:ARM] (result.json or run dir; ARM control|candidate, default "
+    a: str = typer.Argument(..., metavar="CONTROL", help="Control: RESULT[:ARM] (result.json or run dir; ARM control|candidate, default "
                             "candidate; a sweep's: control or a candidate's name, candidate-dcp2-sharded)."),
-    b: str = typer.Argument(..., help="Candidate: RESULT[:ARM]."),
+    b: str = typer.Argument(..., metavar="CANDIDATE", help="Candidate: RESULT[:ARM]."),
     out: Path = typer.Option(..., "--out", help="Directory for result.json, report.html, summary.md, junit.xml."),
     gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
     history: Optional[str] = typer.Option(None, "--history", help="Also record the comparison in this history database."),

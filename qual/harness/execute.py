@@ -227,7 +227,7 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | S
         return _execute(plan, progress)
     except WriteError as exc:
         if not (plan.out_dir / "run.json").is_file():
-            again = f"{plan.options.command()} {shown.command(['--out', plan.out_dir, '--history', plan.history_path])}"
+            again = f"{plan.options.command(plan.engine)} {shown.command(['--out', plan.out_dir, '--history', plan.history_path])}"
             raise QualError(f"{exc}; nothing ran (no run.json to resume from): {exc.remedy}, then run it again: "
                             f"`{again}`") from None
         raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: {exc.remedy}, then "
@@ -262,7 +262,7 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
                         plan.corpus_info["count"])
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # one time for every comparison of a sweep
     results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate_path, plan.options.seed,
-                                   reproduce=plan.options.command(), created_at=created_at, baseline=plan.baseline,
+                                   reproduce=plan.options.command(plan.engine), created_at=created_at, baseline=plan.baseline,
                                    trend=trend, plain=arms.get(PLAIN_ARM)))
                for name in plan.candidates]
     if plan.is_sweep:
