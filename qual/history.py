@@ -107,10 +107,10 @@ def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
     rows = conn.execute("SELECT id, config_json, configuration FROM runs WHERE configuration IS NOT NULL").fetchall()
     for run_id, config_json, configuration in rows:
         try:
-            key = json.loads(configuration)
-            key["dcp_comm"] = dcp_comm_of(json.loads(config_json)["candidate"])
+            key = load_json(configuration, "configuration")
+            key["dcp_comm"] = dcp_comm_of(load_json(config_json, "config_json")["candidate"])
             new = ConfigurationKey.from_key(json.dumps(key)).key()
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (QualError, ValueError, KeyError, TypeError, AttributeError):
             new = None  # as _configuration_of_row: listed, never a baseline
         conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (new, run_id))
     conn.execute("DELETE FROM pins WHERE run_id NOT IN (SELECT id FROM runs WHERE configuration IS NOT NULL)")
