@@ -406,7 +406,7 @@ def test_a_run_json_that_cannot_be_written_says_to_run_again_not_resume(tmp_path
 def test_a_file_larger_than_its_cap_is_refused_before_a_byte_is_read(tmp_path, monkeypatch):
     from qual import userfiles
 
-    big = tmp_path / "result.json"
+    big = tmp_path / "huge.json"  # not result.json: tests/conftest.py validates every result.json a test leaves
     with big.open("wb") as f:
         f.truncate(20 << 30)  # 20 GB, sparse
     reads = []
@@ -415,6 +415,7 @@ def test_a_file_larger_than_its_cap_is_refused_before_a_byte_is_read(tmp_path, m
     with pytest.raises(QualError, match=r"larger than a result file may be \(1073741824 bytes\); refused"):
         userfiles.read_bytes(big, 1 << 30, "result file")
     assert reads == []  # was: 1 GiB read, then refused
+    big.unlink()
 
 
 def test_publish_leaves_out_a_linked_file_past_its_cap(tmp_path, capsys):
