@@ -15,12 +15,16 @@ def _say(line: str, stream=None) -> None:
 
 
 def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
-    from qual.report.common import pct  # imported when used: every `qual` invocation loads this module
+    # imported when used: every `qual` invocation loads this module
+    from qual.report.common import interval_note, pct
     from qual.result import DECIDED_NOTHING
 
     verdict = "PASS" if result.gate.passed else "FAIL"
     _say(f"{verdict}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
           f"{pct(result.candidate.acceptance.rate)} acceptance; report {report_dir / 'report.html'}")
+    note = interval_note(result)
+    if note is not None:
+        print(f"  note: {note}")
     if result.baseline is not None:
         rates = ", ".join(f"{arm} {pct(b.tonight_rate)} vs {pct(b.baseline_rate)}" for arm, b in result.baseline.arms.items()
                           if b.compared)
@@ -38,6 +42,7 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
     from qual.report import matrix
 
     rows = matrix.rows(sweep)
+    few_units = matrix.interval_note(sweep)
     for note in sweep.notes:
         _say(f"note: {note}", sys.stderr)
     for name, result in sweep.results():
@@ -45,6 +50,8 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
             _say(f"warning: {name}: {warning}", sys.stderr)
     _say(f"{'PASS' if sweep.passed else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} candidates passed against "
           f"{matrix.control_line(sweep)}; report {report_dir / 'report.html'}")
+    if few_units is not None:
+        print(f"  note: {few_units}")
     for row, (_, result) in zip(rows, sweep.results()):
         _say(f"  {row.verdict} {row.name} ({row.settings}): {row.rate}, delta {row.delta} {row.ci}, mean acceptance "
               f"length ratio {row.mal_ratio}")

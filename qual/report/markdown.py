@@ -37,6 +37,7 @@ def render(result: Result) -> str:
         f"{n_pass}/{len(result.gate.checks)} gate checks passed on {common.replayed(result)} "
         f"of `{cell(result.corpus.name)}`.",
         "",
+        *_interval_note(common.interval_note(result)),
         *_headline(result, c_dcp, k_dcp),
         *_speedup(result),
         "", "### Gate checks", "", *_checks(result),
@@ -69,6 +70,10 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _interval_note(note: str | None) -> list[str]:
+    return [f"⚠️ {cell(note)}.", ""] if note is not None else []
+
+
 def _headline(result: Result, c_dcp, k_dcp) -> list[str]:
     return [f"| | control (DCP {cell(c_dcp)}) | candidate (DCP {cell(k_dcp)}) | candidate − control |", "|---|---:|---:|---|",
             *(f"| {cell(h.label)} | {cell(h.control)} | {cell(h.candidate)} | {cell(h.delta)} |"
@@ -87,7 +92,8 @@ def render_sweep(sweep: SweepResult) -> str:
     rows = matrix.rows(sweep)
     lines = [f"## {'✅ PASS' if sweep.passed else '❌ FAIL'}: qual {cell(matrix.title(sweep))}", "",
              f"{sum(r.passed for r in rows)}/{len(rows)} candidates passed their gate on {sweep.corpus.count} requests "
-             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", ""]
+             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", "",
+             *_interval_note(matrix.interval_note(sweep))]
     lines += [f"⚠️ {cell(n)}." for n in sweep.notes] + ([""] if sweep.notes else [])
     lines += ["| candidate | settings | acceptance | Δ vs control (95% CI) | mean acceptance length ratio | "
               "target outputs identical | graph sizes | verdict |", "|---|---|---:|---|---:|---|---|---|"]
