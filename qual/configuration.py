@@ -22,7 +22,9 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
+from qual.errors import QualError
 from qual.options import DEFAULT_DCP_COMM
+from qual.userfiles import load_json
 
 NO_IDENTITY = "unknown"  # a run recorded before qual kept checkpoint identities, or a checkpoint it cannot read
 _REQUIRED = object()  # a field every key must carry (a stored key without it is damaged)
@@ -109,7 +111,10 @@ class ConfigurationKey:
         """A key as the history stored it. A field it lacks (added to the key after the row was keyed) takes its
         default; a field the key no longer has (the engine version, before it left the key) is ignored. ValueError:
         not a key (not JSON, not an object, a required field missing or of another type)."""
-        data = json.loads(key)
+        try:  # the bounded loader: a stored key is text anyone may have edited
+            data = load_json(key, "configuration key") if isinstance(key, str) else None
+        except QualError as exc:
+            raise ValueError(str(exc)) from None
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object, got {type(data).__name__}")
         values = {}

@@ -56,7 +56,7 @@ def test_a_stored_key_reads_back_whatever_fields_it_was_written_with():
     (json.dumps({**asdict(_key()), "tp": "4"}), "tp: expected int"),
     (json.dumps({**asdict(_key()), "model": 5}), "model: expected str"),
     (json.dumps({**asdict(_key()), "seed": True}), "seed: expected int"),
-    (json.dumps({**asdict(_key()), "temperature": 1e999}), "temperature: expected float"),
+    (json.dumps({**asdict(_key()), "temperature": 1e999}), "temperature: Infinity is not a number"),  # the bounded loader
 ])
 def test_a_damaged_stored_key_is_a_value_error_naming_the_field(stored, words):
     with pytest.raises(ValueError, match=words):

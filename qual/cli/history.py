@@ -20,6 +20,7 @@ from qual.errors import QualError
 from qual.nights import check_axis
 from qual.options import DRAFT_KV_MODES
 from qual.paths import DEFAULT_HISTORY
+from qual.shown import safe
 from qual.cli.main import EXIT_GATE_FAILED, app
 
 
@@ -48,8 +49,9 @@ def _num(x: float | None) -> str:
 
 
 def _t(value: object) -> str:
-    """User text (model names, paths, series labels) printed literally: "[/]" in a model name is not markup."""
-    return escape(str(value))
+    """User text (model names, paths, series labels) printed literally: "[/]" in a model name is not markup, and a
+    control character (a terminal's escape sequence) is shown as its escape."""
+    return escape(safe(value))
 
 
 def _model_name(model: str | None) -> str | None:
@@ -211,7 +213,7 @@ def trend_cmd(
                  for i, r in enumerate(rows)}
         marks = [(s.series, where[s.run_id], s.arm, s.after) for s in steps]
         path = plots.save_figure(plots.trend_figure(points, marks, axis), out)
-        print(f"plot written to {path}", file=sys.stderr if as_json else sys.stdout)
+        print(f"plot written to {safe(path)}", file=sys.stderr if as_json else sys.stdout)
     if steps and fail_on_step:
         raise typer.Exit(EXIT_GATE_FAILED)
 
@@ -219,11 +221,13 @@ def trend_cmd(
 def _check_plot_path(out: Path) -> None:
     """--out names a plot file (.png or .svg, not a folder) in a folder that exists or can be made, and written."""
     from qual.cli.outputs import output_dir
+    from qual.files import check_replaceable
     from qual.report.plots import plot_format
 
     plot_format(out)
     if out.is_dir():
         raise QualError(f"--out {out}: is a directory; give the plot file's path")
+    check_replaceable(out)  # a FIFO or a device there is refused now, not waited on after the trend is printed
     output_dir(out.parent, "--out")
 
 
@@ -283,7 +287,7 @@ def export_cmd(
     loaded = load_history(history)
     output_dir(out_dir, "DIR")
     for path in export(loaded, out_dir, fmt):
-        print(f"wrote {path}")
+        print(f"wrote {safe(path)}")
 
 
 @history_app.command("prune")
@@ -304,9 +308,9 @@ def prune_cmd(
         _print_json({"schema": PRUNE_SCHEMA, "runs_dir": str(runs_dir), **done.to_json()})
         return
     for path in done.baselines:
-        print(f"kept {path} (a baseline)")
+        print(f"kept {safe(path)} (a baseline)")
     for path, why in done.left:
-        print(f"left {path} ({why})")
+        print(f"left {safe(path)} ({safe(why)})")
     print(f"removed {len(done.removed)} run director{'y' if len(done.removed) == 1 else 'ies'}, kept "
           f"{len(done.kept)} ({len(done.baselines)} for baselines)")
 
@@ -318,17 +322,19 @@ def publish_cmd(
 ) -> None:
     """A static site of the history: an index of configurations, a page per configuration (trends, runs) and each
     run's report copied under DIR/runs/; offline, relative links only. DIR is replaced whole."""
+    from qual.cli.outputs import check_before_work
     from qual.report import site as published
 
+    check_before_work(out_dir, history, history_written=False, create_out=False, out_option="DIR")
     result = published.publish(history, out_dir)
     nights = result.nights
     linked = sum(n.report is not None for n in nights)
     n_conf, n_runs = len(result.configurations), len(nights)
     print(f"published {n_conf} configuration{'s' if n_conf != 1 else ''}, {n_runs} run{'s' if n_runs != 1 else ''} "
-          f"({linked} with their report) to {out_dir}/index.html")
+          f"({linked} with their report) to {safe(out_dir)}/index.html")
     for n in nights:
         if n.missing:
-            print(f"  run {n.run.id}: from its history row only: {n.missing}")
+            print(f"  run {n.run.id}: from its history row only: {safe(n.missing)}")
 
 
 baseline_app = typer.Typer(
@@ -353,9 +359,9 @@ def pin_cmd(run: str = typer.Argument(..., metavar="RUN", help="A run id from `q
     run, previous = hist.pin(history, run.id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     # Plain print: run fields are recorded text, never console markup.
     replaced = f" (replaces run {previous})" if previous is not None else ""
-    print(f"run {run.id} is now the baseline of its configuration{replaced}: {run.series}")
+    print(f"run {run.id} is now the baseline of its configuration{replaced}: {safe(run.series)}")
     if run.outcome != hist.PASS:
-        print(f"note: run {run.id} did not pass its gate ({run.outcome}: {', '.join(run.failed_checks)}); it is "
+        print(f"note: run {run.id} did not pass its gate ({run.outcome}: {safe(', '.join(run.failed_checks))}); it is "
               "pinned as asked")
 
 
@@ -371,7 +377,7 @@ def dirs_cmd(history: Path = HistoryOpt) -> None:
     """The run directories a baseline may still be read from (pinned runs, each configuration's newest pass), one
     per line: what a job that prunes old run directories must keep."""
     for path in hist.baseline_result_paths(history):
-        print(Path(path).parent)
+        print(safe(Path(path).parent))
 
 
 @baseline_app.command("list")
@@ -379,7 +385,7 @@ def pins_cmd(history: Path = HistoryOpt) -> None:
     """Pinned runs, one per configuration."""
     pins = hist.list_pins(history)
     if not pins:
-        print(f"no pinned runs in {history}")
+        print(f"no pinned runs in {safe(history)}")
     for run, pinned_at in pins:
-        print(f"run {run.id} pinned {pinned_at}: {run.series} ({run.outcome}, control {_pct(run.control_rate)}, "
-              f"candidate {_pct(run.candidate_rate)})")
+        print(f"run {run.id} pinned {safe(pinned_at)}: {safe(run.series)} ({run.outcome}, control "
+              f"{_pct(run.control_rate)}, candidate {_pct(run.candidate_rate)})")

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import qual
-from qual import stop_signals
+from qual import shown, stop_signals
 from qual.errors import EngineError, InternalError, QualError
 from qual.files import WriteError
 from qual.history import ErrorNight, record_error
@@ -49,13 +49,13 @@ def record_error_night(plan, exc: BaseException) -> None:
     written before it ended (a report that failed after it, a history locked past the wait) keeps its reports: the
     row says how it ended, and `--resume` records the verdict in its place."""
     code, what, line = describe(exc)
-    line = redact_text(" ".join(line.split()))
+    line = shown.safe(redact_text(" ".join(line.split())))
     command = plan.options.command(plan.engine)
     first = plan.arms[plan.candidates[0]].to_json()
     if not (plan.out_dir / FILES["json"]).exists():
         try:
-            write_error(ErrorSummary(_title(first), code, what, line, command, f"qual run --resume {plan.out_dir}"),
-                        plan.out_dir / FILES["markdown"])
+            write_error(ErrorSummary(_title(first), code, what, line, command, shown.command(
+                ["qual", "run", "--resume", plan.out_dir])), plan.out_dir / FILES["markdown"])
         except (WriteError, OSError):
             pass  # a full disk: the exit code and stderr's line say it
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -10,12 +10,13 @@ row: `qual history show` of a pruned night still says where its result was.
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.files import remove_tree
 from qual.history.baselines import baseline_result_paths
+from qual.validation import ascii_digits
 
 RUN_FILE = "run.json"  # what `qual run` writes first into its --out
 
@@ -35,7 +36,7 @@ class Pruned:
 
 def _order(name: str) -> list:
     """'100-1' after '99-1': runs of digits compare as numbers."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    return [int(part) if ascii_digits(part) else part for part in re.split(r"([0-9]+)", name)]
 
 
 def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
@@ -63,10 +64,8 @@ def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
             done.kept.append(str(entry))
             done.baselines.append(str(entry))
         else:
-            try:
-                shutil.rmtree(entry)
-            except OSError as exc:
-                raise QualError(f"cannot remove {entry}: {exc.strerror or exc} (removed before it: "
-                                f"{len(done.removed)})") from None
+            remove_tree(entry)
+            if entry.exists():  # what could not be removed (permissions) stays: said, not guessed
+                raise QualError(f"cannot remove {entry} (removed before it: {len(done.removed)})")
             done.removed.append(str(entry))
     return done

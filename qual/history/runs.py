@@ -19,6 +19,8 @@ from qual.errors import QualError
 from qual.history import store
 from qual.history.store import MAX_RUN_ID, begin_write, open_history, rollback
 from qual.nights import FACTS, facts_of, qual_label
+from qual.userfiles import load_json
+from qual.validation import ascii_digits
 
 # What a night ended as: a gate's verdict (an inconclusive gate exits 0 or 1 as the gate file says), or no verdict.
 PASS, FAIL, INCONCLUSIVE, ERROR = "pass", "fail", "inconclusive", "error"
@@ -96,7 +98,7 @@ class HistoryRun:
                 continue
             read = _READERS[name]
             try:
-                d[name] = read(row[name])
+                d[name] = read(row[name], f"{where}: {name}")
             except _Bad as bad:
                 raise QualError(f"{where}: {name}: {bad}") from None
         d["config"] = d.pop("config_json")
@@ -127,8 +129,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _text(nullable: bool = False) -> Callable[[Any], Any]:
-    def read(v: Any) -> Any:
+def _text(nullable: bool = False) -> Callable[[Any, str], Any]:
+    def read(v: Any, where: str) -> Any:
         if v is None and nullable:
             return None
         if not isinstance(v, str):
@@ -137,8 +139,8 @@ def _text(nullable: bool = False) -> Callable[[Any], Any]:
     return read
 
 
-def _integer(low: int, nullable: bool = False) -> Callable[[Any], Any]:
-    def read(v: Any) -> Any:
+def _integer(low: int, nullable: bool = False) -> Callable[[Any, str], Any]:
+    def read(v: Any, where: str) -> Any:
         if v is None and nullable:
             return None
         if type(v) is not int or not low <= v <= MAX_RUN_ID:
@@ -147,8 +149,8 @@ def _integer(low: int, nullable: bool = False) -> Callable[[Any], Any]:
     return read
 
 
-def _number(low: float, high: float, what: str) -> Callable[[Any], Any]:
-    def read(v: Any) -> Any:
+def _number(low: float, high: float, what: str) -> Callable[[Any, str], Any]:
+    def read(v: Any, where: str) -> Any:
         if v is None:
             return None
         if type(v) not in (int, float) or not math.isfinite(v) or not low <= v <= high:
@@ -157,24 +159,24 @@ def _number(low: float, high: float, what: str) -> Callable[[Any], Any]:
     return read
 
 
-def _one_of(values: tuple[str, ...], nullable: bool = False) -> Callable[[Any], Any]:
-    def read(v: Any) -> Any:
+def _one_of(values: tuple[str, ...], nullable: bool = False) -> Callable[[Any, str], Any]:
+    def read(v: Any, where: str) -> Any:
         if (v is None and nullable) or v in values:
             return v
         raise _Bad(f"expected one of {', '.join(values)}, got {_shown(v)}")
     return read
 
 
-def _json(expected: str, fits: Callable[[Any], bool], nullable: bool = False) -> Callable[[Any], Any]:
-    """A JSON column's value. A damaged one (edited by hand, written by another tool) is the user's to repair or
-    delete: one line naming the row and column, not a bug's traceback."""
-    def read(v: Any) -> Any:
+def _json(expected: str, fits: Callable[[Any], bool], nullable: bool = False) -> Callable[[Any, str], Any]:
+    """A JSON column's value, read by the bounded loader (deep nesting, a repeated key, a huge number refused). A
+    damaged one (edited by hand, written by another tool) is the user's to repair or delete: one line naming the row
+    and column, not a bug's traceback."""
+    def read(v: Any, where: str) -> Any:
         if v is None and nullable:
             return None
-        try:
-            value = json.loads(v)
-        except (TypeError, ValueError) as exc:  # TypeError: SQLite keeps any type in a TEXT column (a number, NULL)
-            raise _Bad(f"not JSON ({exc})") from None
+        if not isinstance(v, str):  # SQLite keeps any type in a TEXT column (a number, NULL)
+            raise _Bad(f"not JSON (a {type(v).__name__})")
+        value = load_json(v, where)  # its QualError names the row, the column and the line
         if not fits(value):
             raise _Bad(f"expected {expected}, got {type(value).__name__}")
         return value
@@ -188,7 +190,8 @@ def _strings(v: Any) -> bool:
 _RATE = _number(0.0, 1.0, "a rate in [0, 1]")
 _MAL = _number(1.0, math.inf, "a mean acceptance length >= 1")
 _DELTA = _number(-1.0, 1.0, "a rate difference in [-1, 1]")
-_READERS: dict[str, Callable[[Any], Any]] = {
+# column -> read(value, where: the row and column) -> the value, or _Bad
+_READERS: dict[str, Callable[[Any, str], Any]] = {
     "id": _integer(1), "created_at": _text(), "model": _text(), "engine": _text(), "engine_version": _text(True),
     "dcp": _integer(1), "tp": _integer(1), "draft_kv": _text(), "config_key": _text(), "corpus_name": _text(),
     "corpus_fingerprint": _text(), "n_requests": _integer(0), "control_rate": _RATE, "candidate_rate": _RATE,
@@ -387,7 +390,7 @@ def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
 
 def find_run(db_path: str | Path, ref: str) -> HistoryRun:
     """A run by its history id, or by its run directory (the newest night recorded from that folder)."""
-    if ref.isascii() and ref.isdigit():
+    if ascii_digits(ref):
         digits = ref.lstrip("0") or "0"
         if len(digits) > len(str(MAX_RUN_ID)):
             raise QualError(f"no run {ref} in {db_path} (run ids are 1 to {MAX_RUN_ID})")

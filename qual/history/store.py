@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 from qual.configuration import ConfigurationKey, dcp_comm_of, field_names
 from qual.errors import QualError
-from qual.userfiles import check_path_name
+from qual.userfiles import check_path_name, load_json
 
 SCHEMA_VERSION = 6
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
@@ -69,9 +69,9 @@ def configuration_of_row(config_json: str, corpus_fingerprint: str, n_requests: 
     then). None for a row whose stored config names no candidate arm: it stays listed but never serves as a baseline
     (a migration that stopped on one odd row would lock the whole history)."""
     try:
-        candidate = json.loads(config_json)["candidate"]
+        candidate = load_json(config_json, "config_json")["candidate"]
         return ConfigurationKey.of(candidate, corpus_fingerprint, n_requests, None).key()
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (QualError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -110,10 +110,10 @@ def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
     rows = conn.execute("SELECT id, config_json, configuration FROM runs WHERE configuration IS NOT NULL").fetchall()
     for run_id, config_json, configuration in rows:
         try:
-            key = json.loads(configuration)
-            key["dcp_comm"] = dcp_comm_of(json.loads(config_json)["candidate"])
+            key = load_json(configuration, "configuration")
+            key["dcp_comm"] = dcp_comm_of(load_json(config_json, "config_json")["candidate"])
             new = ConfigurationKey.from_key(json.dumps(key)).key()
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (QualError, ValueError, KeyError, TypeError, AttributeError):
             new = None  # as configuration_of_row: listed, never a baseline
         conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (new, run_id))
     conn.execute("DELETE FROM pins WHERE run_id NOT IN (SELECT id FROM runs WHERE configuration IS NOT NULL)")

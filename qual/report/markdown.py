@@ -10,15 +10,16 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, provenance
 from qual.files import write_text
+from qual.shown import safe
 from qual.result import DECIDED_NOTHING, FIRST_NIGHT, Result
 from qual.sweep_result import SweepResult
 
 
 def cell(text: object) -> str:
-    """Make untrusted text inert inside a Markdown table cell (GitHub renders inline HTML)."""
-    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    s = s.replace("|", "\\|").replace("`", "\\`")
-    return re.sub(r"[\r\n]+", " ", s)
+    """Make untrusted text inert inside a Markdown table cell (GitHub renders inline HTML; a terminal that shows the
+    file acts on escape sequences: control characters are written as their escapes)."""
+    s = safe(re.sub(r"[\r\n]+", " ", str(text))).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return s.replace("|", "\\|").replace("`", "\\`")
 
 
 def _fence(text: str) -> str:
@@ -77,7 +78,7 @@ def render(result: Result) -> str:
     lines += ["", f"Corpus fingerprint: `{cell(result.corpus.fingerprint)}`", ""]
     if result.reproduce:
         fence = _fence(result.reproduce)
-        lines += ["Reproduce:", "", f"{fence}sh", result.reproduce, fence, ""]
+        lines += ["Reproduce:", "", f"{fence}sh", safe(result.reproduce), fence, ""]
     return "\n".join(lines)
 
 
@@ -123,7 +124,7 @@ def render_sweep(sweep: SweepResult) -> str:
     lines += ["", f"Corpus fingerprint: `{cell(sweep.corpus.fingerprint)}`", ""]
     if sweep.reproduce:
         fence = _fence(sweep.reproduce)
-        lines += ["Reproduce:", "", f"{fence}sh", sweep.reproduce, fence, ""]
+        lines += ["Reproduce:", "", f"{fence}sh", safe(sweep.reproduce), fence, ""]
     return "\n".join(lines)
 
 
@@ -191,7 +192,7 @@ class ErrorSummary:
 
 def render_error(e: ErrorSummary) -> str:
     """summary.md of a run that ended in exit 2, 3, 4 or 130 after its output folder existed: why, and what next."""
-    fence = _fence(f"{e.command}\n{e.resume}")
+    fence = _fence(f"{e.command}\n{e.resume}")  # both shell-quoted (qual.shown.command)
     return "\n".join([
         f"## ⛔ ERROR: qual {cell(e.title)}", "",
         f"The run ended without a verdict: exit {e.exit_code} ({cell(e.what)}).", "",

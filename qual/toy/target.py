@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -12,8 +11,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from qual.files import copy_file, remove_tree, write_text
 from qual.toy.config import ModelShape, TrainConfig
 from qual.toy.tokenizer import TOKENIZER_FILES
+from qual.userfiles import MAX_TOKENIZER_BYTES, read_json
 
 
 def target_config(shape: ModelShape, eos_token_id: int):
@@ -153,22 +154,22 @@ def train_target(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndar
 def save_target(model, out_dir: Path, tokenizer_dir: Path) -> None:
     """bf16 safetensors + config + tokenizer files, loadable by AutoModelForCausalLM/AutoTokenizer."""
     if out_dir.exists():
-        shutil.rmtree(out_dir)
+        remove_tree(out_dir)
     out_dir.mkdir(parents=True)
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
     model.float()
     cfg_path = out_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text())
+    cfg = read_json(cfg_path)
     if cfg.get("model_type") == "qwen3":  # readers that predate rope_parameters look for the top-level field
         cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_dir / name, out_dir / name)
+        copy_file(tokenizer_dir / name, out_dir / name, MAX_TOKENIZER_BYTES, "tokenizer file")
 
 
 def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
     """The saved target, in `dtype` (float32 by default: what generation and evaluation use)."""
-    if json.loads((Path(path) / "config.json").read_text()).get("model_type") == "glm5_next":
+    if read_json(Path(path) / "config.json").get("model_type") == "glm5_next":
         from transformers import Glm5NextForConditionalGeneration as Model
     else:
         from transformers import AutoModelForCausalLM as Model
