@@ -279,13 +279,13 @@ def export_cmd(
 ) -> None:
     """Write the history's nights (runs) and series as tables: one row a night, one a series (what
     `qual.load_history` gives a notebook)."""
-    from qual.cli.outputs import output_dir
+    from qual.cli.outputs import check_before_work
     from qual.history.frames import FORMATS, export, load_history
 
     if fmt not in FORMATS:  # before the work
         raise QualError(f"--format {fmt!r}: expected {' or '.join(FORMATS)}")
+    check_before_work(out_dir, history, history_written=False, out_option="DIR")
     loaded = load_history(history)
-    output_dir(out_dir, "DIR")
     for path in export(loaded, out_dir, fmt):
         print(f"wrote {safe(path)}")
 
