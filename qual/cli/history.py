@@ -169,13 +169,6 @@ def show_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history l
     console.print_json(json.dumps(r.config))
 
 
-def _when(created_at: str) -> datetime:
-    try:
-        return datetime.fromisoformat(created_at)
-    except ValueError:
-        return datetime.min
-
-
 @history_app.command("trend")
 def trend_cmd(
     history: Path = HistoryOpt,
@@ -204,15 +197,11 @@ def trend_cmd(
     else:
         _print_trend(series, steps, threshold_pp, history, {"model": model, "dcp": dcp, "draft_kv": draft_kv})
     if out is not None:
-        from qual.report import plots
+        from qual.report import plots, trend
 
-        points = {label: [(_when(r.created_at) if axis == "date" else hist.position(r, axis), r.control_rate,
-                           r.candidate_rate, r.facts.get("engine"), r.is_error) for r in rows]
-                  for label, rows in series.items()}
-        where = {r.id: (_when(r.created_at) if axis == "date" else i) for rows in series.values()
-                 for i, r in enumerate(rows)}
-        marks = [(s.series, where[s.run_id], s.arm, s.after) for s in steps]
-        path = plots.save_figure(plots.trend_figure(points, marks, axis), out)
+        panels = [trend.arms_panel(label, rows, [trend.column(r, axis) for r in rows],
+                                   [s for s in steps if s.series == label]) for label, rows in sorted(series.items())]
+        path = plots.save_figure(plots.nights_figure(panels, axis, panel_height=2.6), out)
         print(f"plot written to {safe(path)}", file=sys.stderr if as_json else sys.stdout)
     if steps and fail_on_step:
         raise typer.Exit(EXIT_GATE_FAILED)
@@ -319,14 +308,18 @@ def prune_cmd(
 def publish_cmd(
     out_dir: Path = typer.Argument(..., metavar="DIR", help="Folder for the site (new, empty, or an earlier publish)."),
     history: Path = HistoryOpt,
+    axis: str = typer.Option("date", "--axis", help="What every plot runs along, as `qual history trend --axis`: "
+                             "date, engine (its version), qual (version and commit) or meta:KEY."),
 ) -> None:
-    """A static site of the history: an index of configurations, a page per configuration (trends, runs) and each
-    run's report copied under DIR/runs/; offline, relative links only. DIR is replaced whole."""
+    """A static site of the history: an index of configurations with an overview plot, a page per configuration
+    (trends, runs), a page of step changes, and each run's report copied under DIR/runs/; offline, relative links
+    only. DIR is replaced whole."""
     from qual.cli.outputs import check_before_work
     from qual.report import site as published
 
+    check_axis(axis)
     check_before_work(out_dir, history, history_written=False, create_out=False, out_option="DIR")
-    result = published.publish(history, out_dir)
+    result = published.publish(history, out_dir, axis)
     nights = result.nights
     linked = sum(n.report is not None for n in nights)
     n_conf, n_runs = len(result.configurations), len(nights)

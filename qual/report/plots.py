@@ -11,6 +11,9 @@ import os
 import re
 import tempfile
 import textwrap
+from dataclasses import dataclass
+from datetime import datetime
+from html import unescape
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -25,6 +28,9 @@ import numpy as np  # noqa: E402
 from matplotlib import dates as mdates  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from markupsafe import escape  # noqa: E402
 
 from qual.errors import QualError  # noqa: E402
 from qual.files import write_bytes  # noqa: E402
@@ -33,6 +39,8 @@ CONTROL_COLOR = "#4c72b0"
 CANDIDATE_COLOR = "#dd8452"
 STEP_COLOR = "#c0392b"
 ERROR_COLOR = "#333333"
+FAIL_COLOR, FAIL_BAND = "#b71c1c", "#f6caca"
+ERROR_BAND = "#d9d9d9"
 
 _RC = {
     "svg.fonttype": "none",  # text stays text: small, selectable, no glyph defs to collide
@@ -61,6 +69,15 @@ def to_svg(fig: Figure, salt: str) -> str:
     # Scale with the page: drop fixed pt sizes, keep the viewBox.
     svg = re.sub(r'(<svg[^>]*?)\swidth="[^"]*"\s+height="[^"]*"', r'\1 width="100%"', svg, count=1)
     return svg
+
+
+def linked_svg(fig: Figure, salt: str, titles: Mapping[str, str]) -> str:
+    """to_svg, each link (Artist.set_url/set_urls) a plain href that opens in the page's own tab, with its title
+    (titles: href -> the tooltip of what links there)."""
+    def link(m: re.Match) -> str:
+        return f'<a href="{m[1]}"><title>{escape(titles.get(unescape(m[1]), ""))}</title>'
+
+    return re.sub(r'<a xlink:href="([^"]*)" target="_blank">', link, to_svg(fig, salt))
 
 
 def _nan(xs: Sequence[float | None]) -> np.ndarray:
@@ -170,45 +187,124 @@ def trend_strip_svg(points: Sequence[tuple]) -> str:
         return to_svg(fig, "trend-strip")
 
 
-def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple], axis: str = "date") -> Figure:
-    """Acceptance over nights: one panel per series label, along the axis (date: time; else one column a night,
-    labelled by its engine, qual or --meta value where that changes). Every panel marks the nights whose engine
-    changed (a dashed line) and the nights that ended without a verdict (an x on the axis).
+@dataclass(frozen=True)
+class Column:
+    """One night on a plot of nights (the trend, the published site)."""
 
-    series: label -> [(x, control_rate, candidate_rate, engine, error)], oldest first (x: a datetime on the date
-    axis, else the night's value or None); steps: (label, where, arm, rate), where: the night's datetime on the date
-    axis, else its column (its index in the series).
-    """
+    id: int  # the history row: the night's identity across the panels of one figure
+    when: datetime  # its place on the date axis, and the order of the nights on every other axis
+    value: str | None  # its place on any other axis (qual.nights.axis_value): labelled where it changes
+    outcome: str  # pass | fail | inconclusive | error: anything but pass is marked; an error night is a gap
+    engine: str | None  # the engine's version: a change between two nights is marked on every panel
+    href: str | None = None  # the night's page, where its points link; None: drawn hollow, linking nowhere
+    title: str = ""  # the tooltip of its links (an error night's names its cause)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of a figure of nights: lines of rates over its own nights, on the figure's one x axis."""
+
+    ylabel: str
+    columns: Sequence[Column]
+    lines: Sequence[tuple[str, str, Sequence[float | None]]]  # (name, color, fractions per column; None: a gap)
+    title: str = ""
+    href: str | None = None  # where the title links (the series' page)
+    rings: Sequence[tuple[int, float]] = ()  # (column index, rate): a step change, ringed
+
+
+def arm_lines(control: Sequence[float | None], candidate: Sequence[float | None]) -> list[tuple]:
+    """Both arms' lines (the control first: drawn wider, so equal rates show both)."""
+    return [("control", CONTROL_COLOR, control), ("candidate", CANDIDATE_COLOR, candidate)]
+
+
+def position_colors(k: int) -> list[str]:
+    """k colors from the first draft position's (dark blue) to the last's (yellow): a sequence reads as one."""
+    return [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, k))]
+
+
+def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: float = 2.3) -> Figure:
+    """Panels stacked on one shared x axis: the date (time to scale), else one column a night, oldest left, labelled
+    by its engine, qual or --meta value where that changes. Every panel marks the nights that did not pass (a red
+    band, FAIL above it), the error nights (a grey band, ERROR: no rates, the lines break) and each change of the
+    engine (a dashed line, its new version); each point links to its night's page (hollow where there is none)."""
+    order = {c.id: i for i, c in enumerate(sorted({c.id: c for p in panels for c in p.columns}.values(),
+                                                  key=lambda c: (c.when, c.id)))}
+    everyone = sorted({c.id: c for p in panels for c in p.columns}.values(), key=lambda c: order[c.id])
+
+    def place(c: Column):
+        return mdates.date2num(c.when) if axis == "date" else order[c.id]
+
     with matplotlib.rc_context(_RC):
-        labels = sorted(series) or ["(no runs)"]
-        fig = _figure(9.0, 2.6 * len(labels))
-        axes = np.atleast_1d(fig.subplots(len(labels), 1, squeeze=False)[:, 0])
-        for ax, label in zip(axes, labels):
-            pts = series.get(label, [])
-            xs = [p[0] for p in pts] if axis == "date" else list(range(len(pts)))
-            if pts:
-                ax.plot(xs, _nan([p[1] for p in pts]) * 100, "o-", color=CONTROL_COLOR, label="control", markersize=4)
-                ax.plot(xs, _nan([p[2] for p in pts]) * 100, "o-", color=CANDIDATE_COLOR, label="candidate", markersize=4)
-                errors = [x for x, p in zip(xs, pts) if p[4]]
-                if errors:
-                    ax.scatter(errors, [0] * len(errors), marker="x", color=ERROR_COLOR, label="no verdict", zorder=5)
-                for i in range(1, len(pts)):
-                    if pts[i][3] and pts[i - 1][3] and pts[i][3] != pts[i - 1][3]:
-                        ax.axvline(xs[i], color=ERROR_COLOR, linestyle="--", linewidth=0.8, alpha=0.7)
-                        ax.annotate(_short_engine(pts[i][3]), (xs[i], 1.0), xycoords=("data", "axes fraction"),
-                                    fontsize=7, rotation=90, va="top", ha="right")
-            marked = [s for s in steps if s[0] == label]
-            if marked:
-                ax.scatter([s[1] for s in marked], [(s[3] or 0) * 100 for s in marked], s=140, facecolors="none",
-                           edgecolors=STEP_COLOR, linewidths=1.8, label="step change", zorder=5)
-            ax.set_title(textwrap.fill(label, 130), fontsize=8, loc="left")  # a configuration key's label is long
-            ax.set_ylabel("acceptance (%)")
-            ax.legend(loc="best", frameon=False)
-            if axis == "date":
-                _time_axis(ax, [p[0] for p in pts])
-            else:
-                _value_axis(ax, [p[0] for p in pts], axis)
+        wide = 9.0 if axis == "date" else max(9.0, 0.22 * len(everyone))
+        fig = _figure(wide, panel_height * max(len(panels), 1))
+        axes = fig.subplots(max(len(panels), 1), 1, sharex=True, squeeze=False)[:, 0]
+        for n, (ax, panel) in enumerate(zip(axes, panels)):
+            x = np.array([place(c) for c in panel.columns], dtype=float)
+            _mark_nights(ax, x, panel.columns)
+            for j, (name, color, values) in enumerate(panel.lines):
+                y = _nan(values) * 100
+                ax.plot(x, y, color=color, linewidth=3.0 if j == 0 and len(panel.lines) == 2 else 1.4, label=name)
+                shown = np.isfinite(y)
+                cols = [c for c, ok in zip(panel.columns, shown) if ok]
+                dots = ax.scatter(x[shown], y[shown], s=22, zorder=3, edgecolors=color, linewidths=1.2,
+                                  facecolors=[color if c.href else "white" for c in cols])
+                dots.set_urls([c.href for c in cols])
+            if panel.rings:
+                ax.scatter([x[i] for i, _ in panel.rings], [r * 100 for _, r in panel.rings], s=150, zorder=4,
+                           facecolors="none", edgecolors=STEP_COLOR, linewidths=1.8, label="step change")
+            ax.set_ylabel(panel.ylabel)
+            if panel.title:
+                ax.set_title(textwrap.fill(panel.title, 120), fontsize=8, loc="left", pad=12).set_url(panel.href)
+            _legend(ax, panels if n == 0 else ())
+        if axis == "date":
+            _time_axis(axes[-1], [c.when for c in everyone])
+        else:
+            _value_axis(axes[-1], [c.value for c in everyone], axis)
         return fig
+
+
+def nights_svg(panels: Sequence[Panel], axis: str = "date", salt: str = "", panel_height: float = 2.3) -> str:
+    """nights_figure as inline SVG whose links open in the page's tab, each with its night's tooltip."""
+    titles = {c.href: c.title for p in panels for c in p.columns if c.href}
+    titles.update({p.href: p.title for p in panels if p.href})
+    return linked_svg(nights_figure(panels, axis, panel_height), salt, titles)
+
+
+def _mark_nights(ax, x: np.ndarray, columns: Sequence[Column]) -> None:
+    """The nights that did not pass (banded, named above the plot, linking to the night) and the engine's changes (a
+    dashed line between two nights, its new version beside it)."""
+    for xi, c in zip(x, columns):
+        if c.outcome == "pass":
+            continue
+        error = c.outcome == "error"
+        ax.axvline(xi, color=ERROR_BAND if error else FAIL_BAND, linewidth=7, zorder=0)
+        mark = ax.text(xi, 1.0, c.outcome.upper(), transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                       fontsize=6, fontweight="bold", color=ERROR_COLOR if error else FAIL_COLOR)
+        mark.set_url(c.href)
+    for i in range(1, len(columns)):
+        a, b = columns[i - 1].engine, columns[i].engine
+        if a and b and a != b:
+            where = (x[i - 1] + x[i]) / 2
+            ax.axvline(where, color=ERROR_COLOR, linestyle="--", linewidth=0.9, alpha=0.8)
+            ax.annotate(_short_engine(b), (where, 0.98), xycoords=("data", "axes fraction"), fontsize=7, rotation=90,
+                        va="top", ha="right", color=ERROR_COLOR)
+
+
+def _legend(ax, panels: Sequence[Panel]) -> None:
+    """The panel's lines, and the marks the panels given hold (the first panel's legend names those of all)."""
+    handles, labels = ax.get_legend_handles_labels()
+    columns = [c for p in panels for c in p.columns]
+    changed = any(a.engine and b.engine and a.engine != b.engine for p in panels for a, b in zip(p.columns, p.columns[1:]))
+    marks = (("failed night", any(c.outcome not in ("pass", "error") for c in columns), Patch(color=FAIL_BAND)),
+             ("error night: no verdict", any(c.outcome == "error" for c in columns), Patch(color=ERROR_BAND)),
+             ("no report: from the history row only", any(c.href is None and c.outcome != "error" for c in columns),
+              Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor=ERROR_COLOR)),
+             ("engine changed", changed, Line2D([], [], color=ERROR_COLOR, linestyle="--")))
+    for text, present, handle in marks:
+        if present:
+            handles.append(handle)
+            labels.append(text)
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
 
 
 def _short_engine(label: str) -> str:
@@ -225,16 +321,16 @@ def _value_axis(ax, values: list, axis: str) -> None:
 
 
 def _time_axis(ax, times: list) -> None:
-    """Dates every panel shows (not only the lowest), at the scale the runs span: two runs minutes apart read as
-    minutes apart, not as a default span of years around them."""
+    """Dates at the scale the runs span: two runs minutes apart read as minutes apart, not as a default span of years
+    around them."""
     locator = mdates.AutoDateLocator(minticks=3, maxticks=7)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     if times:
         lo, hi = mdates.date2num(min(times)), mdates.date2num(max(times))
         pad = max((hi - lo) * 0.05, 5 / (24 * 60))  # at least five minutes each side (one run, or runs close together)
-        ax.set_xlim(mdates.num2date(lo - pad), mdates.num2date(hi + pad))
-    ax.tick_params(axis="x", labelbottom=True, labelsize=8)
+        ax.set_xlim(lo - pad, hi + pad)
+    ax.tick_params(axis="x", labelsize=8)
 
 
 def plot_format(path: str | Path) -> str:

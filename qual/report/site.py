@@ -1,5 +1,7 @@
-"""The published site of a run history (`qual history publish DIR`): an index of the configurations, one page per
-configuration (its key, its trends across nights, its runs) and each night's report copied into the site.
+"""The published site of a run history (`qual history publish DIR`): an index of the configurations with an overview
+plot, one page per configuration (its trends across nights, its runs, its key), a page of the step changes, and each
+night's report copied into the site, linking back to its configuration's page. Every plot runs along one axis
+(`--axis date|engine|qual|meta:KEY`, as `qual history trend`).
 
 Static and offline like report.html: inline CSS and SVG, no scripts, no fetches, relative links only, so DIR reads
 the same from file://, as a CI artifact and on GitHub Pages. The site is built from the history and the run folders
@@ -11,26 +13,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from qual import history as hist
 from qual.configuration import ConfigurationKey
 from qual.errors import QualError
 from qual.files import WriteError, copy_file, remove_tree, write_text
-from qual.report import html, site_plots
+from qual.report import html, plots, trend
 from qual.sweep_result import SweepResult, load_any
 from qual.userfiles import check_path_name, read_json, read_text
 
 MARKER = "qual-site.json"  # names a folder as a site qual published: only such a folder is replaced
 RUNS, PAGES = "runs", "configurations"
-REPORT = "report.html"
-RESULT = "result.json"
+REPORT, RESULT, SUMMARY = "report.html", "result.json", "summary.md"
+REGRESSIONS = "regressions.html"
 MAX_REPORT_BYTES = 1 << 28  # a report.html read for its links: every request is a row of it, but bounded
 MAX_COPIED_BYTES = 1 << 28  # a file of a run's folder copied into the site (a journal, a log); larger ones stay out
 MAX_MARKER_BYTES = 1 << 24
@@ -51,9 +54,10 @@ class Night:
 
     @property
     def report(self) -> str | None:
-        """The night's page relative to DIR: its report.html, else its result.json; None when nothing was copied."""
+        """The night's page relative to DIR: its report.html, else its result.json (an error night: its summary.md);
+        None when nothing was copied."""
         names = [name for _, name in self.sources]
-        for name in (REPORT, RESULT):
+        for name in (REPORT, RESULT, SUMMARY):
             if name in names:
                 return f"{self.folder}/{name}"
         return None
@@ -82,8 +86,9 @@ class Configuration:
 
     slug: str  # a short hash of the key: the page's file name
     key: ConfigurationKey | None  # None: runs recorded without a candidate arm in their config
-    label: str
+    label: str  # what a person reads: model, DCP, draft KV, drafter (and what else tells it from a like one)
     nights: tuple[Night, ...]
+    series: str = ""  # the key's full label (hashes and all): `qual history trend`'s name for it
 
     @property
     def page(self) -> str:
@@ -102,6 +107,9 @@ class Configuration:
 class Site:
     history: Path
     configurations: list[Configuration]
+    axis: str = "date"  # what every plot runs along (qual.nights.check_axis)
+    steps: tuple[hist.StepChange, ...] = ()  # step changes between consecutive nights, by configuration
+    threshold_pp: float = hist.DEFAULT_STEP_PP  # the least jump a step change is
 
     @property
     def nights(self) -> list[Night]:
@@ -150,6 +158,8 @@ def _linked(run_dir: Path, report: Path) -> list[tuple[Path, str]]:
 def night(run: hist.HistoryRun) -> Night:
     """A run with what its folder still holds: its result (read for the per-position rates, and to check that the
     folder holds this run and not a later one written to the same --out), its report and the files that links to."""
+    if run.is_error:
+        return _error_night(run)
     if not run.result_path:
         return Night(run, missing="no result file recorded")
     result_path = Path(run.result_path)  # a relative path is read from the working directory, as --baseline does
@@ -174,6 +184,14 @@ def night(run: hist.HistoryRun) -> Night:
     return Night(run, tuple(sources), tuple(result.candidate.acceptance.per_position))
 
 
+def _error_night(run: hist.HistoryRun) -> Night:
+    """A night that ended without a verdict: its cause is in its row; its folder's summary.md says why at length."""
+    summary = Path(run.run_dir) / SUMMARY if run.run_dir else None
+    if summary is None or not _regular(summary) or not _same_run(run, summary.parent):
+        return Night(run, missing=f"no verdict (exit {run.exit_code}), no {SUMMARY} of it here")
+    return Night(run, ((summary, SUMMARY),))
+
+
 def _same_run(run: hist.HistoryRun, run_dir: Path) -> bool:
     """The folder's run.json names the row's run (a resumed run rewrites result.json, with a later created_at)."""
     if not run.run_id:
@@ -190,7 +208,7 @@ def slug(identity: str) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
-def build(history_path: str | Path) -> Site:
+def build(history_path: str | Path, axis: str = "date", threshold_pp: float = hist.DEFAULT_STEP_PP) -> Site:
     """Every configuration of the history with its nights (QualError: no history, or no runs in it)."""
     runs = hist.list_runs(history_path, limit=None)
     if not runs:
@@ -198,67 +216,128 @@ def build(history_path: str | Path) -> Site:
     groups: dict[str, list[hist.HistoryRun]] = {}
     for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
         groups.setdefault(run.configuration or run.series, []).append(run)
-    configurations = [Configuration(slug(identity), rows[0].key, rows[0].series, tuple(night(r) for r in rows))
-                      for identity, rows in groups.items()]
+    labels = readable_labels([rows[0] for rows in groups.values()])
+    configurations = [Configuration(slug(identity), rows[0].key, label, tuple(night(r) for r in rows), rows[0].series)
+                      for label, (identity, rows) in zip(labels, groups.items())]
     # The configurations whose latest night failed come first; then by label.
     configurations.sort(key=lambda c: (not c.latest.failed, c.label))
-    return Site(Path(history_path), configurations)
+    series = {n.run.id: c.series for c in configurations for n in c.nights}
+    steps = [replace(s, series=series[s.run_id]) for s in hist.detect_step_changes(runs, threshold_pp)]
+    return Site(Path(history_path), configurations, axis, tuple(steps), threshold_pp)
+
+
+def drafter(run: hist.HistoryRun) -> str:
+    """The drafter's short name: the last two parts of its path or hub id ('toy/draft'); 'no drafter'."""
+    path = ((run.config or {}).get("candidate") or {}).get("draft_path")
+    return "/".join(str(path).replace("\\", "/").rstrip("/").split("/")[-2:]) if path else "no drafter"
+
+
+def readable_labels(first: list[hist.HistoryRun]) -> list[str]:
+    """A label a person reads for each configuration (given by its first night): model, DCP, draft KV and drafter,
+    then the key fields in which configurations of the same such label differ (their hashes stay in the detail)."""
+    base = [" \u00b7 ".join((r.key.model, f"DCP {r.key.dcp}", f"draft KV {r.key.draft_kv}", drafter(r)))
+            if r.key is not None else r.series for r in first]
+    out = []
+    for i, r in enumerate(first):
+        alike = [o for j, o in enumerate(first) if base[j] == base[i] and j != i and o.key is not None]
+        if r.key is None or not alike:
+            out.append(base[i])
+            continue
+        names = {name for o in alike for name, _, _ in r.key.differences(o.key)}
+        shown = [f"{f.name} {_brief(getattr(r.key, f.name))}" for f in fields(r.key) if f.name in names]
+        out.append(" \u00b7 ".join([base[i], *shown]))
+    return out
+
+
+def _brief(value: object) -> str:
+    text = str(value)
+    return text[:14] if text.startswith("sha256:") else text
 
 
 # ---------------------------------------------------------------- rendering
 
 
-def _title(n: Night) -> str:
-    r = n.run
-    return (f"run {r.id} \u00b7 {n.when} UTC \u00b7 commit {n.commit} \u00b7 {r.outcome.upper()}"
-            + (f" \u00b7 {n.missing}" if n.missing else ""))
+def _columns(conf: Configuration, axis: str, up: str = "../") -> list[plots.Column]:
+    """Each night of conf on a plot along axis, linking to its page (up: the way from the plot's page to DIR)."""
+    return [trend.column(n.run, axis, f"{up}{n.report}" if n.report else None, n.missing) for n in conf.nights]
 
 
-def _columns(conf: Configuration) -> list[site_plots.Column]:
-    return [site_plots.Column(n.commit, n.date, n.failed, f"../{n.report}" if n.report else None, _title(n))
-            for n in conf.nights]
+def chart(conf: Configuration, site: Site) -> Markup:
+    """The configuration page's plot: both arms' acceptance (its step changes ringed) and, below it on the same axis,
+    the candidate's per draft position, numbered from 0 as the report does (no panel where no night has its
+    result file)."""
+    nights, columns = conf.nights, _columns(conf, site.axis)
+    steps = [s for s in site.steps if s.series == conf.series]
+    panels = [trend.arms_panel("", [n.run for n in nights], columns, steps)]
+    k = max((len(n.per_position) for n in nights if n.per_position), default=0)
+    if k:
+        lines = [(f"position {i}", color, [n.per_position[i] if n.per_position and i < len(n.per_position) else None
+                                           for n in nights]) for i, color in enumerate(plots.position_colors(k))]
+        panels.append(plots.Panel("candidate per position (%)", columns, lines))
+    return Markup(plots.nights_svg(panels, site.axis))  # built from numbers, its text escaped: safe to inline
+
+
+def overview(site: Site) -> Markup:
+    """The index's plot: every configuration's acceptance on one shared axis, each titled by its label and linking
+    to its page."""
+    panels = [trend.arms_panel(c.label, [n.run for n in c.nights], _columns(c, site.axis, ""),
+                               [s for s in site.steps if s.series == c.series], c.page) for c in site.configurations]
+    return Markup(plots.nights_svg(panels, site.axis, "overview", panel_height=1.9))
 
 
 @dataclass(frozen=True)
-class Chart:
-    svg: Markup  # built from numbers, its text escaped: safe to inline
-    legend: list[site_plots.Key]
+class Step:
+    """A step change as the regressions page lists it: with its configuration and the nights around it."""
+
+    change: hist.StepChange
+    conf: Configuration
+    around: tuple[Night, ...]  # the night before the step's earlier night through the one after its later
 
 
-def charts(conf: Configuration) -> dict[str, Chart]:
-    """The configuration page's charts: both arms' acceptance; the candidate's per draft position (none when no night
-    has its result file)."""
-    nights, columns = conf.nights, _columns(conf)
-    arms = site_plots.arm_lines([n.run.control_rate for n in nights], [n.run.candidate_rate for n in nights])
-    out = {"acceptance": Chart(Markup(site_plots.chart_svg(columns, arms, "acceptance (%)")),
-                               site_plots.legend(columns, arms))}
-    k = max((len(n.per_position) for n in nights if n.per_position), default=0)
-    if k:
-        positions = [site_plots.Line(f"position {i + 1}", color,
-                                     [n.per_position[i] if n.per_position and i < len(n.per_position) else None
-                                      for n in nights])
-                     for i, color in enumerate(site_plots.position_colors(k))]
-        out["positions"] = Chart(Markup(site_plots.chart_svg(columns, positions, "candidate acceptance (%)")),
-                                 site_plots.legend(columns, positions))
-    return out
+def steps(site: Site) -> list[Step]:
+    """The site's step changes, newest first, each with the nights around it."""
+    by_series = {c.series: c for c in site.configurations}
+    out = []
+    for change in site.steps:
+        conf = by_series[change.series]
+        ids = [n.run.id for n in conf.nights]
+        lo, hi = ids.index(change.previous_run_id), ids.index(change.run_id)
+        out.append(Step(change, conf, conf.nights[max(lo - 1, 0):hi + 2]))
+    return sorted(out, key=lambda s: (s.change.created_at, s.change.run_id), reverse=True)
 
 
 def render_index(site: Site) -> str:
     template = html.environment().get_template("site_index.html.j2")
     failing = [c for c in site.configurations if c.latest.failed]
-    return template.render(site=site, failing=failing, history_name=site.history.name)
+    return template.render(site=site, failing=failing, history_name=site.history.name, overview=overview(site),
+                           n_steps=len(site.steps))
 
 
-def render_configuration(conf: Configuration) -> str:
+def render_configuration(conf: Configuration, site: Site) -> str:
     template = html.environment().get_template("site_configuration.html.j2")
-    return template.render(c=conf, charts=charts(conf), nights=list(reversed(conf.nights)),
-                           missing=[n for n in conf.nights if n.missing])
+    return template.render(c=conf, chart=chart(conf, site), nights=list(reversed(conf.nights)), axis=site.axis,
+                           missing=[n for n in conf.nights if n.missing], n_steps=sum(
+                               s.series == conf.series for s in site.steps))
+
+
+def render_regressions(site: Site) -> str:
+    template = html.environment().get_template("site_regressions.html.j2")
+    return template.render(site=site, steps=steps(site), threshold_pp=site.threshold_pp)
+
+
+def backlinked(report: str, conf: Configuration) -> str:
+    """A copied report.html with a line at its top leading back to its configuration's page (the report's own
+    links stay as they are: the files beside it are copied with it)."""
+    nav = (f'<nav style="font: 13px system-ui, sans-serif; margin: 8px 12px">'
+           f'<a href="../../{conf.page}">&larr; {escape(conf.label)}</a> &middot; '
+           f'<a href="../../index.html">all configurations</a></nav>')
+    return re.sub(r"(<body[^>]*>)", lambda m: m[1] + nav, report, count=1)
 
 
 def marker(site: Site, files: list[str]) -> str:
     """qual-site.json: what the site holds (the folder's mark as a site qual published, so a later publish may
     replace it) and every file it wrote (a later publish removes those and nothing else)."""
-    return json.dumps({"generator": "qual history publish", "history": site.history.name,
+    return json.dumps({"generator": "qual history publish", "history": site.history.name, "axis": site.axis,
                        "configurations": [{"page": c.page, "label": c.label, "runs": [n.run.id for n in c.nights]}
                                           for c in site.configurations],
                        "files": sorted(files)}, indent=2) + "\n"
@@ -316,15 +395,18 @@ def check_target(out_dir: Path) -> None:
                                 "whole: move it out, or give another folder")
 
 
-def _copy(source: Path, target: Path) -> bool:
-    """Copy one file of a run (False: it could not be read, is no regular file or is larger than MAX_COPIED_BYTES,
-    and is left out)."""
+def _copy(source: Path, target: Path, conf: Configuration) -> bool:
+    """Copy one file of a run, a report with its line back to conf's page (False: it could not be read, is no regular
+    file or is larger than MAX_COPIED_BYTES, and is left out)."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WriteError(target.parent, exc) from None
     try:
-        copy_file(source, target, MAX_COPIED_BYTES, "file of a run")
+        if target.name == REPORT:
+            write_text(target, backlinked(read_text(source, MAX_REPORT_BYTES, "report"), conf))
+        else:
+            copy_file(source, target, MAX_COPIED_BYTES, "file of a run")
     except WriteError:
         raise
     except (OSError, QualError):
@@ -339,25 +421,26 @@ def _write_site(site: Site, root: Path) -> Site:
     for conf in site.configurations:
         nights = []
         for n in conf.nights:
-            copied = tuple((p, name) for p, name in n.sources if _copy(p, root / n.folder / name))
-            nights.append(n if copied == n.sources else Night(n.run, copied, n.per_position, n.missing))
-        configurations.append(Configuration(conf.slug, conf.key, conf.label, tuple(nights)))
-    site = Site(site.history, configurations)
+            copied = tuple((p, name) for p, name in n.sources if _copy(p, root / n.folder / name, conf))
+            nights.append(n if copied == n.sources else replace(n, sources=copied))
+        configurations.append(replace(conf, nights=tuple(nights)))
+    site = replace(site, configurations=configurations)
     (root / PAGES).mkdir(exist_ok=True)
     files = [f"{n.folder}/{name}" for c in site.configurations for n in c.nights for _, name in n.sources]
     for conf in site.configurations:
-        write_text(root / conf.page, render_configuration(conf))
+        write_text(root / conf.page, render_configuration(conf, site))
         files.append(conf.page)
     write_text(root / "index.html", render_index(site))
-    write_text(root / MARKER, marker(site, [*files, "index.html"]))
+    write_text(root / REGRESSIONS, render_regressions(site))
+    write_text(root / MARKER, marker(site, [*files, "index.html", REGRESSIONS]))
     return site
 
 
-def publish(history_path: str | Path, out_dir: str | Path) -> Site:
-    """Build the site of a history into out_dir, replacing the site published there before."""
+def publish(history_path: str | Path, out_dir: str | Path, axis: str = "date") -> Site:
+    """Build the site of a history into out_dir, its plots along axis, replacing the site published there before."""
     out = Path(os.path.abspath(out_dir))
     check_target(out)
-    site = build(history_path)
+    site = build(history_path, axis)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.publish-"))

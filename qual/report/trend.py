@@ -1,0 +1,42 @@
+"""History rows as plots of nights (qual.report.plots.Panel): `qual history trend --out` and the published site draw
+the same panels, on the same axis choice (qual.nights.axis_value), with the same marks."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Sequence
+
+from qual.history import HistoryRun, StepChange, position
+from qual.report.plots import Column, Panel, arm_lines
+
+
+def when(run: HistoryRun) -> datetime:
+    """The night's time (UTC; a row whose created_at is not a time sorts first)."""
+    try:
+        t = datetime.fromisoformat(run.created_at)
+    except ValueError:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
+def title(run: HistoryRun, note: str | None = None) -> str:
+    """A night's tooltip: 'run 12 · 2026-11-20 02:00 UTC · commit 1a2b3c4 · vllm 0.32.0 · FAIL', an error night's
+    cause after it, then the note (why the night has no report)."""
+    parts = [f"run {run.id}", f"{run.created_at[:16].replace('T', ' ')} UTC", f"commit {(run.qual_commit or 'n/a')[:7]}",
+             run.facts.get("engine") or run.engine, run.outcome.upper(), run.error if run.is_error else None, note]
+    return " \u00b7 ".join(p for p in parts if p)
+
+
+def column(run: HistoryRun, axis: str, href: str | None = None, note: str | None = None) -> Column:
+    """One night on a plot along axis, linking to href."""
+    return Column(run.id, when(run), position(run, axis), run.outcome, run.facts.get("engine"), href, title(run, note))
+
+
+def arms_panel(label: str, runs: Sequence[HistoryRun], columns: Sequence[Column], steps: Sequence[StepChange] = (),
+               href: str | None = None) -> Panel:
+    """Both arms' acceptance over a series' nights (oldest first; columns: each night's column), its step changes
+    ringed, titled label (linking to href)."""
+    index = {r.id: i for i, r in enumerate(runs)}
+    rings = [(index[s.run_id], s.after) for s in steps if s.run_id in index]
+    return Panel("acceptance (%)", columns, arm_lines([r.control_rate for r in runs], [r.candidate_rate for r in runs]),
+                 label, href, rings)
