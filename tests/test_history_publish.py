@@ -1,9 +1,11 @@
 """`qual history publish DIR` (qual.report.site): the static site of a run history, from real runs of the toy pair
-and synthetic nights; every link resolves inside DIR, failed nights are marked, and the pages fit a desktop and a
-phone in headless Chromium."""
+and synthetic nights (one failing, one without a verdict, an engine upgrade); every link resolves inside DIR, failed
+and error nights and engine changes are marked on every plot, and the pages fit a desktop and a phone in headless
+Chromium."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
@@ -21,7 +23,7 @@ from qual import history
 from qual.cli import history as _registers_history  # noqa: F401  (puts `history` on the app run_app runs)
 from qual.cli.main import run_app
 from qual.report import site as published
-from qual.report import site_plots, write_reports
+from qual.report import plots, write_reports
 from qual.result import load_result
 from synthetic import synthetic_result
 
@@ -31,6 +33,8 @@ VIEWPORTS = {"desktop": (1400, 900), "phone": (390, 844)}
 SYNTHETIC = [(20 + i, p, f"{c:07x}" + "0" * 33) for i, (p, c) in
              enumerate(zip((0.75, 0.75, 0.77, 0.62, 0.75, 0.75, 0.76, 0.75), range(0xa11ce00, 0xa11ce08)))]
 MISSING_DAY = 25  # this night's run folder is deleted: it is plotted from its history row only
+UPGRADE_DAY, UPGRADED = 26, "qual-reference 0.2.0"  # from this night on the engine reports another version
+ERROR_AT, ERROR_CAUSE = "2026-11-23T14:00:00+00:00", "engine failure: the server went away"  # a night without a verdict
 
 
 def _qual_run(out: Path, db: Path, *extra: str) -> int:
@@ -56,10 +60,21 @@ def db(tmp_path_factory) -> Path:
     for day, p, commit in SYNTHETIC:
         res = synthetic_result(24, 0.75, p, n_resamples=200, created_at=f"2026-11-{day:02d}T02:00:00+00:00")
         res.candidate.provenance.qual_commit = commit
+        if day >= UPGRADE_DAY:
+            res.candidate.engine_version = UPGRADED
         night = root / f"synthetic-{day}"
         history.record_run(path, res, write_reports(res, night)["json"])
         if day == MISSING_DAY:
             shutil.rmtree(night)
+    failed = root / "synthetic-error"  # as `qual run` leaves a night that ended in exit 3: run.json and summary.md
+    failed.mkdir()
+    (failed / "run.json").write_text(json.dumps({"run_id": "night-error"}))
+    (failed / "summary.md").write_text(f"# ERROR (exit 3)\n\n{ERROR_CAUSE}\n")
+    history.record_error(path, history.ErrorNight(
+        created_at=ERROR_AT, run_id="night-error", arms={"control": res.control.config, "candidate": res.candidate.config},
+        corpus={"name": "synthetic", "fingerprint": res.corpus.fingerprint, "count": 24},
+        key=history.configuration_of(res), exit_code=3, cause=ERROR_CAUSE, command="qual run --dcp 4",
+        run_dir=str(failed)))
     return path
 
 
@@ -103,17 +118,18 @@ def _parse(page: Path) -> _Page:
 
 
 def _conf_pages(site: Path) -> dict[str, Path]:
-    """Configuration pages by the draft KV and request count their title names."""
+    """Configuration pages by the draft KV, request count and DCP of the full key each names under its title."""
     out = {}
     for page in (site / "configurations").glob("*.html"):
-        m = re.search(r" dcp(\d+) .*kv=(\w+) .* n=(\d+) ", _parse(page).title)
+        m = re.search(r"<code>toy \w+ dcp(\d+) .*kv=(\w+) .* n=(\d+) ", page.read_text())
         out[f"{m[2]} n={m[3]} dcp{m[1]}"] = page
     return out
 
 
 def test_every_link_resolves_inside_the_site(site):
     pages = sorted(site.rglob("*.html"))
-    assert site / "index.html" in pages and len(list((site / "configurations").glob("*.html"))) == 3
+    assert {site / "index.html", site / "regressions.html"} <= set(pages)
+    assert len(list((site / "configurations").glob("*.html"))) == 3
     reports = list((site / "runs").glob("*/report.html"))
     assert len(reports) == 2 + 1 + len(SYNTHETIC) - 1  # every night but the one whose folder is gone
     for page in pages:
@@ -128,41 +144,115 @@ def test_every_link_resolves_inside_the_site(site):
             assert target.is_file() and target.is_relative_to(site.resolve()), (page, href)
 
 
+def test_each_copied_report_leads_back_to_its_configuration(site):
+    mark = json.loads((site / published.MARKER).read_text())
+    page_of = {run: c["page"] for c in mark["configurations"] for run in c["runs"]}
+    for report in (site / "runs").glob("*/report.html"):
+        hrefs = _parse(report).hrefs
+        assert hrefs[:2] == [f"../../{page_of[int(report.parent.name)]}", "../../index.html"], report
+        assert report.read_text().count("<nav") == 1
+
+
+def test_series_are_labelled_by_what_a_person_reads(site):
+    """Model, DCP, draft KV and drafter name a series; its hashes are in its page's detail, not its name."""
+    labels = re.findall(r'<td class="label"><a href="[^"]+">([^<]+)</a>', (site / "index.html").read_text())
+    assert labels == ["toy \u00b7 DCP 2 \u00b7 draft KV sharded \u00b7 toy/draft",
+                      "toy \u00b7 DCP 2 \u00b7 draft KV replicated \u00b7 toy/draft",
+                      "toy \u00b7 DCP 4 \u00b7 draft KV replicated \u00b7 toy/draft"]
+    for page in _conf_pages(site).values():
+        text = page.read_text()
+        assert "sha256:" not in _parse(page).title and "<dt>corpus_fingerprint</dt><dd><code>sha256:" in text
+
+
+def test_labels_alike_are_told_apart_by_what_differs(tmp_path):
+    """Two selections of one corpus (the same model, DCP, draft KV and drafter) are named with what tells them apart."""
+    db = tmp_path / "h.sqlite"
+    for n in (8, 12):
+        res = synthetic_result(n, n_resamples=10)
+        res.candidate.config["draft_path"] = "/ckpt/dflash/v3/"
+        history.record_run(db, res, None)
+    assert sorted(c.label for c in published.build(db).configurations) == [
+        "toy \u00b7 DCP 4 \u00b7 draft KV replicated \u00b7 dflash/v3 \u00b7 n_requests 12",
+        "toy \u00b7 DCP 4 \u00b7 draft KV replicated \u00b7 dflash/v3 \u00b7 n_requests 8"]
+
+
 def test_the_index_leads_with_the_failing_configuration(site):
     text = (site / "index.html").read_text()
     pages = _conf_pages(site)
     rows = re.findall(r'<tr class="(pass|fail)">\s*<td class="label"><a href="([^"]+)"', text)
+    assert len(rows) == 3
     assert [verdict for verdict, _ in rows] == ["fail", "pass", "pass"]
     assert site / rows[0][1] == pages["sharded n=4 dcp2"]
     assert "1 configuration failed its latest run" in text
     assert "<title>qual runs: 3 configurations, 1 failing</title>" in text
+    # the overview: a panel a configuration on one axis, its title leading to the configuration's page
+    overview = text.split("<h2>Overview</h2>")[1].split("</figure>")[0]
+    for _, page in rows:
+        assert overview.count(f'<a href="{page}">') == 1, page
 
 
-def test_configuration_pages_mark_failed_nights_and_name_commits(site, db):
+def test_configuration_pages_mark_failed_error_and_upgraded_nights(site, db):
     runs = history.list_runs(db, limit=None)
     synthetic = _conf_pages(site)["replicated n=24 dcp4"]
     text = synthetic.read_text()
-    # the failing night: banded in both charts, its row marked, its checks named
-    assert text.count(f'fill="{site_plots.FAIL_BAND}"/>') == 2  # its column in both charts
-    assert text.count('<tr class="fail">') == 1 and "acceptance_delta_lower_bound" in text
+    svg = text.split("<h2>Acceptance across nights</h2>")[1].split("</figure>")[0]
+    # the failing night: banded and named in both panels, its row marked, its checks named
+    assert svg.count(f"fill: none; stroke: {plots.FAIL_BAND}") == 2 and svg.count(">FAIL</text>") == 2
+    assert text.count('<tr class="fail"') == 2 and "acceptance_delta_lower_bound" in text  # and the error night's
+    # the error night: a grey band in both panels leading to its summary.md, its cause in the runs table
+    error = next(r for r in runs if r.is_error)
+    assert svg.count(f"fill: none; stroke: {plots.ERROR_BAND}") == 2 and svg.count(">ERROR</text>") == 2
+    assert svg.count(f'<a href="../runs/{error.id}/summary.md">') == 2
+    assert f"exit 3: {ERROR_CAUSE}" in text and (site / "runs" / str(error.id) / "summary.md").is_file()
+    # the engine upgrade: a dashed line named by the new version in both panels
+    assert svg.count(f">{UPGRADED}</text>") == 2
+    # draft positions numbered as the report numbers them: from 0
+    assert ">position 0</text>" in svg and ">position 6</text>" in svg and ">position 7<" not in svg
     for _, _, commit in SYNTHETIC:
-        assert f">{commit[:7]}</text>" in text  # on the axis
+        assert f"commit {commit[:7]}" in svg  # in the tooltip of the night's points
         assert f"<code>{commit[:7]}</code>" in text  # in the runs table
     # the night whose folder is gone: no link, a hollow point, said so
     gone = next(r for r in runs if r.created_at.startswith(f"2026-11-{MISSING_DAY}"))
     assert f"run {gone.id}: none" in text  # in the runs table, and why under it
     why = rf"<li>run {gone.id} \([^)]+\): result file \S+synthetic-{MISSING_DAY}/result.json is missing"
     assert re.search(why, text)
-    assert f'href="../runs/{gone.id}/' not in text
-    assert "no report: from the history row only" in text
+    assert f'href="../runs/{gone.id}/' not in text and svg.count(f'<a href="#run-{gone.id}">') == 2  # to its row
+    assert f'<tr class="pass" id="run-{gone.id}">' in text and "no report: from the history row only" in svg
     # every other night: its points link to its copied report
     for r in runs:
-        if r.created_at.startswith("2026-11") and r.id != gone.id:
-            assert text.count(f'href="../runs/{r.id}/report.html"') >= 3  # column, points, table
+        if r.created_at.startswith("2026-11") and r.id not in (gone.id, error.id):
+            assert text.count(f'href="../runs/{r.id}/report.html"') >= 3  # its points in both panels, the table
     real = _conf_pages(site)["replicated n=4 dcp2"].read_text()
     commit = next(r.qual_commit for r in runs if r.n_requests == 4)
-    assert commit and f">{commit[:7]}</text>" in real and ">2099-01-01</text>" in real
-    assert 'class="fail"' not in real.split("<h2>Runs</h2>")[1]
+    assert commit and f"commit {commit[:7]}" in real and "2099-01-01 " in real
+    assert 'class="fail"' not in real.split("<h2>Runs</h2>")[1] and "<h2>Runs</h2>" in real
+
+
+def test_the_regressions_page_lists_each_step_with_the_nights_around_it(site, db):
+    runs = {r.id: r for r in history.list_runs(db, limit=None)}
+    steps = history.detect_step_changes(list(runs.values()))
+    text = (site / "regressions.html").read_text()
+    assert f"<title>qual runs: {len(steps)} step changes</title>" in text and len(steps) >= 2
+    sections = text.split("<h2 ")[1:]
+    assert len(sections) == len(steps)
+    for step in steps:
+        section = next(s for s in sections if s.startswith(f'id="step-{step.run_id}-{step.arm}"'))
+        assert f"{step.before * 100:.2f}% &rarr; {step.after * 100:.2f}%" in section
+        shown = [int(i) for i in re.findall(r">run (\d+)", section)]
+        assert step.previous_run_id in shown and step.run_id in shown and len(shown) >= 3  # and a night around
+
+
+def test_every_plot_runs_along_the_axis_asked_for(db, tmp_path, capsys):
+    out = tmp_path / "by-engine"
+    assert run_app(["history", "publish", str(out), "--history", str(db), "--axis", "engine"]) == 0
+    assert json.loads((out / published.MARKER).read_text())["axis"] == "engine"
+    for page in (out / "index.html", _conf_pages(out)["replicated n=24 dcp4"]):
+        svg = page.read_text().split('<div class="plot">')[1]
+        assert ">engine</text>" in svg and f">{UPGRADED}</text>" in svg, page  # the axis, labelled where it changes
+    capsys.readouterr()
+    assert run_app(["history", "publish", str(tmp_path / "x"), "--history", str(db), "--axis", "gpu"]) == 2
+    assert "--axis 'gpu': expected one of date, engine, qual or meta:KEY" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_publish_again_replaces_the_site(site, db, capsys):
@@ -234,7 +324,7 @@ MEASURE = """(() => {
     if (r.width && (r.right > view + 0.5 || r.left < -0.5)) wide.push(el.tagName + " " + Math.round(r.right));
   }
   return {title: document.title, clientWidth: view, scrollWidth: document.documentElement.scrollWidth, wide: wide,
-          svgs: document.querySelectorAll("svg").length, circles: document.querySelectorAll("svg circle").length,
+          svgs: document.querySelectorAll("svg").length,
           svg_links: document.querySelectorAll("svg a").length, rows: document.querySelectorAll("tr").length,
           scrolling: [...document.querySelectorAll(".scroll, .plot")]
             .filter(b => b.scrollWidth > b.clientWidth).length};
@@ -251,16 +341,20 @@ def test_the_site_fits_a_desktop_and_a_phone(site, tmp_path):
             print(f"\n{name} index: {index.screenshot(tmp_path / f'index-{size[0]}px.png', full_page=True)}")
             assert layout["title"] == "qual runs: 3 configurations, 1 failing"
             assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout
-            assert layout["rows"] == 1 + 3
-            assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the table fits whole
+            assert layout["rows"] == 1 + 3 and layout["svgs"] == 1  # the overview
+            assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the plot and the table fit whole
             conf = browser.open(page.as_uri(), *size)
             layout = conf.evaluate(MEASURE)
             print(f"{name} configuration page: {conf.screenshot(tmp_path / f'configuration-{size[0]}px.png', True)}")
             assert layout["title"].startswith("qual pass: toy ")
             assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout
-            assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the charts and the runs fit whole
-            nights, k = len(SYNTHETIC), 7
-            # points: both arms on every night, k positions on each night with a result file
-            assert layout["svgs"] == 2 and layout["circles"] == 2 * nights + k * (nights - 1), layout
-            # links: each night with a report, its column and each of its points
-            assert layout["svg_links"] == (nights - 1) * (1 + 2) + (nights - 1) * (1 + k), layout
+            assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the plot and the runs fit whole
+            reported, k = len(SYNTHETIC) - 1, 7
+            # links: both arms' points and k positions' of each night with a report, the arms' of the night without
+            # (to its row), and in each of the two panels the FAIL and the ERROR mark (the failed night's report, the
+            # error night's summary)
+            assert layout["svgs"] == 1 and layout["svg_links"] == reported * (2 + k) + 2 + 2 * 2, layout
+            regressions = browser.open((site / "regressions.html").as_uri(), *size)
+            layout = regressions.evaluate(MEASURE)
+            print(f"{name} regressions: {regressions.screenshot(tmp_path / f'regressions-{size[0]}px.png', True)}")
+            assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout

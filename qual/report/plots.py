@@ -196,8 +196,9 @@ class Column:
     value: str | None  # its place on any other axis (qual.nights.axis_value): labelled where it changes
     outcome: str  # pass | fail | inconclusive | error: anything but pass is marked; an error night is a gap
     engine: str | None  # the engine's version: a change between two nights is marked on every panel
-    href: str | None = None  # the night's page, where its points link; None: drawn hollow, linking nowhere
+    href: str | None = None  # where its points link (its report; else where the page says why it has none)
     title: str = ""  # the tooltip of its links (an error night's names its cause)
+    hollow: bool = False  # no report of the night: its points are drawn hollow
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: flo
                 shown = np.isfinite(y)
                 cols = [c for c, ok in zip(panel.columns, shown) if ok]
                 dots = ax.scatter(x[shown], y[shown], s=22, zorder=3, edgecolors=color, linewidths=1.2,
-                                  facecolors=[color if c.href else "white" for c in cols])
+                                  facecolors=["white" if c.hollow else color for c in cols])
                 dots.set_urls([c.href for c in cols])
             if panel.rings:
                 ax.scatter([x[i] for i, _ in panel.rings], [r * 100 for _, r in panel.rings], s=150, zorder=4,
@@ -297,7 +298,7 @@ def _legend(ax, panels: Sequence[Panel]) -> None:
     changed = any(a.engine and b.engine and a.engine != b.engine for p in panels for a, b in zip(p.columns, p.columns[1:]))
     marks = (("failed night", any(c.outcome not in ("pass", "error") for c in columns), Patch(color=FAIL_BAND)),
              ("error night: no verdict", any(c.outcome == "error" for c in columns), Patch(color=ERROR_BAND)),
-             ("no report: from the history row only", any(c.href is None and c.outcome != "error" for c in columns),
+             ("no report: from the history row only", any(c.hollow and c.outcome != "error" for c in columns),
               Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor=ERROR_COLOR)),
              ("engine changed", changed, Line2D([], [], color=ERROR_COLOR, linestyle="--")))
     for text, present, handle in marks:

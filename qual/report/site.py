@@ -257,9 +257,11 @@ def _brief(value: object) -> str:
 # ---------------------------------------------------------------- rendering
 
 
-def _columns(conf: Configuration, axis: str, up: str = "../") -> list[plots.Column]:
-    """Each night of conf on a plot along axis, linking to its page (up: the way from the plot's page to DIR)."""
-    return [trend.column(n.run, axis, f"{up}{n.report}" if n.report else None, n.missing) for n in conf.nights]
+def _columns(conf: Configuration, axis: str, up: str = "../", page: str = "") -> list[plots.Column]:
+    """Each night of conf on a plot along axis, linking to its report (up: the way from the plot's page to DIR), else
+    to its row on conf's page (page: the way there), which says why it has none."""
+    return [trend.column(n.run, axis, f"{up}{n.report}" if n.report else f"{page}#run-{n.run.id}", n.missing,
+                         hollow=n.report is None) for n in conf.nights]
 
 
 def chart(conf: Configuration, site: Site) -> Markup:
@@ -280,7 +282,7 @@ def chart(conf: Configuration, site: Site) -> Markup:
 def overview(site: Site) -> Markup:
     """The index's plot: every configuration's acceptance on one shared axis, each titled by its label and linking
     to its page."""
-    panels = [trend.arms_panel(c.label, [n.run for n in c.nights], _columns(c, site.axis, ""),
+    panels = [trend.arms_panel(c.label, [n.run for n in c.nights], _columns(c, site.axis, "", c.page),
                                [s for s in site.steps if s.series == c.series], c.page) for c in site.configurations]
     return Markup(plots.nights_svg(panels, site.axis, "overview", panel_height=1.9))
 

@@ -27,9 +27,10 @@ def title(run: HistoryRun, note: str | None = None) -> str:
     return " \u00b7 ".join(p for p in parts if p)
 
 
-def column(run: HistoryRun, axis: str, href: str | None = None, note: str | None = None) -> Column:
-    """One night on a plot along axis, linking to href."""
-    return Column(run.id, when(run), position(run, axis), run.outcome, run.facts.get("engine"), href, title(run, note))
+def column(run: HistoryRun, axis: str, href: str | None = None, note: str | None = None, hollow: bool = False) -> Column:
+    """One night on a plot along axis, linking to href (hollow: it has no report; note: why)."""
+    return Column(run.id, when(run), position(run, axis), run.outcome, run.facts.get("engine"), href, title(run, note),
+                  hollow)
 
 
 def arms_panel(label: str, runs: Sequence[HistoryRun], columns: Sequence[Column], steps: Sequence[StepChange] = (),
