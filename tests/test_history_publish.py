@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -55,7 +56,7 @@ def db(tmp_path_factory) -> Path:
     assert _qual_run(root / "real-pass", path) == 0
     assert _qual_run(root / "real-sharded", path, "--draft-kv", "sharded") == 1
     first = load_result(root / "real-pass" / "result.json")
-    later = replace(first, created_at=first.created_at.replace(first.created_at[:10], "2099-01-01"))
+    later = replace(first, created_at=(datetime.fromisoformat(first.created_at) + timedelta(days=1)).isoformat())
     history.record_run(path, later, write_reports(later, root / "real-pass-2")["json"])
     for day, p, commit in SYNTHETIC:
         res = synthetic_result(24, 0.75, p, n_resamples=200, created_at=f"2026-11-{day:02d}T02:00:00+00:00")
@@ -223,8 +224,8 @@ def test_configuration_pages_mark_failed_error_and_upgraded_nights(site, db):
         if r.created_at.startswith("2026-11") and r.id not in (gone.id, error.id):
             assert text.count(f'href="../runs/{r.id}/report.html"') >= 3  # its points in both panels, the table
     real = _conf_pages(site)["replicated n=4 dcp2"].read_text()
-    commit = next(r.qual_commit for r in runs if r.n_requests == 4)
-    assert commit and f"commit {commit[:7]}" in real and "2099-01-01 " in real
+    later = max((r for r in runs if r.n_requests == 4), key=lambda r: r.created_at)
+    assert later.qual_commit and f"commit {later.qual_commit[:7]}" in real and f"{later.created_at[:10]} " in real
     assert 'class="fail"' not in real.split("<h2>Runs</h2>")[1] and "<h2>Runs</h2>" in real
 
 

@@ -212,6 +212,8 @@ def test_html_baseline_section(against_baseline, hostile):
     section = page[page.index("Against the baseline"):page.index("Acceptance per draft position")]
     assert "run 2 (pinned)" in section and "pinned (history run 2)" in section
     assert section.count("<svg") == 1 and "last 3 recorded runs" in section  # the trend strip
+    strip = section[section.index("<svg"):section.index("</svg>")]
+    assert ">tonight</text>" in strip and ">baseline</text>" in strip  # tonight named, the baseline ringed
     assert "<script" not in page.lower() and "&lt;script&gt;alert(2)&lt;/script&gt;" in section  # moved request ids
     # per-position rows: positions 0-2 unchanged, 3-6 dropped (flagged) in both arms
     rows = re.findall(r'<tr><td class="n">(\d)</td>(.*?)</tr>', section)

@@ -155,38 +155,6 @@ def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None, salt:
         return to_svg(fig, f"{salt}delta-hist")
 
 
-def trend_strip_svg(points: Sequence[tuple]) -> str:
-    """Both arms' acceptance over the last runs of one configuration, the baseline ringed, tonight last, each change of
-    the engine marked (a dashed line, its new version).
-
-    points: (label, control rate, candidate rate, is the baseline, is tonight[, engine]), oldest first.
-    """
-    with matplotlib.rc_context(_RC):
-        fig = _figure(9.0, 2.0)
-        ax = fig.subplots()
-        x = np.arange(len(points))
-        for i, (color, name) in enumerate(((CONTROL_COLOR, "control"), (CANDIDATE_COLOR, "candidate"))):
-            y = _nan([p[1 + i] for p in points]) * 100
-            ax.plot(x, y, marker="o", markersize=3.5, linewidth=1.2, color=color, label=name)
-            for j, p in enumerate(points):
-                if p[3] and np.isfinite(y[j]):
-                    ax.plot([j], [y[j]], marker="o", markersize=9, markerfacecolor="none", color="#333333",
-                            label="baseline" if i == 0 else None)
-        if points and points[-1][4]:
-            ax.axvspan(len(points) - 1.5, len(points) - 0.5, color="#eeeeee", zorder=0)
-        engines = [p[5] if len(p) > 5 else None for p in points]
-        for j in range(1, len(points)):
-            if engines[j] and engines[j - 1] and engines[j] != engines[j - 1]:
-                ax.axvline(j - 0.5, color=ERROR_COLOR, linestyle="--", linewidth=0.8, alpha=0.7)
-                ax.annotate(_short_engine(engines[j]), (j - 0.5, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
-                            rotation=90, va="top", ha="right")
-        ax.set_xticks(x)
-        ax.set_xticklabels([p[0] for p in points], fontsize=7, rotation=0 if len(points) <= 12 else 60)
-        ax.set_ylabel("acceptance (%)")
-        ax.legend(loc="best", frameon=False, ncol=3)
-        return to_svg(fig, "trend-strip")
-
-
 @dataclass(frozen=True)
 class Column:
     """One night on a plot of nights (the trend, the published site)."""
@@ -210,7 +178,9 @@ class Panel:
     lines: Sequence[tuple[str, str, Sequence[float | None]]]  # (name, color, fractions per column; None: a gap)
     title: str = ""
     href: str | None = None  # where the title links (the series' page)
-    rings: Sequence[tuple[int, float]] = ()  # (column index, rate): a step change, ringed
+    rings: Sequence[tuple[int, float]] = ()  # (column index, rate): a step change (or what ring_label says), ringed
+    ring_label: str = "step change"
+    tonight: int | None = None  # the column of the run a report is of: named above the plot
 
 
 def arm_lines(control: Sequence[float | None], candidate: Sequence[float | None]) -> list[tuple]:
@@ -252,7 +222,10 @@ def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: flo
                 dots.set_urls([c.href for c in cols])
             if panel.rings:
                 ax.scatter([x[i] for i, _ in panel.rings], [r * 100 for _, r in panel.rings], s=150, zorder=4,
-                           facecolors="none", edgecolors=STEP_COLOR, linewidths=1.8, label="step change")
+                           facecolors="none", edgecolors=STEP_COLOR, linewidths=1.8, label=panel.ring_label)
+            if panel.tonight is not None:
+                ax.annotate("tonight", (x[panel.tonight], 1.0), xycoords=("data", "axes fraction"), ha="center",
+                            va="bottom", fontsize=7, xytext=(0, 9), textcoords="offset points")
             ax.set_ylabel(panel.ylabel)
             if panel.title:
                 ax.set_title(textwrap.fill(panel.title, 120), fontsize=8, loc="left", pad=12).set_url(panel.href)

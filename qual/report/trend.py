@@ -10,10 +10,10 @@ from qual.history import HistoryRun, StepChange, position
 from qual.report.plots import Column, Panel, arm_lines
 
 
-def when(run: HistoryRun) -> datetime:
-    """The night's time (UTC; a row whose created_at is not a time sorts first)."""
+def when(created_at: str) -> datetime:
+    """A night's time (UTC; a created_at that is not a time sorts first)."""
     try:
-        t = datetime.fromisoformat(run.created_at)
+        t = datetime.fromisoformat(created_at)
     except ValueError:
         return datetime.min.replace(tzinfo=timezone.utc)
     return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
@@ -29,7 +29,7 @@ def title(run: HistoryRun, note: str | None = None) -> str:
 
 def column(run: HistoryRun, axis: str, href: str | None = None, note: str | None = None, hollow: bool = False) -> Column:
     """One night on a plot along axis, linking to href (hollow: it has no report; note: why)."""
-    return Column(run.id, when(run), position(run, axis), run.outcome, run.facts.get("engine"), href, title(run, note),
+    return Column(run.id, when(run.created_at), position(run, axis), run.outcome, run.facts.get("engine"), href, title(run, note),
                   hollow)
 
 
@@ -41,3 +41,21 @@ def arms_panel(label: str, runs: Sequence[HistoryRun], columns: Sequence[Column]
     rings = [(index[s.run_id], s.after) for s in steps if s.run_id in index]
     return Panel("acceptance (%)", columns, arm_lines([r.control_rate for r in runs], [r.candidate_rate for r in runs]),
                  label, href, rings)
+
+
+def strip_panel(result) -> Panel:
+    """The report's strip (a qual.result.Result judged against a baseline): both arms over the last recorded runs of
+    its configuration and tonight, along the date, the baseline ringed, tonight named."""
+    trend = result.baseline.trend
+    nights = [*trend, {"run_id": TONIGHT, "created_at": result.created_at, "verdict": result.gate.outcome,
+                       "control_rate": result.control.acceptance.rate, "candidate_rate": result.candidate.acceptance.rate,
+                       "engine": result.candidate.engine_version}]
+    columns = [Column(t["run_id"], when(t["created_at"]), None, t["verdict"], t.get("engine"),
+                      title=f"run {t['run_id']}" if t["run_id"] != TONIGHT else "tonight") for t in nights]
+    rings = [(i, t["candidate_rate"]) for i, t in enumerate(trend) if t["baseline"] and t["candidate_rate"] is not None]
+    return Panel("acceptance (%)", columns, arm_lines([t["control_rate"] for t in nights],
+                                                      [t["candidate_rate"] for t in nights]),
+                 rings=rings, ring_label="baseline", tonight=len(nights) - 1)
+
+
+TONIGHT = 0  # the strip's column of the run being reported: recorded rows are numbered from 1
