@@ -89,6 +89,7 @@ class Configuration:
     label: str  # what a person reads: model, DCP, draft KV, drafter (and what else tells it from a like one)
     nights: tuple[Night, ...]
     series: str = ""  # the key's full label (hashes and all): `qual history trend`'s name for it
+    steps: tuple[hist.StepChange, ...] = ()  # jumps between consecutive measured nights (hist.detect_step_changes)
 
     @property
     def page(self) -> str:
@@ -108,7 +109,6 @@ class Site:
     history: Path
     configurations: list[Configuration]
     axis: str = "date"  # what every plot runs along (qual.nights.check_axis)
-    steps: tuple[hist.StepChange, ...] = ()  # step changes between consecutive nights, by configuration
     threshold_pp: float = hist.DEFAULT_STEP_PP  # the least jump a step change is
 
     @property
@@ -217,13 +217,12 @@ def build(history_path: str | Path, axis: str = "date", threshold_pp: float = hi
     for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
         groups.setdefault(run.configuration or run.series, []).append(run)
     labels = readable_labels([rows[0] for rows in groups.values()])
-    configurations = [Configuration(slug(identity), rows[0].key, label, tuple(night(r) for r in rows), rows[0].series)
+    configurations = [Configuration(slug(identity), rows[0].key, label, tuple(night(r) for r in rows), rows[0].series,
+                                    tuple(hist.detect_step_changes(rows, threshold_pp)))
                       for label, (identity, rows) in zip(labels, groups.items())]
     # The configurations whose latest night failed come first; then by label.
     configurations.sort(key=lambda c: (not c.latest.failed, c.label))
-    series = {n.run.id: c.series for c in configurations for n in c.nights}
-    steps = [replace(s, series=series[s.run_id]) for s in hist.detect_step_changes(runs, threshold_pp)]
-    return Site(Path(history_path), configurations, axis, tuple(steps), threshold_pp)
+    return Site(Path(history_path), configurations, axis, threshold_pp)
 
 
 def drafter(run: hist.HistoryRun) -> str:
@@ -269,8 +268,7 @@ def chart(conf: Configuration, site: Site) -> Markup:
     the candidate's per draft position, numbered from 0 as the report does (no panel where no night has its
     result file)."""
     nights, columns = conf.nights, _columns(conf, site.axis)
-    steps = [s for s in site.steps if s.series == conf.series]
-    panels = [trend.arms_panel("", [n.run for n in nights], columns, steps)]
+    panels = [trend.arms_panel("", [n.run for n in nights], columns, conf.steps)]
     k = max((len(n.per_position) for n in nights if n.per_position), default=0)
     if k:
         lines = [(f"position {i}", color, [n.per_position[i] if n.per_position and i < len(n.per_position) else None
@@ -282,8 +280,8 @@ def chart(conf: Configuration, site: Site) -> Markup:
 def overview(site: Site) -> Markup:
     """The index's plot: every configuration's acceptance on one shared axis, each titled by its label and linking
     to its page."""
-    panels = [trend.arms_panel(c.label, [n.run for n in c.nights], _columns(c, site.axis, "", c.page),
-                               [s for s in site.steps if s.series == c.series], c.page) for c in site.configurations]
+    panels = [trend.arms_panel(c.label, [n.run for n in c.nights], _columns(c, site.axis, "", c.page), c.steps, c.page)
+              for c in site.configurations]
     return Markup(plots.nights_svg(panels, site.axis, "overview", panel_height=1.9))
 
 
@@ -298,13 +296,12 @@ class Step:
 
 def steps(site: Site) -> list[Step]:
     """The site's step changes, newest first, each with the nights around it."""
-    by_series = {c.series: c for c in site.configurations}
     out = []
-    for change in site.steps:
-        conf = by_series[change.series]
+    for conf in site.configurations:
         ids = [n.run.id for n in conf.nights]
-        lo, hi = ids.index(change.previous_run_id), ids.index(change.run_id)
-        out.append(Step(change, conf, conf.nights[max(lo - 1, 0):hi + 2]))
+        for change in conf.steps:
+            lo, hi = ids.index(change.previous_run_id), ids.index(change.run_id)
+            out.append(Step(change, conf, conf.nights[max(lo - 1, 0):hi + 2]))
     return sorted(out, key=lambda s: (s.change.created_at, s.change.run_id), reverse=True)
 
 
@@ -312,14 +309,13 @@ def render_index(site: Site) -> str:
     template = html.environment().get_template("site_index.html.j2")
     failing = [c for c in site.configurations if c.latest.failed]
     return template.render(site=site, failing=failing, history_name=site.history.name, overview=overview(site),
-                           n_steps=len(site.steps))
+                           n_steps=sum(len(c.steps) for c in site.configurations))
 
 
 def render_configuration(conf: Configuration, site: Site) -> str:
     template = html.environment().get_template("site_configuration.html.j2")
     return template.render(c=conf, chart=chart(conf, site), nights=list(reversed(conf.nights)), axis=site.axis,
-                           missing=[n for n in conf.nights if n.missing], n_steps=sum(
-                               s.series == conf.series for s in site.steps))
+                           missing=[n for n in conf.nights if n.missing])
 
 
 def render_regressions(site: Site) -> str:
