@@ -18,7 +18,7 @@ from qual.errors import QualError
 from qual.result import Result
 from qual.userfiles import check_path_name
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_STEP_PP = 2.0
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 MAX_RUN_ID = 2**63 - 1  # SQLite's largest INTEGER PRIMARY KEY: a larger id names no run (and cannot be bound)
@@ -101,10 +101,15 @@ def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
     _rekey(conn)
 
 
+def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
+    """The configuration key gains the target's numerics (qual.configuration): every row rekeyed, pins follow."""
+    _rekey(conn)
+
+
 # version v -> function migrating a v database to v+1 (inside the open transaction). A new database is
 # created at v1 and migrated, in the same transaction: one spelling of the schema.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1_to_v2, 2: _migrate_v2_to_v3,
-                                                               3: _migrate_v3_to_v4}
+                                                               3: _migrate_v3_to_v4, 4: _migrate_v4_to_v5}
 
 _COLUMNS = (
     "id", "created_at", "model", "engine", "engine_version", "dcp", "tp", "draft_kv", "config_key",

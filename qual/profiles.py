@@ -16,7 +16,7 @@ from qual.checkpoints.config import max_positions, read_config
 from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
-from qual.options import DEFAULT_DTYPE, Dtype
+from qual.options import DEFAULT_DTYPE, Dtype, Numerics
 from qual.userfiles import check_path_name, load_yaml
 from qual.validation import Section, parse_section, read_config_text
 
@@ -43,6 +43,9 @@ class ModelProfile(Section):
     # The dtype the checkpoints store, when a cast to `dtype` that qual would refuse is meant (float16 or
     # int8 weights run in float32): the arm records it. Unset: only lossless or intended casts run.
     weights_dtype: Literal[WEIGHT_DTYPES] | None = None
+    # How a target with a choice computes (qual.options.NUMERICS; docs/glm5.md, "Numerics"); unset: the target's
+    # default (DEFAULT_NUMERICS). A target with one form only refuses it, as `--numerics` is refused there.
+    numerics: Numerics | None = None
     corpus: str = Field("humaneval", min_length=1)
     max_tokens: PositiveInt = 64
     max_model_len: PositiveInt = 2048  # unset: this, or the local target's max_position_embeddings if smaller

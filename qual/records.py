@@ -43,6 +43,9 @@ class ArmConfig:
     device: str = DEFAULT_DEVICE
     extra: dict = field(default_factory=dict)  # engine-specific knobs from the model profile
     dsa_topk: str | None = None  # sparse-attention top-k under DCP (qual.options); None: the target has none
+    # how the target computes (qual.options.NUMERICS); None: the target has one form only, or the engine's build
+    # decides (vLLM)
+    numerics: str | None = None
 
     def to_json(self) -> dict:
         """The arm as it is written anywhere (result.json, run.json, the history): secret env values redacted."""

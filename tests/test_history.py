@@ -258,7 +258,7 @@ def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
     assert history.last_pass(old, night).id == 4  # nights 3 and 5 (sharded draft KV) failed
     assert history.pin(old, 2, "2026-12-06T00:00:00+00:00")[0].id == 2
     with sqlite3.connect(old) as conn:
-        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "4"
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "5"
     conn.close()
 
 
@@ -360,3 +360,37 @@ def test_cli_a_damaged_row_is_one_line_naming_it(db, tmp_path, capsys, column, v
     for command in (["list"], ["trend"], ["show", "3"], ["publish", tmp_path / "site"]):
         proc = qual_in(capsys, "history", *command, "--history", db)
         assert (proc.returncode, proc.stderr) == (2, f"error: history {db}: run 3: {what}\n"), command
+
+
+def test_a_v4_history_gains_numerics_in_its_keys_and_keeps_its_pins(tmp_path):
+    """v4 keyed configurations without the target's numerics: v5 recomputes every key. A GLM run recorded then
+    (sparse top-k recorded, no numerics) computed the one form there was, which is today's default ("exact"): it
+    stays in the series a run of today without --numerics belongs to; a Qwen3 run's target has no choice ("none")."""
+    path = tmp_path / "v4.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(history._SCHEMA_V1)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '4')")
+        for migrate in (history._migrate_v1_to_v2, history._migrate_v2_to_v3, history._migrate_v3_to_v4):
+            migrate(conn)
+        conn.execute("UPDATE meta SET value = '4'")
+    conn.close()
+    glm = synthetic_result(40, 0.75, 0.75, n_resamples=100, created_at="2026-12-02T02:00:00+00:00", model="glm-toy",
+                           dsa_topk="exact")
+    toy = _night(3)
+    with sqlite3.connect(path) as conn:
+        for night in (glm, toy):
+            config = {arm: {k: v for k, v in getattr(night, arm).config.items() if k != "numerics"}
+                      for arm in ("control", "candidate")}
+            conn.execute(
+                "INSERT INTO runs (created_at, model, engine, engine_version, dcp, tp, draft_kv, config_key, "
+                "corpus_name, corpus_fingerprint, n_requests, verdict, failed_checks, config_json, configuration) "
+                "VALUES (?, ?, 'reference', 'qual-reference 0.1.0', 4, 4, 'replicated', 'k', 'c', ?, 40, 'pass', "
+                "'[]', ?, 'v4 key')", (night.created_at, night.candidate.config["model"], night.corpus.fingerprint,
+                                       json.dumps(config)))
+        conn.execute("INSERT INTO pins VALUES ('v4 key', 1, '2026-12-03T00:00:00+00:00')")
+    conn.close()
+    glm_now = replace(history.configuration_of(replace(glm, candidate=replace(
+        glm.candidate, config={**glm.candidate.config, "numerics": "exact"}))), target=NO_IDENTITY, draft=NO_IDENTITY)
+    assert history.get_run(path, 1).key == glm_now and glm_now.numerics == "exact"
+    assert history.get_run(path, 2).key.numerics == "none"
+    assert history.pinned_run(path, glm_now).id == 1

@@ -17,8 +17,8 @@ from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
 from qual.errors import QualError
 from qual.files import DirectoryLock
-from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DRAFT_KV_MODES,
-                          DSA_TOPK_MODES, SHARDED)
+from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DEFAULT_NUMERICS,
+                          DRAFT_KV_MODES, DSA_TOPK_MODES, NUMERICS, SHARDED)
 from qual.paths import DEFAULT_HISTORY
 from qual.userfiles import check_path_name
 
@@ -53,6 +53,10 @@ def run_command(
     dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help=f"Sparse-attention targets under DCP: "
                                            f"{' | '.join(DSA_TOPK_MODES)} (default {DEFAULT_DSA_TOPK}: the global "
                                            f"top-k; else each rank's local top-k; a list sweeps)."),
+    numerics: Optional[str] = typer.Option(None, "--numerics", help=f"How a GLM-5 target computes: "
+                                           f"{' | '.join(NUMERICS)} (default: the profile's, else {DEFAULT_NUMERICS}: "
+                                           "as written; vllm: as vLLM's kernels compute it; vllm-hopper: with "
+                                           "DeepGEMM's power-of-two scales too; docs/glm5.md)."),
     baseline: Optional[str] = typer.Option(
         None, "--baseline", help="Also compare each arm with an earlier run: a run directory or result.json, a history "
         "id, or history:last-pass (the run pinned for this configuration, else its newest passing run)."),
@@ -102,7 +106,7 @@ def run_command(
                               chat_template=chat_template, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
-                              dsa_topk=dsa_topk, baseline=baseline, baseline_any=baseline_any, control_url=control_url,
+                              dsa_topk=dsa_topk, numerics=numerics, baseline=baseline, baseline_any=baseline_any, control_url=control_url,
                               candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
                               max_concurrency=max_concurrency, speedup=speedup)
         plan = make_plan(options, dry_run=dry_run)

@@ -32,7 +32,7 @@ from qual.harness.turns import ChatPrompts, Conversation, request_ids
 from qual.history import check_history
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
                           DEVICE_PATTERN, MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, DraftKv, DsaTopk, Dtype,
-                          check_layout)
+                          Numerics, check_layout)
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
@@ -77,6 +77,7 @@ class RunOptions:
     device: str | None = Field(None, pattern=DEVICE_PATTERN)  # default: DEFAULT_DEVICE
     dtype: Dtype | None = None
     dsa_topk: sweep.one_or_many(DsaTopk) | None = None  # sparse-attention targets (default: the engine's, DEFAULT_DSA_TOPK)
+    numerics: Numerics | None = None  # targets with a choice (default: the profile's, else DEFAULT_NUMERICS)
     baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
     baseline_any: bool = False  # take a baseline of another configuration key (the differences are recorded)
     # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
@@ -94,7 +95,7 @@ class RunOptions:
                             ("--chat-template", self.chat_template),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
                             ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk),
-                            ("--baseline", self.baseline), ("--control-url", self.control_url),
+                            ("--numerics", self.numerics), ("--baseline", self.baseline), ("--control-url", self.control_url),
                             ("--candidate-url", self.candidate_url), ("--api-key-env", self.api_key_env),
                             ("--max-concurrency", self.max_concurrency)]:
             if isinstance(value, tuple):  # a sweep's list
@@ -121,7 +122,7 @@ class RunOptions:
     def requested(self) -> frozenset[str]:
         """The knobs the user set explicitly (an engine that cannot apply one of them refuses the run)."""
         asked = {"dcp": self.dcp, "tp": self.tp, "draft_kv": self.draft_kv, "device": self.device, "dtype": self.dtype,
-                 "dsa_topk": self.dsa_topk}
+                 "dsa_topk": self.dsa_topk, "numerics": self.numerics}
         return frozenset(k for k, v in asked.items() if v is not None) | {"temperature", "seed"}
 
 
@@ -429,6 +430,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
         num_speculative_tokens=profile.num_speculative_tokens,
         sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
         interleave=profile.interleave, dtype=dtype, device=o.device or DEFAULT_DEVICE, extra=extra,
+        numerics=o.numerics or profile.numerics,  # None: the engine decides (the target's default, or its build's)
     )
     # control (DCP 1), then "candidate", or a sweep's candidates; TP: --tp, else the profile's, else the DCP size
     arms = sweep.arms(o, base, dcps, DEFAULT_DRAFT_KV, lambda dcp: o.tp or profile.tp or dcp)
@@ -459,7 +461,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
                    request_ids=request_ids(selected))
     plan.engine_version = engine.version(arms[plan.candidates[0]])
-    plan.notes = _corpus_notes(corpus)
+    plan.notes = _corpus_notes(corpus) + list(dict.fromkeys(n for arm in arms.values() for n in engine.notes(arm)))
     if o.baseline_any and o.baseline is None:
         raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from qual.engines.base import KNOBS, Engine
+from qual.engines.base import KNOBS, Engine, refuse_numerics
 from qual.provenance import local_host
 from qual.records import (AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult,
                           RequestResult)
@@ -52,7 +52,7 @@ class VllmEngine(Engine):
     """Runs arms on a vLLM server started per arm; logs go to <run_dir>/<name>.vllm.log."""
 
     name = "vllm"
-    honours = frozenset(KNOBS) - {"draft_kv", "dsa_topk"}  # the build decides both
+    honours = frozenset(KNOBS) - {"draft_kv", "dsa_topk", "numerics"}  # the build decides these
 
     def __init__(self, run_dir: str | Path | None = None, *, python: str | Path | None = None,
                  repo_root: Path = REPO_ROOT, cuda_available: bool | None = None):
@@ -70,7 +70,12 @@ class VllmEngine(Engine):
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(VllmOptions, section, where, "vllm").model_dump(exclude_defaults=True)
 
+    def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        refuse_numerics(arm, self.name)
+        return arm
+
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        refuse_numerics(arm, self.name)
         options = VllmOptions.from_extra(arm.extra)
         if options.python is not None and not Path(options.python).is_file():
             raise QualError(f"vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
