@@ -19,6 +19,8 @@ VALUES = {v: name for name, values in VOCABULARIES.items() for v in values}
 ELSEWHERE = {
     ("checkpoints/weights.py", "dtype"): "the casts a stored weight dtype may take without being asked (IMPLIED_CASTS)",
     ("runtime/backends/__init__.py", "dtype"): "the dtypes the Triton kernels compile for",
+    ("engines/vllm/engine.py", "numerics"): "the engine's name, vllm",
+    ("engines/vllm/doctor.py", "numerics"): "the vLLM distribution's name",
 }
 
 

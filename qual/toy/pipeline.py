@@ -146,7 +146,7 @@ def stage_target(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     ids = _load_stats(paths, "tokenize")
     model, stats = train_target(cfg, np.load(paths.tokens / "train.npy"), np.load(paths.tokens / "val.npy"),
                                 ids["eos_token_id"], device, log)
-    save_target(model, paths.target, paths.tokenizer)
+    save_target(model, paths.target, paths.tokenizer, cfg.fp8_block)
     stats["environment"] = _environment(device)
     _save_stats(paths, "target", stats)
 
@@ -176,10 +176,19 @@ def stage_draft(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     from qual.toy.train_draft import train_drafter
 
     ids = _load_stats(paths, "tokenize")
-    target = load_target(paths.target, device)
-    data = torch.load(paths.gen, weights_only=True)  # tensors and lists only: no pickled code runs
     lineage = _lineage(paths, cfg)
-    drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
+    if cfg.draft_steps == 0:  # the drafter of draft_init as it is: no target or data needed
+        from qual.toy.drafter import load_drafter
+
+        if not cfg.draft_init:
+            raise QualError("draft_steps 0 keeps draft_init's drafter: set draft_init")
+        drafter, _ = load_drafter(Path(cfg.draft_init), device)
+        stats = {"train_seconds": 0.0, "init": cfg.draft_init, "curve": []}
+        log(f"draft: 0 steps, {cfg.draft_init} as it is")
+    else:
+        target = load_target(paths.target, device)
+        data = torch.load(paths.gen, weights_only=True)  # tensors and lists only: no pickled code runs
+        drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
     save_drafter(drafter, paths.draft, ids["mask_token_id"], ids["eos_token_id"])
     stats |= {"config": cfg.to_dict(), "argv": _argv(), "environment": _environment(device), "lineage": lineage}
     _save_stats(paths, "draft", stats)
@@ -263,7 +272,8 @@ def stage_manifest(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
         "hyperparameters": draft.pop("config", cfg.to_dict()) | {k: v for k, v in cfg.to_dict().items()
                                                                  if k.startswith("eval_")},
         "target": _load_stats(paths, "target"),
-        "generate": _load_stats(paths, "generate"),
+        # a drafter kept as draft_init was (draft_steps 0) needs no generated data
+        **({"generate": _load_stats(paths, "generate")} if paths.stats("generate").exists() or draft["curve"] else {}),
         "draft": draft,
         "eval": _load_stats(paths, "eval"),
     }

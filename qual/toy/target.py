@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from qual.errors import QualError
 from qual.toy.config import ModelShape, TrainConfig
 from qual.toy.tokenizer import TOKENIZER_FILES
 
@@ -47,16 +48,39 @@ GLM_VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, ou
 
 
 def build_target(cfg: TrainConfig, eos_token_id: int):
-    """A freshly initialised target of cfg.arch."""
+    """A freshly initialised target of cfg.arch, or cfg.target_init grown to its shape (qual/toy/grow.py)."""
     torch.manual_seed(cfg.seed)
     if cfg.arch == "glm5":
         from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
         text = cfg.glm.text_config(cfg.shape, eos_token_id)
-        return Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text, vision_config=GLM_VISION))
+        model = Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text, vision_config=GLM_VISION))
+        return _grown(model, Path(cfg.target_init)) if cfg.target_init else model
+    if cfg.target_init:
+        raise QualError("target_init grows GLM-5 targets only (arch glm5)")
     from transformers import Qwen3ForCausalLM
 
     return Qwen3ForCausalLM(target_config(cfg.shape, eos_token_id))
+
+
+def _grown(model, init: Path):
+    """`model`'s architecture holding the checkpoint at `init` grown to its shape (qual/toy/grow.py): the tensors
+    grown by their on-disk names, written beside the model's config and read back as load_target reads a target."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    from qual.toy.grow import grow_glm_state
+
+    old = json.loads((init / "config.json").read_text())["text_config"]
+    state = {}
+    for f in sorted(init.glob("*.safetensors")):
+        state |= load_file(str(f))
+    with tempfile.TemporaryDirectory() as tmp:
+        model.config.save_pretrained(tmp)
+        save_file(grow_glm_state(state, old, model.config.text_config.to_dict()), str(Path(tmp) / "model.safetensors"),
+                  metadata={"format": "pt"})
+        return load_target(Path(tmp), "cpu").train()
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
@@ -107,8 +131,17 @@ def eval_loss(model, tokens: torch.Tensor, length: int, max_windows: int, device
 
 def train_target(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, eos_token_id: int,
                  device: str, log: Callable[[str], None]):
-    """Train the target; returns (model in float32, stats dict)."""
+    """Train the target; returns (model in float32, stats dict). target_steps 0: the built (or grown) target as it
+    is, with its validation loss."""
     model = build_target(cfg, eos_token_id).to(device)
+    if cfg.target_steps == 0:
+        t0 = time.time()
+        val = eval_loss(model, torch.from_numpy(val_tokens.astype(np.int64)).to(device), cfg.seq_len, cfg.val_windows,
+                        device)
+        log(f"target: 0 steps ({'grown from ' + cfg.target_init if cfg.target_init else 'as initialised'}), "
+            f"val {val:.4f}")
+        return model.float(), {"final_val_loss": round(val, 4), "train_seconds": round(time.time() - t0, 1),
+                               "tokens_seen": 0, "init": cfg.target_init, "curve": []}
     model.train()
     train_t = torch.from_numpy(train_tokens.astype(np.int64)).to(device)
     val_t = torch.from_numpy(val_tokens.astype(np.int64)).to(device)
@@ -150,8 +183,10 @@ def train_target(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndar
     return model.float(), stats
 
 
-def save_target(model, out_dir: Path, tokenizer_dir: Path) -> None:
-    """bf16 safetensors + config + tokenizer files, loadable by AutoModelForCausalLM/AutoTokenizer."""
+def save_target(model, out_dir: Path, tokenizer_dir: Path, fp8_block: tuple[int, ...] = ()) -> None:
+    """bf16 safetensors + config + tokenizer files, loadable by AutoModelForCausalLM/AutoTokenizer; with fp8_block,
+    what vLLM keeps FP8 is block-quantized from the float weights instead (config.json's quantization_config says
+    so; load_target reads it back)."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
@@ -161,17 +196,55 @@ def save_target(model, out_dir: Path, tokenizer_dir: Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     if cfg.get("model_type") == "qwen3":  # readers that predate rope_parameters look for the top-level field
         cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    if fp8_block:
+        _quantize_saved(out_dir, tuple(fp8_block))
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": list(fp8_block)}
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, out_dir / name)
 
 
+def _quantize_saved(out_dir: Path, block: tuple[int, int]) -> None:
+    """The saved safetensors rewritten: each weight vLLM keeps FP8 block-quantized from its saved value."""
+    from safetensors.torch import load_file, save_file
+
+    from qual.checkpoints.fp8 import SCALE_SUFFIX, quantize
+    from qual.runtime.models.glm5.weights import FP8_KEPT, fp8_load_path
+
+    for f in sorted(out_dir.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        for name in [n for n in tensors if fp8_load_path(n) == FP8_KEPT and ".visual." not in n]:
+            tensors[name], tensors[name + SCALE_SUFFIX] = quantize(tensors[name].float(), block)
+        save_file(tensors, str(f), metadata={"format": "pt"})
+
+
 def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
-    """The saved target, in `dtype` (float32 by default: what generation and evaluation use)."""
-    if json.loads((Path(path) / "config.json").read_text()).get("model_type") == "glm5_next":
+    """The saved target, in `dtype` (float32 by default: what generation and evaluation use). FP8 block-quantized
+    weights are dequantized as the runtime dequantizes them (numerics exact)."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    if config.get("model_type") == "glm5_next":
         from transformers import Glm5NextForConditionalGeneration as Model
     else:
         from transformers import AutoModelForCausalLM as Model
 
-    model = Model.from_pretrained(path, dtype=dtype)
+    if "quantization_config" not in config:
+        return Model.from_pretrained(path, dtype=dtype).to(device).eval()
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from qual.checkpoints.fp8 import SCALE_SUFFIX, dequantize
+
+    quant = config.pop("quantization_config")
+    block = tuple(quant["weight_block_size"])
+    model = Model(AutoConfig.for_model(**config)).to(dtype)
+    state = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        tensors = load_file(str(f))
+        for name, t in tensors.items():
+            if name.endswith(SCALE_SUFFIX):
+                continue
+            scale = tensors.get(name + SCALE_SUFFIX)
+            state[name] = dequantize(t, scale, block, dtype) if scale is not None else t.to(dtype)
+    model.load_state_dict(state, strict=True)
     return model.to(device).eval()

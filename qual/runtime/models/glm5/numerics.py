@@ -44,7 +44,7 @@ class Numerics:
 
     @property
     def vllm(self) -> bool:
-        return self.name != "exact"
+        return self.name != NUMERICS[0]
 
 
 def numerics_of(name: str) -> Numerics:

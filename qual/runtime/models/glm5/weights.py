@@ -21,6 +21,7 @@ from safetensors import safe_open
 
 from qual.checkpoints.fp8 import SCALE_SUFFIX, BlockFp8, dequantize, scale_shape
 from qual.errors import QualError
+from qual.options import DEFAULT_NUMERICS
 from qual.stop_signals import check_stopping
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, Glm5Config, load_glm5_config
@@ -181,7 +182,7 @@ def _split(total: int, tp: int, key: str, cfg: Glm5Config) -> int:
 
 
 def load_glm5_weights(path: str | Path, tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype = torch.float32,
-                      device: str | torch.device = "cpu", numerics: str | Numerics = "exact") -> Glm5Weights:
+                      device: str | torch.device = "cpu", numerics: str | Numerics = DEFAULT_NUMERICS) -> Glm5Weights:
     """This TP rank's shard of a GLM-5.3-Flash checkpoint, in `dtype` (precision-critical small tensors in at
     least float32, as transformers keeps them), for a run of the given numerics (qual.options.NUMERICS)."""
     path = Path(path)
@@ -195,7 +196,7 @@ def _numerics(numerics: str | Numerics) -> Numerics:
 
 
 def shaped_glm5_weights(cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype,
-                        numerics: str | Numerics = "exact") -> Glm5Weights:
+                        numerics: str | Numerics = DEFAULT_NUMERICS) -> Glm5Weights:
     """The weights the loader builds for `cfg`, on the meta device (shapes and dtypes, no data): what sizing counts,
     so a rank's weight bytes come from the loader itself. An FP8 config is taken as vLLM's coverage (every tensor
     vLLM keeps FP8 stored FP8, the rest unquantized)."""
