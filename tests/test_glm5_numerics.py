@@ -301,3 +301,85 @@ def test_kda_safe_gate_against_float64():
     want = -5.0 * torch.sigmoid(torch.exp(w.a_log)[:, None] * raw)
     torch.testing.assert_close(_forget_gate(w, x), want, rtol=0, atol=1e-15)
     assert safe_gate_bound(None, numerics_of("exact")) is None and safe_gate_bound(-3.0, numerics_of("vllm")) == -3.0
+
+
+# -- the runtime under each numerics ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fp8_model(tmp_path_factory):
+    """A tiny GLM-5 FP8 checkpoint in vLLM's coverage (blocks of 4 x 8: the MLPs split into whole blocks at TP 2),
+    with linear_lower_bound null."""
+    from safetensors.torch import load_file, save_file
+
+    from glm5_checkpoints import make_glm5, tiny_text
+    from qual.checkpoints.fp8 import SCALE_SUFFIX
+    from qual.runtime.models.glm5.weights import FP8_KEPT, fp8_load_path
+
+    root = tmp_path_factory.mktemp("glm5vllm")
+    path = make_glm5(root / "m", tiny_text(layer_types=["linear_attention", "indexed_attention"] * 2,
+                                           mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                                           linear_lower_bound=None))
+    weights = load_file(str(path / "model.safetensors"))
+    for name in [n for n in weights if fp8_load_path(n) == FP8_KEPT and ".visual." not in n]:
+        weights[name], weights[name + SCALE_SUFFIX] = quantize(weights[name].float(), (4, 8))
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [4, 8]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_what_each_numerics_loads(fp8_model):
+    """exact: FP8 MLPs and wq_b dequantized, the experts FP8 with float inputs, transformers' MHC and softplus gate;
+    vllm: vLLM's FP8 weights and GEMMs, FP8 indexer, float32 MHC, safe gate at -5; vllm-hopper: DeepGEMM's scales
+    where it would run (none of these tiny shapes: N % 64 or K % 128) and power-of-two activations for the experts."""
+    from qual.runtime.models.glm5.moe import Fp8Experts
+    from qual.runtime.models.glm5.weights import load_glm5_weights
+
+    for name in ("exact", "vllm", "vllm-hopper"):
+        w = load_glm5_weights(fp8_model, 0, 1, torch.float64, "cpu", name)
+        dense, mla = w.layers[0], w.layers[1]
+        vllm = name != "exact"
+        assert isinstance(dense.mlp.gate, Fp8Weight) == vllm and isinstance(mla.indexer.wq_b, Fp8Weight) == vllm
+        assert isinstance(mla.moe.gate, Fp8Experts) and mla.moe.gate.fp8_gemm == vllm
+        assert mla.moe.gate.act_ue8m0 == (name == "vllm-hopper") and not (vllm and dense.mlp.gate.act_ue8m0)
+        assert mla.indexer.fp8 == vllm and dense.attn_hc.float32_mix == vllm
+        assert dense.kda.lower_bound == (-5.0 if vllm else None)
+
+
+def test_a_null_lower_bound_is_said_under_either_numerics(fp8_model):
+    from qual.runtime.models.glm5.config import load_glm5_config
+    from qual.runtime.models.glm5.target import Glm5Target
+
+    cfg = load_glm5_config(fp8_model)
+    exact, vllm = Glm5Target.notes(cfg, "exact"), Glm5Target.notes(cfg, "vllm")
+    assert len(exact) == len(vllm) == 1
+    assert "runs transformers' softplus KDA gate; vLLM runs its safe gate with lower bound -5.0" in exact[0]
+    assert "runs vLLM's KDA safe gate with its default lower bound -5.0" in vllm[0]
+    bounded = load_glm5_config(REPO / "qual/data/models/glm-toy/target")
+    assert Glm5Target.notes(bounded, "exact") == Glm5Target.notes(bounded, "vllm") == []
+
+
+@pytest.mark.slow
+def test_dcp_2_decodes_as_dcp_1_under_vllms_numerics(fp8_model, tmp_path):
+    """float64: TP 2 / DCP 2 gives TP 1's tokens under numerics vllm (FP8 groups align with the TP slices, index
+    scores are elementwise), and they are not the exact numerics' tokens (the pieces are wired)."""
+    import qual.cli.generate  # noqa: F401  (registers `qual generate` on the app)
+    from qual.cli.main import run_app
+
+    g = torch.Generator().manual_seed(3)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_token_ids": torch.randint(
+        1, 96, (n,), generator=g).tolist()}) + "\n" for i, n in enumerate((5, 41, 23, 30))))
+
+    def generate(numerics, tp):
+        out = tmp_path / f"{numerics}-{tp}.jsonl"
+        assert run_app(["generate", "--target", str(fp8_model), "--prompts", str(prompts), "--tp", str(tp), "--dcp",
+                        str(tp), "--max-tokens", "10", "--dtype", "float64", "--numerics", numerics,
+                        "--out", str(out)]) == 0
+        return [json.loads(line)["output_token_ids"] for line in out.read_text().splitlines()]
+
+    vllm = generate("vllm", 1)
+    assert generate("vllm", 2) == vllm
+    assert generate("exact", 1) != vllm

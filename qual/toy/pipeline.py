@@ -23,13 +23,14 @@ from qual.toy.config import (EVAL_LICENSE, EVAL_PACKAGE, EVAL_VERSION, SOURCE_LI
                              SOURCE_VERSION, TrainConfig)
 
 STAGES = ("fetch", "tokenizer", "tokenize", "target", "generate", "draft", "eval", "manifest")
-REPRODUCE_COMMAND = "make toy"  # the Makefile target runs the training rounds in order
+REPRODUCE_COMMAND = "make {preset}"  # the Makefile target of each preset runs its training rounds in order
 
 
 @dataclass(slots=True)
 class Paths:
     out: Path
     work: Path
+    preset: str = "toy"  # the committed pair being made (its Makefile target reproduces it)
 
     @property
     def target(self) -> Path:
@@ -244,7 +245,7 @@ def stage_manifest(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     draft = _load_stats(paths, "draft")
     body = {
         "schema": "qual.toy-manifest/1",
-        "command": REPRODUCE_COMMAND,
+        "command": REPRODUCE_COMMAND.format(preset=paths.preset),
         "rounds": [r.get("argv") for r in draft.get("lineage", [])] + [draft.get("argv")],  # each round's command
         "argv": _argv(),
         "data": {
@@ -307,14 +308,14 @@ def parse_stages(spec: str) -> list[str]:
 
 
 def run(cfg: TrainConfig, out: Path, work: Path, device: str, stages: list[str], refresh_data: bool = False,
-        log: Callable[[str], None] = print) -> None:
+        log: Callable[[str], None] = print, preset: str = "toy") -> None:
     """Run `stages` in order."""
     import torch
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise QualError("--device cuda requested but CUDA is not available")
     torch.manual_seed(cfg.seed)
-    paths = Paths(out=out, work=work)
+    paths = Paths(out=out, work=work, preset=preset)
     for stage in stages:
         if not refresh_data and stage in CACHED and CACHED[stage](paths):
             log(f"{stage}: cached in {work}")

@@ -230,21 +230,19 @@ def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
 
     if "quantization_config" not in config:
         return Model.from_pretrained(path, dtype=dtype).to(device).eval()
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
 
     from qual.checkpoints.fp8 import SCALE_SUFFIX, dequantize
 
-    quant = config.pop("quantization_config")
-    block = tuple(quant["weight_block_size"])
-    model = Model(AutoConfig.for_model(**config)).to(dtype)
-    state = {}
+    block = tuple(config.pop("quantization_config")["weight_block_size"])
+    tensors = {}
     for f in sorted(Path(path).glob("*.safetensors")):
-        tensors = load_file(str(f))
-        for name, t in tensors.items():
-            if name.endswith(SCALE_SUFFIX):
-                continue
-            scale = tensors.get(name + SCALE_SUFFIX)
-            state[name] = dequantize(t, scale, block, dtype) if scale is not None else t.to(dtype)
-    model.load_state_dict(state, strict=True)
-    return model.to(device).eval()
+        tensors |= load_file(str(f))
+    plain = {name: dequantize(t, tensors[name + SCALE_SUFFIX], block, torch.float32) if name + SCALE_SUFFIX in tensors
+             else t for name, t in tensors.items() if not name.endswith(SCALE_SUFFIX)}
+    with tempfile.TemporaryDirectory() as tmp:  # transformers maps the on-disk names to its modules as it loads
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        save_file(plain, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+        return Model.from_pretrained(tmp, dtype=dtype).to(device).eval()

@@ -98,6 +98,15 @@ def _qual(cfg: Glm5Config, d: Deployment) -> MemoryPlan:
     return MemoryPlan("qual", weights, caches)
 
 
+def vllm_kda_state_bytes(cfg: Glm5Config, tp: int, dtype: torch.dtype, num_speculative_tokens: int) -> int:
+    """One KDA layer's state block per request in vLLM (MambaStateShapeCalculator.kda_state_shape, kda_state_dtype):
+    the convolution state [3 * H * D, K - 1 + num_spec] in the model dtype and the recurrent state [H, D, D] in
+    float32, H = linear_num_heads / tp."""
+    H, D, K = cfg.linear_num_heads // tp, cfg.linear_head_dim, cfg.linear_conv_kernel_dim
+    b = torch.tensor([], dtype=dtype).element_size()
+    return 3 * H * D * (K - 1 + num_speculative_tokens) * b + H * D * D * 4
+
+
 def _fp8(rows: int, cols: int, block: tuple[int, int]) -> int:
     """Bytes of an FP8 weight [rows, cols] and its block scales."""
     return rows * cols + ceil(rows / block[0]) * ceil(cols / block[1]) * _FP8_SCALE
@@ -147,7 +156,7 @@ def _vllm(cfg: Glm5Config, d: Deployment) -> MemoryPlan:
     # Caches. A KDA state block: conv [3*H*D, K - 1 + num_spec] in the model dtype, recurrent [H, D, D] float32;
     # 1 + num_spec blocks a request; the page padded to the MLA page of the block size that holds it.
     spec = d.num_speculative_tokens
-    state_page = 3 * H * D * (K - 1 + spec) * b + H * D * D * 4
+    state_page = vllm_kda_state_bytes(cfg, tp, d.dtype, spec)
     latent_token = (L + R) * b  # the MLA cache entry (NoPE keeps its zero rope part)
     block = max(d.block_size, _MLA_BLOCK_ALIGN * ceil(state_page / (_MLA_BLOCK_ALIGN * latent_token)))
     page = block * latent_token
