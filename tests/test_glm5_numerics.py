@@ -383,3 +383,25 @@ def test_dcp_2_decodes_as_dcp_1_under_vllms_numerics(fp8_model, tmp_path):
     vllm = generate("vllm", 1)
     assert generate("vllm", 2) == vllm
     assert generate("exact", 1) != vllm
+
+
+def test_fp8_index_query_and_head_weights_as_vllms_indexer_forward():
+    """Indexer.forward recomputed from vLLM's source: q = wq_b(qr) per head through fwht128_quant_fp8; the head
+    weights a float32 GEMM of the hidden state, times each head's q scale, times Di^-0.5 * Hi^-0.5 (one constant),
+    in that order; bfloat16 hidden states, as vLLM runs."""
+    from qual.runtime.models.glm5.dsa import IndexerWeights, index_query
+
+    g = torch.Generator().manual_seed(4)
+    Hi, Di, hid, qlr = 4, 128, 64, 32
+    mk = lambda *s: (torch.randn(*s, generator=g) / math.sqrt(s[-1])).bfloat16()  # noqa: E731
+    w = IndexerWeights(wq_b=mk(Hi * Di, qlr), wk=mk(Di, hid), k_norm_weight=mk(Di), k_norm_bias=mk(Di),
+                       weights_proj=mk(Hi, hid), compress_gate=mk(Di, hid), compress_ape=torch.zeros(4, Di),
+                       select_pools=2, select_tail=True, fp8=True)
+    x, qr = mk(5, hid) * 8, mk(5, qlr) * 8
+    q, weights = index_query(w, x, qr)
+    q8, q_scale = rotate_quant_fp8((qr @ w.wq_b.T).view(5, Hi, Di))
+    want = torch.mm(x.float(), w.weights_proj.t().contiguous().float()) * q_scale * (Di**-0.5 * Hi**-0.5)
+    assert torch.equal(q, q8.float()) and weights.dtype == torch.float32
+    torch.testing.assert_close(weights, want, rtol=1e-6, atol=0)  # a GEMM's summation order is the BLAS's
+    plain = (x @ w.weights_proj.T).float() * q_scale * (Di**-0.5 * Hi**-0.5)  # the same GEMM in bfloat16
+    assert not torch.allclose(plain, want, rtol=1e-4, atol=0)

@@ -159,3 +159,36 @@ def test_vllms_memory_plan_of_the_real_model_counted_by_hand():
     assert round(32 * 34 * 16 * state / GiB, 2) == 20.59
     assert round(vllm.weight_bytes / GiB, 2) == 75.11 and round(qual.weight_bytes / GiB, 2) == 77.39
     assert vllm.fits(141 * GiB) and not vllm.fits(80 * GiB)
+
+
+def test_the_shipped_pair_is_what_its_manifest_says():
+    from qual.toy.manifest import verify_manifest
+
+    assert verify_manifest(TOY) == []
+    manifest = json.loads((TOY / "MANIFEST.json").read_text())
+    assert manifest["command"] == "make glm-toy-vllm" and manifest["total_bytes"] <= 10 * 1024 * 1024
+    assert manifest["hyperparameters"]["target_init"] == "qual/data/models/glm-toy/target"
+    assert manifest["eval"]["mismatches_vs_greedy"] == 0 and manifest["eval"]["acceptance_rate"] >= 0.2
+
+
+def test_a_grown_target_computes_what_it_grew_from(tmp_path):
+    """qual/toy/grow.py on a tiny random GLM-5 (float32, transformers: its experts' grouped GEMM takes no float64):
+    wider MLPs, q_lora and kv_lora ranks and an index head dim twice as wide give the same logits, up to float32
+    rounding and the normalisations' eps."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Glm5NextForConditionalGeneration
+
+    from glm5_checkpoints import make_glm5, tiny_text
+    from qual.toy.grow import grow_glm_state
+
+    old = tiny_text(index_kpool=2, index_topk=4)
+    new = dict(old, intermediate_size=64, moe_intermediate_size=32, q_lora_rank=32, kv_lora_rank=48, index_head_dim=16)
+    src = make_glm5(tmp_path / "old", old)
+    dst = make_glm5(tmp_path / "new", new)  # its config and vision tower; its text weights replaced below
+    grown = grow_glm_state(load_file(str(src / "model.safetensors")), old, new)
+    save_file(grown, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    ids = torch.randint(1, 97, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = [Glm5NextForConditionalGeneration.from_pretrained(p, dtype=torch.float32)(input_ids=ids).logits
+                  for p in (src, dst)]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)

@@ -6,8 +6,9 @@ Each widening keeps every output of the model as it was, up to the rounding of t
     the projections that write them and zero columns in those that read them; an RMSNorm over a grown rank is
     rescaled by sqrt(old / new), since the added zeros lower its mean square by that factor;
   - the indexer's head dim grows by copies: its keys (wk, the LayerNorm, the compress gate and position bias)
-    repeat the old channels r times, so each pooled key is r copies of the old one, and each query head holds the
-    old query times sqrt(r) followed by zeros, so q . k / sqrt(r * Di) is the old score.
+    repeat the old channels r times, so each pooled key is r copies of the old one (a LayerNorm over copies is the
+    copies of the LayerNorm), and each query head holds the old query times sqrt(r) followed by zeros, so
+    q . k / sqrt(r * Di) is the old score (a common factor would select the same pools; this keeps the scores).
 A zero-grown channel receives no gradient (its input and output weights are both zero), so further training leaves
 the grown widths at zero: the grown model computes with the old widths inside the new shapes.
 """
