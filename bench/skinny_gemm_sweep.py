@@ -2,7 +2,7 @@
 chain of products with and without programmatic dependent launch (PDL).
 
     python3 bench/skinny_gemm_sweep.py [--out gemm.json] [--rows 1,8] [--shape qwen3-0.6b-shape|8b-shape]
-                                       [--chain] [--no-sweep]
+                                       [--chain] [--no-sweep] [--gluon-sweep] [--variants "A;B"]
 
 Runs on CUDA. Each product is timed as back-to-back calls captured in one CUDA graph, as inside a decode step.
 The calls cycle through copies of the weight that together exceed the L2 cache three times over, so every call
@@ -18,7 +18,11 @@ activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best
 each also with fixed inputs and no small kernels between (products only); and `finished` / `finished+pdl`: products
 that sum their own split-K partials (the last program of each column block to finish, counted atomically) and
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
-could reach, norms and activations left out). Each against the copy bandwidth.
+could reach, norms and activations left out). Each against the copy bandwidth. Where Triton has Gluon, the same
+variants with bench/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
+the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next product launch before their own wait,
+so that its weight stream may start while the product before still runs (inductor's kernels let it launch after
+their loads). --gluon-sweep times the Gluon kernel's configurations per projection first (gluon_sweep).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import gluon_gemm  # bench/gluon_gemm.py, beside this script
+from gluon_gemm import GluonConfig
 from qual.runtime.backends import skinny_gemm
 from qual.runtime.backends.skinny_gemm import GemmConfig
 
@@ -137,26 +143,30 @@ def sweep(shapes: dict, rows: list[int], res: dict) -> dict:
 
 
 @triton.jit
-def _glue_kernel(parts_ptr, out_ptr, S, M, N, n_take, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _glue_kernel(parts_ptr, out_ptr, S, M, N, n_take, BLOCK: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """out[M, n_take] = sum over S of parts[S, M, N][:, :n_take], in bf16: a compiled step's small kernel between
-    two products (with PDL it waits before its first read, and lets the next kernel launch after its loads)."""
+    two products (with PDL it waits before its first read, and lets the next kernel launch after its loads, as
+    inductor's kernels do; EARLY: before its wait, so that the next product may start its weight stream while the
+    product before this kernel still runs)."""
     row, blk = tl.program_id(0), tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_take
     if PDL:
+        if EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK,), tl.float32)
     for s in range(S):
         acc += tl.load(parts_ptr + (s * M + row) * N + cols, mask=ok, other=0.0)
-    if PDL:
+    if PDL and not EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + row * n_take + cols, (acc * 0.01).to(tl.bfloat16), mask=ok)
 
 
-def glue(parts: torch.Tensor, n_take: int, pdl: bool) -> torch.Tensor:
+def glue(parts: torch.Tensor, n_take: int, pdl: bool, early: bool = False) -> torch.Tensor:
     S, M, N = parts.shape
     out = torch.empty(M, n_take, device=parts.device, dtype=torch.bfloat16)
-    _glue_kernel[(M, triton.cdiv(n_take, 1024))](parts, out, S, M, N, n_take, BLOCK=1024, PDL=pdl,
+    _glue_kernel[(M, triton.cdiv(n_take, 1024))](parts, out, S, M, N, n_take, BLOCK=1024, PDL=pdl, EARLY=early,
                                                  **({"launch_pdl": True} if pdl else {}))
     return out
 
@@ -207,7 +217,56 @@ def reduced(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, cfg: GemmCon
     return out
 
 
-def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None:
+# The Gluon kernel's grid around choose_config's: tile shapes and ring depths that fit two programs an SM
+GLUON_TILES = [(128, 64, 4), (128, 64, 6), (64, 64, 6), (64, 128, 4), (128, 128, 3), (256, 64, 3)]
+
+
+def gluon_sweep(shapes: dict, rows: list[int], res: dict) -> dict:
+    """Per (projection, rows): the Gluon kernel at choose_config and over GLUON_TILES x splits (choose_config's
+    for the tile, half and double), against the split-K kernel at its choose_config; returns the best configs."""
+    best = {}
+    for name, (n_out, n_in) in shapes.items():
+        w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
+        mb = w.numel() * 2 / 1e6
+        copies = max(1, -(-3 * L2_BYTES // (w.numel() * 2)))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
+        calls = max(4, min(50, int(400 / mb)))
+        pick = lambda i: ws[i % copies]  # noqa: E731
+        cfgs = []
+        for bn, bk, st in GLUON_TILES:
+            base = gluon_gemm.choose_config(n_out, n_in, bn, bk, st)
+            for split in sorted({base.split, max(1, base.split // 2), base.split * 2}):
+                if split <= -(-n_in // bk):
+                    cfgs.append(GluonConfig(bn, bk, split, st))
+        for m in rows:
+            x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x, w).float()
+            row = {"name": name, "m": m, "MB": mb, "split_k_us": graph_us(lambda i: skinny_gemm.partials(x, pick(i)), calls)}
+            times = []
+            for cfg in cfgs:
+                try:
+                    got = gluon_gemm.partials(x, w, cfg).sum(0)
+                    err = ((got - ref).abs().max() / ref.abs().max()).item()
+                    if err > 1e-2:
+                        raise ValueError(f"relative error {err:.1e}")
+                    times.append((graph_us(lambda i: gluon_gemm.partials(x, pick(i), cfg), calls), cfg))
+                except Exception as exc:
+                    print(f"  gluon {cfg}: {type(exc).__name__}: {str(exc)[:160]}", file=sys.stderr, flush=True)
+            times.sort(key=lambda t: t[0])
+            row["gluon_best"] = [(round(t, 2), str(c)) for t, c in times[:5]]
+            res["gluon_sweep"].append(row)
+            tb = lambda us: mb / us  # noqa: E731  (MB/us = TB/s)
+            print(f"{name:8s} M={m:<2d} {mb:6.1f} MB  split-K {row['split_k_us']:7.2f} us "
+                  f"{tb(row['split_k_us']):4.2f} TB/s", flush=True)
+            for t, c in times[:3]:
+                print(f"    gluon {t:7.2f} us {tb(t):4.2f} TB/s  {c}", flush=True)
+            if times:
+                best[name, m] = times[0][1]
+    return best
+
+
+def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_best: dict | None = None,
+          only: list[str] | None = None) -> None:
     """A decode step's products in order, every layer's own weights, small kernels between: one graph replay."""
     shapes = SHAPES[shape]
     order = ["qkv", "o", "gate_up", "down"]
@@ -219,8 +278,9 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
     take = {"qkv": shapes["o"][1], "o": hidden, "gate_up": shapes["down"][1], "down": hidden}  # the next input's width
 
     def step(product, pdl: bool, link: str):
-        """One decode step's products, each input made from the output before by a small kernel (link "glue"),
-        read from it directly ("direct": a product that finishes its own bf16 output), or fixed ("fixed")."""
+        """One decode step's products, each input made from the output before by a small kernel (link "glue"; "early
+        glue": one that lets the next product launch before its own wait), read from it directly ("direct": a product
+        that finishes its own bf16 output), or fixed ("fixed")."""
         def run(m):
             x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
             fixed = {p: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for p, (_, k) in shapes.items()}
@@ -230,8 +290,8 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
                 for lay in layers:
                     for p in order:
                         out = product(fixed[p] if link == "fixed" else h, lay[p], p, m)
-                        if link == "glue":
-                            h = glue(out, take[p], pdl)
+                        if link in ("glue", "early glue"):
+                            h = glue(out, take[p], pdl, early=link == "early glue")
                         elif link == "direct":
                             h = out[:, :take[p]]  # the next product's rows: a strided view
                 if head is not None:
@@ -256,6 +316,18 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
             return reduced(h, w, counts, best.get((p, m)), pdl)
         return f
 
+    gluon_best = gluon_best or {}
+
+    def gluon(pdl: bool):
+        def f(h, w, p, m):
+            return gluon_gemm.partials(h, w, gluon_best.get((p, m)), pdl=pdl)
+        return f
+
+    def gluon_finishing(pdl: bool):
+        def f(h, w, p, m):
+            return gluon_gemm.finished(h, w, counts, scale=0.01, cfg=gluon_best.get((p, m)), pdl=pdl)
+        return f
+
     variants = {"cublas": (cublas, False, "glue")}
     if best:
         variants["chosen"] = (kernel(False, swept=False), False, "glue")
@@ -268,6 +340,20 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict) -> None
         "finished": (finishing(False), False, "direct"),
         "finished+pdl": (finishing(True), True, "direct"),
     })
+    if gluon_gemm.available():
+        variants.update({
+            "gluon": (gluon(False), False, "glue"),
+            "gluon, products only": (gluon(False), False, "fixed"),
+            "gluon+pdl": (gluon(True), True, "glue"),
+            "gluon+pdl, early glue": (gluon(True), True, "early glue"),
+            "gluon+pdl, products only": (gluon(True), True, "fixed"),
+            "gluon finished": (gluon_finishing(False), False, "direct"),
+            "gluon finished+pdl": (gluon_finishing(True), True, "direct"),
+        })
+    unknown = set(only or ()) - set(variants)
+    if unknown:
+        raise SystemExit(f"--variants: unknown {sorted(unknown)} (known: {', '.join(variants)})")
+    variants = {k: v for k, v in variants.items() if not only or k in only}
     print(f"chain: {LAYERS[shape]} layers x {order} + lm_head, {wbytes / 1e9:.2f} GB of weights; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     for m in rows:
@@ -291,17 +377,23 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-0.6b-shape", choices=sorted(SHAPES))
     ap.add_argument("--chain", action="store_true", help="also the decode step's chain of products (see above)")
     ap.add_argument("--no-sweep", action="store_true", help="chain only, at the chosen configurations")
+    ap.add_argument("--variants", help="';'-separated: only these chain variants (names hold commas; default: all)")
+    ap.add_argument("--gluon-sweep", action="store_true", help="also sweep the Gluon kernel's configurations (its "
+                    "chain variants then run at their best; else at gluon_gemm.choose_config's)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     bw = copy_bandwidth()
-    res = {"device": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "sweep": [], "chain": [],
+    res = {"device": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "sweep": [], "gluon_sweep": [], "chain": [],
            "pdl_available": skinny_gemm.pdl_available()}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; PDL available: {res['pdl_available']}", flush=True)
     best = {} if args.no_sweep else sweep(SHAPES[args.shape], rows, res)
     res["best"] = {f"{p}/m{m}": str(c) for (p, m), c in best.items()}
     Path(args.out).write_text(json.dumps(res, indent=2))
+    gluon_best = gluon_sweep(SHAPES[args.shape], rows, res) if args.gluon_sweep and gluon_gemm.available() else {}
+    res["gluon_best"] = {f"{p}/m{m}": str(c) for (p, m), c in gluon_best.items()}
+    Path(args.out).write_text(json.dumps(res, indent=2))
     if args.chain:
-        chain(args.shape, rows, best, bw, res)
+        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(";") if args.variants else None)
     Path(args.out).write_text(json.dumps(res, indent=2))
     return 0
 

@@ -19,21 +19,36 @@ ARMS = ("control", "candidate")
 class BaselineArm:
     """One arm of tonight against the same arm of the baseline, paired by request id (tonight minus baseline)."""
 
-    compared: bool  # both tonight's arm and the baseline's ran
-    reason: str | None = None  # why not compared
+    compared: bool
+    """Both tonight's arm and the baseline's ran"""
+    reason: str | None = None
+    """Why not compared"""
     n_requests: int = 0
-    retokenized: list[str] = field(default_factory=list)  # ids whose prompt token ids differ from the baseline's
+    """The requests paired by id [count]"""
+    retokenized: list[str] = field(default_factory=list)
+    """Ids whose prompt token ids differ from the baseline's"""
     baseline_rate: float | None = None
+    """The baseline arm's acceptance rate over the paired requests [fraction]"""
     tonight_rate: float | None = None
+    """Tonight's [fraction]"""
     baseline_mean_acceptance_length: float | None = None
+    """The baseline arm's mean acceptance length [tokens]"""
     tonight_mean_acceptance_length: float | None = None
+    """Tonight's [tokens]"""
     delta_rate: float | None = None
-    delta_rate_ci: dict[str, list[float] | None] = field(default_factory=dict)  # "0.95" -> [lo, hi]
+    """tonight_rate - baseline_rate [fraction]"""
+    delta_rate_ci: dict[str, list[float] | None] = field(default_factory=dict)
+    """Its paired-bootstrap interval at each confidence level, "0.95" -> [lo, hi] [fraction]"""
     delta_mean_acceptance_length: float | None = None
+    """Tonight's minus the baseline's mean acceptance length [tokens]"""
     delta_mean_acceptance_length_ci95: list[float] | None = None
-    per_position: list[dict] = field(default_factory=list)  # position, baseline, tonight, delta, ci (95%)
-    per_category: list[dict] = field(default_factory=list)  # category, n, baseline_rate, tonight_rate, delta
-    moved: list[dict] = field(default_factory=list)  # requests whose rate moved most: id, category, baseline_rate, ...
+    """Its 95% paired-bootstrap interval [tokens]"""
+    per_position: list[dict] = field(default_factory=list)
+    """Each draft position: position, baseline, tonight, delta, ci (95%)"""
+    per_category: list[dict] = field(default_factory=list)
+    """Each category: category, n, baseline_rate, tonight_rate, delta"""
+    moved: list[dict] = field(default_factory=list)
+    """The requests whose rate moved most: id, category, baseline_rate, tonight_rate, delta"""
 
     def ci_at(self, confidence: float) -> tuple[float, float] | None:
         ci = self.delta_rate_ci.get(ci_key(confidence))
@@ -48,18 +63,30 @@ class BaselineArm:
 class BaselineComparison:
     """Tonight's run against its baseline: where the baseline came from, what differs, each arm, the trend."""
 
-    ref: str  # as given to --baseline: a result path, a history id, history:last-pass
-    chosen_by: str  # "result file" | "history id" | "pinned" | "last pass"
+    ref: str
+    """As given to --baseline: a result path, a history id, history:last-pass"""
+    chosen_by: str
+    """result file, history id, pinned or last pass"""
     history_id: int | None
+    """The baseline's history id; null for a result file [id]"""
     result_path: str
-    created_at: str  # the baseline run's
-    configuration: str  # ConfigurationKey.describe() of the baseline run
-    differs: list[dict] = field(default_factory=list)  # arm, key, baseline, tonight: allowed differences, shown
+    """The baseline's result.json"""
+    created_at: str
+    """When the baseline run finished"""
+    configuration: str
+    """The baseline run's configuration key, every field"""
+    differs: list[dict] = field(default_factory=list)
+    """Differences allowed and shown: arm, key, baseline, tonight"""
     arms: dict[str, BaselineArm] = field(default_factory=dict)
-    trend: list[dict] = field(default_factory=list)  # earlier runs of tonight's configuration, oldest first
+    """Each arm of tonight against the same arm of the baseline"""
+    trend: list[dict] = field(default_factory=list)
+    """Earlier runs of tonight's configuration, oldest first"""
     bootstrap: dict = field(default_factory=dict)
-    forced: bool = False  # --baseline-any: taken although its configuration key differs from tonight's
-    key_differences: list[dict] = field(default_factory=list)  # key, tonight, baseline: each field of the key that differs
+    """How the intervals were computed"""
+    forced: bool = False
+    """--baseline-any: taken although its configuration key differs from tonight's"""
+    key_differences: list[dict] = field(default_factory=list)
+    """Each field of the configuration key that differs: key, tonight, baseline"""
 
     @property
     def label(self) -> str:

@@ -3,8 +3,8 @@
 History trends group on it, the report's "runs of this configuration" strip selects on it, `history:last-pass`
 and pins select on it, and a baseline of another key is refused unless `--baseline-any` forces it
 (docs/statistics.md, "Baselines"). Two runs share a key when every field agrees: the engine and its version, what
-the checkpoints hold (a drafter swapped in at the same path is a new key), the parallel layout and the draft-KV and
-sparse top-k modes, the numeric settings (dtype, device, numerics), and the requests replayed.
+the checkpoints hold (a drafter swapped in at the same path is a new key), the parallel layout, the draft-KV and
+sparse top-k modes and the DCP merge path, the numeric settings (dtype, device, numerics), and the requests replayed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
-from qual.options import DEFAULT_NUMERICS
+from qual.options import DEFAULT_DCP_COMM, DEFAULT_NUMERICS
 
 NO_IDENTITY = "unknown"  # a run recorded before qual kept checkpoint identities, or a checkpoint it cannot read
 
@@ -29,7 +29,8 @@ class ConfigurationKey:
     interleave: int
     draft_kv: str
     dsa_topk: str  # "none" for a target without sparse attention
-    numerics: str  # how the target computes (qual.options.NUMERICS); "none" where it has one form only
+    dcp_comm: str  # how DCP partial attentions merge (dcp_comm_of); "unknown" where the engine does not say
+    numerics: str  # how the target computes (qual.options.NUMERICS; numerics_of); "none" where it has one form only
     dtype: str
     device: str
     corpus_fingerprint: str
@@ -53,7 +54,8 @@ class ConfigurationKey:
             draft=str(ids.get("draft") or ("none" if candidate.get("draft_path") is None else NO_IDENTITY)),
             tp=int(candidate.get("tp", 0)), dcp=int(candidate.get("dcp", 0)),
             interleave=int(candidate.get("interleave", 1)), draft_kv=str(candidate.get("draft_kv")),
-            dsa_topk=str(candidate.get("dsa_topk") or "none"), numerics=_numerics(candidate),
+            dsa_topk=str(candidate.get("dsa_topk") or "none"), dcp_comm=dcp_comm_of(candidate),
+            numerics=numerics_of(candidate),
             dtype=str(candidate.get("dtype")),
             device=str(candidate.get("device")), corpus_fingerprint=str(corpus_fingerprint), n_requests=int(n_requests),
             max_tokens=int(s.get("max_tokens", 0)), temperature=float(s.get("temperature", 0.0)),
@@ -86,8 +88,9 @@ class ConfigurationKey:
 
     def label(self) -> str:
         """One line naming the series (trend output, plots, the published site)."""
-        kv = f" kv={self.draft_kv}" + (f" dsa={self.dsa_topk}" if self.dsa_topk != "none" else "")
-        kv += f" numerics={self.numerics}" if self.numerics != "none" else ""
+        kv = (f" kv={self.draft_kv}" + (f" dsa={self.dsa_topk}" if self.dsa_topk != "none" else "")
+              + (f" merge={self.dcp_comm}" if self.dcp_comm not in (NO_IDENTITY, DEFAULT_DCP_COMM) else "")
+              + (f" numerics={self.numerics}" if self.numerics != "none" else ""))
         il = f" il{self.interleave}" if self.interleave != 1 else ""
         return (f"{self.model} {self.engine_version} dcp{self.dcp} tp{self.tp}{il}{kv} K={self.num_speculative_tokens} "
                 f"T={self.temperature:g} {self.dtype} {self.device} n={self.n_requests} max_tokens={self.max_tokens} "
@@ -98,10 +101,21 @@ class ConfigurationKey:
         return ", ".join(f"{k} {v}" for k, v in asdict(self).items())
 
 
-def _numerics(candidate: dict) -> str:
-    """The arm's numerics, "none" where its target has one form only. An arm recorded before numerics were a setting
-    computed the only form there was: for the one target with a choice (GLM-5, the one with sparse attention, so a
-    recorded dsa_topk), that is the default form, which a run of today without --numerics records."""
+def dcp_comm_of(candidate: dict) -> str:
+    """The merge path of DCP partial attentions an arm's config (result.json arms.<arm>.config) ran with: its engine
+    section's `dcp_comm` (the reference engine's) or `dcp_comm_backend` (vLLM's flag), NO_IDENTITY where the section
+    names none (vLLM's own default, an attached server, a run recorded before the reference engine had the option)."""
+    section = (candidate.get("extra") or {}).get(str(candidate.get("engine"))) or {}
+    if not isinstance(section, dict):
+        return NO_IDENTITY
+    return str(section.get("dcp_comm") or section.get("dcp_comm_backend") or NO_IDENTITY)
+
+
+def numerics_of(candidate: dict) -> str:
+    """How an arm's target computed (its config's `numerics`), "none" where its target has one form. An arm recorded
+    before numerics were a setting computed the only form there was: for the one target with a choice (GLM-5, the
+    one with sparse attention, so a recorded dsa_topk) on the embedded runtime, that is the default form, which a run
+    of today without --numerics records."""
     if "numerics" not in candidate and candidate.get("dsa_topk") and candidate.get("engine") == "reference":
         return DEFAULT_NUMERICS
     return str(candidate.get("numerics") or "none")

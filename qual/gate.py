@@ -450,17 +450,18 @@ def parse_rules(data: Any, source: str = "<inline>") -> Gate:
 
 
 def shipped_gates() -> list[str]:
-    return sorted(p.stem for p in paths.GATE_DIR.glob("*.yaml"))
+    """The gates found by name ($QUAL_ROOT, the checkout's configs/gates, the package's copy)."""
+    return list(paths.available("gate"))
 
 
 def gate_file(name_or_path: str | Path) -> Path:
     """A gate file: a path as given, or the name of a shipped one (`nightly`, `nightly-baseline`)."""
     check_path_name(name_or_path, "--gate")
     path = Path(name_or_path)
-    if path.exists() or path.suffix or len(path.parts) != 1:
+    if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) != 1:
         return path
-    shipped = paths.GATE_DIR / f"{path.name}.yaml"
-    return shipped if shipped.is_file() else path
+    found = paths.find("gate", path.name)
+    return found.path if found else path
 
 
 def load_gate(path: str | Path) -> Gate:

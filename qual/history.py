@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from qual.configuration import ConfigurationKey
+from qual.configuration import ConfigurationKey, dcp_comm_of, numerics_of
 from qual.errors import QualError
 from qual.result import Result
 from qual.userfiles import check_path_name
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DEFAULT_STEP_PP = 2.0
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 MAX_RUN_ID = 2**63 - 1  # SQLite's largest INTEGER PRIMARY KEY: a larger id names no run (and cannot be bound)
@@ -102,14 +102,38 @@ def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
 
 
 def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
-    """The configuration key gains the target's numerics (qual.configuration): every row rekeyed, pins follow."""
-    _rekey(conn)
+    """The configuration key gains the DCP merge path (dcp_comm), read from each row's stored candidate config."""
+    _extend_keys(conn, "dcp_comm", dcp_comm_of)
+
+
+def _migrate_v5_to_v6(conn: sqlite3.Connection) -> None:
+    """The configuration key gains the target's numerics, read from each row's stored candidate config (a GLM run
+    recorded before it computed exact: qual.configuration.numerics_of)."""
+    _extend_keys(conn, "numerics", numerics_of)
+
+
+def _extend_keys(conn: sqlite3.Connection, name: str, value_of: Callable[[dict], str]) -> None:
+    """Each row's stored configuration key gains field `name`, value_of(its stored candidate config); the rest of the
+    key stays as recorded (a recomputation would lose the checkpoints' identities), written in ConfigurationKey.key()'s
+    canonical form, and pins follow their runs. A row whose key cannot be read keeps none (listed, never a baseline)."""
+    rows = conn.execute("SELECT id, config_json, configuration FROM runs WHERE configuration IS NOT NULL").fetchall()
+    for run_id, config_json, configuration in rows:
+        try:
+            key = json.loads(configuration)
+            key[name] = value_of(json.loads(config_json)["candidate"])
+            new = json.dumps(key, sort_keys=True, separators=(",", ":"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            new = None
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (new, run_id))
+    conn.execute("DELETE FROM pins WHERE run_id NOT IN (SELECT id FROM runs WHERE configuration IS NOT NULL)")
+    conn.execute("UPDATE pins SET configuration = (SELECT configuration FROM runs WHERE runs.id = pins.run_id)")
 
 
 # version v -> function migrating a v database to v+1 (inside the open transaction). A new database is
 # created at v1 and migrated, in the same transaction: one spelling of the schema.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1_to_v2, 2: _migrate_v2_to_v3,
-                                                               3: _migrate_v3_to_v4, 4: _migrate_v4_to_v5}
+                                                               3: _migrate_v3_to_v4, 4: _migrate_v4_to_v5,
+                                                               5: _migrate_v5_to_v6}
 
 _COLUMNS = (
     "id", "created_at", "model", "engine", "engine_version", "dcp", "tp", "draft_kv", "config_key",

@@ -6,7 +6,9 @@ Every number comes from the requests' latency records (records.RequestLatency); 
 
 from __future__ import annotations
 
-from typing import Sequence, TypedDict
+from typing import Sequence
+
+from typing_extensions import TypedDict  # as qual.records says
 
 import numpy as np
 
@@ -21,23 +23,36 @@ class Percentiles(TypedDict):
     """One latency over the arm's requests that have it: how many, their mean, and p50 / p90 / p99."""
 
     n: int
+    """The requests that have this latency [count]"""
     mean: float | None
+    """Their mean [seconds]"""
     p50: float | None
+    """The median [seconds]"""
     p90: float | None
+    """The 90th percentile [seconds]"""
     p99: float | None
+    """The 99th percentile [seconds]"""
 
 
 class LatencySummary(TypedDict):
     """One arm's latency (result.json arms.<arm>.latency), in seconds."""
 
-    ttft_s: Percentiles  # time to first token
-    tpot_s: Percentiles  # time per output token after the first
-    e2e_s: Percentiles  # end-to-end latency
-    queued_s: Percentiles  # arrival -> admission, where the engine schedules requests itself
-    decode_tokens_per_second: float | None  # sum of (tokens - 1) / sum of (last token - first token), per request
-    step_s: float | None  # seconds of a decode step: sum of decode_steps_s / sum of (steps - 1), per request
-    decode_steps: int  # the steps step_s averages over (a request's steps after its first token, summed)
-    percentile_method: str  # numpy.percentile's method
+    ttft_s: Percentiles
+    """Time to first token"""
+    tpot_s: Percentiles
+    """Time per output token after the first"""
+    e2e_s: Percentiles
+    """End-to-end latency"""
+    queued_s: Percentiles
+    """Arrival to admission, where the engine schedules requests itself"""
+    decode_tokens_per_second: float | None
+    """Sum of (tokens - 1) / sum of (last token - first token), over the requests [tokens/s]"""
+    step_s: float | None
+    """A decode step: sum of decode_steps_s / sum of (steps - 1), over the requests [seconds]"""
+    decode_steps: int
+    """The steps step_s averages over: each request's steps after its first token, summed [count]"""
+    percentile_method: str
+    """numpy.percentile's method (linear)"""
 
 
 def percentiles(values: Sequence[float]) -> Percentiles:

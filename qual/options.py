@@ -8,7 +8,9 @@ every layer may import it.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator
 
 from qual.errors import QualError
 
@@ -38,12 +40,17 @@ NUMERICS = ("exact", "vllm", "vllm-hopper")
 DEFAULT_NUMERICS = "exact"
 Numerics = Literal[NUMERICS]
 
-# How DCP ranks merge their partial attention: one all-to-all, or an all-gather of the LSEs and a reduce-scatter
-DCP_COMM_MODES = ("a2a", "ag_rs")
+# How DCP ranks merge their partial attention: vLLM's two backends (one all-to-all, or an all-gather of the LSEs and a
+# reduce-scatter), and the reference engine's own: a fixed merge tree over virtual shards, DCP 1's bits at every DCP
+# size (docs/dcp.md, "The invariant merge")
+VLLM_DCP_COMM_MODES = ("a2a", "ag_rs")
+INVARIANT = "invariant"
+DCP_COMM_MODES = (*VLLM_DCP_COMM_MODES, INVARIANT)
 DEFAULT_DCP_COMM = "a2a"
 DcpComm = Literal[DCP_COMM_MODES]
+VllmDcpComm = Literal[VLLM_DCP_COMM_MODES]
 
-DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?)$"
+DEVICES = ("cpu", "cuda", "cuda:N")  # cuda:N: the N-th GPU
 DEFAULT_DEVICE = "cpu"
 
 # Hub revisions a profile may pin for a target or drafter given as a hub id; ArmConfig.extra keys of the same names
@@ -66,10 +73,25 @@ def check_choice(what: str, value, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def is_device(value: str) -> bool:
+    """cpu, cuda or cuda:N."""
+    return value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isascii() and value[5:].isdigit())
+
+
 def check_device(what: str, value: str) -> str:
-    if not (value == "cpu" or value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit())):
-        raise QualError(f"{what} must be cpu, cuda or cuda:N (got {value!r})")
+    if not is_device(value):
+        raise QualError(f"{what} must be {', '.join(DEVICES[:-1])} or {DEVICES[-1]} (got {value!r})")
     return value
+
+
+def _device(value: str) -> str:
+    if not is_device(value):
+        raise ValueError(f"must be {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+    return value
+
+
+# A device as an option or profile key holds it: refused in words, never with a regular expression
+Device = Annotated[str, AfterValidator(_device)]
 
 
 def check_temperature(what: str, value: float) -> float:
@@ -78,9 +100,11 @@ def check_temperature(what: str, value: float) -> float:
     return float(value)
 
 
-def check_layout(tp: int, dcp: int, interleave: int = 1) -> None:
-    """TP and DCP sizes every engine can run: DCP groups split the TP group (docs/dcp.md)."""
+def check_layout(tp: int, dcp: int, interleave: int = 1, tp_from: str | None = None) -> None:
+    """TP and DCP sizes every engine can run: DCP groups split the TP group (docs/dcp.md). tp_from: where a TP size
+    nobody gave on the command line came from (the profile's tp), for the message."""
     if tp < 1 or dcp < 1 or interleave < 1:
         raise QualError(f"tp, dcp and interleave must be >= 1 (got tp={tp}, dcp={dcp}, interleave={interleave})")
     if tp % dcp:
-        raise QualError(f"constraint tp % dcp == 0 violated: tp={tp} is not divisible by dcp={dcp}")
+        where = f" ({tp_from}; --tp sets another)" if tp_from else ""
+        raise QualError(f"constraint tp % dcp == 0 violated: tp={tp}{where} is not divisible by dcp={dcp}")

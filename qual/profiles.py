@@ -9,50 +9,82 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from qual import paths
 from qual.checkpoints.config import max_positions, read_config
 from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
-from qual.options import DEFAULT_DTYPE, Dtype, Numerics
+from qual.options import DEFAULT_DTYPE, Device, Dtype, Numerics
 from qual.userfiles import check_path_name, load_yaml
-from qual.validation import Section, parse_section, read_config_text
+from qual.validation import Section, parse_section, read_config_text, tidy_schema
 
 _MOVED = {"block_size": "reference", "kv_memory_mib": "reference"}  # keys that belong to one engine's section
 
 
 class ModelProfile(Section):
-    """One profile. `tp` and `dcp` are the defaults of `qual run --model NAME`."""
+    """One profile: what to load, and how `qual run --model NAME` runs it where no flag says otherwise (a flag wins,
+    then the profile, then qual's default)."""
 
     name: str
+    """The profile's name (default: the file's name without .yaml)"""
+    engine: Literal[tuple(ENGINES)] | None = None
+    """What runs the arms unless --engine says otherwise: reference (qual's embedded runtime, the default), vllm
+    (servers qual starts) or attach (servers already running)"""
+    device: Device | None = None
+    """Where the arms run unless --device says otherwise: cpu (the default), cuda or cuda:N; on cuda an arm needs one
+    GPU a TP rank, and the arms run one after the other on the same GPUs"""
+    gpu_memory_gib: PositiveFloat | None = None
+    """Memory each of those GPUs must have, in GiB, where the engine has no memory plan for the target or cannot read
+    its config.json yet (the weights not downloaded); the engine's plan decides where it has one (qual doctor --model
+    NAME shows which)"""
     target: str = Field(min_length=1)
+    """The target checkpoint: a directory (relative: to this file's folder, then qual's data folder) or a hub id, read
+    from the local Hugging Face cache (runs are offline)"""
     draft: str | None = None
-    # The hub revisions (a branch, tag or commit) of a target or drafter given as a hub id: passed to the engine
-    # and recorded in provenance. A local directory is identified by its content; a revision for one is refused.
+    """The DFlash drafter checkpoint, as target; unset: no drafter"""
     target_revision: str | None = Field(None, min_length=1)
+    """The hub revision (branch, tag or commit) of a target given as a hub id: passed to the engine and recorded in
+    provenance; refused for a local directory (its content identifies it)"""
     draft_revision: str | None = Field(None, min_length=1)
+    """The hub revision of a drafter given as a hub id, as target_revision"""
     num_speculative_tokens: PositiveInt
+    """K: tokens the drafter proposes a step (a DFlash block is K + 1)"""
     description: str = ""
+    """One line saying what the pair is"""
     tokenizer: str | None = None
-    tp: PositiveInt | None = None  # None: the candidate's DCP size
-    dcp: PositiveInt | None = None  # the candidate's DCP size (None: 4)
+    """The tokenizer qual tokenizes prompts with, as target (default: the target's)"""
+    tp: PositiveInt | None = None
+    """TP size of both arms unless --tp says otherwise; unset: the candidate's DCP size"""
+    dcp: PositiveInt | None = None
+    """The candidate's DCP size unless --dcp says otherwise; unset: 4 (the control is DCP 1)"""
     interleave: PositiveInt = 1
+    """Tokens a DCP rank holds in a row before the next rank's (cp_kv_cache_interleave_size)"""
     dtype: Dtype = DEFAULT_DTYPE
-    # The dtype the checkpoints store, when a cast to `dtype` that qual would refuse is meant (float16 or
-    # int8 weights run in float32): the arm records it. Unset: only lossless or intended casts run.
+    """The floating-point type the arms compute in unless --dtype says otherwise"""
     weights_dtype: Literal[WEIGHT_DTYPES] | None = None
-    # How a target with a choice computes (qual.options.NUMERICS; docs/glm5.md, "Numerics"); unset: the target's
-    # default (DEFAULT_NUMERICS). A target with one form only refuses it, as `--numerics` is refused there.
+    """The type the checkpoints store, where a cast to dtype that qual would refuse is meant (float16 or int8 weights
+    run in float32): the arm records it; unset: only lossless or intended casts run"""
     numerics: Numerics | None = None
+    """How a GLM-5 target computes unless --numerics says otherwise: exact (as written, the default), vllm (as vLLM's
+    kernels compute it) or vllm-hopper (with DeepGEMM's power-of-two scales too; docs/glm5.md, "Numerics"); a target
+    with one form (Qwen3) refuses it"""
     corpus: str = Field("humaneval", min_length=1)
+    """The corpus a run replays unless --corpus says otherwise (qual corpus list)"""
     max_tokens: PositiveInt = 64
-    max_model_len: PositiveInt = 2048  # unset: this, or the local target's max_position_embeddings if smaller
-    vllm: dict = Field(default_factory=dict)  # validated by the vLLM engine
-    reference: dict = Field(default_factory=dict)  # validated by the reference engine
-    attach: dict = Field(default_factory=dict)  # validated by the attach engine (servers qual did not start)
-    path: str = ""  # the file it came from (not a key of the file)
+    """Most new tokens a request generates, where neither --max-tokens nor its corpus row says"""
+    max_model_len: PositiveInt = 2048
+    """Most positions a request may use (prompt and output); unset: 2048, or a local target's max_position_embeddings if
+    smaller"""
+    vllm: dict = Field(default_factory=dict)
+    """Options of the vLLM servers qual starts (--engine vllm)"""
+    reference: dict = Field(default_factory=dict)
+    """Options of the embedded runtime (--engine reference)"""
+    attach: dict = Field(default_factory=dict)
+    """Options for servers qual did not start (--engine attach)"""
+    path: str = ""
+    """The file the profile came from (set by qual, not a key of the file)"""
 
     def local_path(self, value: str | None) -> str | None:
         """A relative path resolves against the profile's folder, then qual's data folder; anything else (a
@@ -84,8 +116,22 @@ class ModelProfile(Section):
         return dict(getattr(self, engine))
 
 
+def profile_schema() -> dict:
+    """The JSON Schema of a profile file: ModelProfile's keys, each engine's section as that engine validates it (the
+    models that validate a profile, so the two cannot disagree)."""
+    schema = ModelProfile.model_json_schema()
+    props = schema["properties"]
+    del props["path"]  # set by qual from where the file was found
+    for name in ENGINES:
+        props[name] = {**engine_class(name).options_schema(), "description": props[name]["description"]}
+    schema["required"] = [k for k in schema["required"] if k != "name"]  # the file's name where it gives none
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "qual model profile "
+            "(configs/models/NAME.yaml)", **tidy_schema(schema, ("title",))}
+
+
 def available_profiles() -> list[str]:
-    return sorted(p.stem for p in paths.PROFILE_DIR.glob("*.yaml"))
+    """The profiles found by name ($QUAL_ROOT, the checkout's configs/models, the package's copy)."""
+    return list(paths.available("profile"))
 
 
 def _read(path: Path) -> dict:
@@ -116,13 +162,14 @@ def _positions(profile: ModelProfile, given: bool) -> ModelProfile:
 
 
 def load_profile(name_or_path: str) -> ModelProfile:
-    """A profile by name (configs/models/NAME.yaml) or by path."""
+    """A profile by name (configs/models/<name>.yaml, searched as qual.paths says) or by path."""
     check_path_name(name_or_path, "--model")
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        path = paths.PROFILE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
+        found = paths.find("profile", name_or_path) if len(path.parts) == 1 else None
+        if found is None:
+            raise QualError(f"unknown model {name_or_path!r}; available: {', '.join(available_profiles())}")
+        path = found.path
     data = _read(path)
     for key, section in _MOVED.items():
         if key in data:

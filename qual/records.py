@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Sequence, TypedDict
+from typing import Callable, Sequence
+
+from typing_extensions import TypedDict  # pydantic reads its fields for the JSON Schema (typing's, before 3.12, not)
+
+from pydantic import PlainSerializer
 
 from qual.errors import QualError
 from qual.options import DEFAULT_DEVICE, DEFAULT_DTYPE
 from qual.redact import redact_sections
+
+
+def written_as(form: type) -> PlainSerializer:
+    """Annotated metadata for a record's field that result.json writes in the shape of another record, `form` (the
+    record's to_json writes it; the JSON Schema, qual/schema.py, describes it as `form`)."""
+    return PlainSerializer(lambda value: value, return_type=form)
 
 
 @dataclass(frozen=True)
@@ -21,8 +31,11 @@ class Sampling:
     """Sampling shared by both arms: temperature 0 is greedy."""
 
     temperature: float = 0.0
+    """Sampling temperature: 0 is greedy (the drafter always is) [dimensionless]"""
     seed: int = 0
+    """Seeds sampling and the paired bootstrap's resamples [id]"""
     max_tokens: int = 128
+    """Most new tokens a request generates where its corpus row sets none [tokens]"""
 
 
 @dataclass(frozen=True)
@@ -30,22 +43,41 @@ class ArmConfig:
     """Everything that defines one arm; serialised as result.json arms.<arm>.config."""
 
     engine: str
+    """What ran the arm: reference (qual's embedded runtime), vllm (a server qual started) or attach (a server it did
+    not start)"""
     model: str
+    """The model profile's name"""
     dcp: int
+    """Decode-context-parallel size: the ranks the target's KV cache is split across by sequence (the control's is 1)
+    [count]"""
     tp: int
-    draft_kv: str  # qual.options.DRAFT_KV_MODES, or NOT_OBSERVED where the engine cannot tell (attach)
+    """Tensor-parallel size: the ranks the arm runs on, one GPU each on cuda [count]"""
+    draft_kv: str
+    """The drafter's KV cache under DCP: replicated on every rank (the fix) or sharded like the target's (the legacy
+    bug, docs/dflash.md); unknown where the engine cannot tell (an attached server)"""
     target_path: str
+    """The target checkpoint: a local directory or a hub id"""
     draft_path: str | None
+    """The drafter checkpoint: a local directory or a hub id; null without a drafter (the speedup's plain arm)"""
     num_speculative_tokens: int
+    """Tokens the drafter proposes a step, K (a DFlash block is K + 1) [tokens]"""
     sampling: Sampling
+    """Sampling, the same in both arms"""
     interleave: int = 1
+    """Tokens a DCP rank holds in a row before the next rank's (cp_kv_cache_interleave_size) [tokens]"""
     dtype: str = DEFAULT_DTYPE
+    """The floating-point type the arm computed in (torch's name)"""
     device: str = DEFAULT_DEVICE
-    extra: dict = field(default_factory=dict)  # engine-specific knobs from the model profile
-    dsa_topk: str | None = None  # sparse-attention top-k under DCP (qual.options); None: the target has none
-    # how the target computes (qual.options.NUMERICS); None: the target has one form only, or the engine's build
-    # decides (vLLM)
+    """Where the arm ran: cpu, cuda or cuda:N"""
+    extra: dict = field(default_factory=dict)
+    """Engine-specific settings from the model profile (its engine's section, max_model_len, tokenizer, chat template,
+    hub revisions) and, for an attached arm, its server"""
+    dsa_topk: str | None = None
+    """Sparse-attention top-k under DCP: exact (the global top-k, as DCP 1 selects) or union (each rank's own); null
+    where the target has no sparse attention"""
     numerics: str | None = None
+    """How the target computed: exact (as written) or vllm / vllm-hopper (as vLLM's kernels compute it,
+    docs/glm5.md); null where the target has one form, or the engine's build decides (vllm, attach)"""
 
     def to_json(self) -> dict:
         """The arm as it is written anywhere (result.json, run.json, the history): secret env values redacted."""
@@ -132,14 +164,20 @@ class RequestLatency(TypedDict):
     Measured with time.perf_counter where qual drives the engine: the embedded runtime's rank 0, or the vLLM client.
     """
 
-    ttft_s: float | None  # arrival -> its first token; None: the reply came whole (not streamed)
-    tpot_s: float | None  # (last token - first token) / (output tokens - 1); None with one token or unstreamed
-    e2e_s: float  # arrival -> finished (its last token committed; a stream: its end)
-    queued_s: float | None  # arrival -> admitted (its prefill sent), where the engine schedules requests itself
-    step_times_s: list[float]  # arrival -> each step's tokens (a streamed chunk), the first token's step first
-    # Of the time from its first token to its last, what its decode steps took: the embedded runtime leaves out what
-    # it did between runs of decode steps (admitting and prefilling other requests); a stream counts it all
-    decode_steps_s: float | None  # None with fewer than two steps
+    ttft_s: float | None
+    """Arrival to its first token; null where the reply came whole (not streamed) [seconds]"""
+    tpot_s: float | None
+    """(last token - first token) / (output tokens - 1); null with one token, or a reply not streamed [seconds]"""
+    e2e_s: float
+    """Arrival to finished: its last token committed (a stream: its end) [seconds]"""
+    queued_s: float | None
+    """Arrival to admitted (its prefill sent), where the engine schedules requests itself; else null [seconds]"""
+    step_times_s: list[float]
+    """Arrival to each step's tokens (a streamed chunk), the first token's step first [seconds]"""
+    decode_steps_s: float | None
+    """Of the time from its first token to its last, what its decode steps took: the embedded runtime leaves out what it
+    did between runs of decode steps (admitting and prefilling other requests), a stream counts it all; null with
+    fewer than two steps [seconds]"""
 
 
 def _seconds(x: float) -> float:
@@ -166,29 +204,39 @@ class RequestResult:
     """One request's outcome in one arm (a line of result.json per_request)."""
 
     id: str
+    """The request's id: its corpus row's, or for a later turn of a conversation the turn's own"""
     category: str
+    """Its corpus row's category"""
     prompt_token_ids: list[int]
+    """The prompt as both arms received it (qual tokenizes once) [id]"""
     output_token_ids: list[int]
+    """The tokens the target committed [id]"""
     drafts: int
+    """Verify steps that carried proposals (vLLM's num_drafts) [count]"""
     draft_tokens: int
+    """Proposals verified: drafts x K (vLLM's num_draft_tokens) [tokens]"""
     accepted_tokens: int
+    """Proposals accepted (vLLM's num_accepted_tokens) [tokens]"""
     accepted_per_position: list[int]
+    """Per draft position i, the steps whose proposal at i was accepted (a proposal counts only after every one before
+    it was) [count]"""
     finish_reason: str = "length"
-    # (number of committed tokens when the draft was made, proposed tokens):
-    # lets the comparison find draft steps taken at identical context.
+    """length (max_tokens reached) or stop (an end-of-sequence token)"""
     draft_steps: list[list] = field(default_factory=list)
-    # Target top-1 minus top-2 logit per output token, where the engine can say (near-tie analysis).
+    """Each draft step as [tokens committed when it was made, its proposed token ids]: the comparison finds draft steps
+    taken at identical context; empty where the engine does not say"""
     top2_margins: list[float] | None = None
-    # Where drafts/accepted counts came from, where the engine had a choice: "per_request_metrics" (the server's reply)
-    # or "metrics_diff" (/metrics counters before and after, one request at a time); None: the engine counted itself.
+    """Per output token, the target's top-1 minus top-2 logit, where the engine can say (the near-tie analysis); else
+    null [logits]"""
     acceptance_source: str | None = None
-    # When its tokens came (time to first token, per output token, end to end); None where the engine did not measure
-    # it (results and journals written before qual did)
+    """Where the counts came from where the engine had a choice: per_request_metrics (the server's reply) or
+    metrics_diff (/metrics counters before and after, one request at a time); null: the engine counted them itself"""
     latency: RequestLatency | None = None
-    # The turn of a conversation this request was (1 for a prompt), and the conversation's corpus id where it has
-    # several turns: set by the harness from the request, whatever the engine.
+    """When its tokens came; null where the engine did not measure it (results and journals written before qual did)"""
     turn: int = 1
+    """The turn of a conversation this request was, 1 for a prompt [index]"""
     conversation: str | None = None
+    """The conversation's corpus id where it has several turns; else null"""
 
     @property
     def counts(self) -> AcceptanceCounts:
@@ -319,15 +367,26 @@ def _check_latency(lat, n: int, who: str) -> None:
 class GraphCapture:
     """CUDA-graph capture record of one arm."""
 
-    status: str = "unsupported"  # captured | failed | unsupported | not_observed (GRAPH_NOT_OBSERVED)
+    status: str = "unsupported"
+    """captured, failed, unsupported, or not_observed (an attached server captured before qual saw it)"""
     mode: str | None = None
+    """The capture mode as the engine names it (FULL_DECODE_ONLY, FULL_AND_PIECEWISE, ...); null without one"""
     sizes: list[int] = field(default_factory=list)
+    """The batch sizes captured (decode rows; vLLM's capture sizes are tokens) [count]"""
     seconds: float | None = None
+    """What the capture took [seconds]"""
     bytes: int | None = None
+    """Memory the capture added: the caching allocator's reserved bytes (graph pool and static buffers), measured from
+    an emptied cache [bytes]"""
     eager_fallback_sizes: list[int] = field(default_factory=list)
+    """Sizes that run eagerly although the mode asks for graphs (a mode logged while decode runs eager) [count]"""
     detail: str | None = None
-    backend: dict | None = None  # the engine's kernel backend and the steps each part serves, where it says
-    prefill: dict | None = None  # prefill at padded shapes / CUDA graphs (buckets, replays, eager chunks), where it says
+    """Why not captured, or what the engine said about it"""
+    backend: dict | None = None
+    """The engine's kernel backend and the steps each part serves, where the engine says"""
+    prefill: dict | None = None
+    """Prefill at padded shapes and its CUDA graphs (status, buckets, replays, eager chunks, seconds, detail), where the
+    engine says"""
 
 
 # An attached server's start-up (where vLLM captures its graphs) happened before qual saw it: its capture is not
@@ -340,28 +399,45 @@ class HostFacts:
     """The machine a process ran on, as far as it can tell (None where it cannot)."""
 
     hostname: str | None = None
+    """The machine's name"""
     platform: str | None = None
+    """Its operating system and architecture"""
     python: str | None = None
+    """The Python version"""
     torch: str | None = None
-    cuda: str | None = None  # the CUDA runtime torch was built with (None on a CPU build)
-    gpus: list[str] = field(default_factory=list)  # device names, one per visible GPU
+    """The torch version"""
+    cuda: str | None = None
+    """The CUDA runtime torch was built with; null on a CPU build"""
+    gpus: list[str] = field(default_factory=list)
+    """The device names, one per visible GPU"""
     gpu_driver: str | None = None
+    """The NVIDIA driver's version"""
     cpu_model: str | None = None
-    source: str = "this process"  # how these facts were learned (e.g. "this process", "/server_info")
+    """The CPU's model name"""
+    source: str = "this process"
+    """How these facts were learned (this process, a server's /server_info)"""
 
 
 @dataclass
 class EngineBuild:
     """Which engine build ran an arm, where, and with what command or configuration."""
 
-    name: str  # the engine: reference | vllm | attach
+    name: str
+    """The engine: reference, vllm or attach"""
     version: str | None = None
-    commit: str | None = None  # None where the build does not record one
-    host: HostFacts | None = None  # where the engine ran; None where nothing says (an attached server without /server_info)
-    server_command: str | None = None  # the exact server command (a server qual launched)
-    runtime_config: dict | None = None  # the configuration the engine ran with, as the engine states it
-    reported: dict = field(default_factory=dict)  # what a server said about itself (parallel, speculative, ...)
-    source: str = ""  # where these facts came from
+    """The engine's version (qual's for the embedded runtime, vLLM's release)"""
+    commit: str | None = None
+    """The build's git commit; null where it records none"""
+    host: HostFacts | None = None
+    """Where the engine ran; null where nothing says (an attached server without /server_info)"""
+    server_command: str | None = None
+    """The exact server command, secrets redacted (a server qual launched)"""
+    runtime_config: dict | None = None
+    """The configuration the engine ran with, as it states it"""
+    reported: dict = field(default_factory=dict)
+    """What a server said about itself (parallel layout, speculative config, ...)"""
+    source: str = ""
+    """Where these facts came from"""
 
     @classmethod
     def from_json(cls, data: dict) -> "EngineBuild":
@@ -404,3 +480,5 @@ class DoctorCheck:
     detail: str
     evidence: list[str] = field(default_factory=list)
     install: str | None = None  # which install the check is about (the label of its engine's first line)
+    # whether the run doctor checks needs it (--strict fails on a "no" that is needed; another is shown, not counted)
+    needed: bool = True

@@ -14,15 +14,19 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 from pathlib import Path
-from typing import Any, Callable, TypedDict, TypeVar
+from typing import Annotated, Any, Callable, Literal, TypeVar
+
+from pydantic import ConfigDict, Field
+
+from typing_extensions import NotRequired, TypedDict, is_typeddict  # as qual.records says
 
 from qual import __version__
 from qual.baseline import BaselineComparison
 from qual.errors import QualError
 from qual.files import write_text
 from qual.latency import LatencySummary
-from qual.records import EngineBuild, HostFacts, RecordError, RequestResult
-from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, PositionInterval, ci_key
+from qual.records import ArmConfig, EngineBuild, GraphCapture, HostFacts, RecordError, RequestResult, written_as
+from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, AcceptanceJson, PositionInterval, ci_key
 from qual.userfiles import read_json
 
 SCHEMA = "qual.result/1"
@@ -36,9 +40,13 @@ class CorpusInfo:
     """Which corpus both arms replayed."""
 
     name: str
+    """The corpus's name"""
     path: str
+    """The corpus file"""
     fingerprint: str
+    """The corpus's content hash (sha256:...): runs are compared only on equal fingerprints"""
     count: int
+    """The rows replayed: the corpus's first N with --limit, else all [count]"""
 
     @classmethod
     def from_corpus(cls, corpus: Any) -> "CorpusInfo":
@@ -48,10 +56,17 @@ class CorpusInfo:
 
 @dataclass
 class Throughput:
-    wall_seconds: float  # the arm, start-up included
+    """What one arm generated and the time it took."""
+
+    wall_seconds: float
+    """The arm from start to end, the engine's start-up included [seconds]"""
     output_tokens: int
-    tokens_per_second: float  # output_tokens / wall_seconds
-    generate_seconds: float | None = None  # generation alone, where the engine reports it (the reference engine does)
+    """The tokens it generated, over all requests [tokens]"""
+    tokens_per_second: float
+    """output_tokens / wall_seconds [tokens/s]"""
+    generate_seconds: float | None = None
+    """Generation alone, without the engine's start-up, where the engine reports it (the reference engine does; vLLM:
+    null) [seconds]"""
 
     @property
     def generate_tokens_per_second(self) -> float | None:
@@ -62,21 +77,31 @@ class CheckpointRecord(TypedDict):
     """One checkpoint as a run used it (qual.checkpoints.identity.checkpoint_record)."""
 
     path: str
-    revision: str | None  # the hub revision the profile pins (target_revision / draft_revision)
-    identity: str  # "sha256:<hex>" of a local directory's files, "hub:<id>@<revision>", or "not observed (...)"
+    """The checkpoint as the arm named it: a local directory or a hub id"""
+    revision: str | None
+    """The hub revision the profile pins (target_revision, draft_revision); else null"""
+    identity: str
+    """What it holds: sha256:<hex> of a local directory's files, hub:<id>@<revision>, or not observed (...)"""
 
 
 class ChatTemplateRecord(TypedDict):
     """The chat template a run rendered its chat rows with (qual.chat.ChatTemplate.record)."""
 
-    source: str  # the file: the tokenizer's chat_template.jinja or tokenizer_config.json, or --chat-template's
-    name: str | None  # the named template chosen ("default"), None where there was one
-    sha256: str  # of the template's text
+    source: str
+    """The template's file: the tokenizer's chat_template.jinja or tokenizer_config.json, or --chat-template's"""
+    name: str | None
+    """The named template chosen (default); null where the file holds one"""
+    sha256: str
+    """sha256 of the template's text"""
 
 
 class Checkpoints(TypedDict):
+    """The checkpoints an arm used."""
+
     target: CheckpointRecord
-    draft: CheckpointRecord | None  # None: no drafter
+    """The target's"""
+    draft: CheckpointRecord | None
+    """The drafter's; null without one"""
 
 
 @dataclass
@@ -84,14 +109,23 @@ class Provenance:
     """Which qual, machine, engine build and inputs produced one arm (the harness collects it; qual.provenance)."""
 
     qual_version: str
-    qual_commit: str | None  # HEAD of the checkout qual ran from; None for an installed wheel
-    qual_checkout_dirty: bool | None  # tracked files differed from that commit
-    host: HostFacts  # where qual ran (an attached server's own host is engine.host)
+    """The qual that ran the arm"""
+    qual_commit: str | None
+    """HEAD of the checkout qual ran from; null for an installed wheel"""
+    qual_checkout_dirty: bool | None
+    """Whether tracked files differed from that commit; null where there is no checkout"""
+    host: HostFacts
+    """Where qual ran (an attached server's own host is engine.host)"""
     engine: EngineBuild
+    """The engine build that ran the arm"""
     corpus_fingerprint: str
-    gate_sha256: str | None  # the gate file's bytes
-    checkpoints: Checkpoints | None = None  # None in results written before qual recorded them
-    chat_template: ChatTemplateRecord | None = None  # what chat rows were rendered with; None: no chat rows
+    """The corpus's content hash"""
+    gate_sha256: str | None
+    """sha256 of the gate file's bytes"""
+    checkpoints: Checkpoints | None = None
+    """The checkpoints the arm used; null in results written before qual recorded them"""
+    chat_template: ChatTemplateRecord | None = None
+    """The template chat rows were rendered with; null without chat rows"""
 
     @classmethod
     def from_json(cls, d: dict) -> "Provenance":
@@ -120,7 +154,7 @@ def _json_types(hint: Any) -> tuple[type, ...]:
         return (hint,)
     if hint is list or typing.get_origin(hint) is list:
         return (list,)
-    if hint is dict or typing.get_origin(hint) is dict or is_dataclass(hint) or typing.is_typeddict(hint):
+    if hint is dict or typing.get_origin(hint) is dict or is_dataclass(hint) or is_typeddict(hint):
         return (dict,)
     raise TypeError(f"no JSON type for {hint!r}")  # a new kind of field: say what a result.json holds there
 
@@ -134,18 +168,31 @@ def _json_type(value: Any) -> str:
 class ArmResult:
     """One arm: its config, acceptance, per-request results, graph capture and throughput."""
 
-    config: dict
-    acceptance: Acceptance
+    config: Annotated[dict, written_as(ArmConfig)]
+    """Everything that defines the arm"""
+    acceptance: Annotated[Acceptance, written_as(AcceptanceJson)]
+    """Its acceptance, summed over its requests"""
     per_request: list[RequestResult]
-    graph_capture: dict
+    """Each request's outcome, in corpus order"""
+    graph_capture: Annotated[dict, written_as(GraphCapture)]
+    """Its CUDA-graph capture"""
     throughput: Throughput
+    """What it generated and the time it took"""
     engine_version: str
+    """The engine and its version (a field of the configuration key: another version is another series)"""
     runnable: bool = True
+    """False where the arm could not run here (vLLM at DCP > 1 on a CPU): it has no requests then"""
     not_runnable_reason: str | None = None
+    """Why it could not run"""
     log_path: str | None = None
-    provenance: Provenance | None = None  # None in results written before qual recorded it
-    extra: dict = field(default_factory=dict)  # the engine's facts about the arm (records.ArmRunInfo.extra)
-    latency: LatencySummary | None = None  # None where no request was timed (results written before qual timed them)
+    """The engine's log (a vLLM server's), where there is one"""
+    provenance: Provenance | None = None
+    """Which qual, machine, engine build and inputs produced the arm; null in results written before qual recorded it"""
+    extra: dict = field(default_factory=dict)
+    """The engine's facts about the arm (where acceptance came from, draft-KV replication in the build, the server
+    command, async decode)"""
+    latency: LatencySummary | None = None
+    """Its requests' latencies, summarized; null where no request was timed"""
 
     def to_json(self) -> dict:
         return {
@@ -203,10 +250,21 @@ def _arm_field_types() -> dict[str, tuple[type, ...]]:
 
 
 class SpeculativeAndPlain(TypedDict):
-    """One number of the speculative arm (the candidate) and of plain decoding."""
+    """Tokens a second of the speculative arm (the candidate) and of plain decoding."""
 
     speculative: float | None
+    """The candidate's, decoding with its drafter [tokens/s]"""
     plain: float | None
+    """Plain decoding's: the candidate's configuration without its drafter [tokens/s]"""
+
+
+class StepSeconds(TypedDict):
+    """One decode step of the speculative arm (the candidate) and of plain decoding."""
+
+    speculative: float | None
+    """The candidate's: a draft and its verify [seconds]"""
+    plain: float | None
+    """Plain decoding's: one target step [seconds]"""
 
 
 @dataclass
@@ -215,17 +273,35 @@ class Speedup:
 
     Plain decoding is the candidate's own configuration without the drafter."""
 
-    plain: ArmResult  # the third arm: the candidate's configuration, no drafter
-    decode_tokens_per_second: SpeculativeAndPlain  # per request: sum of (tokens - 1) / sum of first-to-last seconds
-    ratio: float | None  # speculative / plain decode tokens/s
-    ratio_ci95: list[float] | None  # paired bootstrap over requests, percentile
-    n_requests: int  # paired requests both arms timed (the ratio's and the interval's)
-    mean_acceptance_length: float | None  # the candidate's: tokens a speculative step commits on average
-    step_s: SpeculativeAndPlain  # seconds of one decode step (arms.<arm>.latency.step_s)
-    bound: float | None  # mean_acceptance_length x plain step_s / speculative step_s
-    generate_tokens_per_second: SpeculativeAndPlain  # all requests together: output tokens / generation seconds
-    target_outputs_identical: bool | None  # plain decoding's outputs equal the candidate's (greedy: they must)
+    plain: ArmResult
+    """The third arm: the candidate's configuration without its drafter"""
+    decode_tokens_per_second: SpeculativeAndPlain
+    """Per arm, over the paired requests: sum of (tokens - 1) / sum of seconds from first to last token"""
+    ratio: float | None
+    """Speculative over plain decode_tokens_per_second: what speculation buys a request [ratio]"""
+    ratio_ci95: list[float] | None
+    """The ratio's 95% interval, a paired bootstrap over requests (percentile) [ratio]"""
+    n_requests: int
+    """The requests both arms timed: the ratio's and the interval's [count]"""
+    mean_acceptance_length: float | None
+    """The candidate's: tokens a speculative step commits on average [tokens]"""
+    step_s: StepSeconds
+    """One decode step in each arm (arms.<arm>.latency.step_s)"""
+    bound: float | None
+    """What the acceptance allows: mean_acceptance_length x plain step_s / speculative step_s; it bounds ratio, the
+    per-request decode rate ratio [ratio]"""
+    generate_tokens_per_second: SpeculativeAndPlain
+    """Per arm, all requests together: output tokens / generation seconds (the batch throughput)"""
+    target_outputs_identical: bool | None
+    """Plain decoding's outputs equal the candidate's (greedy: they must)"""
     bootstrap: Bootstrap = field(default_factory=dict)
+    """How the interval was computed"""
+    batch_ratio: float | None = None
+    """Speculative over plain generate_tokens_per_second: the batch throughput's ratio, one number per arm and no
+    interval (the bound does not apply to it); null in results written before qual reported it [ratio]"""
+    directions_agree: bool | None = None
+    """ratio and batch_ratio say the same (both at least 1, or both below): speculation speeds each request and the
+    batch alike; false: they disagree in direction (the report says why that can be)"""
 
     def to_json(self) -> dict:
         return {**asdict(self), "plain": self.plain.to_json()}
@@ -240,74 +316,113 @@ class OutputDivergence(TypedDict):
     """A request whose target outputs differ between the arms (qual.stats.compare_outputs)."""
 
     id: str
+    """The request"""
     category: str
+    """Its category"""
     first_divergence: int
+    """The first output position where the arms' tokens differ [index]"""
     control_token: int | None
+    """The control's token there; null where its output ended first [id]"""
     candidate_token: int | None
+    """The candidate's token there; null where its output ended first [id]"""
     top2_margin: float | None
-    classification: str  # benign_near_tie | disagreement
+    """The target's top-1 minus top-2 logit there, where an arm recorded margins [logits]"""
+    classification: str
+    """benign_near_tie (a margin below near_tie_margin: reduced precision can flip such a token) or disagreement (a
+    confident one: a bug)"""
 
 
 class ProposalDivergence(TypedDict, total=False):
     """Draft steps taken at identical context whose proposals differ (qual.stats.proposal_divergence)."""
 
     overall: float | None
+    """Of the draft steps both arms took at identical context, the share whose proposals differ [fraction]"""
     per_position: list[float | None]
+    """Per draft position, the share of those steps whose proposal there differs [fraction]"""
     matched_steps: int
+    """Draft steps both arms took at identical context [count]"""
     differing_steps: int
+    """Of those, the steps whose proposals differ [count]"""
     control_steps: int
+    """Draft steps the control recorded [count]"""
     candidate_steps: int
+    """Draft steps the candidate recorded [count]"""
 
 
-class _RatesOfBothArms(TypedDict):
-    """A group of requests' acceptance rates in both arms and the draft tokens behind them."""
-
-    n: int
-    control_rate: float | None
-    candidate_rate: float | None
-    delta: float | None
-    control_draft_tokens: int
-    candidate_draft_tokens: int
-
-
-class CategoryDelta(_RatesOfBothArms):
+# The records below repeat their shared fields rather than inherit them: pydantic reads a TypedDict's field
+# docstrings from its own class body only, and every field's docstring is its description in the JSON Schema.
+class CategoryDelta(TypedDict):
     """One category's rates in both arms (qual.stats.per_category)."""
 
+    n: int
+    """Requests in the group [count]"""
+    control_rate: float | None
+    """The group's acceptance rate in the control [fraction]"""
+    candidate_rate: float | None
+    """The group's acceptance rate in the candidate [fraction]"""
+    delta: float | None
+    """candidate_rate - control_rate [fraction]"""
+    control_draft_tokens: int
+    """The draft tokens behind the control's rate [tokens]"""
+    candidate_draft_tokens: int
+    """The draft tokens behind the candidate's rate [tokens]"""
     category: str
+    """The category"""
 
 
-class _TurnOfRequest(TypedDict, total=False):
-    """A request that is a turn of a conversation of several (absent: a request of one turn)."""
-
-    turn: int
-    earlier_turns_differ: bool  # its prompts differ between the arms: their earlier answers did
-
-
-class RequestDelta(_TurnOfRequest):
+class RequestDelta(TypedDict):
     """One request's rates in both arms (qual.stats.per_request_deltas)."""
 
+    turn: NotRequired[int]
+    """Its turn in a conversation of several (absent: a request of one turn) [index]"""
+    earlier_turns_differ: NotRequired[bool]
+    """Its prompts differ between the arms: their earlier answers did (absent: a request of one turn)"""
     id: str
+    """The request"""
     category: str
+    """Its category"""
     control_rate: float | None
+    """Its acceptance rate in the control [fraction]"""
     candidate_rate: float | None
+    """Its acceptance rate in the candidate [fraction]"""
     delta: float | None
+    """candidate_rate - control_rate [fraction]"""
 
 
-class TurnDelta(_RatesOfBothArms):
+class TurnDelta(TypedDict):
     """One turn of the conversations: its requests' rates in both arms (qual.stats.per_turn)."""
 
+    n: int
+    """Requests in the group [count]"""
+    control_rate: float | None
+    """The group's acceptance rate in the control [fraction]"""
+    candidate_rate: float | None
+    """The group's acceptance rate in the candidate [fraction]"""
+    delta: float | None
+    """candidate_rate - control_rate [fraction]"""
+    control_draft_tokens: int
+    """The draft tokens behind the control's rate [tokens]"""
+    candidate_draft_tokens: int
+    """The draft tokens behind the candidate's rate [tokens]"""
     turn: int
-    earlier_turns_differ: int  # requests of this turn whose prompts differ between the arms
+    """The turn [index]"""
+    earlier_turns_differ: int
+    """Requests of this turn whose prompts differ between the arms [count]"""
 
 
 class Bootstrap(TypedDict, total=False):
     """How the intervals were computed."""
 
     unit: str
+    """What is resampled: request, or conversation where requests are turns of conversations"""
     method: str
+    """How the intervals are read off the resamples (paired percentile)"""
     resamples: int
+    """Resamples drawn [count]"""
     seed: int
+    """The resamples' seed [id]"""
     n_requests: int
+    """Resampling units (requests, or conversations) [count]"""
 
 
 @dataclass
@@ -315,23 +430,37 @@ class Comparison:
     """Candidate minus control, paired per request."""
 
     delta_rate: float | None = None
-    delta_rate_ci95: list[float] | None = None
-    delta_rate_ci: dict[str, list[float] | None] = field(default_factory=dict)  # "0.9" -> [lo, hi]
+    """Candidate minus control acceptance rate, each a ratio of sums over the paired requests [fraction]"""
+    delta_rate_ci95: Annotated[list[float] | None, Field(deprecated=True)] = None
+    """Deprecated: the same interval as delta_rate_ci["0.95"], kept for readers of earlier files [fraction]"""
+    delta_rate_ci: dict[str, list[float] | None] = field(default_factory=dict)
+    """delta_rate's paired-bootstrap interval at each confidence level the gate asks for (0.95 always), keyed "0.95" ->
+    [lo, hi]; null where undefined [fraction]"""
     delta_mean_acceptance_length: float | None = None
+    """Candidate minus control mean acceptance length [tokens]"""
     delta_mean_acceptance_length_ci95: list[float] | None = None
+    """Its 95% paired-bootstrap interval [tokens]"""
     target_outputs_identical: bool | None = None
+    """Every request's target output is the same in both arms; null where not compared"""
     output_divergence: list[OutputDivergence] = field(default_factory=list)
+    """Each request whose outputs differ: where, and whether it is a near tie"""
     near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
+    """A divergence whose top-2 logit margin is below this is a benign near tie [logits]"""
     proposal_divergence: ProposalDivergence = field(default_factory=dict)
+    """Draft steps both arms took at identical context whose proposals differ"""
     per_category: list[CategoryDelta] = field(default_factory=list)
+    """Each category's rates in both arms"""
     per_request_deltas: list[RequestDelta] = field(default_factory=list)
+    """Each request's rates in both arms"""
     bootstrap: Bootstrap = field(default_factory=dict)
-    # Each draft position's rates with 95% intervals, from the resamples of delta_rate_ci (absent in older results).
+    """How the intervals were computed"""
     per_position: list[PositionInterval] = field(default_factory=list)
-    # Conversations of several turns: acceptance per turn, and the later turns whose earlier turns differ between the
-    # arms (their prompts hold each arm's own answers; their outputs are not compared). Empty for one-turn requests.
+    """Each draft position's rates with 95% intervals, from the resamples of delta_rate_ci (absent in older results)"""
     per_turn: list[TurnDelta] = field(default_factory=list)
+    """Conversations of several turns: acceptance per turn; empty for requests of one turn"""
     earlier_turns_differ: list[str] = field(default_factory=list)
+    """Later turns whose earlier turns differ between the arms: their prompts hold each arm's own answers, so their
+    outputs are not compared"""
 
     def ci_at(self, confidence: float) -> tuple[float, float] | None:
         ci = self.delta_rate_ci.get(ci_key(confidence))
@@ -357,9 +486,13 @@ class CheckResult:
     """
 
     name: str
+    """The check (the gate rule's check)"""
     passed: bool
+    """It was evaluated and passed"""
     detail: str
+    """What it found, with the numbers, in words"""
     skipped: bool = False
+    """It could not be evaluated (what it compares was not observed): neither passed nor failed"""
 
     def to_json(self) -> dict:
         return {"name": self.name, "passed": self.passed, "detail": self.detail, "skipped": self.skipped}
@@ -374,8 +507,11 @@ class GateOutcome:
     """All checks of a gate; passed only if every check passed."""
 
     passed: bool
+    """Every evaluated check passed, and at least one was evaluated"""
     checks: list[CheckResult] = field(default_factory=list)
+    """Each check, in the gate file's order"""
     source: str | None = None
+    """The gate file"""
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -408,19 +544,35 @@ class Result:
     """Everything one `qual run` measured and decided; every report renders this."""
 
     corpus: CorpusInfo
+    """Which corpus both arms replayed"""
     control: ArmResult
+    """The control arm: DCP 1"""
     candidate: ArmResult
+    """The candidate arm: DCP N"""
     comparison: Comparison
+    """Candidate minus control, paired per request"""
     gate: GateOutcome
+    """The gate's verdict and its checks"""
     created_at: str
+    """When the run finished (ISO 8601, UTC)"""
     qual_version: str = __version__
+    """The qual that wrote the file"""
     reproduce: str = ""
+    """The qual run command that runs it again"""
     seed: int = 0
-    schema: str = SCHEMA
-    baseline: BaselineComparison | None = None  # tonight's arms against an earlier run (`qual run --baseline`)
-    # Differences between the arms' provenance that change what the numbers mean (engine version, dtype, GPU type).
+    """Seeds sampling and the bootstrap's resamples [id]"""
+    schema: Literal[SCHEMA] = SCHEMA
+    """This file's schema and version"""
+    baseline: BaselineComparison | None = None
+    """Tonight's arms against an earlier run's (qual run --baseline); absent without it"""
     warnings: list[str] = field(default_factory=list)
-    speedup: Speedup | None = None  # the candidate against plain decoding (`qual run --speedup`)
+    """Differences between the arms' provenance that change what the numbers mean (engine version, dtype, GPU type)"""
+    speedup: Speedup | None = None
+    """The candidate against plain decoding (qual run --speedup); absent without it"""
+
+    # result.json's JSON Schema (qual/schema.py) takes each field's docstring, here and in every record below, as its
+    # description
+    __pydantic_config__ = ConfigDict(use_attribute_docstrings=True)
 
     @property
     def arms(self) -> dict[str, ArmResult]:

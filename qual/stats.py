@@ -9,7 +9,9 @@ for "no token was accepted".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence, TypedDict
+from typing import Sequence
+
+from typing_extensions import TypedDict  # as qual.records says
 
 import numpy as np
 
@@ -37,14 +39,22 @@ def _ratio(num: float, den: float) -> float | None:
 class AcceptanceJson(TypedDict):
     """One arm's acceptance, summed over requests (vLLM's definitions)."""
 
-    rate: float | None  # accepted / draft tokens
-    mean_acceptance_length: float | None  # 1 + accepted / drafts
+    rate: float | None
+    """Accepted / draft tokens: the acceptance rate [fraction]"""
+    mean_acceptance_length: float | None
+    """1 + accepted / drafts: the tokens a verify step commits on average [tokens]"""
     drafts: int
+    """Verify steps that carried proposals [count]"""
     draft_tokens: int
+    """Proposals verified [tokens]"""
     accepted_tokens: int
+    """Proposals accepted [tokens]"""
     accepted_per_position: list[int]
-    per_position: list[float | None]  # accepted_at_i / drafts
-    per_position_conditional: list[float | None]  # accepted_at_i / accepted_at_(i-1)
+    """Per draft position i, the steps whose proposal at i was accepted [count]"""
+    per_position: list[float | None]
+    """Per draft position i, accepted at i / drafts (vLLM's, unconditional) [fraction]"""
+    per_position_conditional: list[float | None]
+    """Per draft position i, accepted at i / accepted at i - 1 (position 0: / drafts) [fraction]"""
 
 
 @dataclass(frozen=True)
@@ -183,18 +193,31 @@ class PositionInterval(TypedDict):
     """
 
     position: int
+    """The draft position, from 0 [index]"""
     control: float | None
+    """The control's rate at it: accepted at i / drafts [fraction]"""
     candidate: float | None
+    """The candidate's rate at it [fraction]"""
     delta: float | None
-    ci: list[float] | None  # of delta
+    """candidate - control [fraction]"""
+    ci: list[float] | None
+    """delta's 95% interval [fraction]"""
     control_ci: list[float] | None
+    """The control rate's 95% interval [fraction]"""
     candidate_ci: list[float] | None
+    """The candidate rate's 95% interval [fraction]"""
     control_conditional: float | None
+    """The control's conditional rate: accepted at i / accepted at i - 1 [fraction]"""
     candidate_conditional: float | None
+    """The candidate's conditional rate [fraction]"""
     delta_conditional: float | None
-    conditional_ci: list[float] | None  # of delta_conditional
+    """candidate_conditional - control_conditional [fraction]"""
+    conditional_ci: list[float] | None
+    """delta_conditional's 95% interval [fraction]"""
     control_conditional_ci: list[float] | None
+    """The control's conditional rate's 95% interval [fraction]"""
     candidate_conditional_ci: list[float] | None
+    """The candidate's conditional rate's 95% interval [fraction]"""
 
 
 @dataclass(frozen=True)

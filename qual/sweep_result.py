@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import ConfigDict
 
 from qual import __version__
 from qual.errors import QualError
@@ -26,12 +29,16 @@ SWEEP_SCHEMA = "qual.result.sweep/1"
 class SweepComparison:
     """One candidate against the sweep's control: its arm, the comparison and its own gate verdict."""
 
-    name: str  # the candidate arm's name (candidate-dcp2-sharded): its journal <name>.requests.jsonl, its log
+    name: str
+    """The candidate arm's name (candidate-dcp2-sharded): its journal <name>.requests.jsonl, its log"""
     candidate: ArmResult
+    """The candidate arm"""
     comparison: Comparison
+    """It minus the control, paired per request"""
     gate: GateOutcome
-    # Differences between this candidate's and the control's provenance that change what the numbers mean.
+    """Its own gate verdict"""
     warnings: list[str] = field(default_factory=list)
+    """Differences between its provenance and the control's that change what the numbers mean"""
 
     def to_json(self) -> dict:
         return {"name": self.name, "gate": self.gate.to_json(), "comparison": self.comparison.to_json(),
@@ -49,15 +56,27 @@ class SweepResult:
     """Everything one sweep measured and decided: the control arm once, one comparison per candidate."""
 
     corpus: CorpusInfo
+    """Which corpus every arm replayed"""
     control: ArmResult
+    """The control arm (DCP 1), run once for every candidate"""
     comparisons: list[SweepComparison]
+    """One per candidate, in the order they ran"""
     created_at: str
-    passed: bool  # every candidate's gate passed (the run's exit code: 0, else 1)
+    """When the sweep finished (ISO 8601, UTC)"""
+    passed: bool
+    """Every candidate's gate passed (the run's exit code: 0, else 1)"""
     qual_version: str = __version__
+    """The qual that wrote the file"""
     reproduce: str = ""
+    """The qual run command that runs it again"""
     seed: int = 0
-    schema: str = SWEEP_SCHEMA
-    notes: list[str] = field(default_factory=list)  # what the sweep's shape means for its comparisons (TP)
+    """Seeds sampling and the bootstrap's resamples [id]"""
+    schema: Literal[SWEEP_SCHEMA] = SWEEP_SCHEMA
+    """This file's schema and version"""
+    notes: list[str] = field(default_factory=list)
+    """What the sweep's shape means for its comparisons (candidates at another TP than the control's)"""
+
+    __pydantic_config__ = ConfigDict(use_attribute_docstrings=True)  # as qual.result.Result says
 
     @classmethod
     def of(cls, results: list[tuple[str, Result]], notes: list[str] | None = None) -> "SweepResult":

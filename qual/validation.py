@@ -13,8 +13,9 @@ from qual.userfiles import MAX_CONFIG_BYTES, read_text
 
 M = TypeVar("M", bound=BaseModel)
 
-# No coercion ("4" is not 4), no unknown keys, no NaN or infinity, immutable once parsed.
-STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+# No coercion ("4" is not 4), no unknown keys, no NaN or infinity, immutable once parsed; each field's docstring is its
+# description in the section's JSON Schema (`qual schema --profile`).
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True, use_attribute_docstrings=True)
 _SHOWN = 80  # characters of a bad value echoed back (a YAML alias bomb must not be printed whole)
 
 
@@ -43,7 +44,11 @@ def describe_error(exc: ValidationError, prefix: str = "") -> str:
         return f"{key}: unknown key"
     if err["type"] == "missing":
         return f"{key}: missing"
-    return f"{key}: {err['msg'][0].lower() + err['msg'][1:]} (got {shown(err.get('input'))})"
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):  # a validator's own words, as it wrote them
+        msg = str(err["ctx"]["error"])
+    else:
+        msg = err["msg"][0].lower() + err["msg"][1:]
+    return f"{key}: {msg} (got {shown(err.get('input'))})"
 
 
 def parse_flags(options_class, /, **values):
@@ -72,3 +77,14 @@ def parse_section(model: type[M], data, where: str, prefix: str = "") -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise QualError(f"{where}: {describe_error(exc, prefix)}") from None
+
+
+def tidy_schema(node, drop: tuple[str, ...] = ()):
+    """A generated JSON Schema as qual prints it: `drop` keys removed from every schema object in it (a property named
+    like one of them stays), and each description on one line (a docstring wraps)."""
+    if isinstance(node, list):
+        return [tidy_schema(n, drop) for n in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: (" ".join(v.split()) if k == "description" else tidy_schema(v, drop) if k != "properties" else
+                {p: tidy_schema(s, drop) for p, s in v.items()}) for k, v in node.items() if k not in drop}

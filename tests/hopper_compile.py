@@ -3,7 +3,8 @@
 Triton's interpreter (tests/test_kernels_interpreted.py) runs the kernels' Python, and accepts code the compiler
 refuses (a global that is not a constexpr, say). Here each launch is recorded instead of run, and its kernel is
 compiled from the launch's own argument types for sm_90 (Triton's front end, its MLIR passes and ptxas, all on the
-CPU). `python tests/hopper_compile.py < SCRIPT` runs the script and prints one line a compiled kernel, then "ok".
+CPU). `python tests/hopper_compile.py < SCRIPT` runs the script and prints one line a compiled kernel, then "ok";
+with --ptx, each kernel's PTX after its line.
 """
 
 import re
@@ -29,7 +30,11 @@ def compile_launch(kernel: JITFunction, args: tuple, kwargs: dict):
     bind = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = bind(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=HOPPER, options=options.__dict__)
+    if kernel.is_gluon():  # Gluon kernels lower from their own source type (TTGIR, layouts given)
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    else:
+        source = ASTSource
+    return triton.compile(source(kernel, signature, constexprs, attrs), target=HOPPER, options=options.__dict__)
 
 
 def resources(compiled) -> tuple[int, int]:
@@ -53,7 +58,7 @@ def loads_before_pdl_wait(ptx: str) -> int | None:
     return len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:ld\.global|cp\.async\.c[ag]\.shared\.global)", head, re.M))
 
 
-def main(script: str) -> None:
+def main(script: str, ptx: bool = False) -> None:
     launches = []
 
     def record(self, *args, grid, warmup, **kwargs):
@@ -78,8 +83,10 @@ def main(script: str) -> None:
             if (early := loads_before_pdl_wait(compiled.asm["ptx"])) is not None:
                 line += f", {early} global loads before its PDL wait"
             print(line)
+            if ptx:
+                print("PTX:\n" + compiled.asm["ptx"])
     print("ok")
 
 
 if __name__ == "__main__":
-    main(sys.stdin.read())
+    main(sys.stdin.read(), ptx="--ptx" in sys.argv[1:])

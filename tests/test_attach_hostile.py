@@ -239,7 +239,7 @@ from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 
-from qual.paths import PROFILE_DIR  # noqa: E402
+from qual.paths import shipped  # noqa: E402
 
 KEY_ENV = "QUAL_TEST_ATTACH_KEY"
 KEY = "qk-" + "7f3a9c1e5b" * 3  # the API key: it must appear in nothing qual prints or writes
@@ -293,7 +293,7 @@ def profile(tmp_path: Path, **attach_settings) -> str:
     """The toy profile with an `attach:` section."""
     path = tmp_path / "toy-attach.yaml"
     section = "".join(f"  {k}: {v}\n" for k, v in attach_settings.items())
-    path.write_text((PROFILE_DIR / "toy.yaml").read_text() + (f"attach:\n{section}" if section else ""))
+    path.write_text(shipped("profile", "toy").read_text() + (f"attach:\n{section}" if section else ""))
     return str(path)
 
 
@@ -597,7 +597,7 @@ def test_dry_run_redacts_secret_names_and_secret_shaped_values(qual, tmp_path):
     """`MY_PASSWD` (a name the patterns missed) and `DATABASE_URL` with a password (a name no pattern can catch) were
     printed by `--dry-run`; now by name and by the value's shape."""
     path = tmp_path / "p.yaml"
-    path.write_text((PROFILE_DIR / "toy.yaml").read_text() + "  env:\n"
+    path.write_text(shipped("profile", "toy").read_text() + "  env:\n"
                     "    MY_PASSWD: hunter2\n"
                     "    DATABASE_URL: postgres://app:s3cret@db:5432/x\n"
                     "    EXTRA_ARGS: \"--header 'Authorization: Bearer opaque-value-1'\"\n"

@@ -40,6 +40,7 @@ RUNS = {
     "other draft KV": dict(day=6, draft_kv="sharded"),
     "other interleave": dict(day=6, interleave=2),
     "other sparse top-k": dict(day=6, dsa_topk="union"),
+    "other DCP merge path": dict(day=6, extra={"reference": {"dcp_comm": "invariant"}}),
     "other numerics": dict(day=6, numerics="vllm"),
     "other target": dict(day=6, target_path="models/other/target"),
     "other drafter": dict(day=6, draft_path="models/other/draft"),
@@ -62,6 +63,7 @@ EXPECTED = {
     "other draft KV": "other draft KV",
     "other interleave": "other interleave",
     "other sparse top-k": "other sparse top-k",
+    "other DCP merge path": "other DCP merge path",
     "other numerics": "other numerics",
     "other target": "other target",
     "other drafter": "other drafter",
@@ -243,7 +245,8 @@ def toy_baseline(tmp_path_factory):
     candidate = [replace(r, id=i, category="code") for r, i in zip(candidate, ids)]
     toy = plan.arms["candidate"]  # the real checkpoints: their identities are tonight's
     res = synthetic_result(pair=(control, candidate), n_resamples=50, fingerprint=plan.corpus_info["fingerprint"],
-                           corpus_name="humaneval", tp=4, target_path=toy.target_path, draft_path=toy.draft_path)
+                           corpus_name="humaneval", tp=4, target_path=toy.target_path, draft_path=toy.draft_path,
+                           extra=toy.extra)  # the engine's options as the run records them (its DCP merge path)
     return save_result(res, tmp_path_factory.mktemp("baseline") / "result.json").parent
 
 
@@ -288,7 +291,7 @@ def test_dry_run_checks_the_baseline_before_anything_runs(toy_baseline, tmp_path
 def test_a_gate_that_needs_a_baseline_is_refused_without_one(tmp_path, capsys):
     code, _, err = qual(["run", "--dry-run", "--gate", "nightly-baseline"], capsys)  # a shipped gate, by name
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert f"{paths.GATE_DIR / 'nightly-baseline.yaml'}: rule 6 (baseline_delta_lower_bound) compares with a " \
+    assert f"{paths.shipped('gate', 'nightly-baseline')}: rule 6 (baseline_delta_lower_bound) compares with a " \
            "baseline: give --baseline REF" in err
     skip = tmp_path / "skip.yaml"
     skip.write_text("rules:\n  - {check: per_position_delta, max_pp: 2, without_baseline: skip}\n")

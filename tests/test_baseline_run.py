@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from qual.cli.main import main
-from qual.paths import GATE_DIR
+from qual.paths import shipped
 
 pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
 
@@ -26,7 +26,7 @@ def nights(tmp_path_factory):
     root = tmp_path_factory.mktemp("nights")
     db = root / "history.sqlite"
     first = qual("run", *SMALL, "--out", root / "night1", "--history", db)
-    second = qual("run", *SMALL, "--gate", GATE_DIR / "nightly-baseline.yaml", "--baseline", "history:last-pass",
+    second = qual("run", *SMALL, "--gate", shipped("gate", "nightly-baseline"), "--baseline", "history:last-pass",
                   "--out", root / "night2", "--history", db)
     return root, db, first, second
 

@@ -73,7 +73,7 @@ def test_import_jsonl_via_cli(tmp_path):
     listing = runner.invoke(app, ["corpus", "list"], env=env)
     assert " new " in listing.output and "2" in listing.output
     verify = runner.invoke(app, ["corpus", "verify"], env=env)
-    assert verify.exit_code == 0 and "1 corpora match" in verify.output
+    assert verify.exit_code == 0 and "5 corpora match" in verify.output  # the new one and the 4 shipped
 
 
 def test_bad_line_exits_2_with_one_line(tmp_path):
@@ -101,7 +101,7 @@ def test_cli_errors_exit_2(tmp_path):
         "HF_DATASETS_OFFLINE": "",
     }
     cases = [
-        (("corpus", "show", "nope"), env, 'unknown corpus "nope" (available: x;'),
+        (("corpus", "show", "nope"), env, 'unknown corpus "nope" (available: gsm8k, humaneval, mt-bench, smoke, x;'),
         (("corpus", "import", str(src), "--name", "x"), env, "already exists: pass --force"),
         (
             ("corpus", "import", "hf:openai/gsm8k:main", "--name", "g"),

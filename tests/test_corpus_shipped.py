@@ -1,4 +1,4 @@
-"""The corpora shipped in qual/data/corpora match their manifests."""
+"""The corpora shipped in corpora/ match their manifests."""
 
 from __future__ import annotations
 

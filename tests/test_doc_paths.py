@@ -15,7 +15,8 @@ import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = re.compile(r"(?<![\w./-])(bench|tests|docs|qual|patches)/[A-Za-z0-9_./-]+\.(py|md|json|yaml|yml|patch|sh)\b")
+REFERENCE = re.compile(r"(?<![\w./-])(bench|tests|docs|qual|patches|configs|corpora)/[A-Za-z0-9_./-]+"
+                       r"\.(py|md|json|jsonl|yaml|yml|patch|sh)\b")
 
 
 def python_prose(source: str) -> list[tuple[int, str]]:
@@ -32,10 +33,13 @@ def python_prose(source: str) -> list[tuple[int, str]]:
 
 def prose() -> list[tuple[Path, int, str]]:
     """(file, line, text) of every place a reference may be written."""
-    docs = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    docs = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "configs").rglob("*.md")),
+            *sorted((REPO / "corpora").rglob("*.md"))]
     out = [(path, n, line) for path in docs for n, line in enumerate(path.read_text().splitlines(), 1)]
     for path in [*sorted((REPO / "qual").rglob("*.py")), *sorted((REPO / "bench").glob("*.py"))]:
         out.extend((path, n, text) for n, text in python_prose(path.read_text()))
+    for path in sorted((REPO / "configs").rglob("*.yaml")):  # the profiles' and gates' comments
+        out.extend((path, n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if "#" in line)
     return out
 
 
@@ -50,8 +54,10 @@ def test_every_referenced_path_exists():
 
 def test_the_search_finds_references():
     """The detector is live: it reads docstrings and comments, and skips globs and other projects' paths."""
-    found = python_prose('"""See docs/vllm.md."""\nx = 1  # bench/gone.py\ndef f():\n    """tests/gone.py"""\n')
+    found = python_prose('"""See docs/vllm.md."""\nx = 1  # bench/gone.py\ndef f():\n    """tests/gone.py"""\n'
+                         '# configs/gates/gone.yaml, corpora/gone.jsonl\n')
     assert [(n, m.group(0)) for n, t in found for m in REFERENCE.finditer(t)] == [
-        (2, "bench/gone.py"), (1, "docs/vllm.md"), (4, "tests/gone.py")]
+        (2, "bench/gone.py"), (5, "configs/gates/gone.yaml"), (5, "corpora/gone.jsonl"), (1, "docs/vllm.md"),
+        (4, "tests/gone.py")]
     assert not REFERENCE.search("tests/test_*.py, vllm/tests/x.py, docs/**/*.md")
     assert any("README.md" == p.name for p, _, _ in prose())

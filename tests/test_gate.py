@@ -8,11 +8,11 @@ import pytest
 
 from qual.records import GraphCapture
 from qual.errors import QualError
-from qual.paths import DEFAULT_GATE
+from qual.paths import default_gate
 from qual.gate import BASELINE_CHECKS, CHECKS, evaluate, load_gate, parse_rules
 from synthetic import NIGHTLY_RULES, synthetic_pair, synthetic_request, synthetic_result
 
-NIGHTLY = DEFAULT_GATE
+NIGHTLY = default_gate()
 
 
 def _check(result, name):

@@ -20,7 +20,8 @@ from qual.cli.main import run_app
 from qual.runtime.models.glm5.config import load_glm5_config
 from qual.runtime.models.glm5.moe import Fp8Experts
 from qual.runtime.models.glm5.sizing import tensor_bytes, weight_bytes
-from qual.runtime.models.glm5.weights import fp8_load_path, load_glm5_weights
+from qual.runtime.models.glm5.fp8_weights import fp8_load_path
+from qual.runtime.models.glm5.weights import load_glm5_weights
 
 pytestmark = pytest.mark.slow  # engine processes: scheduled first (tests/conftest.py)
 

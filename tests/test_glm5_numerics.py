@@ -313,7 +313,7 @@ def fp8_model(tmp_path_factory):
 
     from glm5_checkpoints import make_glm5, tiny_text
     from qual.checkpoints.fp8 import SCALE_SUFFIX
-    from qual.runtime.models.glm5.weights import FP8_KEPT, fp8_load_path
+    from qual.runtime.models.glm5.fp8_weights import FP8_KEPT, fp8_load_path
 
     root = tmp_path_factory.mktemp("glm5vllm")
     path = make_glm5(root / "m", tiny_text(layer_types=["linear_attention", "indexed_attention"] * 2,

@@ -1,5 +1,6 @@
-"""The seed's profile (glm-5.3-flash names hub ids) pointed at checkpoints on disk with --target / --draft: the
-plan runs them, and result.json and the reproduce command record the directories that ran."""
+"""The seed's profile (glm-5.3-flash names hub ids, served by vLLM on GPUs) pointed at checkpoints on disk with
+--target / --draft and run by the embedded runtime on the CPU (--engine, --device win over the profile): the plan runs
+them, and result.json and the reproduce command record the directories that ran."""
 
 import json
 import subprocess
@@ -25,9 +26,10 @@ def draft16(tmp_path_factory):
 
 def test_the_glm_profile_runs_local_checkpoints(draft16, tmp_path):
     target = TOY / "target"
-    args = [sys.executable, "-m", "qual", "run", "--model", "glm-5.3-flash", "--target", str(target), "--draft",
-            str(draft16), "--limit", "2", "--max-tokens", "4", "--dtype", "float32", "--out", str(tmp_path / "run"),
-            "--history", str(tmp_path / "h.sqlite")]
+    # the profile runs on vLLM on cuda; flags win over it: the embedded runtime on the CPU here
+    args = [sys.executable, "-m", "qual", "run", "--model", "glm-5.3-flash", "--engine", "reference", "--device", "cpu",
+            "--target", str(target), "--draft", str(draft16), "--limit", "2", "--max-tokens", "4", "--dtype", "float32",
+            "--out", str(tmp_path / "run"), "--history", str(tmp_path / "h.sqlite")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr  # a random drafter may fail the gate; the run itself completes
     result = json.loads((tmp_path / "run" / "result.json").read_text())

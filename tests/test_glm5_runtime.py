@@ -206,6 +206,91 @@ def test_exact_dcp_selects_dcp1s_pools_bit_for_bit_through_near_ties(tied, monke
         assert len(pools) == len(base_pools) and all(torch.equal(a, b) for a, b in zip(pools, base_pools)), dcp
 
 
+@pytest.fixture(scope="module")
+def tied_tp8(tmp_path_factory):
+    """A target with three full indexer layers after MLA layers (MLA, KDA, MLA, MLA, MLA; every indexer full), 8
+    heads (TP 8 takes DCP 1, 2, 4 and 8), and prompts repeating a pool-sized pattern: the first layer's index keys
+    depend on the tokens alone, so its pools tie, and later layers' ReLU sums tie at zero."""
+    root = tmp_path_factory.mktemp("glm5tp8")
+    heads = dict(num_attention_heads=8, num_key_value_heads=8, linear_num_heads=8)
+    target = make_glm5(root / "target", tiny_text(layer_types=[MLA, KDA, MLA, MLA, MLA], indexer_types=["full"] * 5,
+                                                  mlp_layer_types=["dense", "dense", "sparse", "sparse", "sparse"],
+                                                  num_hidden_layers=5, index_n_heads=4, **heads))
+    draft = make_draft(root / "draft", vocab_size=97, hidden_size=32, num_attention_heads=8, num_key_value_heads=1,
+                       head_dim=8, intermediate_size=48, target_layer_ids=(0, 2), block_size=4, num_target_layers=5)
+    pattern = [[42, 65, 74, 92], [2, 69, 95, 64], [87, 95, 67, 30]]
+    return target, draft, [pattern[0] * 9, pattern[0] * 12, pattern[1] * 7 + [3], pattern[2] * 11]
+
+
+def invariant_run(monkeypatch, target, draft, prompts, dcp, dtype, tp=8, device="cpu"):
+    """(tokens and proposals per request, the pools every full layer selected at every step, {layer: the smallest
+    gap between the k-th and the (k+1)-th candidate}, prompt logits) of one engine (on CUDA: decode replayed from
+    CUDA graphs)."""
+    from qual.runtime.models.glm5 import target as glm5_target
+    from qual.runtime.models.glm5 import topk
+
+    picked, gaps, layer = [], {}, []
+    select, attended, topk_pools = glm5_target.Glm5Target._select, glm5_target.Glm5Target._attended, topk.topk_pools
+
+    def at_layer(self, i, *args):
+        layer[:] = [i]
+        return select(self, i, *args)
+
+    def record_pools(self, pools, *args):
+        picked.append(pools.clone())  # rank 0 runs in this process; under exact mode every rank selects these
+        return attended(self, pools, *args)
+
+    def record_gap(scores, ids, valid, k):
+        s, i = topk_pools(scores, ids, valid, k + 1)
+        both = (i[:, k - 1] >= 0) & (i[:, k] >= 0)
+        gaps.setdefault(layer[0], []).append((s[:, k - 1] - s[:, k])[both])
+        return s[:, :k], i[:, :k]
+
+    monkeypatch.setattr(glm5_target.Glm5Target, "_select", at_layer)
+    monkeypatch.setattr(glm5_target.Glm5Target, "_attended", record_pools)
+    monkeypatch.setattr(glm5_target, "local_topk", record_gap)
+    cfg = EngineConfig(str(target), str(draft), ParallelConfig(tp, dcp, 1, "invariant"),
+                       CacheConfig(block_size=4, memory_bytes=2**26), dtype=dtype, max_model_len=64, device=device,
+                       cuda_graph_sizes=(1, 2, 4) if device == "cuda" else None)
+    with LLMEngine(cfg) as engine:
+        out = engine.generate([GenerationRequest(f"r{i}", tuple(p), 4) for i, p in enumerate(prompts)],
+                              SamplingParams(max_tokens=4))
+        lg = engine.prompt_logits(prompts)
+    monkeypatch.undo()
+    picked = [p.cpu() for p in picked]
+    return ([(r.output_token_ids, r.draft_steps) for r in out], picked,
+            {i: float(torch.cat(g).min()) if torch.cat(g).numel() else float("inf") for i, g in gaps.items()}, lg)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_invariant_merge_makes_dcp_n_dcp_1_bit_for_bit_through_every_layer(tied_tp8, monkeypatch, dtype):
+    """dcp_comm invariant at TP 8: DCP 2, 4 and 8 give DCP 1's prompt logits bit for bit, its tokens and proposals,
+    and its selection at every step of every full indexer layer, the k-th and (k+1)-th pools tied in the first
+    layer and in a full layer after MLA layers (the a2a merge's DCP N logits differ from its DCP 1's in float32 here:
+    1.4e-6 to 2.7e-6 at DCP 2, 4 and 8; tests/test_dcp_invariant.py shows that merge's rounding differ)."""
+    base, base_pools, gaps, base_lg = invariant_run(monkeypatch, *tied_tp8, 1, dtype)
+    assert gaps[0] == 0 and min(gaps[i] for i in (2, 3, 4)) == 0, gaps  # ties: the tie-break decides
+    for dcp in (2, 4, 8):
+        out, pools, _, lg = invariant_run(monkeypatch, *tied_tp8, dcp, dtype)
+        assert torch.equal(lg, base_lg), dcp
+        assert out == base and sum(len(steps) for _, steps in out) > 0
+        assert len(pools) == len(base_pools) and all(torch.equal(a, b) for a, b in zip(pools, base_pools)), dcp
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL takes one rank per GPU)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_invariant_merge_on_gpus_over_nccl(tied_tp8, monkeypatch, dtype):
+    """The same on CUDA ranks over NCCL, decode replayed from CUDA graphs: TP = the GPUs (2, 4 or 8), DCP 1 against
+    every DCP size up to it."""
+    tp = 1 << (min(torch.cuda.device_count(), 8).bit_length() - 1)
+    base, base_pools, _, base_lg = invariant_run(monkeypatch, *tied_tp8, 1, dtype, tp=tp, device="cuda")
+    for dcp in (d for d in (2, 4, 8) if d <= tp):
+        out, pools, _, lg = invariant_run(monkeypatch, *tied_tp8, dcp, dtype, tp=tp, device="cuda")
+        assert torch.equal(lg, base_lg), dcp
+        assert out == base and all(torch.equal(a, b) for a, b in zip(pools, base_pools)), dcp
+
+
 def test_union_attends_another_set_beyond_the_top_k_and_the_same_within_it(ckpts, control):
     union, lg, _ = engine_run(ckpts["default"], ckpts["draft"], tp=4, dcp=4, dsa_topk="union")
     _, base_lg, _ = control

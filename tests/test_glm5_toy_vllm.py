@@ -22,7 +22,7 @@ import torch
 
 from qual.runtime.models.glm5.config import load_glm5_config, parse_glm5_config
 from qual.runtime.models.glm5.memory import Deployment, memory_plan, vllm_kda_state_bytes
-from qual.runtime.models.glm5.weights import FP8_KEPT, fp8_load_path
+from qual.runtime.models.glm5.fp8_weights import FP8_KEPT, fp8_load_path
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "qual" / "data" / "models" / "glm-toy-vllm"

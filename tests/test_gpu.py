@@ -1,5 +1,8 @@
 """CUDA and NCCL: the same invariants on GPUs, plus CUDA graphs equal eager. Skipped without CUDA."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -147,6 +150,44 @@ def test_skinny_gemm_kernel_matches_float64(m, n, k, pdl):
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
     if pdl:
         assert torch.equal(got, skinny_gemm.linear(x, w))
+
+
+def _gluon_gemm():
+    """bench/gluon_gemm.py, or a skip where it cannot run (compute capability 9.0 and the Triton it is written in)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gluon_gemm
+
+    if not (gluon_gemm.available() and torch.cuda.get_device_capability() >= (9, 0)):
+        pytest.skip("needs compute capability 9.0 and the Triton the Gluon kernels are written in")
+    return gluon_gemm
+
+
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (1, 6144, 4096, None), (8, 4096, 14336, None), (16, 28672, 4096, None), (3, 200, 328, (64, 64, 3, 2)),
+    (5, 130, 4096, (128, 128, 7, 3)), (16, 640, 256, (256, 64, 1, 3)), (2, 64, 1000, (64, 64, 16, 6))])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gluon_products_match_float64(m, n, k, cfg, pdl):
+    """The Gluon product's partials and its finishing form (residual added, column blocks summed by their last
+    program) against float64: the 8B shape's products at choose_config, ragged column and K blocks (TMA reads zeros
+    past the edges), more splits than K tiles a program; with PDL the same bits. Twice in a row: the finishing
+    counts are left at zero."""
+    gluon_gemm = _gluon_gemm()
+    cfg = gluon_gemm.GluonConfig(*cfg) if cfg else None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    res = torch.randn(m, n, device="cuda", generator=g).bfloat16()
+    exact = x.double() @ w.double().T
+    got = gluon_gemm.partials(x, w, cfg, pdl=pdl)
+    assert got.shape == ((cfg or gluon_gemm.choose_config(n, k)).split, m, n)
+    torch.testing.assert_close(got.double().sum(0), exact, rtol=1e-5, atol=5e-4)  # float32 sums of exact products
+    counts = torch.zeros(-(-n // 64), device="cuda", dtype=torch.int32)
+    for _ in range(2):
+        fin = gluon_gemm.finished(x, w, counts, res, 0.5, cfg, pdl=pdl)
+        torch.testing.assert_close(fin.double(), 0.5 * exact + res.double(), rtol=2 ** -8, atol=1e-2)
+        assert not counts.any()
+    if pdl:
+        assert torch.equal(got, gluon_gemm.partials(x, w, cfg))
 
 
 @pytest.mark.parametrize("r,q,h,hk,d,s,splits", [

@@ -258,7 +258,7 @@ def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
     assert history.last_pass(old, night).id == 4  # nights 3 and 5 (sharded draft KV) failed
     assert history.pin(old, 2, "2026-12-06T00:00:00+00:00")[0].id == 2
     with sqlite3.connect(old) as conn:
-        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "5"
+        assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(history.SCHEMA_VERSION) == "6"
     conn.close()
 
 
@@ -288,6 +288,39 @@ def test_a_v3_history_keeps_its_pins_under_the_new_key(tmp_path):
     key = replace(history.configuration_of(night), target=NO_IDENTITY, draft=NO_IDENTITY)
     assert history.get_run(path, 1).key == key
     assert history.pinned_run(path, key).id == 1
+
+
+def test_a_v4_history_keys_gain_the_dcp_merge_path_and_keep_the_rest(tmp_path):
+    """v4 keyed configurations without the DCP merge path: v5 reads it from each row's stored candidate config and
+    keeps the rest of the key as recorded (the checkpoints' identities, which a recomputation would lose), and pins
+    follow their runs."""
+    path = tmp_path / "v4.sqlite"
+    night = synthetic_result(40, 0.75, 0.75, n_resamples=100, extra={"reference": {"dcp_comm": "invariant"}})
+    history.record_run(path, night, "a/result.json")
+    key = replace(history.configuration_of(night), target="sha256:" + "1" * 64)
+    assert key.dcp_comm == "invariant" and "merge=invariant" in key.label()
+    v4 = {k: v for k, v in json.loads(key.key()).items() if k != "dcp_comm"}
+    with sqlite3.connect(path) as conn:  # the row and a pin on it as a v4 qual left them
+        conn.execute("UPDATE runs SET configuration = ?", (json.dumps(v4),))
+        conn.execute("INSERT INTO pins VALUES (?, 1, '2026-12-03T00:00:00+00:00')", (json.dumps(v4),))
+        conn.execute("UPDATE meta SET value = '4'")
+    conn.close()
+    assert history.get_run(path, 1).key == key
+    assert history.pinned_run(path, key).id == 1
+
+
+def test_the_dcp_merge_path_is_part_of_the_configuration_key():
+    """Runs that differ only in how DCP partial attentions merge are different configurations: the reference engine's
+    dcp_comm, vLLM's dcp_comm_backend; unknown where the engine section names none (vLLM's own default)."""
+    def key(engine, section):
+        return history.configuration_of(synthetic_result(40, 0.75, 0.75, n_resamples=100, engine=engine,
+                                                         extra={engine: section}))
+
+    a2a, invariant = key("reference", {"dcp_comm": "a2a"}), key("reference", {"dcp_comm": "invariant"})
+    assert [d[0] for d in a2a.differences(invariant)] == ["dcp_comm"]
+    assert "merge=" not in a2a.label() and "merge=invariant" in invariant.label()
+    assert key("vllm", {"dcp_comm_backend": "ag_rs"}).dcp_comm == "ag_rs"
+    assert key("vllm", {}).dcp_comm == NO_IDENTITY
 
 
 def test_a_new_history_is_created_at_the_current_schema(db):
@@ -362,35 +395,29 @@ def test_cli_a_damaged_row_is_one_line_naming_it(db, tmp_path, capsys, column, v
         assert (proc.returncode, proc.stderr) == (2, f"error: history {db}: run 3: {what}\n"), command
 
 
-def test_a_v4_history_gains_numerics_in_its_keys_and_keeps_its_pins(tmp_path):
-    """v4 keyed configurations without the target's numerics: v5 recomputes every key. A GLM run recorded then
-    (sparse top-k recorded, no numerics) computed the one form there was, which is today's default ("exact"): it
-    stays in the series a run of today without --numerics belongs to; a Qwen3 run's target has no choice ("none")."""
-    path = tmp_path / "v4.sqlite"
-    with sqlite3.connect(path) as conn:
-        conn.executescript(history._SCHEMA_V1)
-        conn.execute("INSERT INTO meta VALUES ('schema_version', '4')")
-        for migrate in (history._migrate_v1_to_v2, history._migrate_v2_to_v3, history._migrate_v3_to_v4):
-            migrate(conn)
-        conn.execute("UPDATE meta SET value = '4'")
-    conn.close()
+def test_a_v5_history_keys_gain_numerics_and_keep_the_rest(tmp_path):
+    """v5 keyed configurations without the target's numerics: v6 reads them from each row's stored candidate config
+    and keeps the rest of the key as recorded; a GLM run recorded before numerics existed (sparse top-k recorded, no
+    numerics) computed the one form there was, today's default ("exact"), and stays in the series a run of today
+    without --numerics belongs to; a Qwen3 run's target has one form ("none"). Pins follow their runs."""
+    path = tmp_path / "v5.sqlite"
     glm = synthetic_result(40, 0.75, 0.75, n_resamples=100, created_at="2026-12-02T02:00:00+00:00", model="glm-toy",
-                           dsa_topk="exact")
+                           dsa_topk="exact", numerics="exact")
     toy = _night(3)
-    with sqlite3.connect(path) as conn:
-        for night in (glm, toy):
+    history.record_run(path, glm, "a/result.json")
+    history.record_run(path, toy, "b/result.json")
+    keys = [replace(history.configuration_of(r), target="sha256:" + "1" * 64) for r in (glm, toy)]
+    assert [k.numerics for k in keys] == ["exact", "none"]
+    with sqlite3.connect(path) as conn:  # the rows and a pin as a v5 qual left them: no numerics anywhere
+        for run_id, (key, night) in enumerate(zip(keys, (glm, toy)), 1):
+            v5 = {k: v for k, v in json.loads(key.key()).items() if k != "numerics"}
             config = {arm: {k: v for k, v in getattr(night, arm).config.items() if k != "numerics"}
                       for arm in ("control", "candidate")}
-            conn.execute(
-                "INSERT INTO runs (created_at, model, engine, engine_version, dcp, tp, draft_kv, config_key, "
-                "corpus_name, corpus_fingerprint, n_requests, verdict, failed_checks, config_json, configuration) "
-                "VALUES (?, ?, 'reference', 'qual-reference 0.1.0', 4, 4, 'replicated', 'k', 'c', ?, 40, 'pass', "
-                "'[]', ?, 'v4 key')", (night.created_at, night.candidate.config["model"], night.corpus.fingerprint,
-                                       json.dumps(config)))
-        conn.execute("INSERT INTO pins VALUES ('v4 key', 1, '2026-12-03T00:00:00+00:00')")
+            conn.execute("UPDATE runs SET configuration = ?, config_json = ? WHERE id = ?",
+                         (json.dumps(v5), json.dumps(config), run_id))
+            if run_id == 1:
+                conn.execute("INSERT INTO pins VALUES (?, 1, '2026-12-03T00:00:00+00:00')", (json.dumps(v5),))
+        conn.execute("UPDATE meta SET value = '5'")
     conn.close()
-    glm_now = replace(history.configuration_of(replace(glm, candidate=replace(
-        glm.candidate, config={**glm.candidate.config, "numerics": "exact"}))), target=NO_IDENTITY, draft=NO_IDENTITY)
-    assert history.get_run(path, 1).key == glm_now and glm_now.numerics == "exact"
-    assert history.get_run(path, 2).key.numerics == "none"
-    assert history.pinned_run(path, glm_now).id == 1
+    assert [history.get_run(path, i).key for i in (1, 2)] == keys
+    assert history.pinned_run(path, keys[0]).id == 1

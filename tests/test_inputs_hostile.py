@@ -79,7 +79,7 @@ def tree(folder: Path) -> dict[str, str]:
 @pytest.fixture
 def toy_profile(tmp_path):
     """A profile file for the shipped toy pair (absolute checkpoint paths), and a writer of variants of it."""
-    base = yaml.safe_load((paths.PROFILE_DIR / "toy.yaml").read_text())
+    base = yaml.safe_load(paths.shipped("profile", "toy").read_text())
     base.update(target=str(TOY / "target"), draft=str(TOY / "draft"), max_tokens=4)
 
     def write(text: str | None = None, name: str = "p.yaml", **change) -> Path:

@@ -43,6 +43,24 @@ for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 4)):
         reduced(x, w, counts, cfg, pdl)
 """
 
+GLUON_PRODUCTS = """
+import sys
+import torch
+sys.path.insert(0, "{bench}")
+from gluon_gemm import GluonConfig, finished, partials
+
+# the 8B shape's qkv with PDL (first: its PTX is read), down and the LM head at choose_config, a row or sixteen
+for pdl, m, n, k in [(True, 1, 6144, 4096), (False, 1, 6144, 4096), (True, 16, 4096, 14336), (True, 1, 128256, 4096)]:
+    partials(torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(), pdl=pdl)
+# ragged column and K blocks, fp16; the finishing product unsplit and split, with a residual and without
+partials(torch.randn(3, 328).half(), torch.randn(200, 328).half(), GluonConfig(64, 64, 3, 2))
+counts = torch.zeros(64, dtype=torch.int32)
+x, w = torch.randn(3, 4096).bfloat16(), torch.randn(640, 4096).bfloat16()
+finished(x, w, counts, torch.randn(3, 640).bfloat16(), 0.5, GluonConfig(128, 64, 1), True)
+finished(x, w, counts, torch.randn(3, 640).bfloat16(), 0.5, GluonConfig(128, 64, 4), True)
+finished(x, w, counts, cfg=GluonConfig(64, 128, 4, 3))
+"""
+
 ATTENTION = """
 import torch
 from qual.runtime.backends.paged_attention import paged_attention
@@ -92,15 +110,20 @@ with tempfile.TemporaryDirectory() as tmp:
 DEVICE_TRITON = Path(sys.prefix) / "triton-device"
 
 
-def compile_for_hopper(script: str) -> str:
+def compile_for_hopper(script: str, *flags: str) -> str:
     device_triton = [str(DEVICE_TRITON)] if (DEVICE_TRITON / "triton").is_dir() else []
     path = [*device_triton, str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=os.pathsep.join(path), TRITON_DEFAULT_FP_FUSION="1")
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "hopper_compile.py")], input=script, env=env,
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "hopper_compile.py"), *flags], input=script, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
     return out.stdout
+
+
+def compile_ptx(script: str) -> str:
+    """The PTX of the one kernel the script launches, compiled for sm_90 (hopper_compile.py --ptx)."""
+    return compile_for_hopper(script, "--ptx").split("ok\n")[0].split("PTX:\n", 1)[1]
 
 
 def test_split_k_product_compiles_for_hopper():
@@ -118,6 +141,25 @@ def test_the_chains_finished_product_compiles_for_hopper():
     with and without PDL."""
     out = compile_for_hopper(FINISHED.format(bench=ROOT / "bench"))
     assert out.count("_reduced_kernel:") == 4, out
+
+
+@pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
+def test_gluon_products_compile_for_hopper_two_programs_an_sm():
+    """The Gluon products (bench/gluon_gemm.py) lower for sm_90 with the GPU image's Triton (its
+    interpreter does not run Gluon): each program keeps within 96 registers a thread (8 warps: two programs an SM
+    share its 64K, a quarter left for a small kernel launched early) and half an SM's shared memory, nothing spilled; with PDL the producer warp issues weight tiles
+    (TMA) before its wait and x's after it, and no program stores before the wait."""
+    out = compile_for_hopper(GLUON_PRODUCTS.format(bench=ROOT / "bench"), "--ptx")
+    lines = [line for line in out.splitlines() if line.startswith(("_partials_kernel:", "_finished_kernel:"))]
+    assert len(lines) == 8 and sum(line.startswith("_finished_kernel:") for line in lines) == 3, out
+    for line in lines:
+        regs, shared = int(line.split(" registers")[0].split()[-1]), int(line.split(" B shared")[0].split()[-1])
+        assert regs <= 96 and shared <= 113 << 10 and " 0 B stack" in line, line
+    ptx = out.split("PTX:\n", 1)[1].split("\n_partials_kernel:", 1)[0]  # the first launch's: qkv with PDL
+    # the producer's code: its first TMA copy, a wait, more copies (the consumer's own wait guards the stores)
+    first_copy, producer_wait = ptx.index("cp.async.bulk.tensor"), ptx.rindex("griddepcontrol.wait")
+    assert first_copy < producer_wait < ptx.rindex("cp.async.bulk.tensor"), "weight tiles issued before the PDL wait"
+    assert ptx.index("griddepcontrol.wait") < ptx.index("st.global"), "a store before the PDL wait"
 
 
 def test_paged_attention_compiles_for_hopper():

@@ -29,6 +29,22 @@ def wheel(tmp_path_factory) -> Path:
     return next(dist.glob("qual-*.whl"))
 
 
+def test_the_wheel_maps_the_root_folders_into_the_package(wheel):
+    """configs/ and corpora/ at the repository's top are in the wheel as qual/data/configs and qual/data/corpora,
+    byte for byte: one copy in the repository, mapped by the build."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for folder in ("configs", "corpora"):
+            files = [p for p in (ROOT / folder).rglob("*") if p.is_file()]
+            assert files
+            for path in files:
+                inside = f"qual/data/{path.relative_to(ROOT)}"
+                assert inside in names and archive.read(inside) == path.read_bytes()
+        assert "qual/data/models/toy/target/model.safetensors" in names and "qual/report/templates/report.html.j2" in names
+
+
 def test_the_wheel_ships_the_result_schema(wheel):
     """result.json's schemas (a run's and a sweep's) are package data: the wheel holds the generated ones, where
     `qual schema [--sweep]` reads them."""
@@ -65,3 +81,19 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(wheel, tmp_path
     assert len(result["arms"]["control"]["per_request"]) == 2
     printed = sh(venv / "bin" / "qual", "schema", cwd=work, env=env).stdout  # the schema, from the package
     assert json.loads(printed)["$id"] == result["schema"]
+    # The root folders, mapped into the package by the build: found there, and said so.
+    site = next((venv / "lib").glob("python3*/site-packages")) / "qual" / "data"
+    listing = sh(venv / "bin" / "qual", "corpus", "list", cwd=work, env={**env, "COLUMNS": "250"}).stdout
+    assert f"{site / 'corpora'} (package)" in listing
+    assert all(line.rstrip(" │").endswith("package") for line in listing.splitlines() if "│ humaneval" in line)
+    dry = sh(venv / "bin" / "qual", "run", "--dry-run", "--history", tmp_path / "h.sqlite", cwd=work, env=env).stdout
+    assert f"# gate file: {site / 'configs' / 'gates' / 'nightly.yaml'} (package)" in dry
+    # An import never writes into the installed package: without QUAL_ROOT or --into, one line says what to pass.
+    src = work / "rows.jsonl"
+    src.write_text(json.dumps({"id": "a", "prompt": "p"}) + "\n")
+    refused = subprocess.run([venv / "bin" / "qual", "corpus", "import", src, "--name", "x"], cwd=work,
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert refused.returncode == 2 and "pass --into DIR, or set QUAL_ROOT" in refused.stderr, refused.stderr
+    assert not (site / "corpora" / "x.jsonl").exists()
+    sh(venv / "bin" / "qual", "corpus", "import", src, "--name", "x", "--into", work / "corpora", cwd=work, env=env)
+    assert (work / "corpora" / "x.jsonl").is_file()

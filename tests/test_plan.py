@@ -61,7 +61,7 @@ def refused(argv: list, tmp_path: Path, capsys, words: str, dry_run: bool = True
     (["--temperature", "inf"], "--temperature: input should be a finite number (got inf)"),
     (["--corpus", ""], "--corpus: string should have at least 1 character"),
     (["--out", ""], "--out: string should have at least 1 character"),
-    (["--device", "tpu"], "--device: string should match pattern"),
+    (["--device", "tpu"], "--device: must be cpu, cuda or cuda:N (got 'tpu')"),
     (["--max-tokens", 10**9], "max_tokens 1000000000 needs 1000000"),
     (["--max-tokens", 10**12], "--max-tokens: input should be less than or equal to 2147483647"),
 ])
@@ -269,18 +269,15 @@ def test_a_dry_run_refuses_what_the_run_would_from_the_files_alone(base, tmp_pat
     refused([*urls, "--device", "cuda"], tmp_path, capsys, "--device: an attached server runs where")
 
 
-def test_a_dry_run_of_a_gpu_plan_says_what_it_did_not_check(base, tmp_path, capsys):
-    """A dry run may plan a GPU run from a machine without one: it passes, and says that part is unchecked."""
-    old = sys.argv
-    sys.argv = ["qual", "run", "--model", str(base), "--dcp", "1", "--device", "cuda", "--dtype", "bfloat16",
-                "--dry-run", "--history", str(tmp_path / "h.sqlite")]
-    try:
-        with pytest.raises(SystemExit) as done:
-            main()
-    finally:
-        sys.argv = old
-    out = capsys.readouterr().out
-    assert done.value.code == 0 and "# not checked by a dry run: that the machine that runs it has the GPUs" in out
+def test_a_dry_run_of_a_gpu_plan_says_what_this_machine_lacks(base, tmp_path):
+    """A dry run may plan a GPU run from a machine without one: it passes, and lists what the machine lacks (the run
+    would be refused for it); on a machine with the GPU it lists nothing."""
+    from machines import H100, NO_GPUS, Machine
+    from qual.harness.plan import RunOptions, make_plan
+
+    options = RunOptions(model=str(base), dcp=1, device="cuda", dtype="bfloat16", history=str(tmp_path / "h.sqlite"))
+    assert make_plan(options, dry_run=True, inventory=NO_GPUS).lacking == ["GPUs: 1 needed (one a TP rank), none found"]
+    assert make_plan(options, dry_run=True, inventory=Machine([H100])).lacking == []
 
 
 def test_run_json_names_the_history_by_its_full_path(tmp_path, monkeypatch):
@@ -302,10 +299,11 @@ def test_run_json_names_the_history_by_its_full_path(tmp_path, monkeypatch):
 def test_a_corpus_its_manifest_does_not_describe_runs_with_a_warning(base, tmp_path, capsys):
     """A corpus file edited after its import (qual corpus list: MISMATCH) runs as it is, with a warning on stderr;
     one that matches its manifest runs without."""
-    from qual.paths import DATA_DIR
+    from qual.paths import shipped
 
+    smoke = shipped("corpus", "smoke")
     for name in ("smoke.jsonl", "smoke.manifest.json"):
-        shutil.copy(DATA_DIR / "corpora" / name, tmp_path / name)
+        shutil.copy(smoke.with_name(name), tmp_path / name)
     argv = ["run", "--model", base, "--dcp", 1, "--corpus", tmp_path / "smoke.jsonl", "--dry-run",
             "--history", tmp_path / "h.sqlite"]
     code, err = qual(argv, capsys)

@@ -13,7 +13,7 @@ import pytest
 
 import qual
 from qual.harness.build import build_result, provenance_differences
-from qual.paths import DEFAULT_GATE, source_checkout
+from qual.paths import default_gate, source_checkout
 from qual.provenance import local_host
 from qual.records import EngineBuild, HostFacts
 from qual.result import CorpusInfo, load_result, save_result
@@ -31,7 +31,7 @@ def _result(tmp_path, control_build, candidate_build, candidate_dtype="float32",
                                                                                 build=control_build), control),
                         (synthetic_arm_config(4, dtype=candidate_dtype, numerics=numerics[1]),
                          replace(synthetic_run_info(candidate), build=candidate_build), candidate),
-                        DEFAULT_GATE, 0, n_resamples=50)
+                        default_gate(), 0, n_resamples=50)
 
 
 def test_every_arm_records_where_it_came_from(tmp_path):
@@ -45,7 +45,7 @@ def test_every_arm_records_where_it_came_from(tmp_path):
             head = subprocess.run(["git", "-C", str(source_checkout()), "rev-parse", "HEAD"], capture_output=True,
                                   text=True).stdout.strip()
             assert p["qual_commit"] == head and isinstance(p["qual_checkout_dirty"], bool)
-        assert p["gate_sha256"] == "sha256:" + hashlib.sha256(DEFAULT_GATE.read_bytes()).hexdigest()
+        assert p["gate_sha256"] == "sha256:" + hashlib.sha256(default_gate().read_bytes()).hexdigest()
         assert p["corpus_fingerprint"] == "sha256:" + "cd" * 32
         assert p["host"]["hostname"] == local_host().hostname and p["host"]["torch"]
         assert p["host"]["cpu_model"] or p["host"]["gpus"]

@@ -24,6 +24,28 @@ def test_dcp_greedy_tokens_and_proposals_equal_dcp1(tiny_pair, control, dcp, int
     torch.testing.assert_close(logits, base_logits, rtol=0, atol=1e-10)
 
 
+@pytest.fixture(scope="module")
+def pair_tp8(tmp_path_factory):
+    """The tiny pair with 8 query heads over one KV head: TP 8 takes DCP 1, 2, 4 and 8."""
+    from checkpoints import make_draft, make_target
+
+    root = tmp_path_factory.mktemp("tp8")
+    return make_target(root / "target", num_attention_heads=8), make_draft(root / "draft", num_attention_heads=8)
+
+
+def test_invariant_merge_makes_gqa_dcp_n_dcp_1_bit_for_bit(pair_tp8):
+    """dcp_comm invariant at TP 8 (GQA: 8 query heads share one KV head): DCP N's float32 prompt logits are DCP 1's
+    bit for bit, and so are its tokens, proposals and acceptance (bfloat16 and the other paths: the GLM target's test
+    in tests/test_glm5_runtime.py, the shard math in tests/test_dcp_invariant.py)."""
+    reqs = prompts(3, max_tokens=8)  # 3, 17 and 40 tokens
+    base, base_logits = run(*pair_tp8, tp=8, dtype="float32", dcp_comm="invariant", logits=True, requests=reqs)
+    for dcp in (2, 4, 8):
+        out, logits = run(*pair_tp8, tp=8, dcp=dcp, dtype="float32", dcp_comm="invariant", logits=True, requests=reqs)
+        assert torch.equal(logits, base_logits), dcp
+        assert [(r.output_token_ids, r.draft_steps, r.accepted_per_position) for r in out] == \
+            [(r.output_token_ids, r.draft_steps, r.accepted_per_position) for r in base]
+
+
 def test_float32_logits_within_tolerance(tiny_pair, control):
     _, base_logits = control
     _, logits = run(*tiny_pair, tp=4, dcp=4, interleave=2, dtype="float32", logits=True)

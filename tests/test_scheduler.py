@@ -15,10 +15,11 @@ def seq(name: str, prompt: int, max_tokens: int, K: int = 3, output: int = 0) ->
     return s
 
 
-def cache(blocks: int, block_size: int = 4) -> CacheManager:
+def cache(blocks: int, block_size: int = 4, dcp: int = 1, admission_dcp: int | None = None) -> CacheManager:
     spec = KVCacheSpec("gqa", SHARDED, 2, num_kv_heads=1, head_dim=4)
     group = KVCacheGroup("target", spec, ("t.0",))
-    return CacheManager([group], block_size, 1, memory_bytes=blocks * group.block_bytes(block_size), lookahead=4)
+    return CacheManager([group], block_size, dcp, memory_bytes=blocks * group.block_bytes(block_size), lookahead=4,
+                        admission_dcp=admission_dcp)
 
 
 def test_admission_takes_the_front_while_seats_budget_and_cache_hold():
@@ -77,3 +78,28 @@ def test_a_sequence_counts_its_verify_steps_and_stops_at_eos_or_length():
     t = seq("b", 4, 2)
     t.append([1, 2, 3], [0.0] * 3, eos=frozenset())
     assert t.output == [1, 2] and t.finish_reason == "length"
+
+
+def _admissions(c: CacheManager, lengths: list[int], finish_after: int = 2) -> list[list[str]]:
+    """The requests each step admits, 4 seats, every admitted request finishing `finish_after` steps later."""
+    waiting = deque(seq(f"r{i}", n, 6) for i, n in enumerate(lengths))
+    running: list[tuple[int, Sequence]] = []
+    steps = []
+    for step in range(3 * len(lengths)):
+        for s in [s for t, s in running if step - t >= finish_after]:
+            c.free(s.req.id)
+        running = [(t, s) for t, s in running if step - t < finish_after]
+        admitted = admit(waiting, len(running), c, 4, 1000, tail=4)
+        running += [(step, s) for s in admitted]
+        steps.append([s.req.id for s in admitted])
+    return steps
+
+
+def test_admission_at_dcp_1_makes_dcp_n_admit_what_dcp_1_does():
+    """Under the invariant merge (ParallelConfig.admission_dcp == 1) a DCP 4 engine admits the same requests into the
+    same steps as DCP 1 where memory binds; reckoned at its own DCP size it admits more at once (another batch)."""
+    lengths = [30, 14, 40, 22, 9, 35, 18, 27]
+    dcp1 = _admissions(cache(24), lengths)
+    assert _admissions(cache(24, dcp=4, admission_dcp=1), lengths) == dcp1
+    assert _admissions(cache(24, dcp=4), lengths) != dcp1
+    assert max(len(a) for a in dcp1) < 4  # memory, not the seats, bound DCP 1 here

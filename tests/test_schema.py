@@ -4,15 +4,13 @@ validating, never broken within a version, and printed by `qual schema`."""
 from __future__ import annotations
 
 import json
-import typing
-from dataclasses import make_dataclass
+import re
 from pathlib import Path
 
 import pytest
 
 from qual import schema as schema_mod
-from qual.records import ArmConfig
-from qual.result import ArmResult, save_result
+from qual.result import save_result
 from qual.schema import COMMITTED, SWEEP_COMMITTED, incompatible, key_paths, result_schema, sweep_schema
 from synthetic import synthetic_result
 
@@ -78,16 +76,16 @@ def test_no_key_of_the_committed_schema_is_renamed_or_removed():
     assert incompatible(json.loads(COMMITTED.read_text()), result_schema()) == []
 
 
-def _renamed_config_schema(monkeypatch) -> dict:
+def _renamed_config_schema() -> dict:
     """The schema a qual would generate whose ArmConfig spelled `dcp` as `dcp_size`."""
-    fields = [("dcp_size" if f == "dcp" else f, t) for f, t in typing.get_type_hints(ArmConfig).items()]
-    renamed = make_dataclass("ArmConfig", fields)
-    monkeypatch.setitem(schema_mod.JSON_FORM, (ArmResult, "config"), renamed)
-    return result_schema()
+    schema = result_schema()
+    props = schema["$defs"]["ArmConfig"]["properties"]
+    schema["$defs"]["ArmConfig"]["properties"] = {("dcp_size" if k == "dcp" else k): v for k, v in props.items()}
+    return schema
 
 
-def test_a_renamed_key_is_caught(monkeypatch):
-    broken = incompatible(json.loads(COMMITTED.read_text()), _renamed_config_schema(monkeypatch))
+def test_a_renamed_key_is_caught():
+    broken = incompatible(json.loads(COMMITTED.read_text()), _renamed_config_schema())
     assert "arms.control.config.dcp: removed or renamed" in broken
     assert "arms.candidate.config.dcp: removed or renamed" in broken
 
@@ -96,7 +94,7 @@ def test_write_refuses_to_break_the_committed_schema(monkeypatch, tmp_path, caps
     committed = tmp_path / "result.schema.json"
     committed.write_text(COMMITTED.read_text())
     monkeypatch.setattr(schema_mod, "COMMITTED", committed)
-    _renamed_config_schema(monkeypatch)
+    monkeypatch.setattr(schema_mod, "result_schema", _renamed_config_schema)
     assert schema_mod.main(["--write"]) == 1
     assert "arms.control.config.dcp: removed or renamed" in capsys.readouterr().err
     assert committed.read_text() == COMMITTED.read_text()
@@ -136,3 +134,48 @@ def test_a_broken_result_does_not_validate(tmp_path, result_schema_validator, br
     assert not list(result_schema_validator.iter_errors(data))
     break_it(data)
     assert list(result_schema_validator.iter_errors(data))
+
+
+def _properties(node, where: str = ""):
+    """(path, schema) of every property the node declares, nested objects included (definitions are walked apart)."""
+    for key, prop in (node.get("properties") or {}).items():
+        yield f"{where}.{key}" if where else key, prop
+        yield from _properties(prop, f"{where}.{key}" if where else key)
+    for option in node.get("anyOf", []):
+        yield from _properties(option, where)
+    if isinstance(node.get("items"), dict):
+        yield from _properties(node["items"], f"{where}[]")
+
+
+def _numeric(node, defs) -> bool:
+    """Whether a property holds numbers: itself, its items, its values or one of its options."""
+    node = defs[node["$ref"].rsplit("/", 1)[-1]] if "$ref" in node and len(node) == 1 else node
+    types = node.get("type", [])
+    if {"number", "integer"} & set(types if isinstance(types, list) else [types]):
+        return True
+    inner = [node.get("items"), node.get("additionalProperties"), *node.get("anyOf", [])]
+    return any(isinstance(n, dict) and "$ref" not in n and _numeric(n, defs) for n in inner)
+
+
+@pytest.mark.parametrize("generate", [result_schema, sweep_schema], ids=["result", "sweep"])
+def test_every_property_says_what_it_holds_and_every_number_its_unit(generate):
+    """result.json documented by construction: every record and every property of the schema has a description (the
+    field's docstring), and every number's ends with its unit in brackets, one of the units the schema's top says."""
+    schema = generate()
+    units = "|".join(re.escape(u) for u in schema_mod.UNITS)
+    assert all(f"[{u}]" in schema["description"] for u in schema_mod.UNITS)
+    nodes = [("", schema), *schema["$defs"].items()]
+    assert [name for name, node in nodes[1:] if not node.get("description")] == []
+    props = [(f"{name}:{path}" if name else path, prop) for name, node in nodes for path, prop in _properties(node)]
+    assert len(props) > 200
+    assert [path for path, prop in props if not prop.get("description")] == []
+    unitless = [path for path, prop in props if _numeric(prop, schema["$defs"])
+                and not re.search(rf"\[({units})\]$", prop["description"])]
+    assert unitless == []
+
+
+def test_a_duplicate_kept_for_compatibility_is_marked_deprecated():
+    comparison = result_schema()["$defs"]["Comparison"]["properties"]
+    assert comparison["delta_rate_ci95"]["deprecated"] is True and "delta_rate_ci" in comparison["delta_rate_ci95"][
+        "description"]
+    assert not comparison["delta_rate_ci"].get("deprecated")

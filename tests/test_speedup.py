@@ -65,10 +65,16 @@ def test_the_plain_arm_runs_beside_the_two_and_the_speedup_is_recorded(speedup_r
         for q in arm["per_request"]:
             assert_latency_consistent(RequestResult.from_json(q))
         assert arm["latency"]["ttft_s"]["n"] == LIMIT and arm["latency"]["percentile_method"] == "linear"
+    batch = s["generate_tokens_per_second"]
+    assert s["batch_ratio"] == pytest.approx(batch["speculative"] / batch["plain"])
+    assert s["directions_agree"] == ((s["ratio"] >= 1) == (s["batch_ratio"] >= 1))
     assert "--speedup" in r["reproduce"]
-    assert "speedup \u00d7" in proc.stdout and "(measured on a CPU: noisy)" in proc.stdout
+    assert "speedup per request \u00d7" in proc.stdout and "(measured on a CPU: noisy)" in proc.stdout
+    assert "batch throughput \u00d7" in proc.stdout
     summary, report = (out / "summary.md").read_text(), (out / "report.html").read_text()
-    assert "### Latency" in summary and "| | control | candidate | plain |" in summary and "Speedup \u00d7" in summary
+    assert "### Latency" in summary and "| | control | candidate | plain |" in summary
+    assert summary.index("Speedup per request \u00d7") < summary.index("Batch throughput \u00d7") < \
+        summary.index("### Gate checks")  # said under the headline, not only in the latency section
     assert "Measured on a CPU" in summary
     assert "Latency and speedup" in report and "time to first token (p50 / p90 / p99)" in report
     assert "Measured on a CPU" in report
@@ -105,3 +111,52 @@ def test_speedup_is_refused_where_it_cannot_run(profile, tmp_path, capsys):
     proc = qual_in(capsys, "run", "--model", path, "--dcp", 1, "--speedup", "--dry-run")
     assert proc.returncode == 2, proc.stderr
     assert "has no drafter" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_per_request_and_batch_ratios_are_both_said_and_a_disagreement_flagged(tmp_path):
+    """A run whose requests each decode faster with the drafter (x1.27) while the batch finishes slower (15.6 -> 13.9
+    tok/s, x0.89): stdout, summary.md and report.html's first screen say both, that the bound applies to the
+    per-request ratio, and that the two disagree."""
+    from dataclasses import replace
+
+    from markupsafe import escape
+
+    from qual.report import html, markdown
+    from qual.report.latency import speedup_lines
+    from qual.result import Speedup
+    from synthetic import synthetic_result
+
+    result = synthetic_result(6, 0.75, 0.75)
+    speedup = Speedup(plain=replace(result.candidate), decode_tokens_per_second={"speculative": 20.3, "plain": 16.0},
+                      ratio=1.27, ratio_ci95=[1.1, 1.45], n_requests=6, mean_acceptance_length=4.36,
+                      step_s={"speculative": 0.0152, "plain": 0.0051}, bound=1.46,
+                      generate_tokens_per_second={"speculative": 13.9, "plain": 15.6}, target_outputs_identical=True,
+                      batch_ratio=13.9 / 15.6, directions_agree=False)
+    result = replace(result, speedup=speedup)
+    lines = speedup_lines(result)
+    assert lines[0].startswith("speedup per request \u00d71.27 (95% CI \u00d71.10\u2013\u00d71.45, 6 requests): "
+                               "decode 20.3 tok/s speculative vs 16.0 plain") and "applies to this ratio" in lines[0]
+    assert lines[1].startswith("batch throughput \u00d70.89: 13.9 tok/s speculative vs 15.6 plain")
+    assert lines[2].startswith("the two disagree: each request decodes faster with speculation, the batch runs slower")
+    summary = markdown.render(result)
+    assert summary.index("- ⚠️ The two disagree") < summary.index("### Gate checks")
+    page = html.render(result)
+    first_screen = page[page.index('<section class="verdict'):page.index("</section>")]
+    assert all(str(escape(line[1:])) in first_screen for line in lines)
+    assert len(speedup_lines(replace(result, speedup=replace(speedup, batch_ratio=1.05, directions_agree=True)))) == 2
+
+
+def test_the_batch_ratio_and_its_agreement_are_computed_from_the_arms():
+    from dataclasses import replace
+
+    from qual.harness.speedup import speedup
+    from synthetic import synthetic_result
+
+    result = synthetic_result(6, 0.75, 0.75)
+    fast, slow = (replace(result.candidate, throughput=replace(result.candidate.throughput, generate_seconds=g))
+                  for g in (1.0, 2.0))
+    s = speedup(fast, slow)
+    assert s.batch_ratio == pytest.approx(2.0) and s.generate_tokens_per_second["speculative"] == pytest.approx(
+        2 * s.generate_tokens_per_second["plain"])
+    assert s.directions_agree is ((s.ratio >= 1) == (s.batch_ratio >= 1)) if s.ratio is not None else \
+        s.directions_agree is None

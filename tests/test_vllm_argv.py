@@ -110,6 +110,7 @@ def test_cpu_tensor_parallel_gets_one_core_range_per_rank():
 @pytest.mark.parametrize("vllm, message", [
     ({"cudagraph_mode": "SOMETIMES"}, "cudagraph_mode"),
     ({"dcp_comm_backend": "carrier-pigeon"}, "dcp_comm_backend"),
+    ({"dcp_comm_backend": "invariant"}, "dcp_comm_backend"),  # the reference engine's merge path, not a vLLM backend
     ({"per_request_metrics": "all"}, "per_request_metrics"),
     ({"enforce_eager": True, "cudagraph_mode": "FULL"}, "enforce_eager"),
     ({"cudagraph_capture_sizes": [8, -1]}, "cudagraph_capture_sizes"),

@@ -35,6 +35,7 @@ from vllm_pair import TinyShape, build_tiny_pair
 from qual.errors import EngineError
 from qual.harness.plan import RunOptions, make_plan
 from qual.result import load_result
+from machines import NO_GPUS
 from toy_arms import acceptance_rate, differences
 
 VENV_PYTHON = REPO_ROOT / DEFAULT_VENV / "bin" / "python"
@@ -82,7 +83,7 @@ def assert_no_process_left(started):
 # -- nothing started --------------------------------------------------------------------------
 
 def test_dcp_above_one_without_cuda_is_not_runnable(tmp_path, tiny_pair, started_servers):
-    engine = VllmEngine(tmp_path, cuda_available=False)
+    engine = VllmEngine(tmp_path, inventory=NO_GPUS)
     info = engine.run(make_arm(tiny_pair, dcp=2), REQUESTS, lambda r: pytest.fail("nothing may run"))
     assert not info.runnable
     assert info.not_runnable_reason == DCP_NEEDS_GPU

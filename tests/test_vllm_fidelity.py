@@ -27,7 +27,7 @@ import yaml
 
 from qual.engines.vllm.install import REPO_ROOT, UNPATCHED_VENV
 from qual.gate import evaluate, load_gate
-from qual.paths import DEFAULT_GATE, GATE_DIR, PROFILE_DIR
+from qual.paths import default_gate, shipped
 from qual.result import load_result
 from toy_arms import acceptance_rate, differences, toy_control_arm
 
@@ -53,7 +53,7 @@ def nights(tmp_path_factory, toy_reference_run):
     db = root / "history.sqlite"
     for f in toy_reference_run.glob("history.sqlite*"):  # the shared run's files stay as it left them
         shutil.copy(f, root / f.name)
-    profile = yaml.safe_load((PROFILE_DIR / "toy.yaml").read_text())
+    profile = yaml.safe_load(shipped("profile", "toy").read_text())
     # vLLM keeps one model-info cache entry per model class, keyed by its source's hash: this build's
     # qwen3_dflash.py differs from the patched one, so a shared cache would be stale at every switch between
     # the builds, and each stale start re-inspects the class in a fresh interpreter (~15 s on two cores).
@@ -61,7 +61,7 @@ def nights(tmp_path_factory, toy_reference_run):
                        "env": {"VLLM_CACHE_ROOT": str(UNPATCHED_PYTHON.parents[1] / "vllm-cache")}}
     path = root / "toy-vllm-unpatched.yaml"
     path.write_text(yaml.safe_dump(profile))
-    tonight = qual("run", *SLICE, "--engine", "vllm", "--model", path, "--gate", GATE_DIR / "nightly-baseline.yaml",
+    tonight = qual("run", *SLICE, "--engine", "vllm", "--model", path, "--gate", shipped("gate", "nightly-baseline"),
                    "--baseline", toy_reference_run / "out", "--baseline-any", "--out", root / "vllm", "--history", db)
     return root, tonight
 
@@ -125,9 +125,9 @@ def test_the_paired_dcp_gate_passes_through_the_knorm_bug(nights):
     root, tonight = nights
     result = load_result(root / "vllm" / "result.json")
     assert result.control.engine_version.startswith("vllm") and result.control.acceptance.rate == result.candidate.acceptance.rate
-    nightly = evaluate(load_gate(DEFAULT_GATE), result)
+    nightly = evaluate(load_gate(default_gate()), result)
     assert nightly.passed, [c.detail for c in nightly.failed]
-    paired = {c.name: c.passed for c in result.gate.checks if c.name in {r.check for r in load_gate(DEFAULT_GATE).rules}}
+    paired = {c.name: c.passed for c in result.gate.checks if c.name in {r.check for r in load_gate(default_gate()).rules}}
     assert all(paired.values()) and len(paired) == 6, paired
 
 

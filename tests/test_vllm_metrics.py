@@ -75,3 +75,21 @@ def test_difference_and_padding():
 def test_malformed_text_is_an_error(bad):
     with pytest.raises(ValueError):
         parse_samples(bad)
+
+
+def test_hostile_text_is_a_value_error_whatever_the_parser_raises():
+    """A server's /metrics is untrusted (size-capped by the transport first): any text prometheus_client's parser
+    cannot read, and any count that is not a finite whole number, is a ValueError, which the engines turn into an
+    engine failure naming /metrics; never another exception (exit 4)."""
+    import random
+
+    rng = random.Random(0)
+    alphabet = 'a{}=",# \n\\1.eE_:vlm'
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
+    texts += ["vllm:spec_decode_num_drafts_total +Inf", "vllm:spec_decode_num_drafts_total NaN",
+              "vllm:spec_decode_num_drafts_total 2.5", 'a#_{, =c}cd_}"#=.=_\\']
+    for text in texts:
+        try:
+            parse_spec_counters(text)
+        except ValueError:
+            pass

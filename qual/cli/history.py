@@ -17,6 +17,7 @@ from rich.table import Table
 
 from qual import history as hist
 from qual.errors import QualError
+from qual.options import DRAFT_KV_MODES
 from qual.paths import DEFAULT_HISTORY
 from qual.cli.main import EXIT_GATE_FAILED, app
 
@@ -133,7 +134,8 @@ def trend_cmd(
     history: Path = HistoryOpt,
     model: Optional[str] = typer.Option(None, "--model", help="Only this model (a profile name, or its file)."),
     dcp: Optional[int] = typer.Option(None, "--dcp", help="Only candidates of this DCP size."),
-    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help="Only this draft KV layout."),
+    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", metavar="|".join(DRAFT_KV_MODES),
+                                           help="Only this draft KV layout."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the plot here (.png or .svg)."),
     threshold_pp: float = typer.Option(hist.DEFAULT_STEP_PP, "--threshold-pp", min=0.0,
                                        help="Flag changes larger than this between consecutive runs."),

@@ -20,23 +20,52 @@ from qual.proc import private_tmp, signals_held
 from qual.stop_signals import STOP_SIGNALS
 
 
-def _flags_show_no_value_type() -> None:
-    """Help shows no `<bool>` after a flag (`--dry-run`, `--help`): typer's rich help panel (from 0.2x, where typer
-    carries its own click) prints every option's type, flags included, as if `--dry-run <bool>` took a value; its
-    plain help, like click's, prints none for a flag. A flag's type is left out of the rich panel the same way."""
-    option = getattr(typer.core, "TyperOption", None)
+# Help's value placeholders in plain words, as click writes them: the rich panel of typer 0.2x (which carries its own
+# click) prints `<str>`, `<int range>`, `<path>`; these are its words for the same types.
+_PLAIN_TYPES = {"str": "TEXT", "int": "INTEGER", "int range": "INTEGER", "float": "FLOAT", "float range": "FLOAT",
+                "path": "PATH", "file": "FILE", "directory": "DIR", "list[str]": "TEXT", "list[Path]": "PATH"}
+
+
+def _plain(shown: str | None) -> str | None:
+    """'<int range>' -> 'INTEGER'; '<a|b>' (choices) -> 'a|b'; a metavar as it is."""
+    if shown is None or not (shown.startswith("<") and shown.endswith(">")):
+        return shown
+    inner = shown[1:-1]
+    return _PLAIN_TYPES.get(inner, inner)
+
+
+def _plain_help() -> None:
+    """Help as people read it, where typer's rich help (from 0.2x) says otherwise:
+    - no value placeholder after a flag (`--dry-run`, `--help`): typer prints every option's type, flags included, as
+      if `--dry-run <bool>` took a value; click's plain help prints none;
+    - a value's placeholder in click's words (TEXT, INTEGER, PATH) or the option's metavar, never `<str>`;
+    - a required argument as its name in capitals (`qual history publish [OPTIONS] DIR`), never `{DIR}` or `{a}`.
+    An older typer (click's own help) already does all three: nothing is changed there."""
+    option, argument = getattr(typer.core, "TyperOption", None), getattr(typer.core, "TyperArgument", None)
     shown = getattr(option, "display_type_rich", None)
-    if shown is None or getattr(shown, "flags_show_no_type", False):  # an older typer (click's metavar), or done
+    if shown is None or getattr(shown, "plain", False) or argument is None:
         return
 
-    def display_type_rich(self, ctx):
-        return None if self.is_flag and not self.count else shown(self, ctx)
+    def option_type(self, ctx):
+        return None if self.is_flag and not self.count else _plain(shown(self, ctx))
 
-    display_type_rich.flags_show_no_type = True
-    option.display_type_rich = display_type_rich
+    argument_shown = argument.display_type_rich
+
+    def argument_type(self, ctx):
+        return None if self.metavar is not None else _plain(argument_shown(self, ctx))
+
+    def usage_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    option_type.plain = True
+    option.display_type_rich = option_type
+    argument.display_type_rich = argument_type
+    argument.display_name_raw = property(lambda self: self.metavar if self.metavar is not None else self.name.upper())
+    argument._usage_display_name = usage_name
 
 
-_flags_show_no_value_type()
+_plain_help()
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -17,67 +17,117 @@ from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
 from qual.errors import QualError
 from qual.files import DirectoryLock
-from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE, DEFAULT_NUMERICS,
-                          DRAFT_KV_MODES, DSA_TOPK_MODES, NUMERICS, SHARDED)
-from qual.paths import DEFAULT_HISTORY
+from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE,
+                          DEFAULT_NUMERICS, DEFAULT_TEMPERATURE, DEVICES, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES,
+                          NUMERICS, SHARDED)
+from qual.paths import DEFAULT_HISTORY, origin
 from qual.userfiles import check_path_name
+
+
+# The panels of `qual run --help`, in the order a reader needs them
+WHAT = "What runs"
+KNOBS = "Engine knobs"
+CORPUS = "The corpus"
+GATE = "Gate and baseline"
+OUTPUTS = "Outputs"
+ATTACH = "Servers already running (--engine attach)"
+
+
+def _choices(values) -> str:
+    return "|".join(values)
 
 
 @app.command("run")
 def run_command(
     ctx: typer.Context,
-    model: str = typer.Option("toy", "--model", help="Model profile: a shipped name (qual/data/configs/models) or a YAML path."),
-    target: Optional[str] = typer.Option(None, "--target", help="Target checkpoint directory, in place of the "
-                                         "profile's (and its tokenizer's, unless the profile names a local one)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter checkpoint directory, in place of the profile's."),
-    dcp: Optional[str] = typer.Option(None, "--dcp", help="Candidate DCP size (default: the profile's, else 4); the control "
-                                      "is DCP 1. A list (2,4) sweeps: one candidate per value, the control run once."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="TP size of both arms (default: the profile's, else --dcp; a "
-                                     "sweep's control: its candidates' largest)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help=f"{' | '.join(ENGINES)} (default {DEFAULT_ENGINE}; "
-                                         "attach with --control-url/--candidate-url)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus name or JSONL path (default: the profile's)."),
-    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="A Jinja chat template file to render the "
-                                                "corpus's chat rows with, in place of the tokenizer's own."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Replay only the first K requests."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Max new tokens per request."),
-    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", help=f"{' | '.join(DRAFT_KV_MODES)} (default "
+    model: str = typer.Option("toy", "--model", metavar="NAME|FILE", rich_help_panel=WHAT, help="Model profile: a name "
+                              "(configs/models/NAME.yaml, looked for in $QUAL_ROOT, the checkout, the package) or a "
+                              "YAML file. It says which target and drafter, and how they run (engine, device, TP)."),
+    target: Optional[str] = typer.Option(None, "--target", metavar="DIR", rich_help_panel=WHAT, help="Target "
+                                         "checkpoint directory, in place of the profile's (and its tokenizer's, unless "
+                                         "the profile names a local one)."),
+    draft: Optional[str] = typer.Option(None, "--draft", metavar="DIR", rich_help_panel=WHAT,
+                                        help="Drafter checkpoint directory, in place of the profile's."),
+    engine: Optional[str] = typer.Option(None, "--engine", metavar=_choices(ENGINES), rich_help_panel=WHAT,
+                                         help=f"What runs the arms (default: attach where --control-url/--candidate-url "
+                                         f"are given, else the profile's engine, else {DEFAULT_ENGINE}: qual's "
+                                         "embedded runtime)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar=_choices(DEVICES), rich_help_panel=WHAT,
+                                         help=f"Where the arms run (default: the profile's, else {DEFAULT_DEVICE}); on "
+                                         "cuda one GPU a TP rank."),
+    dcp: Optional[str] = typer.Option(None, "--dcp", metavar="N[,N...]", rich_help_panel=WHAT, help="Candidate DCP "
+                                      f"size (default: the profile's, else {DEFAULT_DCP}); the control is DCP 1. A list "
+                                      "(2,4) sweeps: one candidate per value, the control run once."),
+    tp: Optional[int] = typer.Option(None, "--tp", metavar="N", rich_help_panel=WHAT, help="TP size of both arms "
+                                     "(default: the profile's, else TP follows --dcp: --dcp 3 runs TP 3; a sweep's "
+                                     "control: its candidates' largest)."),
+    speedup: bool = typer.Option(False, "--speedup", rich_help_panel=WHAT, help="Also run the candidate's "
+                                 "configuration without the drafter (plain decoding) and report decode tokens/s with "
+                                 "and without speculation, their ratio with a paired interval, and the "
+                                 "acceptance-implied bound."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar=_choices(DTYPES), rich_help_panel=KNOBS,
+                                        help="Floating-point type the arms compute in (default: the profile's)."),
+    draft_kv: Optional[str] = typer.Option(None, "--draft-kv", metavar=f"{_choices(DRAFT_KV_MODES)}[,...]",
+                                           rich_help_panel=KNOBS, help=f"The drafter's KV cache under DCP (default "
                                            f"{DEFAULT_DRAFT_KV}: the fix; {SHARDED}: the legacy bug; a list sweeps)."),
-    temperature: float = typer.Option(0.0, "--temperature"),
-    seed: int = typer.Option(0, "--seed"),
-    gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules: a YAML path or a shipped gate's name (nightly, the default; nightly-baseline)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Output directory (default ./reports/<time>-<model>-dcp<N>/)."),
-    history: Optional[str] = typer.Option(None, "--history", help=f"History database (default ./{DEFAULT_HISTORY})."),
-    device: Optional[str] = typer.Option(None, "--device", help=f"cpu | cuda | cuda:N (default {DEFAULT_DEVICE})."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Override the profile's dtype."),
-    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", help=f"Sparse-attention targets under DCP: "
-                                           f"{' | '.join(DSA_TOPK_MODES)} (default {DEFAULT_DSA_TOPK}: the global "
-                                           f"top-k; else each rank's local top-k; a list sweeps)."),
-    numerics: Optional[str] = typer.Option(None, "--numerics", help=f"How a GLM-5 target computes: "
-                                           f"{' | '.join(NUMERICS)} (default: the profile's, else {DEFAULT_NUMERICS}: "
-                                           "as written; vllm: as vLLM's kernels compute it; vllm-hopper: with "
-                                           "DeepGEMM's power-of-two scales too; docs/glm5.md)."),
+    dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", metavar=f"{_choices(DSA_TOPK_MODES)}[,...]",
+                                           rich_help_panel=KNOBS, help=f"Sparse-attention targets under DCP (default "
+                                           f"{DEFAULT_DSA_TOPK}: the global top-k; union: each rank's local top-k; a "
+                                           "list sweeps)."),
+    numerics: Optional[str] = typer.Option(None, "--numerics", metavar=_choices(NUMERICS), rich_help_panel=KNOBS,
+                                           help=f"How a GLM-5 target computes (default: the profile's, else "
+                                           f"{DEFAULT_NUMERICS}: as written; vllm: as vLLM's kernels compute it; "
+                                           "vllm-hopper: with DeepGEMM's power-of-two scales too; docs/glm5.md)."),
+    temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature", metavar="T", rich_help_panel=KNOBS,
+                                      help="0: greedy (the drafter is always greedy); above 0 the target samples, "
+                                      "seeded by --seed."),
+    seed: int = typer.Option(0, "--seed", metavar="N", rich_help_panel=KNOBS, help="Seeds sampling and the paired "
+                             "bootstrap's resamples."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", metavar="NAME|FILE", rich_help_panel=CORPUS,
+                                         help="Corpus: a name (humaneval, mt-bench, gsm8k, smoke: `qual corpus list`) "
+                                         "or a JSONL file (default: the profile's)."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", rich_help_panel=CORPUS,
+                                                help="A Jinja chat template file to render the corpus's chat rows "
+                                                "with, in place of the tokenizer's own."),
+    limit: Optional[int] = typer.Option(None, "--limit", metavar="N", rich_help_panel=CORPUS, help="Replay the "
+                                        "corpus's first N rows: requests of a prompt corpus, conversations of a chat "
+                                        "corpus (each of their turns a request; mt-bench's rows go category by "
+                                        "category, so its first N are the first categories)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", metavar="N", rich_help_panel=CORPUS,
+                                             help="Most new tokens a request generates (default: the row's, else the "
+                                             "profile's)."),
+    gate: Optional[str] = typer.Option(None, "--gate", metavar="NAME|FILE", rich_help_panel=GATE, help="Gate rules: a "
+                                       "shipped gate's name (nightly, the default; nightly-baseline) or a YAML file."),
     baseline: Optional[str] = typer.Option(
-        None, "--baseline", help="Also compare each arm with an earlier run: a run directory or result.json, a history "
-        "id, or history:last-pass (the run pinned for this configuration, else its newest passing run)."),
-    baseline_any: bool = typer.Option(False, "--baseline-any", help="Let a baseline of another configuration key serve "
-                                      "(another engine version, checkpoint, layout...); the differences are recorded."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print both arms and change nothing."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr (the verdict, warnings and errors "
-                               "still print)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in DIR."),
-    control_url: Optional[str] = typer.Option(None, "--control-url", help="Attach: the running control server (an "
-                                              "OpenAI-compatible vLLM server qual did not start)."),
-    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", help="Attach: the running candidate server."),
-    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Attach: environment variable holding the "
-                                              "servers' API key (NAME, or CONTROL_NAME,CANDIDATE_NAME)."),
-    exclusive: bool = typer.Option(False, "--exclusive", help="Attach: the servers serve this run alone, so /metrics "
-                                   "counter diffs are one request's (needed where a server sends no per-request metrics)."),
-    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="Attach: requests in flight per "
-                                                  "server (default 1)."),
-    speedup: bool = typer.Option(False, "--speedup", help="Also run the candidate's configuration without the "
-                                 "drafter (plain decoding) and report decode tokens/s with and without speculation, "
-                                 "their ratio with a paired interval, and the acceptance-implied bound."),
+        None, "--baseline", metavar="REF", rich_help_panel=GATE, help="Also compare each arm with an earlier run: a run "
+        "directory or result.json, a history id, or history:last-pass (the run pinned for this configuration, else its "
+        "newest passing run)."),
+    baseline_any: bool = typer.Option(False, "--baseline-any", rich_help_panel=GATE, help="Let a baseline of another "
+                                      "configuration key serve (another engine version, checkpoint, layout...); the "
+                                      "differences are recorded."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="DIR", rich_help_panel=OUTPUTS, help="Output directory, "
+                                      "new or empty (default ./reports/<time>-<model>-dcp<N>/)."),
+    history: Optional[str] = typer.Option(None, "--history", metavar="FILE", rich_help_panel=OUTPUTS,
+                                          help=f"History database (default ./{DEFAULT_HISTORY})."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel=OUTPUTS, help="No progress on stderr (the "
+                               "verdict, warnings and errors still print)."),
+    dry_run: bool = typer.Option(False, "--dry-run", rich_help_panel=OUTPUTS, help="Print both arms, and what this "
+                                 "machine lacks for them, and change nothing."),
+    resume: Optional[Path] = typer.Option(None, "--resume", metavar="DIR", rich_help_panel=OUTPUTS,
+                                          help="Finish an interrupted run in DIR."),
+    control_url: Optional[str] = typer.Option(None, "--control-url", metavar="URL", rich_help_panel=ATTACH,
+                                              help="The running control server (an OpenAI-compatible vLLM server qual "
+                                              "did not start)."),
+    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", metavar="URL", rich_help_panel=ATTACH,
+                                                help="The running candidate server."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", metavar="NAME[,NAME]", rich_help_panel=ATTACH,
+                                              help="Environment variable holding the servers' API key (NAME, or "
+                                              "CONTROL_NAME,CANDIDATE_NAME)."),
+    exclusive: bool = typer.Option(False, "--exclusive", rich_help_panel=ATTACH, help="The servers serve this run "
+                                   "alone, so /metrics counter diffs are one request's (needed where a server sends no "
+                                   "per-request metrics)."),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", metavar="N", rich_help_panel=ATTACH,
+                                                  help="Requests in flight per server (default 1)."),
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
     from qual.cli.progress import RunProgress
@@ -100,8 +150,6 @@ def run_command(
         if not dry_run:
             check_unchanged(saved.inputs, plan.inputs, resume)
     else:
-        if engine is None:
-            engine = "attach" if control_url or candidate_url else DEFAULT_ENGINE
         options = run_options(model=model, target=target, draft=draft, dcp=dcp, tp=tp, engine=engine, corpus=corpus,
                               chat_template=chat_template, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
@@ -167,12 +215,15 @@ def _print_dry_run(plan) -> None:
     count, total = plan.corpus_info["count"], len(plan.request_ids) or plan.corpus_info["count"]
     shown = f"{count} rows, {total} requests over their turns" if total != count else f"{count} requests"
     print(f"# corpus {plan.corpus_info['name']}: {shown}, {plan.corpus_info['fingerprint']}")
+    for what, path in (("profile", plan.profile_path), ("gate", plan.gate_path), ("corpus", plan.corpus_info["path"])):
+        print(f"# {what} file: {path} ({origin(path)})")
+    print(f"# runs with {plan.how}")
     if plan.prompts is not None:
         print(f"# chat template: {plan.prompts.template.source} ({plan.prompts.template.sha256})")
-    engine = get_engine(plan.options.engine)
+    engine = get_engine(plan.engine)
     for arm, config in plan.arms.items():
         print(f"{arm}: {engine.describe(config)}")
-    if not engine.attaches and any(c.device.startswith("cuda") for c in plan.arms.values()):
-        print("# not checked by a dry run: that the machine that runs it has the GPUs the arms name")
+    for problem in plan.lacking:
+        print(f"# this machine lacks: {problem}")
     if plan.baseline is not None:
         print(f"# baseline: {plan.baseline.describe()}; {baseline_match(plan.baseline)}")

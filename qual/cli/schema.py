@@ -1,19 +1,30 @@
 """`qual schema`: print result.json's JSON Schema, the copy shipped in the package (qual/data/result.schema.json); with
---sweep, a sweep's (qual/data/result.sweep.schema.json)."""
+--sweep, a sweep's (qual/data/result.sweep.schema.json); with --profile, a model profile's (qual.profiles)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import typer
 
 from qual.cli.main import app
+from qual.errors import QualError
 from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
 
 
 @app.command("schema")
 def schema_command(
     sweep: bool = typer.Option(False, "--sweep", help="A sweep's result.json (qual run --dcp 2,4) instead."),
+    profile: bool = typer.Option(False, "--profile", help="A model profile's (configs/models/NAME.yaml) instead: "
+                                 "every key, generated from the model qual validates profiles with."),
 ) -> None:
-    """Print the JSON Schema (draft 2020-12) that every result.json this qual writes follows."""
+    """Print the JSON Schema (draft 2020-12) that every result.json this qual writes follows (or a profile's)."""
+    if sweep and profile:
+        raise QualError("--sweep and --profile: one schema at a time")
+    if profile:
+        from qual.profiles import profile_schema
+
+        sys.stdout.write(json.dumps(profile_schema(), indent=1) + "\n")
+        return
     sys.stdout.write((SWEEP_RESULT_SCHEMA if sweep else RESULT_SCHEMA).read_text(encoding="utf-8"))

@@ -55,9 +55,9 @@ def print_warnings(result) -> None:
 
 
 def print_speedup(result) -> None:
-    """`--speedup`: the ratio, its interval and the bound, on one line after the gate checks (and the CPU caveat)."""
-    from qual.report.latency import CPU_SHORT, on_cpu, speedup_line
+    """`--speedup`: the per-request ratio with its interval and the bound, the batch's ratio, and whether they
+    disagree, a line each after the gate checks (and the CPU caveat on the first)."""
+    from qual.report.latency import CPU_SHORT, on_cpu, speedup_lines
 
-    line = speedup_line(result)
-    if line is not None:
-        print(f"  {line}" + (f" ({CPU_SHORT})" if on_cpu(result) else ""))
+    for i, line in enumerate(speedup_lines(result)):
+        print(f"  {line}" + (f" ({CPU_SHORT})" if i == 0 and on_cpu(result) else ""))

@@ -1,6 +1,6 @@
 """JSONL corpora: records, strict validation, loading (through `datasets`), manifests, importers."""
 
-from .loader import available_corpora, corpora_dir, load_corpus, resolve_corpus
+from .loader import available_corpora, corpus_places, load_corpus, named_corpora, resolve_corpus
 from .records import Corpus, CorpusRequest, canonical_json, fingerprint
 from .validate import CorpusFormatError
 
@@ -10,8 +10,9 @@ __all__ = [
     "CorpusRequest",
     "available_corpora",
     "canonical_json",
-    "corpora_dir",
+    "corpus_places",
     "fingerprint",
     "load_corpus",
+    "named_corpora",
     "resolve_corpus",
 ]

@@ -15,7 +15,7 @@ from qual.userfiles import check_path_name
 from .hub import PREFIX as HUB_PREFIX
 from .hub import import_hub
 from .imported import Imported
-from .loader import SUFFIX, check_name, corpora_dir, load_corpus
+from .loader import SUFFIX, check_name, import_folder, load_corpus
 from .manifest import CorpusManifest, manifest_path, manifest_text
 from .packages import PACKAGE_SOURCES, import_package
 from .records import Corpus, CorpusRequest
@@ -119,17 +119,23 @@ def render_jsonl(requests: tuple[CorpusRequest, ...]) -> str:
 
 
 def import_corpus(
-    opts: ImportOptions, root: str | Path | None = None, force: bool = False
+    opts: ImportOptions, root: str | Path | None = None, force: bool = False, into: str | Path | None = None
 ) -> tuple[Corpus, CorpusManifest]:
-    """Import opts.source as corpora/<name>.jsonl plus its manifest; refuse to overwrite unless force."""
+    """Import opts.source as <folder>/<name>.jsonl plus its manifest, the folder `into` or else
+    loader.import_folder(root); refuse to overwrite unless force."""
     check_name(opts.name)
-    folder = corpora_dir(root)
+    if into is not None:
+        check_path_name(str(into), "--into")
+    folder = Path(into) if into is not None else import_folder(root)
     base = folder.parent
     dest = folder / f"{opts.name}{SUFFIX}"
     if dest.exists() and not force:
         raise QualError(f"{display_path(dest)} already exists: pass --force to overwrite")
     imported = collect(opts, base)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise QualError(f"cannot create the corpora folder {display_path(folder)}: {exc.strerror or exc}") from None
     write_text(dest, render_jsonl(imported.requests))
     corpus = load_corpus(dest)
     if corpus.requests != imported.requests:  # pragma: no cover - writer/loader disagree

@@ -17,21 +17,44 @@ from .validate import parse_jsonl
 if TYPE_CHECKING:  # datasets costs ~1.5 s to import: only paid when a corpus is loaded
     import datasets
 
-SUFFIX = ".jsonl"
+SUFFIX = paths.KINDS["corpus"][1]  # ".jsonl"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def corpora_dir(root: str | Path | None = None) -> Path:
-    """Where named corpora live: <root>/corpora when given, else qual.paths.corpora_dir()."""
-    return Path(root) / "corpora" if root is not None else paths.corpora_dir()
+def corpus_places(root: str | Path | None = None) -> list[paths.Place]:
+    """Where named corpora are looked for: <root>/corpora when given, else qual.paths' search order ($QUAL_ROOT,
+    the checkout's corpora/, the package's copy)."""
+    if root is not None:
+        return [paths.Place(Path(root) / "corpora", "given")]
+    return paths.places("corpus")
+
+
+def named_corpora(root: str | Path | None = None) -> dict[str, paths.Found]:
+    """Every named corpus, sorted by name, each where the search finds it first."""
+    return paths.available("corpus", corpus_places(root))
 
 
 def available_corpora(root: str | Path | None = None) -> list[str]:
     """Names of the named corpora (sorted)."""
-    folder = corpora_dir(root)
-    if not folder.is_dir():
-        return []
-    return sorted(p.name[: -len(SUFFIX)] for p in folder.glob(f"*{SUFFIX}") if p.is_file())
+    return list(named_corpora(root))
+
+
+def searched(root: str | Path | None = None) -> str:
+    """The folders searched, for messages."""
+    return ", ".join(p.describe() for p in corpus_places(root)) or "no corpora folder"
+
+
+def import_folder(root: str | Path | None = None) -> Path:
+    """Where `qual corpus import` writes by default: the first writable folder of the search ($QUAL_ROOT/corpora,
+    created if need be; the checkout's corpora/), never an installed package's copy."""
+    for place in corpus_places(root):
+        if place.origin == "package":
+            continue
+        existing = next(p for p in (place.folder, *place.folder.parents) if p.exists())
+        if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+            return place.folder
+    raise QualError("no writable corpora folder: pass --into DIR, or set QUAL_ROOT to a folder whose corpora/ "
+                    "qual should search and write (an installed package is never written)")
 
 
 def is_path_like(name_or_path: str) -> bool:
@@ -54,18 +77,18 @@ def check_name(name: str) -> str:
 
 
 def resolve_corpus(name_or_path: str | Path, root: str | Path | None = None) -> Path:
-    """Map a corpus name to corpora/<name>.jsonl; a path is returned as it is."""
+    """Map a corpus name to the first corpora/<name>.jsonl found; a path is returned as it is."""
     text = str(name_or_path)
     if isinstance(name_or_path, Path) or is_path_like(text):
         return Path(text)
-    path = corpora_dir(root) / f"{check_name(text)}{SUFFIX}"
-    if not path.is_file():
+    found = paths.find("corpus", check_name(text), corpus_places(root))
+    if found is None:
         names = available_corpora(root)
-        listed = ", ".join(names) if names else f"none in {corpora_dir(root)}"
+        listed = ", ".join(names) if names else f"none in {searched(root)}"
         raise QualError(
             f'unknown corpus "{text}" (available: {listed}; or give a path to a {SUFFIX} file)'
         )
-    return path
+    return found.path
 
 
 def to_dataset(requests: Iterable[CorpusRequest]) -> datasets.Dataset:

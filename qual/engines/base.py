@@ -6,7 +6,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from qual.errors import QualError
+from qual.inventory import GIB, Inventory, MemoryNeed, gpu_shortfall
 from qual.records import ArmConfig, ArmRunInfo, EngineRequest, OnResult
 
 # Knobs an arm can ask for; each engine declares the ones it applies (Engine.honours).
@@ -30,10 +33,22 @@ class Engine(ABC):
     local_checkpoints: ClassVar[bool] = False  # True: target/draft must be local directories (no hub ids)
     attaches: ClassVar[bool] = False  # True: each arm is a running server (--control-url/--candidate-url), not started
 
+    def __init__(self, inventory: Inventory | None = None):
+        from qual.engines.machine import ThisMachine
+
+        self.inventory = inventory if inventory is not None else ThisMachine()  # what the machine has (tests: a fake)
+
+    options_model: ClassVar[type[BaseModel]]  # the profile's section for this engine (`vllm:`), as it is validated
+
     @classmethod
     @abstractmethod
     def parse_options(cls, section: dict, where: str) -> dict:
         """The profile's section for this engine (e.g. `vllm:`), validated; unknown keys are a QualError."""
+
+    @classmethod
+    def options_schema(cls) -> dict:
+        """The JSON Schema of the profile's section for this engine: the model that validates it."""
+        return cls.options_model.model_json_schema()
 
     @abstractmethod
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
@@ -42,6 +57,26 @@ class Engine(ABC):
         `requested` names the knobs the user set explicitly: a knob the engine cannot apply as asked is a
         QualError (exit 2), never a run that claims a configuration it did not run.
         """
+
+    def missing(self, arms: list[ArmConfig], gpu_memory_gib: float | None = None) -> list[str]:
+        """What this machine lacks to run the arms, a phrase each ([]: nothing), asked of self.inventory before
+        anything starts. The arms run one after the other on the same GPUs: on cuda, one GPU a rank of the widest arm,
+        each with the most memory an arm's plan says (memory_need), else the profile's gpu_memory_gib. Engines add
+        what else they need (an install, checkpoints)."""
+        cuda = [arm for arm in arms if arm.device.startswith("cuda")]
+        if not cuda:
+            return []
+        planned = [need for need in map(self.memory_need, cuda) if need is not None]
+        need = max(planned, key=lambda n: n.bytes) if planned else None
+        if need is None and gpu_memory_gib is not None:
+            need = MemoryNeed(int(gpu_memory_gib * GIB), "the profile's gpu_memory_gib")
+        widest = max(cuda, key=lambda arm: arm.tp)
+        short = gpu_shortfall(self.inventory.gpus(), widest.device, widest.tp, need and need.bytes, need and need.how)
+        return [short] if short else []
+
+    def memory_need(self, arm: ArmConfig) -> MemoryNeed | None:
+        """The memory each GPU of the arm needs by this engine's plan for its target; None where it has none."""
+        return None
 
     def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         """What preflight checks that needs nothing started, installed or present beyond the files (`--dry-run`):

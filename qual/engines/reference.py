@@ -55,17 +55,27 @@ def phase_times_on() -> bool:
 class ReferenceOptions(Section):
     """A profile's `reference:` section: how the embedded runtime runs the model."""
 
-    block_size: PositiveInt = _CACHE["block_size"].default  # tokens per KV block on one rank
-    kv_memory_mib: PositiveInt = _CACHE["memory_bytes"].default // 2**20  # KV budget per rank
+    block_size: PositiveInt = _CACHE["block_size"].default
+    """Tokens a KV block holds on one rank"""
+    kv_memory_mib: PositiveInt = _CACHE["memory_bytes"].default // 2**20
+    """The KV cache's budget a rank, in MiB"""
     max_num_seqs: PositiveInt = _ENGINE["max_num_seqs"].default
+    """Requests decoding together (the batch's rows)"""
     max_prefill_tokens: PositiveInt = _ENGINE["max_prefill_tokens"].default
-    cuda_graph_sizes: list[PositiveInt] | None = None  # None: DEFAULT_SIZES on CUDA
-    backend: str = _ENGINE["backend"].default  # see qual/runtime/backends
-    dcp_comm: DcpComm = DEFAULT_DCP_COMM  # how DCP partial attentions are merged
-    # decode steps a launch runs back to back where async decode is taken (EngineConfig.steps_per_launch)
+    """Padded prompt tokens a prefill chunk holds (and admitted a step)"""
+    cuda_graph_sizes: list[PositiveInt] | None = None
+    """Batch sizes captured as CUDA graphs on cuda; unset: 1, 2, 4, 8, 16, 32, 64"""
+    backend: str = _ENGINE["backend"].default
+    """The kernels: pytorch, or parts joined by + (compiled, triton-gemm, triton-attention, fused, pdl, ...;
+    docs/ARCHITECTURE.md, "Backends")"""
+    dcp_comm: DcpComm = DEFAULT_DCP_COMM
+    """How DCP ranks merge their partial attention: a2a (one all-to-all), ag_rs (all-gather of the LSEs,
+    reduce-scatter) or invariant (DCP 1's bits at every DCP size; DCP 1, 2, 4 or 8: docs/dcp.md)"""
     steps_per_launch: PositiveInt = _ENGINE["steps_per_launch"].default
-    # waiting requests prefilled with a freed row's and held ready for the next rows (EngineConfig.prefill_ahead)
+    """Decode steps a launch runs back to back where async decode is taken"""
     prefill_ahead: NonNegativeInt = _ENGINE["prefill_ahead"].default
+    """Waiting requests prefilled beside a freed row's and held ready for the next rows (0: off; leave it off for
+    latency or --speedup runs)"""
 
     @field_validator("backend")
     @classmethod
@@ -121,6 +131,7 @@ class ReferenceEngine(Engine):
     """Runs one arm on the embedded DCP-aware DFlash runtime."""
 
     name = "reference"
+    options_model = ReferenceOptions
     honours = frozenset(KNOBS)
     local_checkpoints = True
     version_label = f"qual-reference {qual.__version__}"

@@ -23,6 +23,7 @@ def engine_class(name: str) -> type[Engine]:
     return getattr(importlib.import_module(module), cls)
 
 
-def get_engine(name: str) -> Engine:
-    """A fresh engine instance."""
-    return engine_class(name)()
+def get_engine(name: str, inventory=None) -> Engine:
+    """A fresh engine instance, asking `inventory` (qual.inventory.Inventory; default: this machine) what the machine
+    has."""
+    return engine_class(name)(inventory=inventory)

@@ -239,7 +239,7 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
                         plan.corpus_info["count"])
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # one time for every comparison of a sweep
     results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate_path, plan.options.seed,
-                                   reproduce=plan.options.command(), created_at=created_at, baseline=plan.baseline,
+                                   reproduce=plan.options.command(plan.engine), created_at=created_at, baseline=plan.baseline,
                                    trend=trend, plain=arms.get(PLAIN_ARM)))
                for name in plan.candidates]
     if plan.is_sweep:

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
@@ -30,9 +30,10 @@ from qual.harness.speedup import PLAIN_ARM, plain_arm
 from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
 from qual.harness.turns import ChatPrompts, Conversation, request_ids
 from qual.history import check_history
+from qual.inventory import hub_download_command
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
-                          DEVICE_PATTERN, MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, DraftKv, DsaTopk, Dtype,
-                          Numerics, check_layout)
+                          MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, Device, DraftKv, DsaTopk, Dtype, Numerics,
+                          check_layout)
 from qual.profiles import load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
@@ -63,7 +64,7 @@ class RunOptions:
     # dcp, draft_kv, dsa_topk: one value, or a list of two or more (a sweep: qual/harness/sweep.py)
     dcp: sweep.one_or_many(Annotated[int, Field(ge=1)]) | None = None  # default: the profile's dcp, else DEFAULT_DCP
     tp: int | None = Field(None, ge=1)  # default: the profile's tp, else the DCP size
-    engine: str = Field(DEFAULT_ENGINE, min_length=1)
+    engine: str | None = _text()  # default: attach where URLs are given, else the profile's, else DEFAULT_ENGINE
     corpus: str | None = _text()
     chat_template: str | None = _text()  # a Jinja file in place of the tokenizer's chat template (chat rows)
     limit: int | None = Field(None, ge=1)
@@ -74,7 +75,7 @@ class RunOptions:
     gate: str | None = _text()
     out: str | None = _text()
     history: str | None = _text()
-    device: str | None = Field(None, pattern=DEVICE_PATTERN)  # default: DEFAULT_DEVICE
+    device: Device | None = None  # default: the profile's, else DEFAULT_DEVICE
     dtype: Dtype | None = None
     dsa_topk: sweep.one_or_many(DsaTopk) | None = None  # sparse-attention targets (default: the engine's, DEFAULT_DSA_TOPK)
     numerics: Numerics | None = None  # targets with a choice (default: the profile's, else DEFAULT_NUMERICS)
@@ -88,9 +89,9 @@ class RunOptions:
     max_concurrency: int | None = Field(None, ge=1)  # requests in flight per arm (default 1)
     speedup: bool = False  # also the candidate's configuration without the drafter: what speculation buys
 
-    def command(self) -> str:
-        """The `qual run` command line that reproduces this run."""
-        parts = ["qual run", f"--model {self.model}", f"--engine {self.engine}"]
+    def command(self, engine: str | None = None) -> str:
+        """The `qual run` command line that reproduces this run (engine: as the plan resolved it)."""
+        parts = ["qual run", f"--model {self.model}", f"--engine {engine or self.engine}"]
         for flag, value in [("--target", self.target), ("--draft", self.draft), ("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--chat-template", self.chat_template),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
@@ -153,11 +154,20 @@ class RunPlan:
     conversations: list[Conversation] = field(default_factory=list)
     prompts: ChatPrompts | None = None
     request_ids: list[str] = field(default_factory=list)
+    profile_path: str = ""  # the profile file the run reads (its origin: qual.paths.origin)
+    how: str = ""  # the engine and device, and whence (qual.harness.plan.how_it_runs)
+    lacking: list[str] = field(default_factory=list)  # a dry run: what this machine lacks for the run (a run: exit 2)
+    inventory: Any = None  # what the machine was asked (qual.inventory.Inventory; None: this machine's)
 
     @property
     def candidates(self) -> list[str]:
         """The candidate arms' names: ["candidate"], or a sweep's, in the order they run."""
         return [name for name in self.arms if name not in (sweep.CONTROL, PLAIN_ARM)]
+
+    @property
+    def engine(self) -> str:
+        """The engine every arm runs on (a flag, else the profile's, else qual's default)."""
+        return self.arms[sweep.CONTROL].engine
 
     @property
     def is_sweep(self) -> bool:
@@ -186,7 +196,7 @@ class RunPlan:
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _validate_attach(o: RunOptions, attaches: bool) -> None:
+def _validate_attach(o: RunOptions, engine: str, attaches: bool) -> None:
     """The attach-mode options: all of them need an engine that attaches, and it needs both URLs."""
     urls = {"--control-url": o.control_url, "--candidate-url": o.candidate_url}
     if not attaches:
@@ -194,11 +204,11 @@ def _validate_attach(o: RunOptions, attaches: bool) -> None:
                                       ("--max-concurrency", o.max_concurrency)] if v is not None]
         if given:
             raise QualError(f"{given[0]} applies to attached servers (--control-url, --candidate-url); "
-                            f"--engine {o.engine} starts its own")
+                            f"--engine {engine} starts its own")
         return
     missing = [flag for flag, url in urls.items() if not url]
     if missing:
-        raise QualError(f"--engine {o.engine} attaches to running servers: give {' and '.join(missing)}")
+        raise QualError(f"--engine {engine} attaches to running servers: give {' and '.join(missing)}")
     from qual.redact import check_api_key, check_server_url
 
     for flag, url in urls.items():  # http(s), a host, no credentials, no control characters (a message never shows them)
@@ -211,28 +221,82 @@ def _validate_attach(o: RunOptions, attaches: bool) -> None:
         check_api_key(name)
 
 
-def _validate_options(o: RunOptions) -> None:
+def _engine_name(o: RunOptions, profile) -> str:
+    """--engine, else attach where servers are named (--control-url, --candidate-url), else the profile's engine,
+    else qual's default."""
+    if o.engine is not None:
+        return o.engine
+    if o.control_url or o.candidate_url:
+        return "attach"
+    return profile.engine or DEFAULT_ENGINE
+
+
+def _validate_options(o: RunOptions, engine: str) -> None:
     # an unknown engine name is a usage error (types and ranges: RunOptions itself)
-    attaches = engine_class(o.engine).attaches
-    _validate_attach(o, attaches)
-    sweep.check_supported(o, attaches)
+    attaches = engine_class(engine).attaches
+    _validate_attach(o, engine, attaches)
+    sweep.check_supported(o, engine, attaches)
     if o.speedup and attaches:
-        raise QualError(f"--speedup runs the candidate's configuration without its drafter: --engine {o.engine} "
+        raise QualError(f"--speedup runs the candidate's configuration without its drafter: --engine {engine} "
                         "attaches to servers that run with theirs; use an engine that starts its own")
     if o.speedup and sweep.swept(o):
         raise QualError(f"--speedup with a sweep ({sweep.describe(o)}): measure the speedup of one candidate at a time")
 
 
-def _local_tokenizer(profile, engine, dry_run: bool) -> PromptTokenizer | None:
-    """The profile's tokenizer where it is a local directory. An engine with its own tokenizer may do without, and
-    so may a dry run (real deployments may name hub ids)."""
+def _tokenizer_dir(profile, engine) -> str | None:
+    """The profile's tokenizer as a local directory: its path, or a hub id's folder in the local Hugging Face cache
+    (asked of the engine's inventory); None where it is neither."""
     if Path(profile.tokenizer_path).is_dir():
-        return PromptTokenizer(profile.tokenizer_path)
+        return profile.tokenizer_path
+    revision = profile.target_revision if profile.tokenizer_path == profile.target_path else None
+    found = engine.inventory.hub_snapshot(profile.tokenizer_path, revision)
+    return str(found) if found is not None else None
+
+
+def _local_tokenizer(profile, engine, dry_run: bool) -> PromptTokenizer | None:
+    """The profile's tokenizer where it is a local directory (or in the Hugging Face cache). An engine with its own
+    tokenizer may do without, and so may a dry run (real deployments may name hub ids)."""
+    local = _tokenizer_dir(profile, engine)
+    if local is not None:
+        return PromptTokenizer(local)
     if engine.attaches or dry_run:
         return None  # the control server's /tokenize decides (qual.engines.base.Engine.tokenize)
     key = "tokenizer" if profile.tokenizer else "target"
     raise QualError(f"{profile.path}: {key}: {profile.tokenizer_path!r} is not a local directory with a tokenizer "
                     "(prompts are tokenized once by qual; point the profile's tokenizer at a local copy)")
+
+
+def how_it_runs(o: RunOptions, profile, engine: str, device: str) -> str:
+    """'--engine vllm --device cuda, the profile's': the engine and device a run resolved, and whence."""
+    def whence(given, from_profile) -> str:
+        return "given" if given else "the profile's" if from_profile else "qual's default"
+
+    said = [(f"--engine {engine}", whence(o.engine or o.control_url or o.candidate_url, profile.engine)),
+            (f"--device {device}", whence(o.device, profile.device))]
+    if said[0][1] == said[1][1]:
+        return f"{said[0][0]} {said[1][0]}, {said[0][1]}"
+    return ", ".join(f"{flag} ({source})" for flag, source in said)
+
+
+def machine_problems(profile, engine, arms: dict[str, ArmConfig]) -> list[str]:
+    """What this machine lacks for the arms (engine.missing, asked of its inventory) and for qual's own tokenization
+    (the profile's tokenizer, local or in the Hugging Face cache), each once, in the order found."""
+    found = engine.missing(list(arms.values()), profile.gpu_memory_gib)
+    if not engine.attaches and _tokenizer_dir(profile, engine) is None and profile.tokenizer_path not in (
+            profile.target_path, profile.draft_path):  # the checkpoint's own line says so
+        found.append(f"tokenizer {profile.tokenizer_path} is neither a local directory nor in the local Hugging Face "
+                     f"cache (qual tokenizes every prompt): {hub_download_command(profile.tokenizer_path, None)}")
+    return list(dict.fromkeys(found))
+
+
+def _noting_tp(check, note: str | None):
+    """check(), with `note` added to a refusal that names a TP size (the head layout), where nobody chose that size."""
+    try:
+        return check()
+    except QualError as exc:
+        if note is None or not re.search(r"\btp=\d", str(exc)):
+            raise
+        raise QualError(f"{exc} ({note})") from None
 
 
 def _first_difference(a: list[int], b: list[int]) -> str:
@@ -295,7 +359,7 @@ def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer |
         raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\"), which qual renders with "
                         f"the tokenizer's chat template: the profile's tokenizer ({profile.tokenizer_path!r}) must be a "
                         "local directory")
-    template = load_template(profile.tokenizer_path, o.chat_template)
+    template = load_template(tokenizer.path, o.chat_template)
     if template is None:
         raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\") and the tokenizer "
                         f"{profile.tokenizer_path} has no chat template (tokenizer_config.json \"chat_template\" or "
@@ -385,17 +449,21 @@ def _corpus_notes(corpus) -> list[str]:
             "the file as it is"]
 
 
-def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False, run_id: str | None = None) -> RunPlan:
+def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False, run_id: str | None = None,
+              inventory=None) -> RunPlan:
     """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input.
 
     A dry run needs no local tokenizer or engine install (real deployments name hub ids); it checks the rest.
+    inventory (qual.inventory.Inventory): what the machine has, asked before anything starts (default: this one's).
     """
-    _validate_options(o)
     profile = _with_checkpoints(load_profile(o.model), o)
+    engine_name = _engine_name(o, profile)
+    _validate_options(o, engine_name)
     dcps = [d or profile.dcp or DEFAULT_DCP for d in sweep.values(o, "dcp")]
     for dcp in dcps:
-        check_layout(o.tp or profile.tp or dcp, dcp)
-    gate_path = str(gate_file(o.gate) if o.gate else paths.DEFAULT_GATE)
+        tp = o.tp or profile.tp or dcp
+        check_layout(tp, dcp, tp_from=None if o.tp or not profile.tp else "the profile's tp")
+    gate_path = str(gate_file(o.gate) if o.gate else paths.default_gate())
     gate = load_gate(gate_path)  # a broken gate file is a usage error now, not after an hour of replay
     if o.baseline is None and needs_baseline(gate):
         r = needs_baseline(gate)[0]
@@ -403,33 +471,27 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                         "(a run directory, a history id or history:last-pass), or mark the rule without_baseline: skip")
     history = Path(o.history) if o.history else paths.DEFAULT_HISTORY
     check_history(history, "--history")  # not a database, or read-only: refused now, not after both arms
-    engine = get_engine(o.engine)
+    engine = get_engine(engine_name, inventory)
     if engine.local_checkpoints and not dry_run:
         _check_local(profile)
     dtype = o.dtype or profile.dtype
     _check_weights(profile, dtype)
     corpus = load_corpus(o.corpus if o.corpus is not None else profile.corpus)
     selected = list(corpus.requests[: o.limit] if o.limit else corpus.requests)
-    tokenizer = _local_tokenizer(profile, engine, dry_run)
     default_max = o.max_tokens or profile.max_tokens
-    prompts = _chat(profile, corpus, selected, o, tokenizer, dry_run)
-    conversations = {r.id: Conversation(r, o.max_tokens or r.max_tokens or profile.max_tokens)
-                     for r in selected if r.messages is not None}
     extra = {"max_model_len": profile.max_model_len, "tokenizer": profile.tokenizer_path,
-             o.engine: profile.section(o.engine)}
+             engine_name: profile.section(engine_name)}
     if profile.weights_dtype is not None:  # the cast the profile asked for is part of what ran
         extra["weights_dtype"] = profile.weights_dtype
-    if prompts is not None:  # the template every chat prompt was rendered with
-        extra["chat_template"] = prompts.template.record()
     for key in REVISION_KEYS:  # hub revisions: the engine applies them (or refuses), provenance records them
         if getattr(profile, key) is not None:
             extra[key] = getattr(profile, key)
     base = ArmConfig(  # what every arm shares; sweep.arms sets each arm's dcp, tp, draft_kv and dsa_topk
-        engine=o.engine, model=profile.name, dcp=dcps[0], tp=o.tp or profile.tp or dcps[0], draft_kv=DEFAULT_DRAFT_KV,
-        target_path=profile.target_path, draft_path=profile.draft_path,
+        engine=engine_name, model=profile.name, dcp=dcps[0], tp=o.tp or profile.tp or dcps[0],
+        draft_kv=DEFAULT_DRAFT_KV, target_path=profile.target_path, draft_path=profile.draft_path,
         num_speculative_tokens=profile.num_speculative_tokens,
         sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
-        interleave=profile.interleave, dtype=dtype, device=o.device or DEFAULT_DEVICE, extra=extra,
+        interleave=profile.interleave, dtype=dtype, device=o.device or profile.device or DEFAULT_DEVICE, extra=extra,
         numerics=o.numerics or profile.numerics,  # None: the engine decides (the target's default, or its build's)
     )
     # control (DCP 1), then "candidate", or a sweep's candidates; TP: --tp, else the profile's, else the DCP size
@@ -442,14 +504,27 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     if engine.attaches:
         servers = o.servers()
         arms = {name: replace(arm, extra={**arm.extra, "server": servers[name]}) for name, arm in arms.items()}
+    how = how_it_runs(o, profile, engine_name, base.device)
+    # GPUs, installs, weights: everything this machine lacks, in one line, before anything starts (a dry run: listed)
+    lacking = machine_problems(profile, engine, arms)
+    if lacking and not dry_run:
+        raise QualError(f"{profile.name} cannot run on this machine ({how}): {'; '.join(lacking)}")
+    tokenizer = _local_tokenizer(profile, engine, dry_run)
+    prompts = _chat(profile, corpus, selected, o, tokenizer, dry_run)
+    conversations = {r.id: Conversation(r, o.max_tokens or r.max_tokens or profile.max_tokens)
+                     for r in selected if r.messages is not None}
+    if prompts is not None:  # the template every chat prompt was rendered with
+        arms = {name: replace(arm, extra={**arm.extra, "chat_template": prompts.template.record()})
+                for name, arm in arms.items()}
     requests = []
-    if not dry_run:  # checkpoints, head layout vs tp/dcp, installs, servers: refused before anything is written
-        arms = {name: engine.preflight(arm, o.requested()) for name, arm in arms.items()}
-        requests = _tokenize(profile, corpus, selected, o, engine, arms, tokenizer, conversations, prompts)
-    else:  # a dry run checks what needs no server, install or GPU: local checkpoints, lengths (local tokenizer)
-        arms = {name: engine.dry_check(arm, o.requested()) for name, arm in arms.items()}
-        if tokenizer is not None:
-            requests = _tokenize(profile, corpus, selected, o, None, arms, tokenizer, conversations, prompts)
+    check = engine.dry_check if dry_run else engine.preflight
+    note = None if o.tp or profile.tp else "TP follows --dcp unless --tp is given"
+    # not a dry run: checkpoints, head layout vs tp/dcp, installs, servers: refused before anything is written; a dry run
+    # checks what needs no server, install or GPU: local checkpoints, lengths (local tokenizer)
+    arms = {name: _noting_tp(lambda a=arm: check(a, o.requested()), note) for name, arm in arms.items()}
+    if not dry_run or tokenizer is not None:  # a dry run asks no server: the local tokenizer alone
+        requests = _tokenize(profile, corpus, selected, o, None if dry_run else engine, arms, tokenizer, conversations,
+                             prompts)
     _check_lengths(engine, arms, corpus, selected, requests, default_max, conversations, prompts)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     label = "sweep" if sweep.swept(o) else f"dcp{dcps[0]}"
@@ -459,7 +534,8 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                    "total_in_corpus": len(corpus.requests)}
     plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
-                   request_ids=request_ids(selected))
+                   request_ids=request_ids(selected), profile_path=profile.path, how=how, lacking=lacking,
+                   inventory=inventory)
     plan.engine_version = engine.version(arms[plan.candidates[0]])
     plan.notes = _corpus_notes(corpus) + list(dict.fromkeys(n for arm in arms.values() for n in engine.notes(arm)))
     if o.baseline_any and o.baseline is None:

@@ -1,13 +1,14 @@
 """`qual run --speedup`: what speculation buys. The candidate against its own configuration without the drafter
 (plain decoding), paired per request: decode tokens/s of both, their ratio with a paired-bootstrap interval, and the
-acceptance-implied bound (docs/statistics.md "Speedup")."""
+acceptance-implied bound; and the batch's throughput in both, and whether the two ratios agree in direction
+(docs/statistics.md "Speedup")."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from qual.records import ArmConfig
-from qual.result import ArmResult, SpeculativeAndPlain, Speedup
+from qual.result import ArmResult, SpeculativeAndPlain, Speedup, StepSeconds
 from qual.stats import DEFAULT_RESAMPLES, compare_outputs, decode_speedup, pair_requests
 
 PLAIN_ARM = "plain"  # the third arm's name: its journal, arm record and progress line
@@ -35,19 +36,24 @@ def speedup(candidate: ArmResult, plain: ArmResult, *, seed: int = 0, n_resample
     spec_step, plain_step = _step_s(candidate), _step_s(plain)
     bound = mal * plain_step / spec_step if mal is not None and plain_step and spec_step else None
     ci = interval.ratio_ci.get(0.95) if ran else None
+    batch = SpeculativeAndPlain(speculative=candidate.throughput.generate_tokens_per_second,
+                                plain=plain.throughput.generate_tokens_per_second)
+    batch_ratio = batch["speculative"] / batch["plain"] if batch["speculative"] and batch["plain"] else None
+    ratio = interval.ratio if ran else None
     return Speedup(
         plain=plain,
         decode_tokens_per_second=SpeculativeAndPlain(speculative=interval.speculative_rate if ran else None,
                                                      plain=interval.plain_rate if ran else None),
-        ratio=interval.ratio if ran else None,
+        ratio=ratio,
         ratio_ci95=list(ci) if ci is not None else None,
         n_requests=interval.n_requests if ran else 0,
         mean_acceptance_length=mal,
-        step_s=SpeculativeAndPlain(speculative=spec_step, plain=plain_step),
+        step_s=StepSeconds(speculative=spec_step, plain=plain_step),
         bound=bound,
-        generate_tokens_per_second=SpeculativeAndPlain(speculative=candidate.throughput.generate_tokens_per_second,
-                                                       plain=plain.throughput.generate_tokens_per_second),
+        generate_tokens_per_second=batch,
         target_outputs_identical=identical,
         bootstrap={"unit": "request", "method": "paired percentile of the ratio of sums", "resamples": n_resamples,
                    "seed": seed, "n_requests": interval.n_requests if ran else 0},
+        batch_ratio=batch_ratio,
+        directions_agree=(ratio >= 1) == (batch_ratio >= 1) if ratio is not None and batch_ratio is not None else None,
     )

@@ -87,12 +87,12 @@ def describe(options) -> str:
     return " ".join(f"{SWEPT[n]} {SWEEP_SEPARATOR.join(map(str, values(options, n)))}" for n in swept(options))
 
 
-def check_supported(options, attaches: bool) -> None:
+def check_supported(options, engine: str, attaches: bool) -> None:
     """What a sweep cannot do, refused by name before anything starts (exit 2)."""
     if not swept(options):
         return
     if attaches:
-        raise QualError(f"{describe(options)}: a sweep runs one candidate per value; --engine {options.engine} attaches "
+        raise QualError(f"{describe(options)}: a sweep runs one candidate per value; --engine {engine} attaches "
                         "to one running candidate server (--candidate-url): give one value per option")
     if options.baseline is not None:
         raise QualError(f"--baseline with a sweep ({describe(options)}): a baseline compares one run's two arms with an "

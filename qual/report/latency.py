@@ -79,17 +79,30 @@ def on_cpu(result: Result) -> bool:
     return False
 
 
-def speedup_line(result: Result) -> str | None:
-    """The `--speedup` statement in one line; None without --speedup."""
+def speedup_lines(result: Result) -> list[str]:
+    """The `--speedup` statement, sentences a report opens with: the per-request decode rate ratio with its interval
+    (the one the acceptance-implied bound applies to), the batch's throughput ratio, and where the two disagree in
+    direction, that and why it can be; [] without --speedup."""
     s = result.speedup
     if s is None:
-        return None
+        return []
     if s.ratio is None:
-        return "speedup: n/a (the candidate or plain decoding did not run, or no request was timed)"
-    rates = s.decode_tokens_per_second
+        return ["speedup: n/a (the candidate or plain decoding did not run, or no request was timed)"]
+    rates, batch = s.decode_tokens_per_second, s.generate_tokens_per_second
     ci = f"95% CI {times(s.ratio_ci95[0])}\u2013{times(s.ratio_ci95[1])}" if s.ratio_ci95 else "no interval"
-    bound = (f"acceptance-implied bound {times(s.bound)} (mean acceptance length {s.mean_acceptance_length:.3f} \u00d7 "
-             f"plain step {seconds(s.step_s['plain'])} / speculative step {seconds(s.step_s['speculative'])})"
-             if s.bound is not None else "no acceptance-implied bound (a step cost is missing)")
-    return (f"speedup {times(s.ratio)} ({ci}, {s.n_requests} requests): decode {rates['speculative']:.1f} tok/s "
-            f"speculative vs {rates['plain']:.1f} plain, per request; {bound}")
+    bound = (f"the acceptance-implied bound {times(s.bound)} (mean acceptance length {s.mean_acceptance_length:.3f} "
+             f"\u00d7 plain step {seconds(s.step_s['plain'])} / speculative step {seconds(s.step_s['speculative'])}) "
+             "applies to this ratio" if s.bound is not None else "no acceptance-implied bound (a step cost is missing)")
+    lines = [f"speedup per request {times(s.ratio)} ({ci}, {s.n_requests} requests): decode {rates['speculative']:.1f} "
+             f"tok/s speculative vs {rates['plain']:.1f} plain, each request's tokens over its own decode time; {bound}"]
+    if s.batch_ratio is not None:
+        lines.append(f"batch throughput {times(s.batch_ratio)}: {batch['speculative']:.1f} tok/s speculative vs "
+                     f"{batch['plain']:.1f} plain, all output tokens over each arm's generation time (one number an "
+                     "arm, no interval)")
+    if s.directions_agree is False:
+        faster, slower = ("each request decodes faster", "the batch runs slower") if s.ratio >= 1 else \
+            ("the batch runs faster", "each request decodes slower")
+        lines.append(f"the two disagree: {faster} with speculation, {slower}; the batch's time also holds what runs "
+                     "between a request's steps (other requests' admissions and prefills, the engine's own work), which "
+                     "the per-request rate leaves out")
+    return lines

@@ -37,6 +37,7 @@ def render(result: Result) -> str:
         f"of `{cell(result.corpus.name)}`.",
         "",
         *_headline(result, c_dcp, k_dcp),
+        *_speedup(result),
         "", "### Gate checks", "", *_checks(result),
     ]
     lines += _latency(result)
@@ -111,12 +112,16 @@ def _latency(result: Result) -> list[str]:
     names = list(lview.arms(result))
     lines = ["", "### Latency", "", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     lines += [f"| {cell(r.label)} | " + " | ".join(cell(r.cells[n]) for n in names) + " |" for r in rows]
-    speedup = lview.speedup_line(result)
-    if speedup:
-        lines += ["", cell(speedup[0].upper() + speedup[1:]) + "."]
     if lview.on_cpu(result):
         lines += ["", f"⚠️ {cell(lview.CPU_NOTE[0].upper() + lview.CPU_NOTE[1:])}."]
     return lines
+
+
+def _speedup(result: Result) -> list[str]:
+    """`--speedup`'s sentences under the headline: the per-request ratio, the batch's, whether they disagree."""
+    lines = lview.speedup_lines(result)
+    return ["", *(f"- {'⚠️ ' if line.startswith('the two disagree') else ''}{cell(line[0].upper() + line[1:])}."
+                  for line in lines)] if lines else []
 
 
 def _baseline(result: Result) -> list[str]:

@@ -8,12 +8,16 @@ from dataclasses import dataclass, field
 
 from qual.errors import QualError
 from qual.options import (DCP_COMM_MODES, DEFAULT_DCP_COMM, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK,
-                          DEFAULT_DTYPE, DEFAULT_NUMERICS, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES, NUMERICS,
+                          DEFAULT_DTYPE, DEFAULT_NUMERICS, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES, INVARIANT, NUMERICS,
                           check_choice, check_device, check_layout, check_temperature)
-from qual.runtime.backends import PYTORCH, parse_backend
+from qual.runtime.backends import ATTENTION_PARTS, PYTORCH, parse_backend
 
 # Batch sizes captured as CUDA graphs by default (qual/runtime/cuda_graphs.py); a step pads to the next one.
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+# Virtual shards of the invariant merge (dcp_comm invariant, qual/runtime/dcp_invariant.py): position p belongs to
+# shard (p // interleave) % DCP_VIRTUAL_SHARDS, whatever the DCP size; the DCP sizes it runs are its divisors.
+DCP_VIRTUAL_SHARDS = 8
 
 HANG_DUMP_ENV = "QUAL_HANG_DUMP_S"
 HANG_DUMP_MAX_S = 86400.0  # a day: longer than any step, and far inside what faulthandler's timer can hold
@@ -48,6 +52,21 @@ class ParallelConfig:
     def __post_init__(self):
         check_choice("dcp_comm", self.dcp_comm, DCP_COMM_MODES)
         check_layout(self.tp, self.dcp, self.interleave)
+        if self.invariant and DCP_VIRTUAL_SHARDS % self.dcp:
+            raise QualError(f"dcp_comm {INVARIANT}: dcp={self.dcp} must divide the {DCP_VIRTUAL_SHARDS} virtual shards "
+                            f"(dcp 1, 2, 4 or 8), so that each rank holds whole shards")
+
+    @property
+    def invariant(self) -> bool:
+        """Whether DCP N computes DCP 1's bits (dcp_comm invariant): the merge, and admission (admission_dcp)."""
+        return self.dcp_comm == INVARIANT
+
+    @property
+    def admission_dcp(self) -> int:
+        """The DCP size the scheduler reckons a request's blocks at when it admits: 1 under the invariant merge, so that
+        DCP N admits the same requests into the same steps as DCP 1 (a batch's shape decides how its GEMMs round),
+        else the DCP size."""
+        return 1 if self.invariant else self.dcp
 
     @property
     def world_size(self) -> int:
@@ -146,6 +165,8 @@ class EngineConfig:
         self.parallel.check_block_size(self.cache.block_size)
         backend = parse_backend(self.backend)
         backend.check(self.device, self.dtype, self.parallel.tp)
+        if self.parallel.invariant:
+            self._check_invariant_backend(backend)
         padded_prefill = self.static_shapes or (self.device == "cuda" and bool(self.cuda_graph_sizes))
         if backend.compile_prefill and not (padded_prefill and self.prefill_graph_tokens):
             raise QualError(f"backend {self.backend}: compiled-prefill compiles the prefill at padded shapes, which runs "
@@ -160,6 +181,20 @@ class EngineConfig:
             raise QualError(f"prefill_graph_tokens must be >= 0 (got {self.prefill_graph_tokens})")
         if self.cuda_graph_sizes is not None and any(b < 1 for b in self.cuda_graph_sizes):
             raise QualError(f"cuda_graph_sizes must be positive batch sizes (got {self.cuda_graph_sizes})")
+
+    def _check_invariant_backend(self, backend) -> None:
+        """The invariant merge's bits rest on PyTorch's operators each rounding on its own (qual/runtime/dcp_invariant.py):
+        a backend part that computes the attention its own way, or compiles the step (a compiler may fuse a multiply
+        and an add into one rounding, as the shapes it sees lead it to), would break them, so it is refused by name."""
+        replaced = [p for p in backend.parts if p in ATTENTION_PARTS]
+        if replaced:
+            raise QualError(f"backend {self.backend}: dcp_comm {INVARIANT} computes the target's attention itself (in "
+                            f"a fixed summation order), which {' and '.join(replaced)} would take over: use another "
+                            "dcp_comm, or a backend without them")
+        if backend.compiles:
+            raise QualError(f"backend {self.backend}: dcp_comm {INVARIANT} rests on every operator rounding on its own, "
+                            "and a compiled step may fuse them (a multiply-add rounded once) differently at each DCP "
+                            "size: use another dcp_comm, or a backend without compiled parts")
 
 
 @dataclass(frozen=True, slots=True)

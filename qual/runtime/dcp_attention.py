@@ -1,4 +1,5 @@
-"""Step 3 of attention under DCP (docs/dcp.md): merge the DCP group's partial results by their LSE.
+"""Steps 2 and 3 of attention under DCP (docs/dcp.md): attend the local KV shard, merge the DCP group's partial
+results by their LSE.
 
 Each rank attended its local KV shard with the whole group's query heads; afterwards each rank keeps
 only its own heads. Shared by every attention that shards its cache along the sequence (GQA, MLA latent).
@@ -8,8 +9,21 @@ from __future__ import annotations
 
 import torch
 
-from qual.runtime.attention import combine_lse, global_lse, rescale_to_global
+from qual.options import INVARIANT
+from qual.runtime.attention import attention_with_lse, combine_lse, global_lse, rescale_to_global
+from qual.runtime.dcp_invariant import invariant_attention
 from qual.runtime.parallel import Comm
+
+
+def dcp_attention(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                  local_heads: int, fused: bool = False) -> torch.Tensor:
+    """The group's query heads q [R, Q, N*Hl, D] over this rank's keys k [R, S, Hk, D] and values v [R, S, Hk, Dv]
+    (mask [R, Q, S]) -> this rank's heads [R, Q, Hl, Dv], merged by comm.dcp_comm: the invariant merge (DCP 1's bits
+    at every DCP size, DCP 1 included), or attention_with_lse (fused: where it applies) and dcp_combine."""
+    if comm.dcp_comm == INVARIANT:
+        return invariant_attention(comm, q, k, v, mask, scale, local_heads)
+    out, lse = attention_with_lse(q, k, v, mask, scale, fused=fused)
+    return dcp_combine(comm, out, lse, local_heads) if comm.dcp_size > 1 else out
 
 
 def dcp_combine(comm: Comm, out: torch.Tensor, lse: torch.Tensor, local_heads: int) -> torch.Tensor:

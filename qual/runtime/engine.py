@@ -70,7 +70,7 @@ class LLMEngine(DecodeRuns):
         n = self.steps_per_launch
         self.tail = reach(n, n, self.K) if self.async_decode else self.K + 1
         self.cache = CacheManager(self.runner.caches.groups, cfg.cache.block_size, cfg.parallel.dcp, cfg.cache.memory_bytes,
-                                  lookahead, cfg.max_model_len)
+                                  lookahead, cfg.max_model_len, cfg.parallel.admission_dcp)
         self._finished_ids: list[str] = []
         eos = self.target_cfg.eos_token_id  # an id, several (a tuple), or None: greedy runs to max_tokens
         self.eos = frozenset(eos if isinstance(eos, (tuple, list)) else ([] if eos is None else [eos]))
@@ -90,8 +90,7 @@ class LLMEngine(DecodeRuns):
         if cfg.device == "cpu":
             set_cpu_threads(world, cfg.threads_per_rank)
         self.ranks.wait_ready()
-        self.comm = init_comm(0, cfg.parallel.tp, cfg.parallel.dcp, self.ranks.rendezvous.init_method, cfg.device,
-                              cfg.dist_timeout_s, cfg.parallel.dcp_comm)
+        self.comm = init_comm(0, cfg.parallel, self.ranks.rendezvous.init_method, cfg.device, cfg.dist_timeout_s)
         self.runner = ModelRunner(cfg, self.comm, *specs)
 
     # -- lifecycle -------------------------------------------------------

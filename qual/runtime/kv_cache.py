@@ -128,10 +128,15 @@ class CacheManager:
     """Block tables of every request in every group, with lifetime reservations for admission."""
 
     def __init__(self, groups: list[KVCacheGroup], block_size: int, dcp_size: int, memory_bytes: int, lookahead: int,
-                 max_len: int | None = None):
+                 max_len: int | None = None, admission_dcp: int | None = None):
         self.groups = {g.name: g for g in groups}
         self.block_size = block_size
         self.dcp_size = dcp_size
+        # The DCP size admission reckons reservations at (ParallelConfig.admission_dcp; None: dcp_size). Its blocks
+        # per request are never fewer than dcp_size's, so what it admits the pools can hold.
+        self.admission_dcp = dcp_size if admission_dcp is None else admission_dcp
+        if dcp_size % self.admission_dcp:
+            raise ValueError(f"admission at DCP {self.admission_dcp} cannot bound DCP {dcp_size}'s blocks")
         self.lookahead = lookahead  # tokens written past the committed length (verify block)
         per_index = sum(g.block_bytes(block_size) for g in groups)
         self.num_blocks = memory_bytes // per_index
@@ -143,6 +148,10 @@ class CacheManager:
         # Per group, blocks reserved and not held: every request's reservation less the blocks its table holds
         # (kept as they change, where admission used to count every table's blocks for every request it admitted)
         self.owed: dict[str, int] = {g.name: 0 for g in groups}
+        # Per group, every live request's reservation reckoned at admission_dcp: the pool less these is what admission
+        # may still promise (the same as the free blocks less those owed, at admission_dcp == dcp_size)
+        self.promised: dict[str, int] = {g.name: 0 for g in groups}
+        self._promises: dict[str, dict[str, int]] = {g.name: {} for g in groups}
         self.peak_blocks: dict[str, int] = {g.name: 0 for g in groups}
         # The groups whose blocks leave a window (release_outside_window has work only there)
         self.windowed = tuple(g.name for g in groups if g.spec.window is not None)
@@ -160,15 +169,16 @@ class CacheManager:
         # every decode launch, where the answer is nearly always "nothing".
         self._ensured: dict[str, int] = {}
 
-    def group_dcp(self, name: str) -> int:
-        return self.dcp_size if self.groups[name].spec.sharded else 1
+    def group_dcp(self, name: str, dcp_size: int | None = None) -> int:
+        """The DCP size a group's tokens are spread over: the engine's (or dcp_size) where it is sharded, else 1."""
+        return (self.dcp_size if dcp_size is None else dcp_size) if self.groups[name].spec.sharded else 1
 
-    def lifetime_blocks(self, name: str, total_len: int) -> int:
-        """Most blocks a request of total_len tokens ever holds at once in this group."""
+    def lifetime_blocks(self, name: str, total_len: int, dcp_size: int | None = None) -> int:
+        """Most blocks a request of total_len tokens ever holds at once in this group (at dcp_size: the engine's)."""
         spec = self.groups[name].spec
         if spec.kind in PER_REQUEST:
             return 1
-        n = self.group_dcp(name)
+        n = self.group_dcp(name, dcp_size)
         full = blocks_needed(spec.entries(total_len), self.block_size, n)
         window = self.groups[name].spec.window
         if window is None:
@@ -176,8 +186,11 @@ class CacheManager:
         return min(full, blocks_needed(window + self.lookahead, self.block_size, n) + 1)
 
     def can_admit(self, total_len: int) -> bool:
-        """Admit only if every group can hold the request for its whole life."""
+        """Admit only if every group can hold the request for its whole life, reckoned at admission_dcp: whether it
+        is admitted then depends on the live requests' lengths alone, not on the DCP size where that is 1."""
         for name, pool in self.pools.items():
+            if self.num_blocks - self.promised[name] < self.lifetime_blocks(name, total_len, self.admission_dcp):
+                return False
             if pool.num_free - self.owed[name] < self.lifetime_blocks(name, total_len):
                 return False
         return True
@@ -188,6 +201,8 @@ class CacheManager:
         for name in self.groups:
             reserved = self.reserved[name][req_id] = self.lifetime_blocks(name, total_len)
             self.owed[name] += reserved
+            promise = self._promises[name][req_id] = self.lifetime_blocks(name, total_len, self.admission_dcp)
+            self.promised[name] += promise
             if name in self._in_use:
                 cap = reserved if self.max_len is None else min(reserved, self.lifetime_blocks(name, self.max_len))
                 self.tables[name][req_id] = self.pools[name].allocate(cap)
@@ -265,6 +280,7 @@ class CacheManager:
             table = self.tables[name].pop(req_id, [])
             pool.free(table)
             self.owed[name] -= self.reserved[name].pop(req_id, 0) - sum(1 for b in table if b >= 0)
+            self.promised[name] -= self._promises[name].pop(req_id, 0)
             if name in self._in_use:
                 self._in_use_total[name] -= self._in_use[name].pop(req_id, 0)
 

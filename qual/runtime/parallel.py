@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from qual.options import DEFAULT_DCP_COMM
-from qual.runtime.config import hang_dump_seconds
+from qual.runtime.config import ParallelConfig, hang_dump_seconds
 
 # The ranks' own TCP links (gloo pairs, NCCL bootstrap) bind this interface: every rank is on one host, and the
 # libraries' default (the address the host name resolves to) can be one the network reaches.
@@ -53,6 +53,7 @@ class Comm:
     dcp_group: object | None = None
     device: torch.device = torch.device("cpu")
     dcp_comm: str = DEFAULT_DCP_COMM  # how DCP partial attention results are merged (qual.options.DCP_COMM_MODES)
+    interleave: int = 1  # consecutive positions one DCP rank stores (cp_kv_cache_interleave_size)
 
     @property
     def tp_rank(self) -> int:
@@ -111,15 +112,16 @@ class Comm:
         return x
 
 
-def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: str, timeout_s: float, dcp_comm: str = DEFAULT_DCP_COMM) -> Comm:
+def init_comm(rank: int, parallel: ParallelConfig, init_method: str, device: str, timeout_s: float) -> Comm:
     """Join the process group and build the DCP sub-groups (consecutive ranks)."""
+    tp_size, dcp_size = parallel.tp, parallel.dcp
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)
         dev = torch.device("cuda", rank)
     else:
         dev = torch.device("cpu")
     if tp_size == 1:
-        return Comm(device=dev, dcp_comm=dcp_comm)
+        return Comm(device=dev, dcp_comm=parallel.dcp_comm, interleave=parallel.interleave)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     bind_loopback()
     dist.init_process_group(
@@ -130,7 +132,7 @@ def init_comm(rank: int, tp_size: int, dcp_size: int, init_method: str, device: 
         group = dist.new_group(list(range(start, start + dcp_size)))  # every rank must create every group
         if start <= rank < start + dcp_size:
             dcp_group = group
-    return Comm(rank, tp_size, dcp_size, dist.group.WORLD, dcp_group, dev, dcp_comm)
+    return Comm(rank, tp_size, dcp_size, dist.group.WORLD, dcp_group, dev, parallel.dcp_comm, parallel.interleave)
 
 
 def shutdown_comm(comm: Comm) -> None:

@@ -41,8 +41,7 @@ def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str
         arm_hang_dump()
         set_cpu_threads(cfg.parallel.world_size, cfg.threads_per_rank)
         Path(rendezvous_dir, f"ready.{rank}").touch()  # imports done: rank 0 may enter the rendezvous now
-        comm = init_comm(rank, cfg.parallel.tp, cfg.parallel.dcp, init_method, cfg.device, cfg.dist_timeout_s,
-                         cfg.parallel.dcp_comm)
+        comm = init_comm(rank, cfg.parallel, init_method, cfg.device, cfg.dist_timeout_s)
         runner = ModelRunner(cfg, comm, *specs)
         while (step := comm.broadcast_object(None)) is not None:
             runner.execute(step)

@@ -210,7 +210,7 @@ def _quantize_saved(out_dir: Path, block: tuple[int, int]) -> None:
     from safetensors.torch import load_file, save_file
 
     from qual.checkpoints.fp8 import SCALE_SUFFIX, quantize
-    from qual.runtime.models.glm5.weights import FP8_KEPT, fp8_load_path
+    from qual.runtime.models.glm5.fp8_weights import FP8_KEPT, fp8_load_path
 
     for f in sorted(out_dir.glob("*.safetensors")):
         tensors = load_file(str(f))

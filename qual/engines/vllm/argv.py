@@ -14,7 +14,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from qual.records import ArmConfig
 from qual.engines.vllm.install import REPO_ROOT, VllmInstall
 from qual.errors import QualError
-from qual.options import DcpComm
+from qual.options import VllmDcpComm
 from qual.redact import redact_env
 from qual.validation import Section, parse_section
 
@@ -44,26 +44,46 @@ def reserved_flag(arg: str) -> str | None:
 class VllmOptions(Section):
     """The `vllm:` section of a model profile (every key optional)."""
 
-    python: str | None = None  # interpreter of the vLLM install; default .venv-vllm, then this one
-    tokenizer: str | None = None  # default: the target
-    served_model_name: str | None = None  # default: the profile name
-    max_model_len: PositiveInt | None = None  # default: the profile's max_model_len
+    python: str | None = None
+    """The interpreter of the vLLM install to start (default: the checkout's .venv-vllm, then this one's)"""
+    tokenizer: str | None = None
+    """The server's tokenizer (default: the target)"""
+    served_model_name: str | None = None
+    """The name the server serves the model under (default: the profile's name)"""
+    max_model_len: PositiveInt | None = None
+    """--max-model-len (default: the profile's max_model_len)"""
     block_size: PositiveInt | None = None
+    """--block-size: tokens a KV block holds"""
     max_num_seqs: PositiveInt | None = None
+    """--max-num-seqs: requests a server batches"""
     attention_backend: str | None = None
-    dcp_comm_backend: DcpComm | None = None  # only passed when DCP > 1
+    """--attention-backend (DCP needs one that returns the softmax LSE)"""
+    dcp_comm_backend: VllmDcpComm | None = None
+    """--dcp-comm-backend: ag_rs or a2a (passed only at DCP > 1)"""
     cudagraph_mode: str | None = None
+    """The compilation config's cudagraph_mode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE"""
     cudagraph_capture_sizes: list[PositiveInt] | None = None
+    """The compilation config's cudagraph_capture_sizes (verify batches are K + 1 tokens a request: multiples of K + 1)"""
     enforce_eager: bool = False
-    per_request_metrics: Literal[PER_REQUEST_METRICS] = "auto"  # auto: "detailed" where the install has the flag
+    """--enforce-eager: no compilation and no CUDA graphs"""
+    per_request_metrics: Literal[PER_REQUEST_METRICS] = "auto"
+    """--per-request-spec-decode-metrics: auto (detailed where the install has the flag), none, summary or detailed"""
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """--gpu-memory-utilization: the share of each GPU's memory a server takes (vLLM's default 0.9)"""
     kv_cache_dtype: str | None = None
+    """--kv-cache-dtype"""
     trust_remote_code: bool = False
-    speculative_config: dict = Field(default_factory=dict)  # merged into --speculative-config
+    """--trust-remote-code"""
+    speculative_config: dict = Field(default_factory=dict)
+    """Keys merged into --speculative-config (method dflash, the drafter and K are qual's)"""
     extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str | int] = Field(default_factory=dict)  # values passed as their text (1 -> "1")
+    """Further server flags, as they are (the listening address, API key and --revision are qual's and refused here)"""
+    env: dict[str, str | int] = Field(default_factory=dict)
+    """Environment of the server (a number is passed as its text); the API key and loopback settings are qual's"""
     startup_timeout_s: PositiveFloat = 900.0
+    """Seconds a server may take to load and capture before the arm fails"""
     request_timeout_s: PositiveFloat = 600.0
+    """Seconds one completion may take before the arm fails"""
 
     @field_validator("extra_args")
     @classmethod

@@ -42,13 +42,15 @@ MAX_DEADLINE_S = 86400.0  # a deadline setting's upper bound (a day)
 class AttachOptions(Section):
     """A profile's `attach:` section: how qual talks to servers it did not start."""
 
-    served_model_name: str | None = None  # default: the one model the server lists
-    # Deadlines of whole calls, from the connect to the reply's last byte (a server sending a byte a second meets
-    # them too); the arm records them (extra.attach). docs/vllm.md, "Attach mode: limits and deadlines".
-    request_timeout_s: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)  # each completion of the run
-    # Each call while attaching (/v1/models, /version, /server_info, /metrics, the probe reply, /tokenize), and each
-    # TCP handshake of the run's calls: a silent server fails after this, not after the request deadline.
+    served_model_name: str | None = None
+    """The model name to ask the servers for (default: the one model a server lists)"""
+    request_timeout_s: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
+    """Each completion's deadline, from the connect to the reply's last byte (a server sending a byte a second meets it
+    too), in seconds; the arm records it"""
     connect_timeout_s: float = Field(10.0, gt=0, le=MAX_DEADLINE_S)
+    """Each call's deadline while attaching (/v1/models, /version, /server_info, /metrics, the probe reply, /tokenize)
+    and each TCP handshake of the run's calls, in seconds: a silent server fails after this, not after the request
+    deadline"""
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,17 @@ class AttachEngine(Engine):
     """Replays an arm through a running OpenAI-compatible vLLM server (its URL from --control-url/--candidate-url)."""
 
     name = "attach"
+    options_model = AttachOptions
     honours = frozenset({"temperature", "seed"})  # sent with every request
     attaches = True
 
     @classmethod
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(AttachOptions, section, where, "attach").model_dump(exclude_defaults=True)
+
+    def missing(self, arms: list[ArmConfig], gpu_memory_gib: float | None = None) -> list[str]:
+        """Nothing of this machine: the servers run where they run (preflight asks them)."""
+        return []
 
     def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         """The knobs and keys an attached server cannot take, refused without asking it."""

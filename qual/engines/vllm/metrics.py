@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import re
+import math
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from qual.records import AcceptanceCounts
 
@@ -11,44 +13,20 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def _unescape(value: str) -> str:
-    return value.replace(r"\\", "\x00").replace(r"\"", '"').replace(r"\n", "\n").replace("\x00", "\\")
-
-
-def _labels(text: str | None) -> dict[str, str]:
-    if not text:
-        return {}
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if not m:
-            raise ValueError(f"malformed Prometheus labels: {{{text}}}")
-        out[m.group(1)] = _unescape(m.group(2))
-        pos = m.end()
-    return out
-
 
 def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample line of a Prometheus text exposition: (name, labels, value)."""
-    samples = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            raise ValueError(f"malformed Prometheus sample: {line!r}")
-        samples.append((m.group("name"), _labels(m.group("labels")), float(m.group("value"))))
-    return samples
+    """Every sample of a Prometheus text exposition, (name, labels, value), read by prometheus_client's parser. A
+    server's /metrics is untrusted: the transport caps the reply's size before it gets here (REPLY_CAPS in
+    qual.engines.vllm.client), and text the parser cannot read is a ValueError whatever the parser raised."""
+    try:
+        return [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
+                for s in family.samples]
+    except (ValueError, TypeError, IndexError, KeyError) as exc:  # hostile text reaches the parser's indexing too
+        raise ValueError(f"malformed Prometheus text ({type(exc).__name__}: {exc})") from None
 
 
 def _as_int(value: float, name: str) -> int:
-    if value != int(value):
+    if not math.isfinite(value) or value != int(value):  # int(inf) would be an OverflowError, not a refusal
         raise ValueError(f"{name} is not an integer count: {value}")
     return int(value)
 

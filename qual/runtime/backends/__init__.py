@@ -21,6 +21,7 @@ from qual.errors import QualError
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
 PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused", "pdl")
+ATTENTION_PARTS = ("triton-attention", "fused")  # parts that compute the target's attention in a kernel of their own
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
 # (draft + verify of K+1 tokens).

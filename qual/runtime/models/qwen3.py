@@ -11,9 +11,8 @@ from qual.checkpoints.io import load_weights, require
 from qual.checkpoints.qwen3 import MODEL_TYPE, Qwen3Config
 from qual.errors import QualError
 from qual.options import SHARDED
-from qual.runtime.attention import attention_with_lse
 from qual.runtime.config import ParallelConfig
-from qual.runtime.dcp_attention import dcp_combine
+from qual.runtime.dcp_attention import dcp_attention, dcp_combine
 from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
 from qual.runtime.models.base import ModelOptions, TargetMeta
 from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, project_qkv, rms_norm
@@ -110,10 +109,10 @@ class Qwen3Target:
         if self.paged_attention is not None and meta.dense and not meta.prefill:  # decode: one kernel reads the paged store in place
             out, lse = self.paged_attention(q_pad, store.k[i], store.v[i], view.keys.slots, view.mask, self.scale,
                                             view.keys.lengths)
-        else:
+            if comm.dcp_size > 1:  # step 3: merge the partials, keep this rank's heads
+                out = dcp_combine(comm, out, lse, Hl)
+        else:  # steps 2 and 3 by the run's merge path
             kc, vc = store.gather(i, view.keys)
-            out, lse = attention_with_lse(q_pad, kc, vc, view.mask, self.scale, fused=meta.prefill)
-        if comm.dcp_size > 1:  # step 3: merge the partials, keep this rank's heads
-            out = dcp_combine(comm, out, lse, Hl)
+            out = dcp_attention(comm, q_pad, kc, vc, view.mask, self.scale, Hl, fused=meta.prefill)
         flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
         return comm.all_reduce_tp(self.linear(flat, a.o))

@@ -87,9 +87,15 @@ def latent_attention(q_lat: torch.Tensor, latents: torch.Tensor, mask: torch.Ten
     partial results over disjoint latent subsets merge exactly with qual.runtime.attention.combine_lse.
     Keys are whole entries, values their first latent_dim (L) dims. Computed in at least float32.
     """
+    q, k = latent_inputs(q_lat, latents)
+    return attention_with_lse(q, k, k[..., :latent_dim], mask, scale)
+
+
+def latent_inputs(q_lat: torch.Tensor, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries [R, Q, H, L (+ R)] and cache entries [R, S, L (+ R)] as attention takes them: in at least float32,
+    the entries as one key head [R, S, 1, L (+ R)] that serves every query head (their first L dims the values)."""
     acc = acc_dtype(q_lat.dtype)
-    k = latents.to(acc).unsqueeze(2)  # [R, S, 1, L (+ R)]: one latent head serves every query head
-    return attention_with_lse(q_lat.to(acc), k, k[..., :latent_dim], mask, scale)
+    return q_lat.to(acc), latents.to(acc).unsqueeze(2)
 
 
 def mla_output(w: MlaWeights, out_lat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

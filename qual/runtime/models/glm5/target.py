@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from qual.errors import QualError
 from qual.options import REPLICATED, SHARDED
 from qual.runtime.config import ParallelConfig
-from qual.runtime.dcp_attention import dcp_combine
+from qual.runtime.dcp_attention import dcp_attention
 from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
 from qual.runtime.models.base import ModelOptions, TargetMeta
 from qual.runtime.models.glm5.common import acc_dtype
@@ -32,7 +32,7 @@ from qual.runtime.models.glm5.config import INDEXED, LINEAR, Glm5Config, parse_g
 from qual.runtime.models.glm5.dsa import index_key, index_query, pool_keys, pool_scores, score_scale, tail_ring_size
 from qual.runtime.models.glm5.kda import KdaState, kda_prefill, kda_verify, kda_zero_state
 from qual.runtime.models.glm5.mhc import block_input, block_output, contract, hc_expand
-from qual.runtime.models.glm5.mla import latent_attention, mla_absorbed_query, mla_latent, mla_output, mla_q_resid
+from qual.runtime.models.glm5.mla import latent_inputs, mla_absorbed_query, mla_latent, mla_output, mla_q_resid
 from qual.runtime.models.glm5.moe import mlp, moe
 from qual.runtime.models.glm5.numerics import numerics_of
 from qual.runtime.models.glm5.topk import local_topk, merge_topk, union_topk
@@ -200,11 +200,10 @@ class Glm5Target:
         T, Hl, L = q_lat.shape
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
         qg = comm.all_gather_dcp(q_lat).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, L)
-        latents = store.gather(j, view.keys.slots)  # [R, S, L]
-        out, lse = latent_attention(pad_queries(qg, meta.q_index, meta.dense), latents, view.mask & attend, w.scale,
-                                    w.latent_dim)
-        if comm.dcp_size > 1:  # step 3: merge the partials, keep this rank's heads
-            out = dcp_combine(comm, out, lse, Hl)
+        latents = store.gather(j, view.keys.slots)  # [R, S, L (+ R)]
+        # Steps 2 and 3: one latent "KV head" serves every query head, in at least float32 (latent_inputs)
+        q, k = latent_inputs(pad_queries(qg, meta.q_index, meta.dense), latents)
+        out = dcp_attention(comm, q, k, k[..., :w.latent_dim], view.mask & attend, w.scale, Hl)
         return mla_output(w, unpad(out, meta.q_index, T, meta.dense), h.dtype)
 
     def _select(self, i: int, w, h, q_resid, positions, q_pos, meta: TargetMeta, stores) -> torch.Tensor:

@@ -3,11 +3,9 @@
 The text stack sits under "model.language_model." (Glm5NextForConditionalGeneration) or at the top level
 (Glm5NextTextModel; "model." is accepted too); vision tensors ("model.visual.") and MTP layers (index >=
 num_hidden_layers) are skipped. FP8 block-quantized weights (qual/checkpoints/fp8.py) are dequantized as they are
-read, except the routed experts', which stay FP8 (moe.Fp8Experts) and are sliced for TP on whole blocks; under vLLM's
-numerics the dense and shared MLPs and the indexer's wq_b stay FP8 too (numerics.Fp8Weight), as vLLM keeps them. An
-FP8 tensor vLLM 0.32 neither keeps FP8 nor dequantizes on load is refused by name (fp8_load_path). TP: KDA and MLA
-heads, the dense MLP, the shared experts and each routed expert's intermediate dim are split; the MLA latent path (q_a, kv_a), the DSA indexer, the router, the MHC
-weights, the norms, the embedding and lm_head are replicated. Every block returns a row-parallel partial.
+read but where fp8_weights.py keeps them FP8 as vLLM does. TP: KDA and MLA heads, the dense MLP, the shared experts
+and each routed expert's intermediate dim are split; the MLA latent path (q_a, kv_a), the DSA indexer, the router, the
+MHC weights, the norms, the embedding and lm_head are replicated. Every block returns a row-parallel partial.
 """
 
 from __future__ import annotations
@@ -29,30 +27,13 @@ from qual.runtime.models.glm5.dsa import IndexerWeights
 from qual.runtime.models.glm5.kda import KdaWeights
 from qual.runtime.models.glm5.mhc import HcWeights
 from qual.runtime.models.glm5.mla import MlaWeights
+from qual.runtime.models.glm5.fp8_weights import (FP8_KEPT, check_mlp_blocks, fp8_experts, fp8_load_path, fp8_mlp,
+                                                  kept_fp8)
 from qual.runtime.models.glm5.moe import Fp8Experts, MlpWeights, MoeWeights
-from qual.runtime.models.glm5.numerics import (Fp8Weight, Numerics, deep_gemm_takes, numerics_of, requant_ue8m0,
-                                               safe_gate_bound)
+from qual.runtime.models.glm5.numerics import Numerics, numerics_of, safe_gate_bound
 
 _PREFIXES = ("model.language_model.", "model.", "")
 _VISION = ("model.visual.", "visual.")
-
-# Where vLLM 0.32's glm5next puts an FP8 block-quantized tensor of the checkpoint (common/model.py): layers built with
-# the FP8 quant_config keep it FP8 (the MLPs, Glm5NextMLP and the shared experts; the routed experts, FusedMoE; the
-# indexer's wq_b, a ReplicatedLinear); _try_load_fp8_attn_proj and _try_load_fp8_indexer_wk dequantize MLA's
-# q_a/kv_a/q_b projections, every o_proj and the indexer's wk to bfloat16. Anything else (KDA's projections, kv_b_proj,
-# weights_proj, the compress gate, embeddings, router) has no FP8 load path there.
-FP8_KEPT, FP8_DEQUANTIZED = "kept", "dequantized"
-_FP8_PATHS = (
-    (re.compile(r"\.mlp\.(experts\.\d+\.|shared_experts\.)?(gate|up|down)_proj\.weight$"), FP8_KEPT),
-    (re.compile(r"\.self_attn\.indexer\.wq_b\.weight$"), FP8_KEPT),
-    (re.compile(r"\.self_attn\.(q_a_proj|kv_a_proj_with_mqa|q_b_proj|o_proj)\.weight$"), FP8_DEQUANTIZED),
-    (re.compile(r"\.self_attn\.indexer\.wk\.weight$"), FP8_DEQUANTIZED),
-)
-
-
-def fp8_load_path(name: str) -> str | None:
-    """How vLLM loads a tensor stored FP8: FP8_KEPT, FP8_DEQUANTIZED, or None (it cannot)."""
-    return next((kind for pattern, kind in _FP8_PATHS if pattern.search(name)), None)
 
 
 @dataclass
@@ -160,16 +141,6 @@ class _Load:
     device: str | torch.device
     acc: torch.dtype  # at least float32: norms, gates, router, MHC
     numerics: Numerics  # how the run computes: which FP8 weights stay FP8, the indexer's and MHC's forms
-
-    def fp8_weight(self, q: torch.Tensor, scale: torch.Tensor, merged_rows: int | None = None) -> Fp8Weight:
-        """This rank's FP8 weight as vLLM keeps it; where DeepGEMM serves it (numerics vllm-hopper), requantized to
-        power-of-two scales with power-of-two activation scales. merged_rows: the rows of the GEMM it is part of
-        (gate and up run as one)."""
-        block = self.cfg.quantization.block
-        deep = self.numerics.deep_gemm and deep_gemm_takes(merged_rows or q.shape[0], q.shape[1])
-        if deep:
-            q, scale = requant_ue8m0(q, scale, block)
-        return Fp8Weight(self.cast(q, torch.float8_e4m3fn), self.cast(scale, torch.float32), block, act_ue8m0=deep)
 
     def cast(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         return t.to(device=self.device, dtype=dtype or self.dtype)
@@ -325,7 +296,7 @@ def _mla(ctx: _Load, p: str) -> MlaWeights:
 def _indexer(ctx: _Load, p: str) -> IndexerWeights:
     rd, cfg, cast, acc = ctx.rd, ctx.cfg, ctx.cast, ctx.acc
     Hi, Di, hid = cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size
-    wq_b = _kept_fp8(ctx, p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))
+    wq_b = kept_fp8(ctx, p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))
     return IndexerWeights(
         wq_b=wq_b if wq_b is not None else cast(rd.get(p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))),
         wk=cast(rd.get(p + "wk.weight", (Di, hid))),
@@ -338,60 +309,25 @@ def _indexer(ctx: _Load, p: str) -> IndexerWeights:
     )
 
 
-def _kept_fp8(ctx: _Load, name: str, shape: tuple[int, int], merged_rows: int | None = None) -> Fp8Weight | None:
-    """A replicated weight vLLM keeps FP8, as an Fp8Weight where the numerics keep it so (None: read it plainly)."""
-    if not (ctx.numerics.fp8_activations and ctx.rd.is_fp8(name)):
-        return None
-    return ctx.fp8_weight(*ctx.rd.get_fp8(name, shape), merged_rows)
-
-
-def _check_mlp_blocks(ctx: _Load, inter: int, part: int, key: str) -> None:
-    """vLLM's validate_fp8_block_shape for an FP8 MLP: gate and up run as one merged GEMM, so gate's rows fill
-    whole blocks at every TP; split for TP, each rank's gate and up rows and down columns fill whole blocks."""
-    cfg, (bo, bi) = ctx.cfg, ctx.cfg.quantization.block
-    checks = [("gate_proj rows", part if ctx.tp > 1 else inter, bo)]
-    if ctx.tp > 1:
-        checks += [("down_proj columns", part, bi)]
-    for what, size, block in checks:
-        if size % block:
-            raise QualError(f"{cfg.source}: {key}={inter} at tp={ctx.tp} gives {size} FP8 {what} a rank, not a "
-                            f"multiple of the weight_block_size {block} (vLLM refuses it)")
-
-
 def _mlp(ctx: _Load, p: str, inter: int, key: str) -> MlpWeights:
     rd, cfg, rank, tp, cast = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast
     hid = cfg.hidden_size
     part = _split(inter, tp, key, cfg)
     cols = slice(rank * part, (rank + 1) * part)
     if rd.is_fp8(p + "gate_proj.weight"):
-        _check_mlp_blocks(ctx, inter, part, key)
+        check_mlp_blocks(ctx, inter, part, key)
         if ctx.numerics.fp8_activations:
-            return _fp8_mlp(ctx, p, inter, part)
+            return fp8_mlp(ctx, p, inter, part)
     return MlpWeights(cast(rd.get(p + "gate_proj.weight", (inter, hid))[cols]),
                       cast(rd.get(p + "up_proj.weight", (inter, hid))[cols]),
                       cast(rd.get(p + "down_proj.weight", (hid, inter))[:, cols]))
-
-
-def _fp8_mlp(ctx: _Load, p: str, inter: int, part: int) -> MlpWeights:
-    """This rank's slice of an FP8 MLP kept FP8 (whole blocks: _check_mlp_blocks)."""
-    hid, (bo, bi), rank = ctx.cfg.hidden_size, ctx.cfg.quantization.block, ctx.rank
-    out = []
-    for proj, shape in (("gate_proj", (inter, hid)), ("up_proj", (inter, hid)), ("down_proj", (hid, inter))):
-        q, s = ctx.rd.get_fp8(f"{p}{proj}.weight", shape)
-        if proj == "down_proj":
-            q, s = q[:, rank * part:(rank + 1) * part], s[:, rank * part // bi:rank * part // bi + -(-part // bi)]
-            out.append(ctx.fp8_weight(q, s))
-        else:
-            q, s = q[rank * part:(rank + 1) * part], s[rank * part // bo:rank * part // bo + -(-part // bo)]
-            out.append(ctx.fp8_weight(q, s, merged_rows=2 * part))
-    return MlpWeights(*out)
 
 
 def _moe(ctx: _Load, p: str) -> MoeWeights:
     rd, cfg, cast, acc = ctx.rd, ctx.cfg, ctx.cast, ctx.acc
     E, hid = cfg.n_routed_experts, cfg.hidden_size
     if rd.get_fp8(f"{p}experts.0.gate_proj.weight", (cfg.moe_intermediate_size, hid)) is not None:
-        gate, up, down = _fp8_experts(ctx, p)
+        gate, up, down = fp8_experts(ctx, p, _split(cfg.moe_intermediate_size, ctx.tp, "moe_intermediate_size", cfg))
     else:
         experts = [_mlp(ctx, f"{p}experts.{e}.", cfg.moe_intermediate_size, "moe_intermediate_size") for e in range(E)]
         gate, up, down = (torch.stack([getattr(e, x) for e in experts]) for x in ("gate", "up", "down"))
@@ -405,34 +341,3 @@ def _moe(ctx: _Load, p: str) -> MoeWeights:
         gate=gate, up=up, down=down, shared=shared, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
         topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob, routed_scaling_factor=cfg.routed_scaling_factor,
     )
-
-
-def _fp8_experts(ctx: _Load, p: str) -> tuple[Fp8Experts, Fp8Experts, Fp8Experts]:
-    """The routed experts' gate, up and down projections kept in FP8, this rank's intermediate slice of each: the
-    slice must cover whole scale blocks (vLLM refuses it otherwise too)."""
-    rd, cfg, rank, tp, cast = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast
-    E, hid, inter, (bo, bi) = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.quantization.block
-    part = _split(inter, tp, "moe_intermediate_size", cfg)
-    # vLLM's validate_fp8_block_shape_moe: the merged gate/up rows fill whole blocks at every TP, 1 included; down's
-    # columns only where TP splits them
-    for what, size, block in (("gate_proj and up_proj rows", part, bo), ("down_proj columns", part, bi)):
-        if (tp > 1 or what != "down_proj columns") and size % block:
-            raise QualError(f"{cfg.source}: moe_intermediate_size={inter} at tp={tp} gives each rank {size} {what}, "
-                            f"not a multiple of the FP8 weight_block_size {block}")
-    out = []
-    for proj, shape in (("gate_proj", (inter, hid)), ("up_proj", (inter, hid)), ("down_proj", (hid, inter))):
-        block = bi if proj == "down_proj" else bo  # the intermediate dim: columns of down, rows of gate and up
-        own, scales = slice(rank * part, (rank + 1) * part), slice(rank * part // block, rank * part // block + -(-part // block))
-        qs, ss = [], []
-        for e in range(E):
-            got = rd.get_fp8(f"{p}experts.{e}.{proj}.weight", shape)
-            if got is None:
-                raise QualError(f"checkpoint {rd.path}: expert {e}'s {proj} has no FP8 scales while expert 0's has "
-                                f"(the routed experts are quantized alike)")
-            q, s = got
-            qs.append(q[:, own] if proj == "down_proj" else q[own])
-            ss.append(s[:, scales] if proj == "down_proj" else s[scales])
-        out.append(Fp8Experts(cast(torch.stack(qs), torch.float8_e4m3fn), cast(torch.stack(ss), torch.float32),
-                              cfg.quantization.block, ctx.dtype, fp8_gemm=ctx.numerics.fp8_activations,
-                              act_ue8m0=ctx.numerics.deep_gemm))
-    return tuple(out)
