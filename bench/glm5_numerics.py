@@ -28,9 +28,10 @@ PIECES = ("fp8_indexer", "fp8_activations", "hc_float32", "safe_gate")
 
 
 def _run(profile, requests, dtype: str, numerics: Numerics):
-    """Each request's result under `numerics` (the target module's numerics_of answers with it for this run)."""
+    """Each request's result under `numerics` (the target module's numerics_of answers with it for this run, whatever
+    the name the engine is configured with)."""
     cfg = EngineConfig(target_path=profile.target_path, draft_path=profile.draft_path, dtype=dtype,
-                       num_speculative_tokens=profile.num_speculative_tokens, numerics=numerics.name,
+                       num_speculative_tokens=profile.num_speculative_tokens, numerics=NUMERICS[1],
                        max_model_len=profile.max_model_len)
     with mock.patch.object(glm5_target, "numerics_of", lambda name: numerics), LLMEngine(cfg) as engine:
         return engine.generate(requests, SamplingParams(max_tokens=profile.max_tokens))
