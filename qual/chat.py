@@ -10,7 +10,10 @@ trim_blocks and lstrip_blocks, loop controls), the globals and filters chat temp
 `strftime_now`, `tojson` without HTML escaping, a restricted `namespace` and `dict`), the tokenizer's named special
 tokens (bos_token, eos_token, ...) as variables, `messages`, no tools or documents, and `add_generation_prompt`
 true. The text is tokenized without adding special tokens again, as `apply_chat_template(tokenize=True)` does
-(tests/test_chat.py compares token ids with it on real models' templates).
+(tests/test_chat.py compares token ids with it on real models' templates). The render is bounded in time, size and
+depth (qual/chat_sandbox.py): a template that would run for minutes or build gigabytes is an exit-2 error naming
+the request. `strftime_now` reads the run's clock (`ChatTemplate.now`, fixed once per run and kept in run.json),
+so every arm and every resume renders the same date.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from qual import chat_sandbox
+from qual.chat_sandbox import RenderLimit
 from qual.errors import QualError
 from qual.userfiles import load_json, read_text
 
@@ -47,6 +52,7 @@ class ChatTemplate:
     source: str  # the file it came from: a tokenizer directory's, or the --chat-template file
     name: str | None = None  # the named template chosen ("default"), None where there is only one
     special_tokens: dict[str, str] = field(default_factory=dict)
+    now: datetime | None = None  # what strftime_now reads (None: the time of each render)
 
     @property
     def sha256(self) -> str:
@@ -62,23 +68,44 @@ class ChatTemplate:
         import jinja2
 
         try:
-            return _environment().from_string(self.text)
+            return _environment(self.now).from_string(self.text)
         except jinja2.TemplateSyntaxError as exc:
             raise QualError(f"{self.source}:{exc.lineno}: not a valid chat template: {exc.message}") from None
+        except (RecursionError, SyntaxError, MemoryError) as exc:  # nesting deeper than jinja or Python compiles
+            raise QualError(f"{self.source}: not a chat template qual compiles ({type(exc).__name__}: "
+                            f"{str(exc)[:200]})") from None
 
     def render(self, messages: list[dict], where: str) -> str:
-        """The conversation as the model reads it, ending with the generation prompt; QualError naming `where`."""
+        """The conversation as the model reads it, ending with the generation prompt; QualError naming `where`.
+        Streamed and cut off at chat_sandbox.MAX_CHARS; every step of it counted (qual/chat_sandbox.py)."""
         import jinja2
 
         template = self.compiled
+        template.environment.steps.start()
         try:
-            return template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
-                                   **self.special_tokens)
+            parts, total = [], 0
+            for part in template.generate(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+                                          **self.special_tokens):
+                total += len(part)
+                if total > chat_sandbox.MAX_CHARS:
+                    raise RenderLimit(f"a prompt longer than {chat_sandbox.MAX_CHARS} characters")
+                parts.append(part)
+            return "".join(parts)
+        except RenderLimit as exc:
+            raise QualError(f"{where}: the chat template ({self.source}) went past a bound of qual's sandbox: {exc}"
+                            ) from None
+        except RecursionError:
+            raise QualError(f"{where}: the chat template ({self.source}) went past a bound of qual's sandbox: calls "
+                            "nested deeper than Python allows (a macro calling itself?)") from None
+        except MemoryError:
+            raise QualError(f"{where}: the chat template ({self.source}) ran out of memory") from None
         except jinja2.TemplateError as exc:  # raise_exception, a sandbox refusal
             raise QualError(f"{where}: the chat template ({self.source}) refused it: {exc}") from None
         except _RENDER_ERRORS as exc:
             raise QualError(f"{where}: the chat template ({self.source}) failed on it: "
-                            f"{type(exc).__name__}: {exc}") from None
+                            f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        finally:
+            template.environment.steps.stop()
 
 
 def load_template(tokenizer_dir: str | Path, override: str | Path | None = None) -> ChatTemplate | None:
@@ -187,8 +214,15 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - jinja's names
+    from jinja2.utils import generate_lorem_ipsum
+
+    if not (isinstance(n, int) and isinstance(max, int)) or n * max > chat_sandbox.MAX_ARGUMENT:
+        raise RenderLimit(f"lipsum(): more than {chat_sandbox.MAX_ARGUMENT} words")
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
+
+_lipsum.__name__ = "lipsum"  # how a refusal names it
 
 
 class _Dicts:
@@ -201,8 +235,9 @@ class _Dicts:
         return dict.fromkeys(keys, value)
 
 
-def _environment():
+def _environment(now: datetime | None = None):
     import jinja2
+    from jinja2 import nodes
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -217,6 +252,7 @@ def _environment():
 
         def __setitem__(self, name, value):
             Namespace._check(name)
+            chat_sandbox.check_size(value, f"namespace.{name}")
             jinja2.utils.Namespace.__setitem__(self, name, value)
 
         @staticmethod
@@ -237,8 +273,65 @@ def _environment():
         def _body(self, caller):
             return caller()
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, namespace=Namespace,
-                       dict=_Dicts())
+    class OneFile(jinja2.BaseLoader):
+        """A chat template is one file: include, import and extends are refused by name, not "no loader"."""
+
+        def get_source(self, environment, template):
+            raise jinja2.TemplateError(f"a chat template cannot include, import or extend another template "
+                                       f"({template!r}): qual renders the one file")
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        """The sandbox with every operator, call, loop and concatenation bounded (qual/chat_sandbox.py)."""
+
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.steps = chat_sandbox.Steps()
+
+        def call_binop(self, context, operator, left, right):
+            self.steps.step()
+            chat_sandbox.check_binop(operator, left, right)
+            return chat_sandbox.check_size(super().call_binop(context, operator, left, right), f"'{operator}'")
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's signature
+            __self.steps.step()
+            chat_sandbox.check_call(getattr(__obj, "__wrapped__", __obj), args, kwargs)
+            result = super().call(__context, __obj, *args, **kwargs)
+            return chat_sandbox.check_size(result, f"{getattr(__obj, '__name__', 'a call')}()")
+
+        def _parse(self, source, name, filename):
+            """Each loop's iterable counted, each `~` checked: jinja runs both without the sandbox's hooks."""
+            tree = super()._parse(source, name, filename)
+            for loop in list(tree.find_all(nodes.For)):
+                loop.iter = nodes.Call(nodes.Name(LOOP, "load"), [loop.iter], [], None, None).set_lineno(loop.lineno)
+            for parent in [tree, *tree.find_all(nodes.Node)]:
+                for field_name, value in parent.iter_fields():
+                    if isinstance(value, nodes.Concat):
+                        setattr(parent, field_name, _checked_concat(value))
+                    elif isinstance(value, list):
+                        value[:] = [_checked_concat(v) if isinstance(v, nodes.Concat) else v for v in value]
+            return tree
+
+    def _checked_concat(node):
+        return nodes.Call(nodes.Name(CONCAT, "load"), [nodes.List(node.nodes)], [], None, None).set_lineno(node.lineno)
+
+    def concat(items) -> str:
+        total = chat_sandbox.size([str(item) for item in items])
+        if total > chat_sandbox.MAX_CHARS:
+            raise RenderLimit(f"'~': a result longer than {chat_sandbox.MAX_CHARS} characters")
+        return "".join(map(str, items))
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols], loader=OneFile())
+    env.filters = {name: chat_sandbox.bounded_filter(name, f) for name, f in {**env.filters, "tojson": _tojson}.items()}
+    env.globals.update(raise_exception=_raise_exception, namespace=Namespace, dict=_Dicts(), lipsum=_lipsum,
+                       strftime_now=lambda fmt: (now or datetime.now()).strftime(fmt))
+    def loop(items):
+        return chat_sandbox.Counted(items, env.steps)
+
+    loop.__name__, concat.__name__ = "a loop", "'~'"  # how a refusal names them
+    env.globals[LOOP], env.globals[CONCAT] = loop, concat
     return env
+
+
+LOOP, CONCAT = "__qual_loop", "__qual_concat"  # the names the bounded sandbox calls loops and `~` through

@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from qual.options import DEFAULT_DCP_COMM, DEFAULT_NUMERICS
+from qual.userfiles import load_json
 
 NO_IDENTITY = "unknown"  # a run recorded before qual kept checkpoint identities, or a checkpoint it cannot read
 
@@ -72,7 +73,7 @@ class ConfigurationKey:
 
     @classmethod
     def from_key(cls, key: str) -> "ConfigurationKey":
-        data = json.loads(key)
+        data = load_json(key, "configuration key")
         return cls(**{f.name: data[f.name] for f in fields(cls)})
 
     def key(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 from qual.configuration import ConfigurationKey, dcp_comm_of, numerics_of
 from qual.errors import QualError
 from qual.result import Result
-from qual.userfiles import check_path_name
+from qual.userfiles import check_path_name, load_json
 
 SCHEMA_VERSION = 6
 DEFAULT_STEP_PP = 2.0
@@ -66,9 +66,9 @@ def _configuration_of_row(config_json: str, corpus_fingerprint: str, n_requests:
     then). None for a row whose stored config names no candidate arm: it stays listed but never serves as a baseline
     (a migration that stopped on one odd row would lock the whole history)."""
     try:
-        candidate = json.loads(config_json)["candidate"]
+        candidate = load_json(config_json, "config_json")["candidate"]
         return ConfigurationKey.of(candidate, corpus_fingerprint, n_requests, engine_version, None).key()
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (QualError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -119,10 +119,10 @@ def _extend_keys(conn: sqlite3.Connection, name: str, value_of: Callable[[dict],
     rows = conn.execute("SELECT id, config_json, configuration FROM runs WHERE configuration IS NOT NULL").fetchall()
     for run_id, config_json, configuration in rows:
         try:
-            key = json.loads(configuration)
-            key[name] = value_of(json.loads(config_json)["candidate"])
+            key = load_json(configuration, "configuration")
+            key[name] = value_of(load_json(config_json, "config_json")["candidate"])
             new = json.dumps(key, sort_keys=True, separators=(",", ":"))
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (QualError, ValueError, KeyError, TypeError, AttributeError):
             new = None
         conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (new, run_id))
     conn.execute("DELETE FROM pins WHERE run_id NOT IN (SELECT id FROM runs WHERE configuration IS NOT NULL)")
@@ -202,10 +202,9 @@ class HistoryRun:
 def _stored_json(text: Any, where: str, expected: str, fits: Callable[[Any], bool]) -> Any:
     """A JSON column's value. A damaged one (edited by hand, written by another tool) is the user's to repair or
     delete: one line naming the row and column, not a bug's traceback."""
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as exc:  # TypeError: SQLite keeps any type in a TEXT column (a number, NULL)
-        raise QualError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(text, str):  # SQLite keeps any type in a TEXT column (a number, NULL)
+        raise QualError(f"{where}: not JSON (a {type(text).__name__})")
+    value = load_json(text, where)  # bounded: deep nesting, a repeated key, a huge number are refused
     if not fits(value):
         raise QualError(f"{where}: expected {expected}, got {type(value).__name__}")
     return value

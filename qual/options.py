@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator
 
 from qual.errors import QualError
+from qual.validation import ascii_digits
 
 # Floating-point types a run computes in (torch's names)
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -75,7 +76,7 @@ def check_choice(what: str, value, allowed: tuple[str, ...]) -> str:
 
 def is_device(value: str) -> bool:
     """cpu, cuda or cuda:N."""
-    return value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isascii() and value[5:].isdigit())
+    return value in ("cpu", "cuda") or (value.startswith("cuda:") and ascii_digits(value[5:]))
 
 
 def check_device(what: str, value: str) -> str:

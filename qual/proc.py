@@ -14,12 +14,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from qual.errors import QualError
+from qual.files import remove_tree
 from qual.paths import cache_dir
+from qual.userfiles import read_text
+from qual.validation import ascii_digits
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+MAX_PROC_BYTES = 1 << 16  # a process's stat line, a thread's children
+MAX_SOCKET_TABLE_BYTES = 1 << 26  # /proc/net/tcp of a busy host: 150 bytes a socket
 _TCP_LISTEN = "0A"  # st column of /proc/net/tcp{,6}
 
 
@@ -72,15 +76,15 @@ def parent_of(pid: int) -> int | None:
 def _stat_fields(pid: int | str) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name: state ppid pgrp ... (None if gone)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        stat = read_text(f"/proc/{pid}/stat", MAX_PROC_BYTES, "process status")
+    except (OSError, QualError):
         return None
     return stat[stat.rfind(")") + 2 :].split()
 
 
 def _pids() -> list[int]:
     try:
-        return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+        return [int(e.name) for e in os.scandir("/proc") if ascii_digits(e.name)]
     except OSError:
         return []
 
@@ -129,8 +133,8 @@ def _children(pid: int) -> list[int]:
         return out
     for tid in tasks:
         try:
-            out += map(int, Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
-        except OSError:
+            out += map(int, read_text(f"/proc/{pid}/task/{tid}/children", MAX_PROC_BYTES, "children list").split())
+        except (OSError, QualError):
             continue
     return out
 
@@ -171,8 +175,8 @@ def _listening_inodes() -> dict[int, tuple[str, int]]:
     found = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
+            lines = read_text(table, MAX_SOCKET_TABLE_BYTES, "socket table").splitlines()[1:]
+        except (OSError, QualError):
             continue
         for line in lines:
             cols = line.split()
@@ -274,9 +278,7 @@ class PrivateTmp:
         util.Finalize(None, self.remove, exitpriority=-1000)
 
     def remove(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_tree(self.path)
 
 
 _PRIVATE_TMP: PrivateTmp | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr
 
 from qual import paths
 from qual.checkpoints.config import max_positions, read_config
@@ -85,6 +85,7 @@ class ModelProfile(Section):
     """Options for servers qual did not start (--engine attach)"""
     path: str = ""
     """The file the profile came from (set by qual, not a key of the file)"""
+    _max_model_len_given: bool = PrivateAttr(False)  # the file sets max_model_len (else: a default, fitted)
 
     def local_path(self, value: str | None) -> str | None:
         """A relative path resolves against the profile's folder, then qual's data folder; anything else (a
@@ -144,11 +145,15 @@ def _read(path: Path) -> dict:
     return data
 
 
-def _positions(profile: ModelProfile, given: bool) -> ModelProfile:
+def fit_positions(profile: ModelProfile) -> ModelProfile:
     """max_model_len within what a local target was built for (its config.json's max_position_embeddings), as vLLM
     has it: a profile that sets more is refused (the embedded runtime sizes its key views by max_model_len, so
     10**12 would be an engine failure, an allocation of terabytes, instead of this file's mistake); one that sets
-    none gets the default, or the target's limit where that is smaller."""
+    none gets the default, or the target's limit where that is smaller. Called again when --target replaces the
+    profile's target (qual.harness.plan): the same check for the same directory however it is named."""
+    given = profile._max_model_len_given
+    if not given:
+        profile = profile.model_copy(update={"max_model_len": ModelProfile.model_fields["max_model_len"].default})
     target = Path(profile.target_path)
     if not (target / "config.json").is_file():
         return profile  # a hub id, or a checkpoint the plan reports missing
@@ -180,7 +185,8 @@ def load_profile(name_or_path: str) -> ModelProfile:
     profile = parse_section(ModelProfile, {**data, "path": str(path)}, str(path))
     sections = {name: engine_class(name).parse_options(data.get(name) or {}, str(path)) for name in ENGINES}
     _check_revisions(profile)
-    return _positions(profile, "max_model_len" in data).model_copy(update=sections)
+    profile._max_model_len_given = "max_model_len" in data
+    return fit_positions(profile).model_copy(update=sections)
 
 
 def _check_revisions(profile: ModelProfile) -> None:

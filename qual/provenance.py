@@ -14,16 +14,23 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
+from qual.errors import QualError
 from qual.paths import source_checkout
 from qual.records import HostFacts
+from qual.userfiles import read_chunks, read_text
+
+MAX_PROC_BYTES = 1 << 24  # /proc/cpuinfo of a machine with hundreds of cores
 
 
 def file_sha256(path: str | Path) -> str | None:
     """"sha256:<hex>" of a file's bytes (None where it cannot be read)."""
+    h = hashlib.sha256()
     try:
-        return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
+        for chunk in read_chunks(path):
+            h.update(chunk)
+    except (OSError, QualError):  # missing, or no regular file (a FIFO is not waited on)
         return None
+    return "sha256:" + h.hexdigest()
 
 
 def _git(checkout: Path, *args: str) -> str | None:
@@ -47,10 +54,10 @@ def qual_commit() -> tuple[str | None, bool | None]:
 
 def _cpu_model() -> str | None:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in read_text("/proc/cpuinfo", MAX_PROC_BYTES, "CPU table").splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
+    except (OSError, QualError):
         pass
     return platform.processor() or None
 

@@ -82,16 +82,19 @@ def check_server_url(flag: str, url: str) -> None:
                         "carry it)")
     try:
         parts = urlsplit(url)
-        port_ok = parts.port is None or parts.port > 0
     except ValueError:
-        parts, port_ok = None, False
+        parts = None
     if parts is None or parts.scheme.lower() not in ("http", "https") or not url.lower().startswith(parts.scheme.lower() + "://"):
         raise QualError(f"{flag} must be an http:// or https:// URL (got {shown(redact_url(url))})")
+    try:  # a port of letters or past 65535 is a bad port, said so (urlsplit raises only when .port is read)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
     if "@" in parts.netloc:
         raise QualError(f"{flag} {redact_url(url)}: credentials in a URL would be shown and stored with it; the "
                         "servers' key goes in an environment variable named by --api-key-env")
     if not parts.hostname or not port_ok:
-        raise QualError(f"{flag} {shown(url)}: {'no host' if not parts.hostname else 'not a valid port'}")
+        raise QualError(f"{flag} {shown(url)}: {'no host' if not parts.hostname else 'not a valid port (1 to 65535)'}")
     if parts.query or parts.fragment or url.endswith(("?", "#")):
         raise QualError(f"{flag} {parts.scheme}://{parts.netloc}{parts.path}?...: a server's base URL takes no query or "
                         "fragment")

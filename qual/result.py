@@ -280,7 +280,7 @@ class Speedup:
     ratio: float | None
     """Speculative over plain decode_tokens_per_second: what speculation buys a request [ratio]"""
     ratio_ci95: list[float] | None
-    """The ratio's 95% interval, a paired bootstrap over requests (percentile) [ratio]"""
+    """The ratio's 95% interval, a paired bootstrap over requests (qual.intervals) [ratio]"""
     n_requests: int
     """The requests both arms timed: the ratio's and the interval's [count]"""
     mean_acceptance_length: float | None
@@ -416,7 +416,8 @@ class Bootstrap(TypedDict, total=False):
     unit: str
     """What is resampled: request, or conversation where requests are turns of conversations"""
     method: str
-    """How the intervals are read off the resamples (paired percentile)"""
+    """How the intervals are read off the resamples: the paired expanded percentile, kurtosis-adjusted
+    (qual.intervals)"""
     resamples: int
     """Resamples drawn [count]"""
     seed: int

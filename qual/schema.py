@@ -20,12 +20,15 @@ import sys
 from pydantic import TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema
 
+from qual.files import write_text
 from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
 from qual.result import ARMS, SCHEMA, Result
 from qual.sweep_result import SWEEP_SCHEMA, SweepResult
+from qual.userfiles import read_json
 from qual.validation import tidy_schema
 
 COMMITTED = RESULT_SCHEMA
+MAX_SCHEMA_BYTES = 1 << 22
 SWEEP_COMMITTED = SWEEP_RESULT_SCHEMA
 # The unit every number's description ends with, in brackets: said once here, at the top of each schema
 UNITS = {
@@ -160,14 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = ((COMMITTED, result_schema(), "qual.result.SCHEMA"),
                (SWEEP_COMMITTED, sweep_schema(), "qual.sweep_result.SWEEP_SCHEMA"))
     for path, schema, constant in targets:  # every schema checked before any is written
-        old = json.loads(path.read_text()) if path.is_file() else {}
+        old = read_json(path, MAX_SCHEMA_BYTES, "JSON Schema") if path.is_file() else {}
         broken = incompatible(old, schema) if old else []
         if broken and old.get("$id") == schema["$id"]:
             print(f"refused: {len(broken)} key(s) of {schema['$id']} would break (extend, never rename; bump "
                   f"{constant} only if you must): " + "; ".join(broken[:10]), file=sys.stderr)
             return 1
     for path, schema, _ in targets:
-        path.write_text(dumps(schema))
+        write_text(path, dumps(schema))
         print(f"wrote {path}")
     return 0
 

@@ -17,14 +17,12 @@ import numpy as np
 
 from qual.records import AcceptanceCounts, RequestResult
 from qual.errors import QualError
+from qual.intervals import DEFAULT_RESAMPLES, Resamples, bounds_of_each, estimate, resample
 from qual.latency import decode_span
 
-DEFAULT_RESAMPLES = 2000
 # Target top-1 minus top-2 logit below which a flipped greedy token counts as a
 # reduced-precision near tie rather than a disagreement (docs/statistics.md).
 DEFAULT_NEAR_TIE_MARGIN = 0.1
-# Bounds the [resamples, requests] index matrix built at once.
-_MAX_CHUNK_ELEMENTS = 4_000_000
 
 
 def ci_key(confidence: float) -> str:
@@ -187,7 +185,7 @@ def pair_by_id(
 
 
 class PositionInterval(TypedDict):
-    """One draft position's rates in both arms and candidate - control, each with its 95% paired-bootstrap interval.
+    """One draft position's rates in both arms and candidate - control, each with its 95% interval (qual.intervals).
 
     Unconditional: accepted at i / drafts; conditional: accepted at i / accepted at i - 1 (position 0: / drafts).
     """
@@ -222,8 +220,8 @@ class PositionInterval(TypedDict):
 
 @dataclass(frozen=True)
 class PairedBootstrap:
-    """Point deltas (candidate - control) and percentile CIs from a paired bootstrap over requests; per_position
-    comes from the same resamples."""
+    """Point deltas (candidate - control) and their intervals from a paired bootstrap over requests (qual.intervals:
+    confidence -> (lo, hi), None where undefined); per_position comes from the same resamples."""
 
     n_requests: int  # resampling units: requests, or conversations where a request is one turn of one
     n_resamples: int
@@ -237,8 +235,10 @@ class PairedBootstrap:
 
 # Columns of the per-request matrix the bootstrap resamples; the per-position counts follow them (control's K, then
 # candidate's K).
-_C_ACC, _C_TOK, _C_DRAFTS, _K_ACC, _K_TOK, _K_DRAFTS = range(6)
-_POOLED = 6
+PAIRED_COLUMNS = ("control accepted", "control draft tokens", "control drafts",
+                  "candidate accepted", "candidate draft tokens", "candidate drafts")
+_C_ACC, _C_TOK, _C_DRAFTS, _K_ACC, _K_TOK, _K_DRAFTS = range(len(PAIRED_COLUMNS))
+_POOLED = len(PAIRED_COLUMNS)
 POSITION_CONFIDENCE = 0.95  # the per-position intervals' (result.json comparison.per_position, the report's whiskers)
 
 
@@ -253,36 +253,22 @@ def _columns(control: Sequence[RequestResult], candidate: Sequence[RequestResult
     return out
 
 
-def _resampled_sums(columns: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
-    """Column sums of each bootstrap resample of the rows (requests): [resamples, columns].
-
-    The request indices depend only on (requests, resamples, seed): the same seed gives the same resamples to every
-    number computed from them.
-    """
-    n = columns.shape[0]
-    rng = np.random.default_rng(seed)
-    chunk = max(1, _MAX_CHUNK_ELEMENTS // max(n, 1))
-    sums = []
-    for start in range(0, n_resamples, chunk):
-        idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))  # [resamples, requests]
-        rows = idx.shape[0]
-        # How often each request was drawn into each resample; counts times integer columns sum exactly in float64.
-        drawn = np.bincount((idx + n * np.arange(rows)[:, None]).ravel(), minlength=rows * n).reshape(rows, n)
-        sums.append(drawn.astype(np.float64) @ columns)  # [resamples, columns]
-    return np.concatenate(sums)
-
-
 def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num / den, NaN where den is 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def _headline(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Delta of rate and of mean acceptance length for each row of column sums; NaN where undefined."""
-    rate_c, rate_k = _div(s[:, _C_ACC], s[:, _C_TOK]), _div(s[:, _K_ACC], s[:, _K_TOK])
-    mal_c, mal_k = 1.0 + _div(s[:, _C_ACC], s[:, _C_DRAFTS]), 1.0 + _div(s[:, _K_ACC], s[:, _K_DRAFTS])
-    return rate_k - rate_c, mal_k - mal_c
+def delta_rate_of(s: np.ndarray) -> np.ndarray:
+    """Candidate - control acceptance rate for each row of sums of the PAIRED_COLUMNS ([rows, >= 6]); NaN where
+    undefined."""
+    return _div(s[:, _K_ACC], s[:, _K_TOK]) - _div(s[:, _C_ACC], s[:, _C_TOK])
+
+
+def delta_mean_acceptance_length_of(s: np.ndarray) -> np.ndarray:
+    """Candidate - control mean acceptance length for each row of sums of the PAIRED_COLUMNS (the 1 + of both
+    cancels); NaN where undefined."""
+    return _div(s[:, _K_ACC], s[:, _K_DRAFTS]) - _div(s[:, _C_ACC], s[:, _C_DRAFTS])
 
 
 def _position_rates(s: np.ndarray, k: int) -> dict[str, np.ndarray]:
@@ -298,26 +284,20 @@ def _position_rates(s: np.ndarray, k: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _percentile_ci(samples: np.ndarray, confidence: float) -> tuple[float, float] | None:
-    finite = samples[np.isfinite(samples)]
-    if finite.size == 0:
-        return None
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    lo, hi = np.percentile(finite, [tail, 100.0 - tail])
-    return float(lo), float(hi)
-
-
-def _positions(columns: np.ndarray, sums: np.ndarray | None, k: int) -> list[PositionInterval]:
+def _positions(columns: np.ndarray, sums: Resamples | None, k: int) -> list[PositionInterval]:
     """Per position: the rates of all requests, and intervals from the resampled sums (none without them)."""
     point = _position_rates(columns.sum(axis=0, keepdims=True), k)
-    spread = _position_rates(sums, k) if sums is not None else None
+    cis: dict[str, list] = {}
+    if sums is not None:
+        spread, left_out = _position_rates(sums.resampled, k), _position_rates(sums.left_out, k)
+        cis = {key: bounds_of_each(spread[key], left_out[key], POSITION_CONFIDENCE) for key in spread}
 
     def value(key: str, i: int) -> float | None:
         x = point[key][0, i]
         return float(x) if np.isfinite(x) else None
 
     def ci(key: str, i: int) -> list[float] | None:
-        interval = _percentile_ci(spread[key][:, i], POSITION_CONFIDENCE) if spread is not None else None
+        interval = cis[key][i] if cis else None
         return list(interval) if interval is not None else None
 
     return [PositionInterval(
@@ -351,9 +331,9 @@ def paired_bootstrap(
     seed: int = 0,
     confidences: Sequence[float] = (0.95,),
 ) -> PairedBootstrap:
-    """Resample request indices (same indices for both arms; a conversation's turns together) and take CIs of the
-    ratio-of-sums deltas: the pooled rate and mean acceptance length at each of `confidences`, each draft position's
-    rates at POSITION_CONFIDENCE.
+    """Resample request indices (same indices for both arms; a conversation's turns together) and take intervals
+    (qual.intervals) of the ratio-of-sums deltas: the pooled rate and mean acceptance length at each of
+    `confidences`, each draft position's rates at POSITION_CONFIDENCE.
 
     `control[i]` and `candidate[i]` must be the same request (see pair_requests).
     """
@@ -372,24 +352,24 @@ def paired_bootstrap(
         empty = {float(c): None for c in confidences}
         return PairedBootstrap(columns.shape[0], n_resamples, seed, d_rate, empty, d_mal, dict(empty),
                                _positions(columns, None, k))
-    sums = _resampled_sums(columns, n_resamples, seed)
-    rates, mals = _headline(sums)
+    sums = resample(columns, n_resamples, seed)
     return PairedBootstrap(
         n_requests=columns.shape[0],
         n_resamples=n_resamples,
         seed=seed,
         delta_rate=d_rate,
-        delta_rate_ci={float(c): _percentile_ci(rates, c) for c in confidences},
+        delta_rate_ci={float(c): estimate(sums, delta_rate_of, c).bounds for c in confidences},
         delta_mean_acceptance_length=d_mal,
-        delta_mean_acceptance_length_ci={float(c): _percentile_ci(mals, c) for c in confidences},
+        delta_mean_acceptance_length_ci={float(c): estimate(sums, delta_mean_acceptance_length_of, c).bounds
+                                         for c in confidences},
         per_position=_positions(columns, sums, k),
     )
 
 
 @dataclass(frozen=True)
 class SpeedupInterval:
-    """Decode tokens/s of the speculative arm and of plain decoding, their ratio, and the ratio's paired-bootstrap
-    percentile intervals over requests (docs/statistics.md "Speedup")."""
+    """Decode tokens/s of the speculative arm and of plain decoding, their ratio, and the ratio's intervals from a
+    paired bootstrap over requests (qual.intervals; docs/statistics.md "Speedup")."""
 
     n_requests: int  # paired requests whose decode both arms timed
     n_resamples: int
@@ -409,8 +389,8 @@ def decode_speedup(
     confidences: Sequence[float] = (0.95,),
 ) -> SpeedupInterval:
     """Each arm's decode rate as a ratio of sums over requests (tokens after the first / seconds from the first token
-    to the last) and speculative / plain, with percentile intervals from resampling request indices (the same for
-    both arms). Requests either arm did not time (one token, an unstreamed reply) are left out of both.
+    to the last) and speculative / plain, with intervals (qual.intervals) from resampling request indices (the same
+    for both arms). Requests either arm did not time (one token, an unstreamed reply) are left out of both.
 
     `speculative[i]` and `plain[i]` must be the same request (see pair_requests).
     """
@@ -426,10 +406,14 @@ def decode_speedup(
     ratio = spec / base if spec is not None and base else None
     if ratio is None:
         return SpeedupInterval(len(rows), n_resamples, seed, spec, base, None, {float(c): None for c in confidences})
-    sums = _resampled_sums(columns, n_resamples, seed)
-    ratios = _div(_div(sums[:, 0], sums[:, 1]), _div(sums[:, 2], sums[:, 3]))
+    sums = resample(columns, n_resamples, seed)
     return SpeedupInterval(len(rows), n_resamples, seed, spec, base, ratio,
-                           {float(c): _percentile_ci(ratios, c) for c in confidences})
+                           {float(c): estimate(sums, _speedup_ratio, c).bounds for c in confidences})
+
+
+def _speedup_ratio(s: np.ndarray) -> np.ndarray:
+    """(speculative tokens / seconds) / (plain tokens / seconds) for each row of column sums; NaN where undefined."""
+    return _div(_div(s[:, 0], s[:, 1]), _div(s[:, 2], s[:, 3]))
 
 
 # ---------------------------------------------------------------- per request / category

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.userfiles import MAX_TOKENIZER_BYTES, read_text
 
 
 class PromptTokenizer:
@@ -17,7 +18,14 @@ class PromptTokenizer:
         from tokenizers import Tokenizer
 
         self.path = str(path)
-        self._tok = Tokenizer.from_file(self.path)
+        try:  # read as every user file is (a FIFO refused, the size capped), then parsed by the tokenizers library
+            text = read_text(path, MAX_TOKENIZER_BYTES, "tokenizer file")
+        except OSError as exc:
+            raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
+        try:
+            self._tok = Tokenizer.from_str(text)
+        except Exception as exc:  # the library raises its own error type for a malformed file
+            raise QualError(f"{path}: not a tokenizer the tokenizers library reads ({str(exc)[:200]})") from None
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

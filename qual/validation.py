@@ -9,7 +9,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from qual.errors import QualError
-from qual.userfiles import MAX_CONFIG_BYTES, read_text
+from qual.userfiles import MAX_CONFIG_BYTES, not_utf8, read_text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,6 +28,12 @@ class Section(BaseModel):
 _REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
 _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 3, 4, 4, 4
 _REPR.maxstring = _REPR.maxother = _SHOWN
+
+
+def ascii_digits(text: str) -> bool:
+    """Whether text is one or more ASCII digits: what int() and a kernel take as a number (str.isdigit also says yes
+    to '²' and '٢', which int() refuses or reads as another number)."""
+    return text.isascii() and text.isdigit()
 
 
 def shown(value) -> str:
@@ -53,6 +59,11 @@ def describe_error(exc: ValidationError, prefix: str = "") -> str:
 
 def parse_flags(options_class, /, **values):
     """Command-line values validated as `options_class` (a pydantic dataclass); a QualError naming the flag."""
+    for name, value in values.items():
+        for item in value if isinstance(value, tuple) else (value,):
+            problem = not_utf8(item, "--" + name.replace("_", "-")) if isinstance(item, str) else None
+            if problem is not None:
+                raise problem
     try:
         return options_class(**values)
     except ValidationError as exc:

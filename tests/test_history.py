@@ -380,8 +380,8 @@ def test_cli_trend_checks_its_plot_path_before_the_trend(db, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("column,value,what", [
-    ("config_json", "{not json", "config_json: not JSON (Expecting property name enclosed in double quotes: line 1 "
-                                 "column 2 (char 1))"),
+    ("config_json", "{not json", "config_json:1: invalid JSON (Expecting property name enclosed in double quotes, "
+                                 "column 2)"),
     ("config_json", "[1]", "config_json: expected an object, got list"),
     ("failed_checks", "5", "failed_checks: expected a list of check names, got int"),
 ])

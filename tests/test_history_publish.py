@@ -165,9 +165,15 @@ def test_configuration_pages_mark_failed_nights_and_name_commits(site, db):
     assert 'class="fail"' not in real.split("<h2>Runs</h2>")[1]
 
 
-def test_publish_again_replaces_the_site(site, db):
+def test_publish_again_replaces_the_site(site, db, capsys):
     before = {p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()}
-    (site / "stale.html").write_text("left by hand")
+    # a file no publish wrote is never deleted: the publish is refused, naming it, and the folder stays as it was
+    (site / "runs" / "notes.txt").write_text("left by hand")
+    assert run_app(["history", "publish", str(site), "--history", str(db)]) == 2
+    assert capsys.readouterr().err == (f"error: {site} holds runs/notes.txt, which no publish wrote; publishing "
+                                       "replaces the folder whole: move it out, or give another folder\n")
+    (site / "runs" / "notes.txt").unlink()
+    assert {p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()} == before
     assert run_app(["history", "publish", str(site), "--history", str(db)]) == 0
     after = {p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()}
     assert after == before  # the same bytes, and nothing but what publish writes

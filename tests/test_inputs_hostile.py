@@ -186,7 +186,7 @@ def test_a_lone_surrogate_in_a_corpus_is_refused_by_run(field, tmp_path, capsys)
     record = {"id": "a", "prompt": "def f():", "category": "code", field: "x\\ud800y"}
     corpus.write_text('{"id": "ok", "prompt": "p"}\n' + json.dumps(record).replace("\\\\", "\\") + "\n")
     line = refused_run(capsys, tmp_path, "--corpus", corpus)
-    assert line == f'error: {corpus}:2: field "{field}": a lone surrogate (\\ud800) is not text'
+    assert line == f"error: {corpus}:2: {field}: a lone surrogate (\\ud800) is not text"
 
 
 def test_a_lone_surrogate_in_a_corpus_is_refused_by_corpus_import(tmp_path, capsys, monkeypatch):
@@ -195,7 +195,7 @@ def test_a_lone_surrogate_in_a_corpus_is_refused_by_corpus_import(tmp_path, caps
     source.write_text('{"id": "a", "prompt": "p", "category": "\\udc00"}\n')
     code, err = qual(["corpus", "import", source, "--name", "x"], capsys)
     assert code == 2, err
-    assert one_line(err) == f'error: {source}:1: field "category": a lone surrogate (\\udc00) is not text'
+    assert one_line(err) == f"error: {source}:1: category: a lone surrogate (\\udc00) is not text"
     assert not (tmp_path / "root").exists()
 
 
@@ -211,7 +211,7 @@ def test_deeply_nested_yaml_is_refused_at_its_line(toy_profile, tmp_path, capsys
 def test_deeply_nested_json_is_refused(toy_profile, tmp_path, capsys):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "prompt": "p", "x": ' + "[" * 100000 + "]" * 100000 + "}\n")
-    assert refused_run(capsys, tmp_path, "--corpus", corpus) == f"error: {corpus}:1: invalid JSON: nested too deeply"
+    assert refused_run(capsys, tmp_path, "--corpus", corpus) == f"error: {corpus}:1: nested deeper than {MAX_DEPTH} levels"
     target = _target_with(tmp_path, lambda text: text.replace('"rope_parameters": {',
                                                               '"x": ' + "[" * 100000 + "]" * 100000 + ',\n  "rope_parameters": {'))
     line = refused_run(capsys, tmp_path, "--model", toy_profile(target=str(target)))
@@ -306,7 +306,7 @@ def test_strict_json_and_yaml_name_file_line_and_field():
         ('{"a": 1,\n "b": {"c": [1, 2, 1e400]}}', "x.json:2: b.c[2]: 1e400 is not a finite number"),
         ('{"a": NaN}', "x.json:1: a: NaN is not a number JSON allows"),
         ('{\n "a": 1' + "0" * 30 + "}", "x.json:2: a: an integer of 31 digits is beyond what qual reads (64 bits)"),
-        ('{"b": {"c": 1, "c": 2}}', "x.json: b: key 'c' given twice in one object (JSON would keep only the last)"),
+        ('{"b": {"c": 1, "c": 2}}', "x.json:1: b: key 'c' given twice in one object (JSON would keep only the last)"),
         ('{"a": 1,\n "b": ["x\\ud800"]}', "x.json:2: b[0]: a lone surrogate (\\ud800) is not text"),
     ]:
         with pytest.raises(QualError) as exc:

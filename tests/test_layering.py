@@ -10,7 +10,7 @@ QUAL = Path(__file__).resolve().parents[1] / "qual"
 ABOVE_THE_SEAM = ("qual.harness", "qual.cli", "qual.report", "qual.gate", "qual.stats", "qual.result", "qual.history",
                   "qual.records", "qual.profiles", "qual.corpus")
 NEUTRAL = ("qual.records", "qual.errors", "qual.options", "qual.validation", "qual.userfiles", "qual.paths",
-           "qual.checkpoints", "qual.files", "qual.redact", "qual.proc", "qual.stop_signals")
+           "qual.checkpoints", "qual.files", "qual.redact", "qual.proc", "qual.stop_signals", "qual.shown")
 
 
 def _modules() -> dict[str, Path]:

@@ -68,10 +68,11 @@ _DISGUISED = textwrap.dedent("""
     from qual.checkpoints import io
     from qual.cli.main import Interrupts
     from qual.errors import QualError
+    import safetensors.torch
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, sys.argv[1] + "/model.safetensors")
-    real = io.load_file
+    real = safetensors.torch.load_file  # what qual.userfiles.load_safetensors calls
 
     def interrupted_inside(path):
         try:
@@ -82,7 +83,7 @@ _DISGUISED = textwrap.dedent("""
         raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
 
     print(sorted(io.load_weights(sys.argv[1])))  # before any signal: loads
-    io.load_file = interrupted_inside
+    safetensors.torch.load_file = interrupted_inside
     Interrupts(deadline_s=60).install()
     try:
         io.load_weights(sys.argv[1])

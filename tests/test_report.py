@@ -373,3 +373,42 @@ def test_a_sweeps_summary_and_junit(hostile):
     assert [s.get("name") for s in suites] == ["qual.gate.toy.dcp2", "qual.gate.toy.dcp4"]
     assert int(root.get("failures")) == sum(int(s.get("failures")) for s in suites) > 0
     assert [int(s.get("failures")) for s in suites][0] == 0
+
+
+def test_too_few_requests_for_the_intervals_is_said_beside_the_verdict_everywhere(tmp_path, capsys):
+    """Below qual.intervals.MIN_UNITS the intervals under-cover: stdout, summary.md and report.html say so next to
+    the verdict (a sweep's too); the verdict and the exit code stay the gate's."""
+    from cli_inprocess import qual_in
+
+    from qual.cli.verdict import print_sweep_verdict
+    from qual.intervals import MIN_UNITS
+    from qual.report import json as json_report
+    from qual.sweep_result import SweepResult
+
+    few = synthetic_result(MIN_UNITS - 1, 0.75, 0.6, n_resamples=200)
+    same = synthetic_result(MIN_UNITS - 1, n_resamples=200)  # identical arms: [0, 0], a pass
+    note = common.interval_note(few)
+    assert note.startswith(f"{MIN_UNITS - 1} requests: below {MIN_UNITS} the intervals cover less than")
+    assert common.interval_note(same) == note and same.gate.passed and not few.gate.passed
+    enough = synthetic_result(MIN_UNITS, 0.75, 0.6, n_resamples=200)
+    assert common.interval_note(enough) is None and "intervals cover less" not in markdown.render(enough)
+    for name, res in (("few", few), ("same", same)):
+        json_report.write(res, tmp_path / name / "result.json")
+        out = tmp_path / f"{name}-compared"
+        shown = qual_in(capsys, "compare", f"{tmp_path / name}:control", f"{tmp_path / name}:candidate", "--out", out)
+        lines = shown.stdout.splitlines()
+        assert shown.returncode == (0 if res.gate.passed else 1), shown
+        assert lines[0].startswith("PASS: " if res.gate.passed else "FAIL: ") and lines[1] == f"  note: {note}", lines
+        summary = (out / "summary.md").read_text().splitlines()  # the note follows the count of checks passed
+        assert re.match(r"\d+/\d+ gate checks passed ", summary[summary.index(f"⚠️ {markdown.cell(note)}.") - 2])
+        page = (out / "report.html").read_text()
+        assert page.index('class="verdict') < page.index(str(markupsafe.escape(note))) < page.index("</section>")
+    # where the corpus holds conversations the unit is the conversation, and the note counts conversations
+    turns = replace(few, comparison=replace(few.comparison, bootstrap={**few.comparison.bootstrap,
+                                                                         "unit": "conversation", "n_requests": 1}))
+    assert common.interval_note(turns).startswith("1 conversation: below ")
+    sweep = SweepResult.of([("candidate-dcp4", few)], notes=["the control runs once, at TP 4"])
+    print_sweep_verdict(sweep, tmp_path)
+    shown = capsys.readouterr()
+    assert shown.out.splitlines()[1] == f"  note: {note}" and shown.err == "note: the control runs once, at TP 4\n"
+    assert f"⚠️ {markdown.cell(note)}." in markdown.render_sweep(sweep)

@@ -14,6 +14,7 @@ import pytest
 from checkpoints import make_profile
 from cli_inprocess import qual_in as cli
 from qual.harness.inputs import seal
+from qual.harness.journal import sealed
 
 pytestmark = pytest.mark.slow  # engine processes and whole runs: scheduled first (tests/conftest.py)
 
@@ -173,7 +174,7 @@ def test_matched_replay_is_verified(finished_run, tmp_path, capsys):
     lines = journal.read_text().splitlines()
     rec = json.loads(lines[0])
     rec["prompt_token_ids"] = rec["prompt_token_ids"][:-1]
-    journal.write_text("\n".join([json.dumps(rec), *lines[1:]]) + "\n")
+    journal.write_text("\n".join([json.dumps(sealed(rec)), *lines[1:]]) + "\n")  # resealed: past the digest
     proc = cli(capsys, "run", "--resume", out)
     assert proc.returncode == 2 and "journaled with another prompt" in proc.stderr
 
@@ -225,7 +226,7 @@ def test_resume_refuses_an_impossible_journal_record_before_any_arm_runs(finishe
     journal = out / "candidate.requests.jsonl"
     lines = journal.read_text().splitlines()
     rec = json.loads(lines[2])
-    journal.write_text("\n".join([*lines[:2], json.dumps(_impossible(rec)), *lines[3:]]) + "\n")
+    journal.write_text("\n".join([*lines[:2], json.dumps(sealed(_impossible(rec))), *lines[3:]]) + "\n")
     (out / "control.requests.jsonl").write_text("")  # the control arm would have to run again: it must not
     proc = cli(capsys, "run", "--resume", out)
     assert proc.returncode == 2, proc.stderr
@@ -283,7 +284,8 @@ def test_a_full_disk_is_exit_2_leaves_no_temporary_file_and_resumes(profile, sma
     result = json.loads((out / "result.json").read_text())
     for arm, text in journaled.items():  # nothing ran again: the result is the journal
         assert (out / f"{arm}.requests.jsonl").read_text() == text
-        assert result["arms"][arm]["per_request"] == [json.loads(line) for line in text.splitlines()]
+        assert result["arms"][arm]["per_request"] == [{k: v for k, v in json.loads(line).items() if k != "sealed"}
+                                                      for line in text.splitlines()]  # each line's digest aside
     assert history_rows(db) == 1 and list(out.glob("*.tmp")) == []
 
 

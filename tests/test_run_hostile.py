@@ -18,6 +18,7 @@ from checkpoints import make_profile
 from cli_inprocess import qual_in
 from qual.errors import QualError
 from qual.files import DirectoryLock
+from qual.harness.journal import sealed
 
 pytestmark = pytest.mark.slow  # whole runs: scheduled first (tests/conftest.py)
 
@@ -107,7 +108,7 @@ def test_a_journal_of_another_run_is_refused_before_any_arm_runs(run, tmp_path, 
     lines = (out / "candidate.requests.jsonl").read_text().splitlines()
     rec = json.loads(lines[0])
     rec["prompt_token_ids"] = rec["prompt_token_ids"][1:]  # another prompt: a journal copied from another run
-    (out / "candidate.requests.jsonl").write_text("\n".join([json.dumps(rec), *lines[1:]]) + "\n")
+    (out / "candidate.requests.jsonl").write_text("\n".join([json.dumps(sealed(rec)), *lines[1:]]) + "\n")
     (out / "candidate.arm.json").unlink()
     proc = qual_in(capsys, "run", "--resume", out)
     assert proc.returncode == 2 and "describe different runs" in proc.stderr, proc.stderr

@@ -96,7 +96,8 @@ def test_resume_finishes_the_plain_arm_from_its_journal(speedup_run, tmp_path):
     assert lines[:2] == kept and len(lines) == LIMIT  # the two journaled requests did not run again
     r = json.loads((out / "result.json").read_text())
     by_id = {q["id"]: q for q in r["speedup"]["plain"]["per_request"]}
-    assert [by_id[json.loads(line)["id"]] for line in kept] == [json.loads(line) for line in kept]
+    records = [{k: v for k, v in json.loads(line).items() if k != "sealed"} for line in kept]  # a line's digest aside
+    assert [by_id[r["id"]] for r in records] == records
     assert json.loads((out / "plain.arm.json").read_text())["extra"]["resumed_with"] == 2
 
 

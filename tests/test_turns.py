@@ -11,6 +11,7 @@ import pytest
 from checkpoints import make_profile
 from qual.chat import load_template
 from qual.corpus.records import CorpusRequest, Message
+from qual.harness.journal import sealed
 from qual.harness.turns import ChatPrompts, Conversation, request_ids
 from qual.tokenize import PromptTokenizer
 
@@ -122,7 +123,7 @@ def test_a_resumed_run_rebuilds_the_same_later_turns(chat_run, tmp_path):
     records = [json.loads(line) for line in lines]
     turn3 = next(i for i, r in enumerate(records) if r["id"] == "three/turn3")
     records[turn3]["prompt_token_ids"] = records[turn3]["prompt_token_ids"][:-1]
-    (out / "control.requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out / "control.requests.jsonl").write_text("".join(json.dumps(sealed(r)) + "\n" for r in records))
     proc = qual("run", "--resume", out)
     assert proc.returncode == 2 and "three/turn3 was journaled with another prompt" in proc.stderr
 
@@ -139,7 +140,7 @@ def test_a_later_turn_whose_earlier_turn_differs_is_marked_not_compared(chat_run
     first = next(r for r in records if r["id"] == "two/turn1")
     first["output_token_ids"][-1] = (first["output_token_ids"][-1] + 1) % 90  # one token: a turn built on it differs
     first["top2_margins"] = None
-    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    journal.write_text("".join(json.dumps(sealed(r)) + "\n" for r in records))  # resealed: past the digest
     for name in ("result.json", "candidate.arm.json"):
         (out / name).unlink()
     proc = qual("run", "--resume", out)

@@ -8,8 +8,8 @@ launched arm it is.)
 - That bug lowers both arms alike, so a qualification through it passes the paired DCP gate (control and candidate
   both DCP 1: vLLM on CPU runs no DCP > 1). Against a baseline from the reference engine with the same pair, slice
   and sampling, the baseline gate fails (exit 1) and names the draft positions that dropped. At 24 prompts the drop
-  is -5.58 pp (95% CI [-8.09, -3.08]) and every one of the 7 positions' 95% intervals lies below zero; at 16 prompts
-  position 1's does not (docs/statistics.md).
+  is -5.58 pp (95% CI [-8.64, -2.72]) and the 95% intervals of 6 of the 7 positions lie below zero; position 3's
+  (-4.54 pp) reaches +0.56 pp (docs/statistics.md).
 
 The embedded runtime's results are the baseline run's control arm, and the unpatched build's are that night's: one
 `qual run` of each (as a user runs them) serves both questions. The baseline run is the session's toy reference run
@@ -143,7 +143,8 @@ def test_against_the_reference_baseline_the_gate_fails_naming_the_positions(nigh
         assert a["delta_rate_ci"]["0.95"][1] < 0  # the whole interval below zero, not only its lower end
         named = f"{arm}: position(s) 0, 1, 2, 3, 4, 5, 6 dropped more than 2.00 pp against the baseline"
         assert named in failed["per_position_delta"] and named in tonight.stdout
-        assert all(p["ci"][1] < 0 for p in a["per_position"])  # each named drop is significant at this size
+        # each named drop but position 3's is significant at this size (docs/statistics.md, "The k_norm bug")
+        assert [p["position"] for p in a["per_position"] if p["ci"][1] >= 0] == [3]
     differs = {(d["arm"], d["key"]): (d["baseline"], d["tonight"]) for d in r["baseline"]["differs"]}
     assert differs[("control", "engine")] == ("reference", "vllm")  # the engine may differ, and is shown
     # another configuration key (engine, its version, the drafter's draft-KV build), taken with --baseline-any

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from qual.errors import QualError
 from qual.userfiles import MAX_CONFIG_BYTES, read_json
+from qual.validation import shown
 
 
 def read_config(path: str | Path) -> dict:
@@ -25,6 +26,32 @@ def read_config(path: str | Path) -> dict:
     return data
 
 
+def _kind(value) -> str | None:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return None
+
+
+def check_kinds(cfg: dict, defaults: dict, where: str) -> None:
+    """Each key of cfg holds the JSON kind its default has (an integer where the default is one, a number, a flag,
+    a string): a value is read as written, never coerced ("256" is not 256, 256.7 not 256, "false" not false).
+    Keys whose default is null or a container, and null values (the default, where the format allows it), are the
+    parser's to check."""
+    for key, value in cfg.items():
+        expected = _kind(defaults.get(key))
+        if expected is None or value is None:
+            continue
+        got = _kind(value)
+        if got != expected and not (expected == "a number" and got == "an integer"):
+            raise QualError(f"{where}: {key}: expected {expected}, got {shown(value)}")
+
+
 def field(cfg: dict, key: str, where: Path, default=...):
     """cfg[key], or default, or a QualError naming the missing field."""
     if key in cfg:
@@ -34,11 +61,21 @@ def field(cfg: dict, key: str, where: Path, default=...):
     return default
 
 
-def max_positions(cfg: dict) -> int | None:
-    """The positions the model was built for (`max_position_embeddings`, at the top level or in a multimodal
-    config's text_config), or None where the config does not say."""
+def _positive(cfg: dict, key: str) -> int | None:
     for section in (cfg, cfg.get("text_config")):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        value = section.get(key) if isinstance(section, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def max_positions(cfg: dict) -> int | None:
+    """The positions the model was built for (`max_position_embeddings`, at the top level or in a multimodal
+    config's text_config), or None where the config does not say."""
+    return _positive(cfg, "max_position_embeddings")
+
+
+def vocab_size(cfg: dict) -> int | None:
+    """The vocabulary's size (`vocab_size`, at the top level or in text_config), or None where the config does not
+    say."""
+    return _positive(cfg, "vocab_size")

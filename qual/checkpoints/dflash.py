@@ -11,6 +11,7 @@ keys vLLM's loaders read from the installed vLLM's own source and checks each is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from qual.checkpoints.config import field, read_config
 from qual.checkpoints.io import save_checkpoint
 from qual.checkpoints.qwen3 import MODEL_TYPE, Qwen3Config, layer_weight_shapes, random_layer
 from qual.errors import QualError
+from qual.validation import shown
 
 ARCHITECTURE = "DFlashDraftModel"
 ARCHITECTURE_2 = "DFlash2DraftModel"  # DFlash layers + grouped causal convolutions + a candidate selector
@@ -238,16 +240,20 @@ class DFlashConfig:
         if not isinstance(block_size, int) or block_size < 2:
             raise QualError(f"{where}: block_size must be an integer >= 2 (the last token plus at least one draft), "
                             f"got {block_size!r}")
-        causal = cfg.get("is_causal")
-        causal = dflash.get("causal") if causal is None else causal
+        causal = _flag(cfg, "is_causal", None, where)
+        causal = _flag(dflash, "causal", None, where, "dflash_config.") if causal is None else causal
         sink = dflash.get("attention_sink_bias", cfg.get("add_swa_attention_sink_bias", False))
+        if type(sink) is not bool:  # read as written: "false" is not false
+            raise QualError(f"{where}: attention_sink_bias: expected true or false, got {shown(sink)}")
         value_scale = dflash.get("attention_value_scale")
+        if value_scale is not None and (type(value_scale) not in (int, float) or not math.isfinite(value_scale)):
+            raise QualError(f"{where}: dflash_config.attention_value_scale: expected a number, got {shown(value_scale)}")
         try:
             return cls(layers, block_size, num_target_layers, mask, ids, layer_types, window,
-                       use_swa=bool(dflash.get("use_swa", False)), causal=None if causal is None else bool(causal),
-                       is_neox_style=bool(cfg.get("is_neox_style", True)),
-                       value_scale=None if value_scale is None else float(value_scale), attention_sink=bool(sink),
-                       has_own_lm_head=bool(cfg.get("has_own_lm_head", False)),
+                       use_swa=_flag(dflash, "use_swa", False, where, "dflash_config."), causal=causal,
+                       is_neox_style=_flag(cfg, "is_neox_style", True, where),
+                       value_scale=None if value_scale is None else float(value_scale), attention_sink=sink,
+                       has_own_lm_head=_flag(cfg, "has_own_lm_head", False, where),
                        dflash2=_dflash2(dflash, layers, where) if v2 else None)
         except QualError as exc:
             raise QualError(f"{where}: {exc}") from None
@@ -281,6 +287,16 @@ class DFlashConfig:
         if self.has_own_lm_head:
             out["has_own_lm_head"] = True
         return out
+
+
+def _flag(cfg: dict, key: str, default: bool | None, where: Path, prefix: str = "") -> bool | None:
+    """A true/false key as written (null: the default): "false" or 1 is refused, never coerced."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if type(value) is not bool:
+        raise QualError(f"{where}: {prefix}{key}: expected true or false, got {shown(value)}")
+    return value
 
 
 def _check_keys(cfg: dict, accepted: dict, refused: dict, prefix: str, where: Path) -> None:

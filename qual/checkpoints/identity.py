@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
+from qual.errors import QualError
+from qual.files import write_text
 from qual.paths import cache_dir
-from qual.files import WriteError, write_text
+from qual.userfiles import read_chunks, read_json
 
 # The files of a checkpoint directory a run reads (top level; weights sharded or not)
 PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
             "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "mask_embedding.pt")
 CACHE_FILE = "checkpoint-hashes.json"
-_CHUNK = 1 << 22
+MAX_CACHE_BYTES = 1 << 24  # a path and a digest per checkpoint ever hashed: a few hundred bytes each
+SAY_FROM_BYTES = 4 << 30  # a file this large takes seconds to hash: the user hears of it first
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -32,14 +36,30 @@ def _stamp(files: list[Path]) -> list:
     return [[name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for name, st in stats]
 
 
+def _say_size(f: Path, size: int, allocated: int) -> None:
+    if size >= SAY_FROM_BYTES:
+        sparse = f" ({allocated / 2**30:.1f} GiB of it on disk: a sparse file)" if allocated < size // 2 else ""
+        print(f"hashing {f} ({size / 2**30:.1f} GiB){sparse} for the checkpoint's identity; cached by path after "
+              "this", file=sys.stderr, flush=True)
+
+
 def _hash(files: list[Path]) -> str:
     h = hashlib.sha256()
     for f in files:  # name and length first: moving bytes between two files changes the identity
         h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
-        with f.open("rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                h.update(chunk)
+        for chunk in read_chunks(f, "checkpoint file", lambda size, allocated, f=f: _say_size(f, size, allocated)):
+            h.update(chunk)
     return "sha256:" + h.hexdigest()
+
+
+def _cache(cache_path: Path) -> dict:
+    """The cache of earlier hashes; anything unreadable or odd in its place (a FIFO, deep nesting, a damaged
+    file) is an empty cache: it costs a rehash, nothing else."""
+    try:
+        cache = read_json(cache_path, MAX_CACHE_BYTES, "checkpoint hash cache")
+    except (OSError, QualError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def checkpoint_identity(path: str | Path | None) -> str | None:
@@ -51,12 +71,7 @@ def checkpoint_identity(path: str | Path | None) -> str | None:
     files = checkpoint_files(path)
     stamp = _stamp(files)
     cache_path = cache_dir() / CACHE_FILE
-    try:
-        cache = json.loads(cache_path.read_text())
-        if not isinstance(cache, dict):
-            cache = {}
-    except (OSError, ValueError):
-        cache = {}
+    cache = _cache(cache_path)
     hit = cache.get(str(path))
     if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
         return hit["sha256"]
@@ -65,7 +80,7 @@ def checkpoint_identity(path: str | Path | None) -> str | None:
     try:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         write_text(cache_path, json.dumps(cache))
-    except (OSError, WriteError):
+    except (OSError, QualError):  # WriteError, or a FIFO or device where the cache would be
         pass  # a cache that cannot be written costs a rehash next time, nothing else
     return digest
 

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save
 
 from qual.errors import QualError
-from qual.stop_signals import check_stopping
+from qual.files import write_bytes, write_text
+from qual.userfiles import load_safetensors
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -20,12 +21,13 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
     if not files:
         raise QualError(f"checkpoint {path} has no *.safetensors files")
     weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            weights.update(load_file(str(f)))
-        except Exception as exc:  # safetensors raises its own error types
-            check_stopping()  # or a stop signal's KeyboardInterrupt came back as one (qual/stop_signals.py)
-            raise QualError(f"{f}: unreadable safetensors file ({exc})") from None
+    for f in files:  # a FIFO or device named *.safetensors is refused, never waited on
+        for name, tensor in load_safetensors(f).items():
+            if tensor.is_floating_point() and tensor.element_size() > 1 and not torch.isfinite(tensor).all():
+                # a NaN or an infinity in a weight runs as a model whose outputs mean nothing (float8 is read by
+                # the loaders that dequantize it)
+                raise QualError(f"{f}: tensor {name!r} holds NaN or infinite values; refused")
+            weights[name] = tensor
     return weights
 
 
@@ -43,7 +45,7 @@ def save_checkpoint(path: str | Path, config: dict, weights: dict[str, torch.Ten
     """Write config.json + model.safetensors."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path / "model.safetensors"),
-              metadata={"format": "pt"})
+    write_text(path / "config.json", json.dumps(config, indent=2) + "\n")
+    write_bytes(path / "model.safetensors", save({k: v.detach().contiguous().cpu() for k, v in weights.items()},
+                                                 metadata={"format": "pt"}))
     return path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qual.checkpoints.fp8 import SCALE_SUFFIX
 from qual.errors import QualError
-from qual.stop_signals import check_stopping
+from qual.userfiles import open_safetensors
 
 # safetensors' dtype codes by the names profiles use (torch's).
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64",
@@ -43,8 +43,6 @@ def cast_refusal(stored: str, run_dtype: str, declared: str | None) -> str | Non
 def inspect_weights(path: str | Path, run_dtype: str, declared: str | None, where: str) -> dict[str, str]:
     """{tensor: stored dtype} of a checkpoint directory; QualError for a missing, truncated or unreadable
     safetensors file, or a tensor the run may not cast (cast_refusal)."""
-    from safetensors import safe_open
-
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -52,13 +50,12 @@ def inspect_weights(path: str | Path, run_dtype: str, declared: str | None, wher
     dtypes: dict[str, str] = {}
     for f in files:
         try:  # safe_open checks the header and that the file holds every tensor it lists (truncation)
-            with safe_open(str(f), framework="numpy") as st:
+            with open_safetensors(f, "numpy") as st:
                 for name in st.keys():
                     code = st.get_slice(name).get_dtype()
                     dtypes[name] = SAFETENSORS_DTYPES.get(code, code.lower())
-        except Exception as exc:  # safetensors raises its own error types
-            check_stopping()  # or a stop signal's KeyboardInterrupt came back as one (qual/stop_signals.py)
-            raise QualError(f"{where}: {f}: unreadable safetensors file ({exc})") from None
+        except QualError as exc:  # a FIFO, a device, a truncated or unreadable file: named with the checkpoint
+            raise QualError(f"{where}: {exc}") from None
     for name, stored in dtypes.items():
         if name + SCALE_SUFFIX in dtypes:  # FP8 with block scales: dequantized by the loader, not cast
             continue

@@ -9,7 +9,7 @@ import typer
 
 from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
-from qual.cli.outputs import history_file, holds_run, output_dir
+from qual.cli.outputs import check_before_work, holds_run
 from qual.cli.verdict import print_verdict, print_warnings
 from qual.errors import QualError
 from qual.userfiles import check_path_name
@@ -60,9 +60,7 @@ def compare_command(
     check_path_name(out, "--out")
     result = compare(a, b, str(gate or default_gate()), seed)  # mismatched inputs: exit 2 before anything is made
     _refuse_used_folder(out, a, b)
-    if history:
-        history_file(Path(history))
-    output_dir(out, "--out")
+    check_before_work(out, Path(history) if history else None)  # the history as `qual run` checks it
     cfg = result.candidate.config
     # From here on a bug's traceback goes to <out>/crash.txt, and junit.xml names it.
     with crash_report(out, gate_suite(cfg.get("model", "model"), cfg.get("dcp", "?"))):

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qual.cli.main import app
+from qual.shown import safe
 from qual.corpus.importer import ImportOptions, import_corpus
 from qual.corpus.loader import available_corpora, load_corpus, named_corpora, searched
 from qual.corpus.manifest import manifest_path, manifest_problems, read_manifest
@@ -44,7 +45,7 @@ def _preview(req) -> str:
 
 
 def _one_line(text: str, limit: int) -> str:
-    flat = text.replace("\r", "").replace("\n", "⏎").replace("\t", " ")
+    flat = safe(text.replace("\r", "").replace("\n", "⏎").replace("\t", " "))  # an escape sequence shown, not run
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
@@ -61,9 +62,9 @@ def list_corpora() -> None:
     for name, where in found.items():
         corpus = load_corpus(where.path)
         table.add_row(
-            name,
+            Text(safe(name)),
             str(len(corpus)),
-            Text(_categories(corpus)),
+            Text(safe(_categories(corpus))),
             short_fingerprint(corpus.fingerprint),
             _manifest_status(corpus),
             where.origin,
@@ -80,9 +81,9 @@ def show(
 ) -> None:
     """The first requests of one corpus, with its fingerprint and provenance."""
     corpus = load_corpus(name)
-    typer.echo(f"{corpus.name}: {len(corpus)} requests, {corpus.fingerprint}")
-    typer.echo(f"path: {display_path(corpus.path)}")
-    typer.echo(f"categories: {_categories(corpus)}")
+    typer.echo(safe(f"{corpus.name}: {len(corpus)} requests, {corpus.fingerprint}"))
+    typer.echo(safe(f"path: {display_path(corpus.path)}"))
+    typer.echo(safe(f"categories: {_categories(corpus)}"))
     mpath = manifest_path(corpus.path)
     if mpath.exists():
         manifest = read_manifest(mpath)
@@ -91,20 +92,18 @@ def show(
             or manifest.source.get("dataset")
             or manifest.source.get("path", "")
         )
-        typer.echo(
-            f"source: {manifest.source.get('kind', '?')} {source}; license: {manifest.license}"
-        )
+        typer.echo(safe(f"source: {manifest.source.get('kind', '?')} {source}; license: {manifest.license}"))
         bad = manifest.mismatches(corpus)
         if bad:
-            typer.echo(f"manifest MISMATCH: {'; '.join(bad)}")
+            typer.echo(safe(f"manifest MISMATCH: {'; '.join(bad)}"))
     table = Table(show_lines=False)
     for col in ("id", "category", "max_tokens", "prompt"):
         table.add_column(col, overflow="fold" if col == "prompt" else "ellipsis")
     for req in corpus.requests[:limit]:
         # Text() keeps prompt text literal: "[b]" in a prompt is not rich markup.
         table.add_row(
-            Text(req.id),
-            Text(req.category),
+            Text(safe(req.id)),
+            Text(safe(req.category)),
             "" if req.max_tokens is None else str(req.max_tokens),
             Text(_one_line(_preview(req), PROMPT_PREVIEW_CHARS)),
         )

@@ -4,13 +4,12 @@ case is in error, naming the cause: a CI job that publishes JUnit shows why the 
 
 from __future__ import annotations
 
-import os
-import tempfile
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
 from qual.errors import EngineError, InternalError, QualError
+from qual.files import WriteError, write_new, write_text
 from qual.proc import outer_tmpdir
 
 CRASH_FILE = "crash.txt"
@@ -22,17 +21,12 @@ def save_traceback(exc: BaseException, run_dir: Path | None) -> Path | None:
     text = "".join(traceback.format_exception(exc))
     if run_dir is not None:
         try:
-            path = Path(run_dir) / CRASH_FILE
-            path.write_text(text)
-            return path
-        except OSError:
+            return write_text(Path(run_dir) / CRASH_FILE, text)
+        except (OSError, WriteError):
             pass  # a full or read-only disk: the temporary directory may still take it
     try:
-        fd, name = tempfile.mkstemp(prefix="qual-crash-", suffix=".txt", dir=outer_tmpdir())  # not the private one
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return Path(name)
-    except OSError:
+        return write_new(outer_tmpdir(), "qual-crash-", ".txt", text)  # not the private one
+    except (OSError, WriteError):
         return None
 
 

@@ -14,10 +14,11 @@ from pydantic.dataclasses import dataclass as checked_dataclass
 from qual.cli.main import app
 from qual.corpus.records import MAX_TOKENS
 from qual.errors import QualError
+from qual.files import write_text
 from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DEVICES,
                           DSA_TOPK_MODES, DTYPES, MAX_SEED, NUMERICS, Device, DsaTopk, Dtype, Numerics, check_layout)
 from qual.records import ArmConfig, EngineRequest, Sampling
-from qual.userfiles import read_text
+from qual.userfiles import load_json, read_text
 from qual.validation import parse_flags
 
 MAX_PROMPTS_BYTES = 64 << 20
@@ -48,10 +49,7 @@ def read_prompts(path: Path, tokenizer_dir: str) -> list[tuple[str, list[int]]]:
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise QualError(f"{path}:{n}: invalid JSON ({exc.msg})") from None
+        row = load_json(line, str(path), n)  # bounded: deep nesting, huge numbers, repeated keys are refused
         if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
             raise QualError(f"{path}:{n}: expected an object with a non-empty string \"id\"")
         unknown = set(row) - {"id", "prompt", "prompt_token_ids"}
@@ -145,6 +143,6 @@ def generate_command(
         return
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
     except OSError as exc:
         raise QualError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+    write_text(out, text)  # a failed write is one line naming the file (exit 2)

@@ -19,6 +19,7 @@ from qual import history as hist
 from qual.errors import QualError
 from qual.options import DRAFT_KV_MODES
 from qual.paths import DEFAULT_HISTORY
+from qual.shown import safe
 from qual.cli.main import EXIT_GATE_FAILED, app
 
 
@@ -47,8 +48,9 @@ def _num(x: float | None) -> str:
 
 
 def _t(value: object) -> str:
-    """User text (model names, paths, series labels) printed literally: "[/]" in a model name is not markup."""
-    return escape(str(value))
+    """User text (model names, paths, series labels) printed literally: "[/]" in a model name is not markup, and a
+    control character (a terminal's escape sequence) is shown as its escape."""
+    return escape(safe(value))
 
 
 def _model_name(model: str | None) -> str | None:
@@ -159,7 +161,7 @@ def trend_cmd(
                   for label, rows in series.items()}
         marks = [(s.series, _when(s.created_at), s.arm, s.after) for s in steps]
         path = plots.save_figure(plots.trend_figure(points, marks), out)
-        print(f"plot written to {path}", file=sys.stderr if as_json else sys.stdout)
+        print(f"plot written to {safe(path)}", file=sys.stderr if as_json else sys.stdout)
     if steps and fail_on_step:
         raise typer.Exit(EXIT_GATE_FAILED)
 
@@ -167,11 +169,13 @@ def trend_cmd(
 def _check_plot_path(out: Path) -> None:
     """--out names a plot file (.png or .svg, not a folder) in a folder that exists or can be made, and written."""
     from qual.cli.outputs import output_dir
+    from qual.files import check_replaceable
     from qual.report.plots import plot_format
 
     plot_format(out)
     if out.is_dir():
         raise QualError(f"--out {out}: is a directory; give the plot file's path")
+    check_replaceable(out)  # a FIFO or a device there is refused now, not waited on after the trend is printed
     output_dir(out.parent, "--out")
 
 
@@ -216,17 +220,19 @@ def publish_cmd(
 ) -> None:
     """A static site of the history: an index of configurations, a page per configuration (trends, runs) and each
     run's report copied under DIR/runs/; offline, relative links only. DIR is replaced whole."""
+    from qual.cli.outputs import check_before_work
     from qual.report import site as published
 
+    check_before_work(out_dir, history, history_written=False, create_out=False, out_option="DIR")
     result = published.publish(history, out_dir)
     nights = result.nights
     linked = sum(n.report is not None for n in nights)
     n_conf, n_runs = len(result.configurations), len(nights)
     print(f"published {n_conf} configuration{'s' if n_conf != 1 else ''}, {n_runs} run{'s' if n_runs != 1 else ''} "
-          f"({linked} with their report) to {out_dir}/index.html")
+          f"({linked} with their report) to {safe(out_dir)}/index.html")
     for n in nights:
         if n.missing:
-            print(f"  run {n.run.id}: from its history row only: {n.missing}")
+            print(f"  run {n.run.id}: from its history row only: {safe(n.missing)}")
 
 
 baseline_app = typer.Typer(
@@ -249,9 +255,9 @@ def pin_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history li
     run, previous = hist.pin(history, run_id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     # Plain print: run fields are recorded text, never console markup.
     replaced = f" (replaces run {previous})" if previous is not None else ""
-    print(f"run {run.id} is now the baseline of its configuration{replaced}: {run.series}")
+    print(f"run {run.id} is now the baseline of its configuration{replaced}: {safe(run.series)}")
     if run.verdict != "pass":
-        print(f"note: run {run.id} failed its gate ({', '.join(run.failed_checks)}); it is pinned as asked")
+        print(f"note: run {run.id} failed its gate ({safe(', '.join(run.failed_checks))}); it is pinned as asked")
 
 
 @baseline_app.command("unpin")
@@ -266,7 +272,7 @@ def dirs_cmd(history: Path = HistoryOpt) -> None:
     """The run directories a baseline may still be read from (pinned runs, each configuration's newest pass), one
     per line: what a job that prunes old run directories must keep."""
     for path in hist.baseline_result_paths(history):
-        print(Path(path).parent)
+        print(safe(Path(path).parent))
 
 
 @baseline_app.command("list")
@@ -274,7 +280,7 @@ def pins_cmd(history: Path = HistoryOpt) -> None:
     """Pinned runs, one per configuration."""
     pins = hist.list_pins(history)
     if not pins:
-        print(f"no pinned runs in {history}")
+        print(f"no pinned runs in {safe(history)}")
     for run, pinned_at in pins:
-        print(f"run {run.id} pinned {pinned_at}: {run.series} ({run.verdict}, control {_pct(run.control_rate)}, "
-              f"candidate {_pct(run.candidate_rate)})")
+        print(f"run {run.id} pinned {safe(pinned_at)}: {safe(run.series)} ({safe(run.verdict)}, control "
+              f"{_pct(run.control_rate)}, candidate {_pct(run.candidate_rate)})")

@@ -17,6 +17,7 @@ from qual.cli.crash import internal_error_line, save_traceback
 from qual.cli.streams import say
 from qual.errors import EngineError, InternalError, QualError
 from qual.proc import private_tmp, signals_held
+from qual.shown import safe
 from qual.stop_signals import STOP_SIGNALS
 
 
@@ -193,20 +194,35 @@ def main() -> None:
     sys.exit(code)
 
 
+def _working_directory_gone() -> bool:
+    """Whether the working directory was deleted while the shell stayed in it: no relative path can be found or
+    written, and torch's MKL cannot load (it exits the process with a message of its own)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
+
+
 def run_app(args: list[str] | None = None) -> int:
     """Run the CLI; every outcome becomes one exit code of the contract (and at most one line on stderr)."""
+    if _working_directory_gone():  # checked before any work: nothing is read, started or written
+        say("error: the working directory no longer exists (deleted after the shell entered it): cd to an existing "
+            "folder and run the command again")
+        return EXIT_USAGE
     try:
         # Without standalone mode click returns typer.Exit's code instead of raising it (and typer turns a
         # KeyboardInterrupt into Exit(130)).
         code = app(args=args, standalone_mode=False)
+    # Messages quote file names, file contents and server replies: escaped, each stays one line a terminal only shows
     except QualError as exc:
-        say(f"error: {exc}")
+        say(f"error: {safe(exc)}")
         return EXIT_USAGE
     except EngineError as exc:
-        say(f"engine failure: {exc}")
+        say(f"engine failure: {safe(exc)}")
         return EXIT_ENGINE
     except InternalError as exc:
-        say(str(exc))
+        say(safe(exc))
         return EXIT_INTERNAL
     except typer.Exit as exc:
         code = exc.exit_code
@@ -221,11 +237,11 @@ def run_app(args: list[str] | None = None) -> int:
         if isinstance(exc, aborts):
             code = EXIT_INTERRUPTED
         elif isinstance(exc, usage_errors):
-            say(f"error: {exc.format_message()}")
+            say(f"error: {safe(exc.format_message())}")
             return EXIT_USAGE
         else:
             # Anything else is a bug in qual, never "gate failed": exit 4, the traceback kept in a file.
-            say(internal_error_line(exc, save_traceback(exc, None)))
+            say(safe(internal_error_line(exc, save_traceback(exc, None))))
             return EXIT_INTERNAL
     code = code if isinstance(code, int) else 0
     if code == EXIT_INTERRUPTED:
@@ -243,7 +259,7 @@ def _flushed(code: int) -> int:
             raise
         return EXIT_BROKEN_PIPE
     except QualError as exc:  # streams.StdoutError
-        say(f"error: {exc}")
+        say(f"error: {safe(exc)}")
         return EXIT_USAGE
     return code
 

@@ -11,7 +11,7 @@ import typer
 
 from qual.cli.crash import crash_report
 from qual.cli.main import EXIT_GATE_FAILED, app
-from qual.cli.outputs import claim_fresh_dir, history_file, output_dir
+from qual.cli.outputs import check_before_work, claim_fresh_dir, leftovers_only
 from qual.cli.verdict import print_speedup, print_sweep_verdict, print_verdict, print_warnings
 from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
@@ -21,6 +21,7 @@ from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT
                           DEFAULT_NUMERICS, DEFAULT_TEMPERATURE, DEVICES, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES,
                           NUMERICS, SHARDED)
 from qual.paths import DEFAULT_HISTORY, origin
+from qual.shown import safe
 from qual.userfiles import check_path_name
 
 
@@ -131,7 +132,7 @@ def run_command(
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
     from qual.cli.progress import RunProgress
-    from qual.harness.execute import execute
+    from qual.harness.execute import execute, resume_command
     from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
     from qual.report.junit import gate_suite, sweep_suite
@@ -143,7 +144,9 @@ def run_command(
         if not dry_run and resume.is_dir():
             lock = DirectoryLock(resume, "--resume")  # a second resume of this run is refused at once
         saved = load_plan(resume)  # run.json validated key by key: a bad one is exit 2 naming file and key
-        plan = make_plan(saved.options, dry_run=dry_run, run_id=saved.run_id)
+        plan = make_plan(saved.options, dry_run=dry_run, run_id=saved.run_id, render_time=saved.render_time)
+        plan.notes = [*saved.notes, *plan.notes]
+        plan.journals_sealed = saved.journals_sealed  # a run begun before journals were sealed keeps unsealed lines
         plan.out_dir = resume
         if plan.corpus_info["fingerprint"] != saved.fingerprint:
             raise QualError(f"--resume {resume}: the corpus changed since the run started (fingerprint differs)")
@@ -159,7 +162,7 @@ def run_command(
                               max_concurrency=max_concurrency, speedup=speedup)
         plan = make_plan(options, dry_run=dry_run)
     for note in plan.notes:
-        print(f"warning: {note}", file=sys.stderr)
+        print(f"warning: {safe(note)}", file=sys.stderr)
     if dry_run:
         _print_dry_run(plan)
         return
@@ -167,9 +170,9 @@ def run_command(
     if resume is None and plan.options.out is None:  # the default, named by the second: never another run's
         plan.out_dir = claim_fresh_dir(plan.out_dir, "--out")
     if resume is None and plan.out_dir.is_dir() and any(plan.out_dir.iterdir()):
-        raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
-    history_file(plan.history_path)
-    output_dir(plan.out_dir, "--out")
+        if not leftovers_only(plan.out_dir):  # a run killed while it wrote run.json left only a temporary file
+            raise QualError(f"--out {plan.out_dir} is not empty (use --resume to finish a run there)")
+    check_before_work(plan.out_dir, plan.history_path)
     lock = lock or DirectoryLock(plan.out_dir, "--out")
     first = plan.arms[plan.candidates[0]]
     # a sweep that ends without a verdict (exit 3 or 4) has one suite for its error: qual.gate.<model>.sweep
@@ -186,7 +189,7 @@ def run_command(
                 print_verdict(result, "control", "candidate", plan.out_dir)
                 print_speedup(result)
     except KeyboardInterrupt:
-        print(f"finish the run with: qual run --resume {plan.out_dir}", file=sys.stderr)
+        print(f"finish the run with: {resume_command(plan.out_dir)}", file=sys.stderr)
         raise
     finally:
         lock.release()

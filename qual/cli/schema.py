@@ -11,6 +11,9 @@ import typer
 from qual.cli.main import app
 from qual.errors import QualError
 from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
+from qual.userfiles import read_text
+
+MAX_SCHEMA_BYTES = 1 << 22  # the shipped schema: package data, a few hundred KB at most
 
 
 @app.command("schema")
@@ -27,4 +30,4 @@ def schema_command(
 
         sys.stdout.write(json.dumps(profile_schema(), indent=1) + "\n")
         return
-    sys.stdout.write((SWEEP_RESULT_SCHEMA if sweep else RESULT_SCHEMA).read_text(encoding="utf-8"))
+    sys.stdout.write(read_text(SWEEP_RESULT_SCHEMA if sweep else RESULT_SCHEMA, MAX_SCHEMA_BYTES, "JSON Schema"))

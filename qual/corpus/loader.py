@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from qual import paths
 from qual.errors import QualError
+from qual.validation import shown
 
 from .records import Corpus, CorpusRequest, Message, fingerprint
 from .validate import parse_jsonl
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # datasets costs ~1.5 s to import: only paid when a corpus is
 
 SUFFIX = paths.KINDS["corpus"][1]  # ".jsonl"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_NAME = 128  # <name>.manifest.json, and a temporary name beside it, within a file name's 255 bytes
 
 
 def corpus_places(root: str | Path | None = None) -> list[paths.Place]:
@@ -71,8 +73,10 @@ def check_name(name: str) -> str:
     """Corpus names become file names: letters, digits, '.', '_', '-'."""
     if not NAME_RE.match(name) or name.endswith(SUFFIX):
         raise QualError(
-            f"invalid corpus name {name!r}: use letters, digits, '.', '_' or '-' (no path, no {SUFFIX})"
+            f"invalid corpus name {shown(name)}: use letters, digits, '.', '_' or '-' (no path, no {SUFFIX})"
         )
+    if len(name) > MAX_NAME:
+        raise QualError(f"corpus name of {len(name)} characters: at most {MAX_NAME} (it names the corpus's files)")
     return name
 
 

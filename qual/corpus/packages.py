@@ -8,13 +8,16 @@ lists, so their (heavy) Python dependencies need not be importable:
 from __future__ import annotations
 
 import gzip
-import json
+import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.userfiles import load_json, read_bytes
+
+MAX_UPSTREAM_BYTES = 1 << 28  # a benchmark's prompt file, unpacked: a few MB in the packages qual imports from
 
 from .imported import Imported, validate_rows
 
@@ -118,17 +121,27 @@ def package_file(src: PackageSource) -> tuple[Path, str]:
 
 def _upstream_rows(path: Path, where: str) -> Iterator[tuple[str, dict | None, str | None]]:
     """(location, decoded row, problem) per line of a (gzipped) upstream JSONL file."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            loc = f"{where}:{lineno}"
-            if not line.strip():
-                yield loc, None, f"{loc}: blank line"
-                continue
-            try:
-                yield loc, json.loads(line), None
-            except json.JSONDecodeError as exc:
-                yield loc, None, f"{loc}: invalid JSON: {exc.msg}"
+    data = read_bytes(path, MAX_UPSTREAM_BYTES, "corpus source")
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.GzipFile(fileobj=io.BytesIO(data)).read(MAX_UPSTREAM_BYTES + 1)
+        except (OSError, EOFError) as exc:
+            raise QualError(f"{where}: not a gzip file ({exc})") from None
+        if len(data) > MAX_UPSTREAM_BYTES:
+            raise QualError(f"{where}: larger than a corpus source may be ({MAX_UPSTREAM_BYTES} bytes) once unpacked")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise QualError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        loc = f"{where}:{lineno}"
+        if not line.strip():
+            yield loc, None, f"{loc}: blank line"
+            continue
+        try:
+            yield loc, load_json(line, where, lineno), None
+        except QualError as exc:
+            yield loc, None, str(exc)
 
 
 def import_package(key: str, limit: int | None = None) -> Imported:

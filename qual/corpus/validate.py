@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from qual.errors import QualError
-from qual.userfiles import read_bytes, text_problem
+from qual.userfiles import load_json, read_bytes, text_problem
 
 from .records import DEFAULT_CATEGORY, MAX_TOKENS, ROLES, CorpusRequest, Message
 
@@ -58,7 +58,7 @@ def display_path(path: Path) -> str:
     """The path as a user would type it: relative to the working directory when inside it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+    except (ValueError, OSError):  # OSError: the working directory was deleted (then no path is inside it)
         return str(path)
 
 
@@ -164,22 +164,6 @@ def _messages(value: Any, loc: str) -> tuple[tuple[Message, ...] | None, list[st
     return (None, problems) if problems else (tuple(out), [])
 
 
-class DuplicateKeyError(ValueError):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    """json.loads' object hook: a key given twice is an error, not "the last one wins"."""
-    obj: dict = {}
-    for key, value in pairs:
-        if key in obj:
-            raise DuplicateKeyError(key)
-        obj[key] = value
-    return obj
-
-
 def duplicate_problems(located: Iterable[tuple[str, CorpusRequest]]) -> list[str]:
     """One problem per repeated id, naming both locations."""
     problems: list[str] = []
@@ -221,19 +205,10 @@ def parse_jsonl_bytes(data: bytes, where: str) -> tuple[CorpusRequest, ...]:
         if not text.strip():
             problems.append(f"{loc}: blank line")
             continue
-        try:
-            obj = json.loads(text, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{loc}: invalid JSON: {exc.msg} (column {exc.colno})")
-            continue
-        except DuplicateKeyError as exc:
-            problems.append(f"{loc}: key {_quote(exc.key)} appears twice in one object")
-            continue
-        except ValueError as exc:  # e.g. an integer of more digits than Python converts
-            problems.append(f"{loc}: invalid JSON: {str(exc).splitlines()[0][:120]}")
-            continue
-        except RecursionError:  # nesting deeper than the decoder recurses (no corpus field nests at all)
-            problems.append(f"{loc}: invalid JSON: nested too deeply")
+        try:  # the bounded loader: a key given twice, deep nesting, an integer beyond 64 bits are each refused
+            obj = load_json(text, where, lineno)
+        except QualError as exc:
+            problems.append(str(exc))
             continue
         req, errs = request_from_mapping(obj, loc)
         if errs:

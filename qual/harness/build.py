@@ -13,6 +13,7 @@ from qual.gate import Gate, baseline_confidences, confidences, evaluate, load_ga
 from qual.harness.baseline import ResolvedBaseline, differences
 from qual.history import HistoryRun, configuration_of
 from qual.harness.inputs import checkpoint_records
+from qual.intervals import METHOD
 from qual.harness.speedup import speedup
 from qual.latency import latency_summary
 from qual.provenance import file_sha256, local_host, qual_commit
@@ -125,6 +126,11 @@ def arm_result(config: ArmConfig | dict, info: ArmRunInfo, requests: Sequence[Re
     )
 
 
+def resampling_unit(rows: Sequence[RequestResult]) -> str:
+    """What the paired bootstrap resamples: a conversation's turns together where the requests hold conversations."""
+    return "conversation" if any(r.conversation for r in rows) else "request"
+
+
 def compare_arms(
     control: Sequence[RequestResult],
     candidate: Sequence[RequestResult],
@@ -157,8 +163,8 @@ def compare_arms(
         per_turn=per_turn(control, candidate),
         earlier_turns_differ=earlier_turns_differ(control, candidate),
         bootstrap={
-            "unit": "conversation" if any(r.conversation for r in control) else "request",
-            "method": "paired percentile",
+            "unit": resampling_unit(control),
+            "method": f"paired {METHOD}",
             "resamples": n_resamples,
             "seed": seed,
             "n_requests": boot.n_requests,
@@ -238,8 +244,8 @@ def baseline_comparison(
         trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.verdict, "control_rate": r.control_rate,
                 "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id}
                for r in sorted(trend, key=lambda r: (r.created_at, r.id))],
-        bootstrap={"unit": "request", "method": "paired percentile, matched by request id", "resamples": n_resamples,
-                   "seed": seed},
+        bootstrap={"unit": resampling_unit([r for a in arms.values() for r in a.per_request]),
+                   "method": f"paired {METHOD}, matched by request id", "resamples": n_resamples, "seed": seed},
     )
 
 

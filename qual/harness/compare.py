@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qual import shown
 from qual.records import ArmRunInfo, GraphCapture
 from qual.errors import QualError
 from qual.harness.sweep import CANDIDATE
@@ -72,4 +73,4 @@ def compare(ref_a: str, ref_b: str, gate_path: str, seed: int = 0) -> Result:
             raise QualError(f"cannot compare: {name} did not run ({arm.not_runnable_reason})")
     # Each arm keeps the provenance its own run recorded: this machine did not produce either.
     return build_result(ra.corpus, _as_engine_output(a), _as_engine_output(b), gate_path, seed,
-                        reproduce=f"qual compare {ref_a} {ref_b}", provenances=(a.provenance, b.provenance))
+                        reproduce=shown.command(["qual", "compare", ref_a, ref_b]), provenances=(a.provenance, b.provenance))

@@ -12,6 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from qual import shown
+from qual.checkpoints.config import read_config, vocab_size
 from qual.engines.registry import get_engine
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, RequestResult
 from qual.errors import QualError
@@ -101,7 +103,8 @@ def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
     it give) and at most their planned tokens (run.json and the journals describe one run)."""
     config: ArmConfig = plan.arms[arm]
     path = journal_path(plan.out_dir, arm)
-    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None)
+    done = read_journal(path, config.num_speculative_tokens if config.draft_path else None, _vocab(config),
+                        plan.journals_sealed)
     planned = {r.id: r for r in [*plan.requests, *later_turns(plan.conversations, plan.prompts, done,
                                                                plan.corpus_info["name"])]}
     for rid, rec in done.items():
@@ -112,7 +115,17 @@ def read_arm_journal(plan: RunPlan, arm: str) -> dict[str, RequestResult]:
         if tuple(rec.prompt_token_ids) != tuple(req.prompt_token_ids) or len(rec.output_token_ids) > req.max_tokens:
             raise QualError(f"{path}: request {rid} was journaled with another prompt or more than its "
                             f"{req.max_tokens} planned tokens (run.json and the journal describe different runs)")
+        if rec.category != req.category:
+            raise QualError(f"{path}: request {rid} was journaled in category {rec.category!r}, planned in "
+                            f"{req.category!r} (run.json and the journal describe different runs)")
     return done
+
+
+def _vocab(config: ArmConfig) -> int | None:
+    """The target's vocabulary size where its checkpoint is a local directory (an attached server's is not known)."""
+    if not config.target_path or not (Path(config.target_path) / "config.json").is_file():
+        return None
+    return vocab_size(read_config(config.target_path))
 
 
 def _merged(piece: ArmRunInfo, prior: ArmRunInfo | None) -> ArmRunInfo:
@@ -208,12 +221,22 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | S
     resumed run keeps its id, so its rows are recorded once).
 
     A file that cannot be written (disk full, read-only) is exit 2 naming it and the remedy; the journals keep
-    every finished request, so `--resume` after it repeats nothing."""
+    every finished request, so `--resume` after it repeats nothing. Where run.json itself was not written, nothing
+    ran and there is nothing to resume: the remedy is to run the command again."""
     try:
         return _execute(plan, progress)
     except WriteError as exc:
+        if not (plan.out_dir / "run.json").is_file():
+            again = f"{plan.options.command(plan.engine)} {shown.command(['--out', plan.out_dir, '--history', plan.history_path])}"
+            raise QualError(f"{exc}; nothing ran (no run.json to resume from): {exc.remedy}, then run it again: "
+                            f"`{again}`") from None
         raise QualError(f"{exc}; finished requests are journaled in {plan.out_dir}: {exc.remedy}, then "
-                        f"`qual run --resume {plan.out_dir}`") from None
+                        f"`{resume_command(plan.out_dir)}`") from None
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command that finishes the run in out_dir, shell-quoted."""
+    return shown.command(["qual", "run", "--resume", out_dir])
 
 
 def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepResult, dict[str, Path]]:
@@ -257,5 +280,5 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
                        on_wait=lambda line: sys.stderr.write(line + "\n"))
     except HistoryLocked as exc:
         raise QualError(f"{exc}; the run's reports are written in {plan.out_dir}: record it in the history with "
-                        f"`qual run --resume {plan.out_dir}`") from None
+                        f"`{resume_command(plan.out_dir)}`") from None
     return result, paths

@@ -65,14 +65,20 @@ def seal(data: dict) -> dict:
     return {**data, "sealed": _digest({k: v for k, v in data.items() if k != "sealed"})}
 
 
-def check_sealed(data: dict, where: str) -> None:
-    """run.json as qual wrote it: its digest still matches (an edited run.json is refused)."""
+def check_sealed(data: dict, where: str) -> str | None:
+    """run.json as qual wrote it: its digest still matches (an edited run.json is refused), and one written with a
+    seal keeps it (a qual that sealed run.json also recorded its inputs: one with inputs and no seal was edited).
+    Returns a warning for a run.json from before the seal (resumable, its inputs compared as far as recorded)."""
     sealed = data.get("sealed")
     if sealed is None:
-        return  # written by a qual that sealed nothing: only the recomputed inputs are compared
+        if "inputs" in data:
+            raise QualError(f"{where}: its seal (\"sealed\") was removed, so edits cannot be told from the run that "
+                            "started: a resumed run must be the run that started; start a new run instead")
+        return f"{where} was written by a qual that sealed nothing: edits to it cannot be detected"
     if sealed != _digest({k: v for k, v in data.items() if k != "sealed"}):
         raise QualError(f"{where}: edited since the run started (its digest no longer matches): a resumed run must "
                         "be the run that started; start a new run instead")
+    return None
 
 
 _OFF = (None, False, {}, [])  # the value a key a later qual added has when nobody asked for it

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
-from qual import paths
+from qual import paths, shown
 from qual.chat import load_template
 from qual.configuration import ConfigurationKey
 from qual.checkpoints.weights import inspect_weights
@@ -22,7 +22,7 @@ from qual.corpus.manifest import manifest_problems
 from qual.corpus.records import MAX_TOKENS
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
-from qual.files import write_text
+from qual.files import is_leftover, write_text
 from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness import sweep
 from qual.harness.baseline import ResolvedBaseline, check_match, resolve
@@ -34,13 +34,14 @@ from qual.inventory import hub_download_command
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
                           MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, Device, DraftKv, DsaTopk, Dtype, Numerics,
                           check_layout)
-from qual.profiles import load_profile
+from qual.profiles import fit_positions, load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
 from qual.userfiles import check_path_name, load_json
 from qual.validation import describe_error, parse_flags, read_config_text
 
 PLAN_FILE = "run.json"
+RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")  # what run.json's run_id may be (qual writes uuid4 hex)
 
 
 def _text():
@@ -90,8 +91,9 @@ class RunOptions:
     speedup: bool = False  # also the candidate's configuration without the drafter: what speculation buys
 
     def command(self, engine: str | None = None) -> str:
-        """The `qual run` command line that reproduces this run (engine: as the plan resolved it)."""
-        parts = ["qual run", f"--model {self.model}", f"--engine {engine or self.engine}"]
+        """The `qual run` command line that reproduces this run (engine: as the plan resolved it), shell-quoted (a
+        path with a space or `;` in it is one argument when pasted into a shell)."""
+        parts = ["qual", "run", "--model", self.model, "--engine", engine or self.engine]
         for flag, value in [("--target", self.target), ("--draft", self.draft), ("--dcp", self.dcp), ("--tp", self.tp), ("--draft-kv", self.draft_kv), ("--corpus", self.corpus),
                             ("--chat-template", self.chat_template),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
@@ -102,15 +104,15 @@ class RunOptions:
             if isinstance(value, tuple):  # a sweep's list
                 value = SWEEP_SEPARATOR.join(map(str, value))
             if value is not None:
-                parts.append(f"{flag} {value}")
+                parts += [flag, str(value)]
         if self.exclusive:
             parts.append("--exclusive")
         if self.baseline_any:
             parts.append("--baseline-any")
         if self.speedup:
             parts.append("--speedup")
-        parts += [f"--temperature {self.temperature:g}", f"--seed {self.seed}"]
-        return " ".join(parts)
+        parts += ["--temperature", f"{self.temperature:g}", "--seed", str(self.seed)]
+        return shown.command(parts)
 
     def servers(self) -> dict[str, dict]:
         """Per arm, the running server an attaching engine uses (ArmConfig.extra["server"])."""
@@ -158,6 +160,10 @@ class RunPlan:
     how: str = ""  # the engine and device, and whence (qual.harness.plan.how_it_runs)
     lacking: list[str] = field(default_factory=list)  # a dry run: what this machine lacks for the run (a run: exit 2)
     inventory: Any = None  # what the machine was asked (qual.inventory.Inventory; None: this machine's)
+    # The clock chat templates read (strftime_now): fixed when the run starts and kept in run.json, so that every arm
+    # and every resume renders the same prompts
+    render_time: datetime | None = None
+    journals_sealed: bool = True  # every journal line carries its digest (False: a run begun by a qual before that)
 
     @property
     def candidates(self) -> list[str]:
@@ -187,6 +193,10 @@ class RunPlan:
         options = {**asdict(self.options), "history": str(Path(self.history_path).absolute())}
         data = {"run_id": self.run_id, "options": options, "corpus": self.corpus_info,
                 "arms": {k: a.to_json() for k, a in self.arms.items()}, "inputs": self.inputs}
+        if self.render_time is not None:
+            data["render_time"] = self.render_time.isoformat()
+        if self.journals_sealed:
+            data["journals_sealed"] = True
         if self.baseline is not None:
             data["baseline"] = {"ref": self.baseline.ref, "chosen_by": self.baseline.chosen_by,
                                 "history_id": self.baseline.history_id, "path": str(self.baseline.path)}
@@ -344,7 +354,7 @@ def _tokenize(profile, corpus, selected, o: RunOptions, engine, arms: dict[str, 
 
 
 def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer | None,
-          dry_run: bool) -> ChatPrompts | None:
+          dry_run: bool, render_time: datetime) -> ChatPrompts | None:
     """The chat template chat rows render with (the tokenizer's, or --chat-template's); None without chat rows, or
     on a dry run without a local tokenizer. A chat row with no template to render it is refused, naming the row."""
     first = next((r for r in selected if r.messages is not None), None)
@@ -366,7 +376,7 @@ def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer |
                         f"chat_template.jinja): give one with --chat-template FILE")
     if o.chat_template is not None:
         template = replace(template, source=str(Path(o.chat_template).resolve()))
-    return ChatPrompts(tokenizer, template)
+    return ChatPrompts(tokenizer, replace(template, now=render_time))
 
 
 def _with_checkpoints(profile, o: RunOptions):
@@ -382,7 +392,7 @@ def _with_checkpoints(profile, o: RunOptions):
         update[key] = str(path.resolve())
     if "target" in update and not (profile.tokenizer and Path(profile.local_path(profile.tokenizer)).is_dir()):
         update["tokenizer"] = update["target"]
-    return profile.model_copy(update=update) if update else profile
+    return fit_positions(profile.model_copy(update=update)) if update else profile
 
 
 def _check_local(profile) -> None:
@@ -450,12 +460,15 @@ def _corpus_notes(corpus) -> list[str]:
 
 
 def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False, run_id: str | None = None,
-              inventory=None) -> RunPlan:
+              inventory=None, render_time: datetime | None = None) -> RunPlan:
     """Resolve profile, corpus, tokenization and both arms; raise QualError on any bad input.
 
     A dry run needs no local tokenizer or engine install (real deployments name hub ids); it checks the rest.
     inventory (qual.inventory.Inventory): what the machine has, asked before anything starts (default: this one's).
+    render_time: the clock chat templates read (a resumed run's, from its run.json; else now, local time as
+    transformers' strftime_now reads it).
     """
+    render_time = render_time or datetime.now()
     profile = _with_checkpoints(load_profile(o.model), o)
     engine_name = _engine_name(o, profile)
     _validate_options(o, engine_name)
@@ -510,7 +523,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     if lacking and not dry_run:
         raise QualError(f"{profile.name} cannot run on this machine ({how}): {'; '.join(lacking)}")
     tokenizer = _local_tokenizer(profile, engine, dry_run)
-    prompts = _chat(profile, corpus, selected, o, tokenizer, dry_run)
+    prompts = _chat(profile, corpus, selected, o, tokenizer, dry_run, render_time)
     conversations = {r.id: Conversation(r, o.max_tokens or r.max_tokens or profile.max_tokens)
                      for r in selected if r.messages is not None}
     if prompts is not None:  # the template every chat prompt was rendered with
@@ -535,7 +548,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
                    request_ids=request_ids(selected), profile_path=profile.path, how=how, lacking=lacking,
-                   inventory=inventory)
+                   inventory=inventory, render_time=render_time if prompts is not None else None)
     plan.engine_version = engine.version(arms[plan.candidates[0]])
     plan.notes = _corpus_notes(corpus) + list(dict.fromkeys(n for arm in arms.values() for n in engine.notes(arm)))
     if o.baseline_any and o.baseline is None:
@@ -556,12 +569,18 @@ class SavedPlan:
     fingerprint: str  # the corpus's, when the run started
     run_id: str | None  # None: written by a qual that kept no run id
     inputs: dict | None = None  # None: written by a qual that recorded no inputs (qual.harness.inputs)
+    render_time: datetime | None = None  # None: no chat rows, or written by a qual that kept no clock
+    notes: tuple[str, ...] = ()  # what the user hears before the resumed run (stderr: "warning:")
+    journals_sealed: bool = False  # its journals' lines carry their digests (qual.harness.journal)
 
 
 def load_plan(run_dir: Path) -> SavedPlan:
     """run.json of a previous run, validated key by key (a hand-edited or truncated file is exit 2)."""
     path = run_dir / PLAN_FILE
     if not path.is_file():
+        if run_dir.is_dir() and any(is_leftover(p.name) and p.name.startswith(f".{PLAN_FILE}.") for p in run_dir.iterdir()):
+            raise QualError(f"--resume {run_dir}: the run stopped before its {PLAN_FILE} was written whole, so nothing "
+                            f"ran: start it again (`qual run ... --out {shown.safe(run_dir)}`)")
         raise QualError(f"--resume {run_dir}: no {PLAN_FILE} there (not a qual run directory)")
     try:
         data = load_json(read_config_text(path), str(path))
@@ -569,7 +588,7 @@ def load_plan(run_dir: Path) -> SavedPlan:
         raise QualError(f"{path}: unreadable ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
         raise QualError(f"{path}: expected a JSON object")
-    check_sealed(data, str(path))
+    unsealed = check_sealed(data, str(path))
     for key in ("options", "corpus"):
         if not isinstance(data.get(key), dict):
             raise QualError(f"{path}: {key}: {'missing' if key not in data else 'must be an object'}")
@@ -577,8 +596,9 @@ def load_plan(run_dir: Path) -> SavedPlan:
     if not isinstance(fingerprint, str) or not fingerprint.startswith("sha256:"):
         raise QualError(f"{path}: corpus.fingerprint: {'missing' if fingerprint is None else 'not a sha256: fingerprint'}")
     run_id = data.get("run_id")
-    if run_id is not None and (not isinstance(run_id, str) or not run_id):
-        raise QualError(f"{path}: run_id: must be a non-empty string")
+    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
+        raise QualError(f"{path}: run_id: {shown.safe(repr(run_id)[:60])} is not a run id (letters, digits, '.', '_' "
+                        "and '-', 1 to 64 of them, not starting with '.': it names history rows and folders)")
     try:
         options = RunOptions(**data["options"])
     except ValidationError as exc:
@@ -586,4 +606,13 @@ def load_plan(run_dir: Path) -> SavedPlan:
     inputs = data.get("inputs")
     if inputs is not None and not isinstance(inputs, dict):
         raise QualError(f"{path}: inputs: must be an object")
-    return SavedPlan(options, fingerprint, run_id, inputs)
+    render_time = data.get("render_time")
+    if render_time is not None:
+        try:
+            render_time = datetime.fromisoformat(render_time)
+        except (TypeError, ValueError):
+            raise QualError(f"{path}: render_time: not a time ({shown.safe(str(render_time)[:40])})") from None
+    if data.get("journals_sealed") not in (None, True):
+        raise QualError(f"{path}: journals_sealed: must be true where present")
+    return SavedPlan(options, fingerprint, run_id, inputs, render_time, (unsealed,) if unsealed else (),
+                     data.get("journals_sealed") is True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from qual.intervals import METHOD
 from qual.records import ArmConfig
 from qual.result import ArmResult, SpeculativeAndPlain, Speedup, StepSeconds
 from qual.stats import DEFAULT_RESAMPLES, compare_outputs, decode_speedup, pair_requests
@@ -52,7 +53,7 @@ def speedup(candidate: ArmResult, plain: ArmResult, *, seed: int = 0, n_resample
         bound=bound,
         generate_tokens_per_second=batch,
         target_outputs_identical=identical,
-        bootstrap={"unit": "request", "method": "paired percentile of the ratio of sums", "resamples": n_resamples,
+        bootstrap={"unit": "request", "method": f"paired {METHOD} of the ratio of sums", "resamples": n_resamples,
                    "seed": seed, "n_requests": interval.n_requests if ran else 0},
         batch_ratio=batch_ratio,
         directions_agree=(ratio >= 1) == (batch_ratio >= 1) if ratio is not None and batch_ratio is not None else None,

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from qual.errors import QualError
 from qual.options import SWEEP_SEPARATOR
+from qual.validation import ascii_digits
 from qual.records import ArmConfig
 
 # The run options a sweep may list several values of (RunOptions fields) and their flags, in the order candidates are
@@ -66,7 +67,7 @@ def split_flags(values: dict) -> dict:
             continue
         parts = [p.strip() for p in text.split(SWEEP_SEPARATOR)]
         if name == "dcp":
-            parts = [int(p) if p.lstrip("+-").isdigit() else p for p in parts]
+            parts = [int(p) if ascii_digits(p.removeprefix("+").removeprefix("-")) else p for p in parts]
         out[name] = parts[0] if len(parts) == 1 else tuple(parts)
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qual.intervals import small_sample_note
 from qual.result import Result, Throughput
 
 
@@ -46,6 +47,13 @@ def replayed(result: Result) -> str:
     n = max(len(result.control.per_request), len(result.candidate.per_request))
     rows = result.corpus.count
     return f"{rows} requests" if n in (0, rows) else f"{n} requests ({rows} conversations)"
+
+
+def interval_note(result: Result) -> str | None:
+    """The caveat shown beside the verdict where the comparison's intervals rest on fewer resampling units than
+    their coverage needs (qual.intervals.MIN_UNITS); None otherwise."""
+    boot = result.comparison.bootstrap
+    return small_sample_note(boot.get("n_requests"), boot.get("unit", "request"))
 
 
 def title(result: Result) -> str:

@@ -62,6 +62,7 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
         pid=pid,
         title=common.title(result),
         replayed=common.replayed(result),
+        interval_note=common.interval_note(result),
         headline=common.headline(result),
         failed=result.gate.failed,
         decided_nothing=DECIDED_NOTHING,
@@ -107,6 +108,7 @@ def render_sweep(sweep: SweepResult, report_dir: Path | None = None) -> str:
         candidates.append({"name": name, "detail": Markup(detail.render(**view)), **view})
     return env.get_template("sweep.html.j2").render(
         s=sweep, title=matrix.title(sweep), rows=matrix.rows(sweep), candidates=candidates,
+        interval_note=matrix.interval_note(sweep),
         control_line=matrix.control_line(sweep), files=siblings.siblings(report_dir))
 
 

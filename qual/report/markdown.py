@@ -9,15 +9,16 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, provenance
 from qual.files import write_text
+from qual.shown import safe
 from qual.result import DECIDED_NOTHING, Result
 from qual.sweep_result import SweepResult
 
 
 def cell(text: object) -> str:
-    """Make untrusted text inert inside a Markdown table cell (GitHub renders inline HTML)."""
-    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    s = s.replace("|", "\\|").replace("`", "\\`")
-    return re.sub(r"[\r\n]+", " ", s)
+    """Make untrusted text inert inside a Markdown table cell (GitHub renders inline HTML; a terminal that shows the
+    file acts on escape sequences: control characters are written as their escapes)."""
+    s = safe(re.sub(r"[\r\n]+", " ", str(text))).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return s.replace("|", "\\|").replace("`", "\\`")
 
 
 def _fence(text: str) -> str:
@@ -36,6 +37,7 @@ def render(result: Result) -> str:
         f"{n_pass}/{len(result.gate.checks)} gate checks passed on {common.replayed(result)} "
         f"of `{cell(result.corpus.name)}`.",
         "",
+        *_interval_note(common.interval_note(result)),
         *_headline(result, c_dcp, k_dcp),
         *_speedup(result),
         "", "### Gate checks", "", *_checks(result),
@@ -64,8 +66,12 @@ def render(result: Result) -> str:
     lines += ["", f"Corpus fingerprint: `{cell(result.corpus.fingerprint)}`", ""]
     if result.reproduce:
         fence = _fence(result.reproduce)
-        lines += ["Reproduce:", "", f"{fence}sh", result.reproduce, fence, ""]
+        lines += ["Reproduce:", "", f"{fence}sh", safe(result.reproduce), fence, ""]
     return "\n".join(lines)
+
+
+def _interval_note(note: str | None) -> list[str]:
+    return [f"⚠️ {cell(note)}.", ""] if note is not None else []
 
 
 def _headline(result: Result, c_dcp, k_dcp) -> list[str]:
@@ -86,7 +92,8 @@ def render_sweep(sweep: SweepResult) -> str:
     rows = matrix.rows(sweep)
     lines = [f"## {'✅ PASS' if sweep.passed else '❌ FAIL'}: qual {cell(matrix.title(sweep))}", "",
              f"{sum(r.passed for r in rows)}/{len(rows)} candidates passed their gate on {sweep.corpus.count} requests "
-             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", ""]
+             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", "",
+             *_interval_note(matrix.interval_note(sweep))]
     lines += [f"⚠️ {cell(n)}." for n in sweep.notes] + ([""] if sweep.notes else [])
     lines += ["| candidate | settings | acceptance | Δ vs control (95% CI) | mean acceptance length ratio | "
               "target outputs identical | graph sizes | verdict |", "|---|---|---:|---|---:|---|---|---|"]
@@ -101,7 +108,7 @@ def render_sweep(sweep: SweepResult) -> str:
     lines += ["", f"Corpus fingerprint: `{cell(sweep.corpus.fingerprint)}`", ""]
     if sweep.reproduce:
         fence = _fence(sweep.reproduce)
-        lines += ["Reproduce:", "", f"{fence}sh", sweep.reproduce, fence, ""]
+        lines += ["Reproduce:", "", f"{fence}sh", safe(sweep.reproduce), fence, ""]
     return "\n".join(lines)
 
 

@@ -82,3 +82,8 @@ def control_line(sweep: SweepResult) -> str:
     return (f"control (DCP {sweep.control.config.get('dcp', '?')}, TP {sweep.control.config.get('tp', '?')}): "
             f"{common.pct(a.rate)} acceptance, mean acceptance length {common.num(a.mean_acceptance_length)}, "
             f"{len(sweep.control.per_request)} requests, {sweep.control.throughput.wall_seconds:.1f} s, run once")
+
+
+def interval_note(sweep: SweepResult) -> str | None:
+    """common.interval_note of the sweep's comparisons (they replay the same requests): the first that has one."""
+    return next((n for _, result in sweep.results() if (n := common.interval_note(result)) is not None), None)

@@ -27,6 +27,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from qual.errors import QualError  # noqa: E402
+from qual.files import write_bytes  # noqa: E402
 
 CONTROL_COLOR = "#4c72b0"
 CANDIDATE_COLOR = "#dd8452"
@@ -210,10 +211,12 @@ def plot_format(path: str | Path) -> str:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write a figure as .png or .svg (chosen by suffix)."""
+    """Write a figure as .png or .svg (chosen by suffix), whole or not at all (qual.files: a link there is replaced,
+    never written through; a full disk leaves no empty file)."""
     path = Path(path)
     fmt = plot_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
     with matplotlib.rc_context(_RC):
-        fig.savefig(path, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
-    return path
+        fig.savefig(buf, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
+    return write_bytes(path, buf.getvalue())

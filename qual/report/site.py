@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from html.parser import HTMLParser
@@ -23,7 +22,7 @@ from markupsafe import Markup
 from qual import history as hist
 from qual.configuration import ConfigurationKey
 from qual.errors import QualError
-from qual.files import WriteError, write_text
+from qual.files import WriteError, copy_file, remove_tree, write_text
 from qual.report import html, site_plots
 from qual.sweep_result import SweepResult, load_any
 from qual.userfiles import check_path_name, read_json, read_text
@@ -33,6 +32,8 @@ RUNS, PAGES = "runs", "configurations"
 REPORT = "report.html"
 RESULT = "result.json"
 MAX_REPORT_BYTES = 1 << 28  # a report.html read for its links: every request is a row of it, but bounded
+MAX_COPIED_BYTES = 1 << 28  # a file of a run's folder copied into the site (a journal, a log); larger ones stay out
+MAX_MARKER_BYTES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -253,12 +254,37 @@ def render_configuration(conf: Configuration) -> str:
                            missing=[n for n in conf.nights if n.missing])
 
 
-def marker(site: Site) -> str:
+def marker(site: Site, files: list[str]) -> str:
     """qual-site.json: what the site holds (the folder's mark as a site qual published, so a later publish may
-    replace it)."""
+    replace it) and every file it wrote (a later publish removes those and nothing else)."""
     return json.dumps({"generator": "qual history publish", "history": site.history.name,
                        "configurations": [{"page": c.page, "label": c.label, "runs": [n.run.id for n in c.nights]}
-                                          for c in site.configurations]}, indent=2) + "\n"
+                                          for c in site.configurations],
+                       "files": sorted(files)}, indent=2) + "\n"
+
+
+def _written(out_dir: Path) -> set[str] | None:
+    """The files an earlier publish wrote in out_dir, from its qual-site.json (one that predates the list: its
+    pages and every file under the runs it names); None where the marker cannot be read."""
+    try:
+        mark = read_json(out_dir / MARKER, MAX_MARKER_BYTES, "site marker", follow=False)
+    except (OSError, QualError):
+        return None
+    if not isinstance(mark, dict):
+        return None
+    if isinstance(mark.get("files"), list):
+        return {f for f in mark["files"] if isinstance(f, str)} | {MARKER}
+    confs = mark.get("configurations") if isinstance(mark.get("configurations"), list) else []
+    pages = {c.get("page") for c in confs if isinstance(c, dict)}
+    runs = {f"{RUNS}/{r}/" for c in confs if isinstance(c, dict) and isinstance(c.get("runs"), list) for r in c["runs"]}
+    found = set()
+    for path in out_dir.rglob("*"):
+        name = path.relative_to(out_dir).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            continue
+        if name in pages or name in (MARKER, "index.html") or any(name.startswith(r) for r in runs):
+            found.add(name)
+    return found
 
 
 # ---------------------------------------------------------------- writing
@@ -280,21 +306,28 @@ def check_target(out_dir: Path) -> None:
     if entries and not _regular(out_dir / MARKER):
         raise QualError(f"{out_dir} holds files and is not a site qual published (no {MARKER}); give a new or "
                         "empty folder, or the folder of an earlier publish")
+    if entries:  # an earlier site: replaced whole, so it must hold nothing a publish did not write
+        written = _written(out_dir)
+        for path in sorted(out_dir.rglob("*")):
+            name = path.relative_to(out_dir).as_posix()
+            if (path.is_symlink() or not path.is_dir()) and (written is None or name not in written):
+                raise QualError(f"{out_dir} holds {name}, which no publish wrote; publishing replaces the folder "
+                                "whole: move it out, or give another folder")
 
 
 def _copy(source: Path, target: Path) -> bool:
-    """Copy one file of a run (False: it could not be read, and is left out)."""
+    """Copy one file of a run (False: it could not be read, is no regular file or is larger than MAX_COPIED_BYTES,
+    and is left out)."""
     try:
-        src = open(source, "rb")
-    except OSError:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteError(target.parent, exc) from None
+    try:
+        copy_file(source, target, MAX_COPIED_BYTES, "file of a run")
+    except WriteError:
+        raise
+    except (OSError, QualError):
         return False
-    with src:
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "xb") as dst:
-                shutil.copyfileobj(src, dst)
-        except OSError as exc:
-            raise WriteError(target, exc) from None
     return True
 
 
@@ -310,10 +343,12 @@ def _write_site(site: Site, root: Path) -> Site:
         configurations.append(Configuration(conf.slug, conf.key, conf.label, tuple(nights)))
     site = Site(site.history, configurations)
     (root / PAGES).mkdir(exist_ok=True)
+    files = [f"{n.folder}/{name}" for c in site.configurations for n in c.nights for _, name in n.sources]
     for conf in site.configurations:
         write_text(root / conf.page, render_configuration(conf))
+        files.append(conf.page)
     write_text(root / "index.html", render_index(site))
-    write_text(root / MARKER, marker(site))
+    write_text(root / MARKER, marker(site, [*files, "index.html"]))
     return site
 
 
@@ -332,7 +367,7 @@ def publish(history_path: str | Path, out_dir: str | Path) -> Site:
         site = _write_site(site, tmp)
         _replace(tmp, out)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
     return site
 
 
@@ -354,4 +389,4 @@ def _replace(new: Path, out: Path) -> None:
         raise WriteError(out, exc) from None
     finally:
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from qual.files import remove_tree
 from qual.options import DEFAULT_DCP_COMM
 from qual.runtime.config import ParallelConfig, hang_dump_seconds
 
@@ -33,7 +33,7 @@ class Rendezvous:
         self.init_method = f"file://{os.path.join(self.dir, 'store')}"
 
     def close(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)
 
 
 def bind_loopback() -> None:

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from qual.errors import QualError
+from qual.validation import ascii_digits
 
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mask|>"
@@ -271,7 +272,7 @@ def _parse_like(current, text: str, key: str):
             items = [x.strip() for x in text.split(",") if x.strip()]
             if current:
                 return tuple(type(current[0])(x) for x in items)
-            return tuple(int(x) if x.lstrip("-").isdigit() else x for x in items)
+            return tuple(int(x) if ascii_digits(x.removeprefix("-")) else x for x in items)
         if isinstance(current, bool):
             if text.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(text)

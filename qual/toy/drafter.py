@@ -11,7 +11,6 @@ see context strictly before its anchor and its own block.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from qual.errors import QualError
 from qual.runtime.models import layers
 from qual.runtime.models.layers import rms_norm
 from qual.toy.config import ModelShape
+from qual.userfiles import load_safetensors, read_json
 
 
 class RMSNorm(nn.Module):
@@ -326,11 +326,9 @@ def shape_from_config(cfg: dict, num_target_layers: int | None = None) -> ModelS
 
 def load_drafter(path: Path, device: str, dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, dict]:
     """(drafter, config dict) from a saved checkpoint."""
-    from safetensors.torch import load_file
-
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = read_json(path / "config.json")
     drafter = DFlashDrafter(shape_from_config(cfg))
-    state = load_file(str(path / "model.safetensors"))
+    state = load_safetensors(path / "model.safetensors")
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise QualError(f"{path}: drafter weights missing {missing} unexpected {unexpected}")

@@ -57,8 +57,7 @@ def grow_glm_state(state: dict[str, torch.Tensor], old: dict, new: dict) -> dict
     Hi, Di = new["index_n_heads"], old["index_head_dim"]
     q_lora, kv_lora = new["q_lora_rank"], new["kv_lora_rank"]
     out = {}
-    for name, t in state.items():
-        t = t.float()  # rescaled norms rounded once, when the grown target is saved
+    for name, t in state.items():  # in the checkpoint's dtype: a rescaled norm weight is rounded to it
         leaf = name.rsplit(".", 2)
         if ".visual." in name:
             pass  # the vision tower is not grown (and not run)

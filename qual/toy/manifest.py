@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from qual.files import write_text
 from qual.toy.data import sha256_file
+from qual.userfiles import read_json
 
 MANIFEST = "MANIFEST.json"
 
@@ -25,12 +27,12 @@ def write_manifest(out_dir: Path, body: dict) -> Path:
     body["files"] = file_hashes(out_dir)
     body["total_bytes"] = sum((out_dir / f).stat().st_size for f in body["files"])
     path = out_dir / MANIFEST
-    path.write_text(json.dumps(body, indent=2) + "\n")
+    write_text(path, json.dumps(body, indent=2) + "\n")
     return path
 
 
 def verify_manifest(out_dir: Path) -> list[str]:
     """Files whose sha256 differs from (or is missing in) the manifest; empty when all match."""
-    recorded = json.loads((out_dir / MANIFEST).read_text())["files"]
+    recorded = read_json(out_dir / MANIFEST)["files"]
     actual = file_hashes(out_dir)
     return sorted(k for k in set(recorded) | set(actual) if recorded.get(k) != actual.get(k))

@@ -18,12 +18,16 @@ from typing import Callable
 import numpy as np
 
 from qual.errors import QualError
+from qual.files import save_numpy, save_torch, write_text
 from qual.toy import data as data_mod
+from qual.userfiles import load_numpy, load_torch, read_json
 from qual.toy.config import (EVAL_LICENSE, EVAL_PACKAGE, EVAL_VERSION, SOURCE_LICENSE, SOURCE_PACKAGE,
                              SOURCE_VERSION, TrainConfig)
 
 STAGES = ("fetch", "tokenizer", "tokenize", "target", "generate", "draft", "eval", "manifest")
 REPRODUCE_COMMAND = "make {preset}"  # the Makefile target of each preset runs its training rounds in order
+WORK_BYTES = 1 << 34  # a stage's arrays and generated tensors in the work dir: read whole, as training needs them
+WORK_JSON_BYTES = 1 << 26  # a stage's statistics and the tokenized HumanEval prompts
 
 
 @dataclass(slots=True)
@@ -77,14 +81,18 @@ def _environment(device: str) -> dict:
 
 def _save_stats(paths: Paths, stage: str, stats: dict) -> None:
     paths.stats(stage).parent.mkdir(parents=True, exist_ok=True)
-    paths.stats(stage).write_text(json.dumps(stats, indent=2) + "\n")
+    write_text(paths.stats(stage), json.dumps(stats, indent=2) + "\n")
+
+
+def _tokens(paths: Paths, split: str):
+    return load_numpy(paths.tokens / f"{split}.npy", WORK_BYTES, "token array")
 
 
 def _load_stats(paths: Paths, stage: str) -> dict:
     p = paths.stats(stage)
     if not p.exists():
         raise QualError(f"{p}: stage {stage!r} has not run (run it first or include it in --stages)")
-    return json.loads(p.read_text())
+    return read_json(p, WORK_JSON_BYTES)
 
 
 def _texts(paths: Paths, cfg: TrainConfig):
@@ -119,12 +127,12 @@ def stage_tokenize(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     paths.tokens.mkdir(parents=True, exist_ok=True)
     train = encode_files(tok, [t for _, t in split.train])
     val = encode_files(tok, [t for _, t in split.val])
-    np.save(paths.tokens / "train.npy", train)
-    np.save(paths.tokens / "val.npy", val)
+    save_numpy(paths.tokens / "train.npy", train)
+    save_numpy(paths.tokens / "val.npy", val)
     he_wheel = paths.downloads / data_mod.wheel_name(EVAL_PACKAGE, EVAL_VERSION)
     problems = data_mod.read_humaneval(he_wheel)
     prompts = [{"task_id": p["task_id"], "ids": tok.encode(p["prompt"], add_special_tokens=False).ids} for p in problems]
-    (paths.tokens / "humaneval.json").write_text(json.dumps(prompts))
+    write_text(paths.tokens / "humaneval.json", json.dumps(prompts))
     stats = {
         **special_ids(tok),
         "tokenizer_vocab_size": tok.get_vocab_size(),
@@ -145,7 +153,7 @@ def stage_target(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     from qual.toy.target import save_target, train_target
 
     ids = _load_stats(paths, "tokenize")
-    model, stats = train_target(cfg, np.load(paths.tokens / "train.npy"), np.load(paths.tokens / "val.npy"),
+    model, stats = train_target(cfg, _tokens(paths, "train"), _tokens(paths, "val"),
                                 ids["eos_token_id"], device, log)
     save_target(model, paths.target, paths.tokenizer, cfg.fp8_block)
     stats["environment"] = _environment(device)
@@ -153,25 +161,21 @@ def stage_target(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
 
 
 def stage_generate(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
-    import torch
-
     from qual.toy.generate import generate_dataset
     from qual.toy.target import load_target
     from qual.toy.tokenizer import load_tokenizer
 
     target = load_target(paths.target, device)
     t0 = time.time()
-    data = generate_dataset(target, np.load(paths.tokens / "train.npy"), load_tokenizer(paths.tokenizer), cfg,
+    data = generate_dataset(target, _tokens(paths, "train"), load_tokenizer(paths.tokenizer), cfg,
                             device, log)
-    torch.save(data, paths.gen)
+    save_torch(paths.gen, data)
     n = sum(c.shape[0] for c in data["chunks"])
     _save_stats(paths, "generate", {"sequences": n, "generated_tokens": n * cfg.gen_new_tokens,
                                     "seconds": round(time.time() - t0, 1)})
 
 
 def stage_draft(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
-    import torch
-
     from qual.toy.drafter import save_drafter
     from qual.toy.target import load_target
     from qual.toy.train_draft import train_drafter
@@ -188,7 +192,7 @@ def stage_draft(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
         log(f"draft: 0 steps, {cfg.draft_init} as it is")
     else:
         target = load_target(paths.target, device)
-        data = torch.load(paths.gen, weights_only=True)  # tensors and lists only: no pickled code runs
+        data = load_torch(paths.gen, WORK_BYTES, "generated dataset")  # tensors and lists only: no pickled code runs
         drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
     save_drafter(drafter, paths.draft, ids["mask_token_id"], ids["eos_token_id"])
     stats |= {"config": cfg.to_dict(), "argv": _argv(), "environment": _environment(device), "lineage": lineage}
@@ -203,7 +207,7 @@ def _lineage(paths: Paths, cfg: TrainConfig) -> list[dict]:
     """The training rounds behind cfg.draft_init: the previous draft stats of this work dir, oldest first."""
     if not cfg.draft_init or not paths.stats("draft").exists():
         return []
-    prev = json.loads(paths.stats("draft").read_text())
+    prev = read_json(paths.stats("draft"), WORK_JSON_BYTES)
     keep = ("argv", "config", "final_loss_ema", "final_acc_per_position_ema", "train_seconds",
             "approx_independent_tau", "environment")
     return prev.get("lineage", []) + [{k: prev[k] for k in keep if k in prev}]
@@ -217,7 +221,7 @@ def stage_eval(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     ids = _load_stats(paths, "tokenize")
     target = load_target(paths.target, device)
     drafter, _ = load_drafter(paths.draft, device)
-    problems = json.loads((paths.tokens / "humaneval.json").read_text())[: cfg.eval_limit]
+    problems = read_json(paths.tokens / "humaneval.json", WORK_JSON_BYTES)[: cfg.eval_limit]
     t0 = time.time()
     acc = evaluate(target, drafter, [p["ids"] for p in problems], cfg.eval_max_new_tokens,
                    ids["mask_token_id"], ids["eos_token_id"], log, greedy_check=cfg.eval_greedy_check)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -13,8 +12,10 @@ import numpy as np
 import torch
 
 from qual.errors import QualError
+from qual.files import copy_file, remove_tree, write_bytes, write_text
 from qual.toy.config import ModelShape, TrainConfig
 from qual.toy.tokenizer import TOKENIZER_FILES
+from qual.userfiles import MAX_TOKENIZER_BYTES, load_safetensors, read_json
 
 
 def target_config(shape: ModelShape, eos_token_id: int):
@@ -68,19 +69,26 @@ def _grown(model, init: Path):
     grown by their on-disk names, written beside the model's config and read back as load_target reads a target."""
     import tempfile
 
-    from safetensors.torch import load_file, save_file
-
     from qual.toy.grow import grow_glm_state
 
-    old = json.loads((init / "config.json").read_text())["text_config"]
-    state = {}
-    for f in sorted(init.glob("*.safetensors")):
-        state |= load_file(str(f))
+    old = read_json(init / "config.json")["text_config"]
+    grown = grow_glm_state(_tensors(init), old, model.config.text_config.to_dict())
     with tempfile.TemporaryDirectory() as tmp:
-        model.config.save_pretrained(tmp)
-        save_file(grow_glm_state(state, old, model.config.text_config.to_dict()), str(Path(tmp) / "model.safetensors"),
-                  metadata={"format": "pt"})
+        _write_checkpoint(Path(tmp), model.config.to_dict(), grown)
         return load_target(Path(tmp), "cpu").train()
+
+
+def _tensors(directory: Path) -> dict:
+    """Every tensor of a checkpoint directory's safetensors files, by on-disk name."""
+    return {name: t for f in sorted(directory.glob("*.safetensors")) for name, t in load_safetensors(f).items()}
+
+
+def _write_checkpoint(directory: Path, config: dict, tensors: dict) -> None:
+    """config.json and one model.safetensors: a checkpoint transformers' from_pretrained reads."""
+    from safetensors.torch import save
+
+    write_text(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_bytes(directory / "model.safetensors", save(tensors, metadata={"format": "pt"}))
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
@@ -188,41 +196,41 @@ def save_target(model, out_dir: Path, tokenizer_dir: Path, fp8_block: tuple[int,
     what vLLM keeps FP8 is block-quantized from the float weights instead (config.json's quantization_config says
     so; load_target reads it back)."""
     if out_dir.exists():
-        shutil.rmtree(out_dir)
+        remove_tree(out_dir)
     out_dir.mkdir(parents=True)
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
     model.float()
     cfg_path = out_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text())
+    cfg = read_json(cfg_path)
     if cfg.get("model_type") == "qwen3":  # readers that predate rope_parameters look for the top-level field
         cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
     if fp8_block:
         _quantize_saved(out_dir, tuple(fp8_block))
         cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                       "weight_block_size": list(fp8_block)}
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_dir / name, out_dir / name)
+        copy_file(tokenizer_dir / name, out_dir / name, MAX_TOKENIZER_BYTES, "tokenizer file")
 
 
 def _quantize_saved(out_dir: Path, block: tuple[int, int]) -> None:
     """The saved safetensors rewritten: each weight vLLM keeps FP8 block-quantized from its saved value."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save
 
     from qual.checkpoints.fp8 import SCALE_SUFFIX, quantize
     from qual.runtime.models.glm5.fp8_weights import FP8_KEPT, fp8_load_path
 
     for f in sorted(out_dir.glob("*.safetensors")):
-        tensors = load_file(str(f))
+        tensors = load_safetensors(f)
         for name in [n for n in tensors if fp8_load_path(n) == FP8_KEPT and ".visual." not in n]:
             tensors[name], tensors[name + SCALE_SUFFIX] = quantize(tensors[name].float(), block)
-        save_file(tensors, str(f), metadata={"format": "pt"})
+        write_bytes(f, save(tensors, metadata={"format": "pt"}))
 
 
 def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
     """The saved target, in `dtype` (float32 by default: what generation and evaluation use). FP8 block-quantized
     weights are dequantized as the runtime dequantizes them (numerics exact)."""
-    config = json.loads((Path(path) / "config.json").read_text())
+    config = read_json(Path(path) / "config.json")
     if config.get("model_type") == "glm5_next":
         from transformers import Glm5NextForConditionalGeneration as Model
     else:
@@ -232,17 +240,12 @@ def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
         return Model.from_pretrained(path, dtype=dtype).to(device).eval()
     import tempfile
 
-    from safetensors.torch import load_file, save_file
-
     from qual.checkpoints.fp8 import SCALE_SUFFIX, dequantize
 
     block = tuple(config.pop("quantization_config")["weight_block_size"])
-    tensors = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        tensors |= load_file(str(f))
+    tensors = _tensors(Path(path))
     plain = {name: dequantize(t, tensors[name + SCALE_SUFFIX], block, torch.float32) if name + SCALE_SUFFIX in tensors
              else t for name, t in tensors.items() if not name.endswith(SCALE_SUFFIX)}
     with tempfile.TemporaryDirectory() as tmp:  # transformers maps the on-disk names to its modules as it loads
-        (Path(tmp) / "config.json").write_text(json.dumps(config))
-        save_file(plain, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+        _write_checkpoint(Path(tmp), config, plain)
         return Model.from_pretrained(tmp, dtype=dtype).to(device).eval()

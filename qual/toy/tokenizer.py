@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from qual.errors import QualError
+from qual.files import write_text
+from qual.userfiles import MAX_TOKENIZER_BYTES, read_text
 from qual.toy.config import EOS_TOKEN, MASK_TOKEN, SPECIAL_TOKENS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -51,7 +53,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> None:
 def save_tokenizer(tok, out_dir: Path) -> None:
     """Write tokenizer.json, tokenizer_config.json and chat_template.jinja without importing transformers."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
+    write_text(out_dir / "tokenizer.json", tok.to_str())
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 2048,
@@ -67,8 +69,8 @@ def save_tokenizer(tok, out_dir: Path) -> None:
             for t in SPECIAL_TOKENS
         },
     }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    write_text(out_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+    write_text(out_dir / "chat_template.jinja", CHAT_TEMPLATE)
 
 
 def load_tokenizer(tok_dir: Path):
@@ -78,7 +80,7 @@ def load_tokenizer(tok_dir: Path):
     path = tok_dir / "tokenizer.json"
     if not path.exists():
         raise QualError(f"{path}: no tokenizer (run the tokenizer stage first)")
-    return Tokenizer.from_file(str(path))
+    return Tokenizer.from_str(read_text(path, MAX_TOKENIZER_BYTES, "tokenizer file"))
 
 
 def special_ids(tok) -> dict[str, int]:

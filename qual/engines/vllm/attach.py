@@ -19,12 +19,14 @@ from typing import TextIO
 
 from pydantic import Field
 
+from qual import shown
 from qual.engines.base import Engine, refuse_numerics
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.facts import ServerFacts, read_facts
 from qual.engines.vllm.metrics import counts_from_reply
 from qual.engines.vllm.transport import REDIRECTS, one_line
 from qual.errors import EngineError, QualError
+from qual.files import open_append
 from qual.options import NOT_OBSERVED, REVISION_KEYS
 from qual.records import (GRAPH_NOT_OBSERVED, AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest,
                           GraphCapture, OnResult, RequestResult)
@@ -220,7 +222,7 @@ class AttachEngine(Engine):
         facts = self._attach(arm, spec, options)  # again: the server at the URL may have changed since preflight
         client = self._client(arm, spec, options, attaching=False)
         log_path = Path(run_dir) / f"{name}.attach.log"
-        with open(log_path, "a", encoding="utf-8") as log:
+        with open_append(log_path) as log:  # a link planted at the log is refused
             _log(log, f"attached to {spec.shown_url}: vLLM {facts.version}, model {client.model!r}, fingerprint "
                       f"{facts.fingerprint}, per-request metrics {'yes' if facts.per_request_metrics else 'no'}, "
                       f"max concurrency {spec.max_concurrency}{', exclusive' if spec.exclusive else ''}")
@@ -325,8 +327,8 @@ class _Replay:
             return counts_from_reply(metrics, self.k)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise EngineError(f"{self.spec.who}: the reply to request {req.id} carries spec-decode metrics qual cannot "
-                              f"read ({one_line(repr(metrics))}): `qual run --resume {self.run_dir}` finishes the run "
-                              "once the server answers as vLLM does", self.log_path) from exc
+                              f"read ({one_line(repr(metrics))}): `{shown.command(['qual', 'run', '--resume', self.run_dir])}` "
+                              "finishes the run once the server answers as vLLM does", self.log_path) from exc
 
     def _counters(self, when: str, req: EngineRequest | None = None) -> AcceptanceCounts:
         """The server's counters now; read after `req`, a server gone meanwhile is one that went away (resumable)."""
@@ -379,8 +381,8 @@ class _Replay:
         kept = len(self.finished)
         _log(self.log, f"request {req.id}: {exc}; server {'unreachable' if gone else 'still answers /health'}")
         return EngineError(f"{self.spec.who} {what} {when} request {req.id} ({exc}); {kept} finished request"
-                           f"{'' if kept == 1 else 's'} of this arm kept: `qual run --resume {self.run_dir}` finishes "
-                           "the run once the server answers", self.log_path)
+                           f"{'' if kept == 1 else 's'} of this arm kept: `{shown.command(['qual', 'run', '--resume', self.run_dir])}` "
+                           "finishes the run once the server answers", self.log_path)
 
 
 def _version_label(version: str | None) -> str:

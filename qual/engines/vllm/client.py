@@ -11,7 +11,9 @@ from urllib.parse import urlsplit
 
 from qual.engines.vllm.metrics import parse_spec_counters
 from qual.engines.vllm.transport import MiB, ClientError, fetch, fetch_lines, one_line
+from qual.errors import QualError
 from qual.records import AcceptanceCounts, RequestLatency, measured_latency
+from qual.userfiles import load_reply
 
 __all__ = ["ClientError", "Completion", "VllmClient", "answers_health", "REPLY_CAPS"]
 
@@ -69,9 +71,9 @@ class VllmClient:
         """A JSON object from GET path (POST where payload is given)."""
         raw = self._request(path, payload)
         try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
-            raise ClientError(f"{path}: not JSON: {raw[:200]!r}", reached=True) from exc
+            body = load_reply(raw, path)  # bounded: deep nesting, a repeated key, a huge number are refused
+        except QualError as exc:
+            raise ClientError(f"{path}: not JSON qual reads ({exc}): {raw[:200]!r}", reached=True) from None
         if not isinstance(body, dict):
             raise ClientError(f"{path}: expected a JSON object, got {raw[:200]!r}", reached=True)
         return body
@@ -160,9 +162,9 @@ class CompletionStream:
         if data == b"[DONE]":
             return
         try:
-            event = json.loads(data)
-        except (ValueError, RecursionError):
-            raise ClientError(f"unexpected /v1/completions event: {data[:300]!r}", reached=True) from None
+            event = load_reply(data, "/v1/completions event")
+        except QualError as exc:
+            raise ClientError(f"unexpected /v1/completions event ({exc}): {data[:300]!r}", reached=True) from None
         if not isinstance(event, dict):
             raise ClientError(f"unexpected /v1/completions event: {data[:300]!r}", reached=True)
         if "error" in event:  # vLLM reports a failure mid-stream as an event
@@ -210,10 +212,10 @@ class CompletionStream:
     def _whole(self, prompt_token_ids: list[int], sent: float) -> Completion:
         raw = b"".join(self.body)
         try:
-            body = json.loads(raw)
+            body = load_reply(raw, "/v1/completions")
             choice = body["choices"][0]
             output = choice["token_ids"]
-        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+        except (QualError, KeyError, IndexError, TypeError) as exc:
             raise ClientError(f"unexpected /v1/completions reply: {raw[:300]!r}", reached=True) from exc
         if output is None:
             raise ClientError("the server returned no token_ids (does it support return_token_ids?)", reached=True)

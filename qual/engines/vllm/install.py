@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -15,7 +14,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from qual.errors import QualError
+from qual.files import WriteError, write_text
 from qual.paths import cache_dir
+from qual.userfiles import load_json, read_json, read_text
 
 # Where `make vllm-venv` puts it, relative to the repository root.
 DEFAULT_VENV = ".venv-vllm"
@@ -26,6 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 # Where qual's vLLM patches live (applied by `make vllm-venv`); each file's first line is "qual-patch: NAME VERSION".
 PATCH_DIR = REPO_ROOT / "patches"
 PATCH_HEADER = re.compile(r"^qual-patch: (\S+) (\d+)$")
+MAX_PROBE_BYTES = 1 << 22  # a cached probe's key and the little it printed
+MAX_SOURCE_BYTES = 1 << 24  # a patch, or a source file of the vLLM package read for a marker
 # Run in a vLLM install's interpreter (VllmInstall.dflash_context_k_norm): how the rms_norm op treats a stacked
 # per-layer weight [L, D], and how the DFlash model's own context-key norm does (that method, called on the
 # two attributes it reads). Each line: "<what>: per-layer | layer0 | other".
@@ -60,9 +64,9 @@ def _stored_probe_path(key: tuple) -> Path:
 
 def _stored_probe(key: tuple) -> tuple[str, str] | None:
     try:
-        data = json.loads(_stored_probe_path(key).read_text())
-        return (data["stdout"], data["stderr"]) if data.get("key") == json.loads(json.dumps(key)) else None
-    except (OSError, ValueError, KeyError, TypeError):
+        data = read_json(_stored_probe_path(key), MAX_PROBE_BYTES, "vLLM probe cache")
+        return (data["stdout"], data["stderr"]) if data.get("key") == load_json(json.dumps(key), "key") else None
+    except (OSError, QualError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -71,10 +75,8 @@ def _store_probe(key: tuple, answer: tuple[str, str]) -> None:
     path = _stored_probe_path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "stdout": answer[0], "stderr": answer[1]}))
-        tmp.replace(path)
-    except OSError:
+        write_text(path, json.dumps({"key": key, "stdout": answer[0], "stderr": answer[1]}))
+    except (OSError, WriteError):
         pass
 
 
@@ -105,7 +107,7 @@ def qual_patches(patch_dir: Path = PATCH_DIR) -> list[QualPatch]:
     """The patches `make vllm-venv` applies (those whose first line is a qual-patch header)."""
     found = []
     for path in sorted(patch_dir.glob("*.patch")):
-        lines = path.read_text(errors="replace").splitlines()
+        lines = read_text(path, MAX_SOURCE_BYTES, "patch", errors="replace").splitlines()
         m = PATCH_HEADER.match(lines[0]) if lines else None
         if m:
             files = tuple(line[4:].split("\t")[0].split("/", 1)[1] for line in lines
@@ -149,8 +151,8 @@ class VllmInstall:
         if self.package_dir is None:
             return ""
         try:
-            return (self.package_dir / relpath).read_text(errors="replace")
-        except OSError:
+            return read_text(self.package_dir / relpath, MAX_SOURCE_BYTES, "source file", errors="replace")
+        except (OSError, QualError):
             return ""
 
     def grep(self, relpath: str, pattern: str) -> list[str]:
@@ -195,7 +197,7 @@ class VllmInstall:
         marks = {}
         for rel in patch.files:
             path = Path(site + rel)
-            text = path.read_text(errors="replace") if site and path.is_file() else ""
+            text = read_text(path, MAX_SOURCE_BYTES, "source file", errors="replace") if site and path.is_file() else ""
             marks[rel] = [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if rx.search(line)]
         return marks
 

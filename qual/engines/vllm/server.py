@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -15,10 +14,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from qual.errors import EngineError
+from qual.errors import EngineError, QualError
+from qual.files import open_append
 from qual.engines.vllm.client import answers_health
 from qual.engines.vllm.logparse import classify_failure
 from qual.proc import group_members, holds_socket, port_listeners
+from qual.userfiles import load_reply, read_tail
 
 # Seconds to wait after each signal before escalating (SIGINT lets uvicorn and the engine core shut down).
 STOP_GRACE_S = (10.0, 5.0, 5.0)
@@ -26,6 +27,8 @@ STOP_GRACE_S = (10.0, 5.0, 5.0)
 INTERRUPTED_GRACE_S = (0.0, 2.0, 5.0)
 GUARD = Path(__file__).with_name("guard.py")  # the launcher that ties the server's group to this process
 API_KEY_ENV = "VLLM_API_KEY"
+MAX_LOG_BYTES = 1 << 24  # the end of a server's log read for the cause of a failure
+MAX_MODELS_REPLY_BYTES = 1 << 20  # /v1/models: a list of a few served names
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,7 +104,7 @@ class VllmServer:
         env[API_KEY_ENV] = self.api_key
         read_end, self._lifeline = os.pipe()  # both non-inheritable: only the guard gets the read end
         try:
-            with open(self.log_path, "ab") as log:
+            with open_append(self.log_path, binary=True) as log:  # a link planted at the log is refused
                 self.proc = subprocess.Popen(
                     [sys.executable, "-I", str(GUARD), str(read_end), "--", *self.argv],
                     stdin=subprocess.DEVNULL,
@@ -158,10 +161,10 @@ class VllmServer:
         req = urllib.request.Request(self.base_url + "/v1/models", headers={"Authorization": f"Bearer {self.api_key}"})
         try:
             with urllib.request.urlopen(req, timeout=5.0) as resp:
-                body = json.loads(resp.read())
+                body = load_reply(resp.read(MAX_MODELS_REPLY_BYTES + 1)[:MAX_MODELS_REPLY_BYTES], "/v1/models")
         except urllib.error.HTTPError as exc:
             return f"/v1/models refuses this server's API key (HTTP {exc.code})"
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, QualError) as exc:
             return f"/v1/models gives no model list ({exc})"
         names = [m.get("id") for m in body.get("data", [])] if isinstance(body, dict) else []
         if self.served_model_name is not None and self.served_model_name not in names:
@@ -181,8 +184,8 @@ class VllmServer:
 
     def log_text(self) -> str:
         try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
+            return read_tail(self.log_path, MAX_LOG_BYTES)  # the failure's cause is near the end
+        except (OSError, QualError):
             return ""
 
     def stop(self, grace_s: tuple[float, float, float] | None = None) -> None:

@@ -11,7 +11,6 @@ host, port). Whatever a server sends that qual shows is one line, escaped and bo
 from __future__ import annotations
 
 import http.client
-import json
 import re
 import socket
 import threading
@@ -21,7 +20,10 @@ import urllib.request
 from typing import Callable
 from urllib.parse import urljoin, urlsplit
 
+from qual.errors import QualError
 from qual.redact import REDACTED, redact_text, redact_url
+from qual.userfiles import load_json
+from qual.validation import ascii_digits
 
 MiB = 1 << 20
 MAX_REDIRECTS = 5
@@ -237,7 +239,7 @@ def _too_large(resp, max_bytes: int, url: str) -> ClientError:
     declared = resp.headers.get("Content-Length", "")
     too_large = ClientError(f"{redact_url(url)}: the reply is larger than {_size(max_bytes)}, qual's cap for "
                             f"{urlsplit(url).path}; not read further", reached=True)
-    if declared.isdigit() and int(declared) > max_bytes:
+    if ascii_digits(declared) and int(declared) > max_bytes:
         raise too_large
     return too_large
 
@@ -282,8 +284,8 @@ def _error_text(exc: urllib.error.HTTPError, secrets: list[str]) -> str:
         body = b""
     text = body.decode("utf-8", errors="replace")
     try:
-        parsed = json.loads(text)
-    except (ValueError, RecursionError):
+        parsed = load_json(text, "error reply")
+    except QualError:
         parsed = None
     if isinstance(parsed, dict):
         error = parsed.get("error")

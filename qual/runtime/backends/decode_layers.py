@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from qual.validation import ascii_digits
+
 try:
     import triton
     import triton.language as tl
@@ -244,7 +246,7 @@ class Tiling:
         requested before the barrier (q: q/k/v, m: the MLP's; both, one or neither), e.g. 8x32xaxdxqm; then,
         optionally, b<keys> for the key block, e.g. 8x32xaxdxqmxb32."""
         warps, step, poll, attn, pf, *block = spec.split("x")
-        if len(block) > 1 or block and not (block[0][:1] == "b" and block[0][1:].isdigit()):
+        if len(block) > 1 or block and not (block[0][:1] == "b" and ascii_digits(block[0][1:])):
             raise ValueError(f"tiling spec {spec!r}: after the five fields only b<keys a block>")
         return replace(self, num_warps=int(warps), rows_mlp_step=int(step), poll_acquire=poll == "a",
                        attn_dot=attn == "d", prefetch_qkv="q" in pf, prefetch_mlp="m" in pf,

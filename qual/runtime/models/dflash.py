@@ -19,8 +19,10 @@ from qual.runtime.models.base import DraftMeta, TargetModel
 from qual.runtime.models.layers import HeadLayout, Rope, load_layers, mlp, project_kv, project_qkv, rms_norm
 from qual.runtime.paged import KVStore
 from qual.runtime.parallel import Comm
+from qual.userfiles import load_torch
 
 MASK_EMBEDDING_FILE = "mask_embedding.pt"  # vLLM's override of the mask token's embedding
+MAX_MASK_EMBEDDING_BYTES = 1 << 26  # one embedding row (hidden_size values) and a small dict around it
 
 
 def group_name(sliding: bool) -> str:
@@ -267,10 +269,7 @@ def _mask_embedding(path: Path, cfg: DFlashConfig, hidden: int) -> torch.Tensor 
     f = path / MASK_EMBEDDING_FILE
     if not f.is_file():
         return None
-    try:
-        state = torch.load(f, weights_only=True, map_location="cpu")
-    except Exception as exc:  # torch raises several types for a bad file
-        raise QualError(f"{f}: unreadable ({exc})") from None
+    state = load_torch(f, MAX_MASK_EMBEDDING_BYTES, "mask embedding")  # tensors only: no pickled code runs
     if isinstance(state, dict):
         if state.get("mask_token_id", cfg.mask_token_id) != cfg.mask_token_id:
             raise QualError(f"{f}: mask_token_id {state.get('mask_token_id')} differs from dflash_config.mask_token_id "

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from qual.checkpoints.io import load_weights, require
-from qual.checkpoints.qwen3 import MODEL_TYPE, Qwen3Config
+from qual.checkpoints.qwen3 import MODEL_TYPE, Qwen3Config, check_target_keys
 from qual.errors import QualError
 from qual.options import SHARDED
 from qual.runtime.config import ParallelConfig
@@ -36,6 +36,7 @@ class Qwen3Target:
     def parse_config(raw: dict, path: Path) -> Qwen3Config:
         if raw.get("model_type") != MODEL_TYPE:
             raise QualError(f"{path / 'config.json'}: model_type must be {MODEL_TYPE!r} (got {raw.get('model_type')!r})")
+        check_target_keys(raw, path)  # a quantized or otherwise unimplemented target refused here, at plan time
         cfg = Qwen3Config.from_json(raw, path)
         if cfg.attention_bias:  # the target's projections have no bias terms here
             raise QualError(f"{path / 'config.json'}: attention_bias true is not supported for a Qwen3 target")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from qual.checkpoints.config import check_kinds
 from qual.checkpoints.fp8 import BlockFp8, parse_quantization
 from qual.errors import QualError
 from qual.runtime.models.glm5.schedule import INDEXED, LINEAR, linear_attention, schedule
@@ -230,6 +231,7 @@ def _parse_text(text: dict, where: str, vision: bool, tie) -> Glm5Config:
     for key in text:
         if key not in _IMPLEMENTED and key not in _INERT:
             raise QualError(f"{where}: unsupported key {key!r} (not implemented)")
+    check_kinds(text, _DEFAULTS, where)  # every value read as written, never coerced
     get = lambda k: text.get(k, _DEFAULTS[k])  # noqa: E731
 
     def refuse_unless(ok: bool, key: str, why: str) -> None:

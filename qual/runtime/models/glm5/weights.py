@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from qual.checkpoints.fp8 import SCALE_SUFFIX, BlockFp8, dequantize, scale_shape
 from qual.errors import QualError
 from qual.options import DEFAULT_NUMERICS
-from qual.stop_signals import check_stopping
+from qual.userfiles import open_safetensors
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, Glm5Config, load_glm5_config
 from qual.runtime.models.glm5.dsa import IndexerWeights
@@ -73,11 +72,7 @@ class _Reader:
             raise QualError(f"checkpoint {path} has no *.safetensors files")
         self.path, self.quantization, self.acc, self.handles, self.used = path, quantization, acc, {}, set()
         for f in files:
-            try:
-                h = safe_open(str(f), framework="pt")
-            except Exception as exc:  # safetensors raises its own error types
-                check_stopping()  # or a stop signal's KeyboardInterrupt came back as one (qual/stop_signals.py)
-                raise QualError(f"{f}: unreadable safetensors file ({exc})") from None
+            h = open_safetensors(f, "pt")  # a FIFO or device named *.safetensors is refused, never waited on
             for name in h.keys():
                 self.handles[name] = h
         scaled = next((n for n in self.handles if n.endswith(SCALE_SUFFIX)), None)
