@@ -9,3 +9,11 @@ def load(path):
     from qual.analysis import load as load_run  # pandas and the records load here, not with `import qual`
 
     return load_run(path)
+
+
+def load_history(path):
+    """A run history database with its nights and series as pandas DataFrames: history.runs, history.series
+    (qual/history/frames.py)."""
+    from qual.history.frames import load_history as load  # pandas loads with the first table, not with `import qual`
+
+    return load(path)

@@ -24,7 +24,9 @@ class BaselineArm:
     reason: str | None = None
     """Why not compared"""
     n_requests: int = 0
-    """The requests paired by id [count]"""
+    """The requests paired by id: tonight's that the baseline ran too [count]"""
+    not_in_baseline: int = 0
+    """Tonight's requests the baseline did not run: it replayed another selection of the corpus [count]"""
     retokenized: list[str] = field(default_factory=list)
     """Ids whose prompt token ids differ from the baseline's"""
     baseline_rate: float | None = None
@@ -66,7 +68,8 @@ class BaselineComparison:
     ref: str
     """As given to --baseline: a result path, a history id, history:last-pass"""
     chosen_by: str
-    """result file, history id, pinned or last pass"""
+    """result file, history id, pinned, last pass, previous series (the last pass of the series tonight's follows:
+    another drafter or target, another selection) or nearest pass (--baseline-any)"""
     history_id: int | None
     """The baseline's history id; null for a result file [id]"""
     result_path: str
@@ -87,6 +90,9 @@ class BaselineComparison:
     """--baseline-any: taken although its configuration key differs from tonight's"""
     key_differences: list[dict] = field(default_factory=list)
     """Each field of the configuration key that differs: key, tonight, baseline"""
+    changed: list[str] = field(default_factory=list)
+    """What changed between the baseline's night and tonight beside the key, one phrase each: the engine's version,
+    torch, CUDA, the driver, the GPU, the host, qual ("engine vllm 0.32.0 -> 0.33.0")"""
 
     @property
     def label(self) -> str:

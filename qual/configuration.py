@@ -1,80 +1,135 @@
 """The configuration key: what makes two runs the same experiment, defined once for every series.
 
-History trends group on it, the report's "runs of this configuration" strip selects on it, `history:last-pass`
-and pins select on it, and a baseline of another key is refused unless `--baseline-any` forces it
-(docs/statistics.md, "Baselines"). Two runs share a key when every field agrees: the engine and its version, what
-the checkpoints hold (a drafter swapped in at the same path is a new key), the parallel layout, the draft-KV and
-sparse top-k modes and the DCP merge path, the numeric settings (dtype, device, numerics), and the requests replayed.
+A series is every night of one key: history trends group on it, the report's "runs of this configuration" strip
+selects on it, `history:last-pass` and pins select on it (docs/statistics.md, "Series" and "Baselines"). The key
+names the measurement: the model profile, what the checkpoints hold (a drafter swapped in at the same path is a new
+key), the engine that measures, the parallel layout, the draft-KV, sparse top-k and numerics modes, the DCP merge
+path, the dtype and the kind of device, the requests replayed and how they are sampled. The software under test is
+not in it:
+the engine's version and build, qual's version and commit, torch, the driver, the GPU model and the host are each
+night's facts (qual.nights), the axis a series is plotted along, so a night after an engine upgrade is compared with
+the last pass of its own series.
+
+The fields are declared once, below, each with where it is read from and its value where a run or row recorded
+none: adding a field is one line. A history keyed with another set of fields is keyed again when qual opens it to
+write (qual.history.store), every row from the key it stored.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable
 
-from qual.options import DEFAULT_DCP_COMM, DEFAULT_NUMERICS
+from qual.errors import QualError
+from qual.options import DEFAULT_DCP_COMM
 from qual.userfiles import load_json
 
 NO_IDENTITY = "unknown"  # a run recorded before qual kept checkpoint identities, or a checkpoint it cannot read
+_REQUIRED = object()  # a field every key must carry (a stored key without it is damaged)
+_STORED = {"str": (str,), "int": (int,), "float": (int, float)}  # the JSON types a stored key's field may have
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a field's value comes from: read(candidate arm config, run facts), and its value when absent."""
+
+    read: Callable[[dict, dict], Any]
+    kind: Callable[[Any], Any]
+    default: Any = _REQUIRED
+
+
+def _arm(key: str, kind: Callable[[Any], Any] = str, default: Any = _REQUIRED):
+    """A field of the candidate arm's config (result.json arms.candidate.config)."""
+    return field(metadata={"source": _Source(lambda arm, run: arm.get(key), kind, default)})
+
+
+def _sampling(key: str, kind: Callable[[Any], Any], default: Any):
+    return field(metadata={"source": _Source(lambda arm, run: (arm.get("sampling") or {}).get(key), kind, default)})
+
+
+def _run(key: str, kind: Callable[[Any], Any] = str, default: Any = _REQUIRED):
+    """A fact of the run rather than of an arm: the corpus replayed, the checkpoints' identities."""
+    return field(metadata={"source": _Source(lambda arm, run: run.get(key), kind, default)})
+
+
+def device_kind(device: Any) -> str:
+    """cpu, or cuda for any CUDA device (cuda:1 is the same experiment as cuda:0)."""
+    text = str(device)
+    return text.split(":", 1)[0] if text.startswith("cuda") else text
 
 
 @dataclass(frozen=True)
 class ConfigurationKey:
-    model: str
-    engine: str
-    engine_version: str
-    target: str  # the target checkpoint's identity (qual.checkpoints.identity.identity_label)
-    draft: str  # the drafter's; "none" for a run without one
-    tp: int
-    dcp: int  # the candidate's (the control is DCP 1)
-    interleave: int
-    draft_kv: str
-    dsa_topk: str  # "none" for a target without sparse attention
-    dcp_comm: str  # how DCP partial attentions merge (dcp_comm_of); "unknown" where the engine does not say
-    numerics: str  # how the target computes (qual.options.NUMERICS; numerics_of); "none" where it has one form only
-    dtype: str
-    device: str
-    corpus_fingerprint: str
-    n_requests: int  # the replayed selection: the first n requests of the corpus (--limit)
-    max_tokens: int
-    temperature: float
-    seed: int
-    num_speculative_tokens: int
+    model: str = _arm("model")
+    engine: str = _arm("engine")  # reference | vllm | attach: which implementation measures (not its version)
+    target: str = _run("target", default=NO_IDENTITY)  # the target checkpoint's identity (checkpoints.identity)
+    draft: str = _run("draft", default=NO_IDENTITY)  # the drafter's; "none" for a run without one
+    tp: int = _arm("tp", int)
+    dcp: int = _arm("dcp", int)  # the candidate's (the control is DCP 1)
+    interleave: int = _arm("interleave", int, 1)
+    draft_kv: str = _arm("draft_kv")
+    dsa_topk: str = _arm("dsa_topk", str, "none")  # "none" for a target without sparse attention
+    numerics: str = _arm("numerics", str, "exact")  # exact | vllm | vllm-hopper
+    dcp_comm: str = _run("dcp_comm", default=NO_IDENTITY)  # how DCP partial attentions merge (dcp_comm_of)
+    dtype: str = _arm("dtype")
+    device: str = _arm("device", device_kind)  # the kind: cpu | cuda
+    corpus_fingerprint: str = _run("corpus_fingerprint")
+    n_requests: int = _run("n_requests", int)  # the replayed selection: the first n requests of the corpus (--limit)
+    max_tokens: int = _sampling("max_tokens", int, 0)
+    temperature: float = _sampling("temperature", float, 0.0)
+    seed: int = _sampling("seed", int, 0)
+    num_speculative_tokens: int = _arm("num_speculative_tokens", int, 0)
 
     @classmethod
-    def of(cls, candidate: dict, corpus_fingerprint: str, n_requests: int, engine_version: str | None,
-           checkpoints: dict | None) -> "ConfigurationKey":
-        """From the candidate arm's config (result.json arms.candidate.config), the corpus replayed, the engine's
-        version and the checkpoints' identities ({"target": label, "draft": label}; None: not recorded)."""
-        s = candidate.get("sampling") or {}
+    def of(cls, candidate: dict, corpus_fingerprint: str, n_requests: int, checkpoints: dict | None) -> "ConfigurationKey":
+        """From the candidate arm's config (result.json arms.candidate.config), the corpus replayed and the checkpoints'
+        identities ({"target": label, "draft": label}; None: not recorded)."""
         ids = checkpoints or {}
-        return cls(
-            model=str(candidate.get("model")), engine=str(candidate.get("engine")),
-            engine_version=str(engine_version or NO_IDENTITY),
-            target=str(ids.get("target") or NO_IDENTITY),
-            draft=str(ids.get("draft") or ("none" if candidate.get("draft_path") is None else NO_IDENTITY)),
-            tp=int(candidate.get("tp", 0)), dcp=int(candidate.get("dcp", 0)),
-            interleave=int(candidate.get("interleave", 1)), draft_kv=str(candidate.get("draft_kv")),
-            dsa_topk=str(candidate.get("dsa_topk") or "none"), dcp_comm=dcp_comm_of(candidate),
-            numerics=numerics_of(candidate),
-            dtype=str(candidate.get("dtype")),
-            device=str(candidate.get("device")), corpus_fingerprint=str(corpus_fingerprint), n_requests=int(n_requests),
-            max_tokens=int(s.get("max_tokens", 0)), temperature=float(s.get("temperature", 0.0)),
-            seed=int(s.get("seed", 0)), num_speculative_tokens=int(candidate.get("num_speculative_tokens", 0)),
-        )
+        run = {"corpus_fingerprint": corpus_fingerprint, "n_requests": n_requests,
+               "target": ids.get("target"),
+               "draft": ids.get("draft") or ("none" if candidate.get("draft_path") is None else None),
+               "dcp_comm": dcp_comm_of(candidate)}
+        values = {}
+        for f in fields(cls):
+            source: _Source = f.metadata["source"]
+            raw = source.read(candidate, run)
+            values[f.name] = source.kind(raw if raw is not None or source.default is _REQUIRED else source.default)
+        return cls(**values)
 
     @classmethod
     def of_result(cls, result) -> "ConfigurationKey":
         """The key of a finished run (a qual.result.Result): its candidate arm as it ran."""
         cand = result.candidate
         checkpoints = cand.provenance.checkpoints if cand.provenance is not None else None
-        return cls.of(cand.config, result.corpus.fingerprint, result.corpus.count, cand.engine_version,
+        return cls.of(cand.config, result.corpus.fingerprint, result.corpus.count,
                       {arm: (c or {}).get("identity") for arm, c in (checkpoints or {}).items()})
 
     @classmethod
     def from_key(cls, key: str) -> "ConfigurationKey":
-        data = load_json(key, "configuration key")
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        """A key as the history stored it. A field it lacks (added to the key after the row was keyed) takes its
+        default; a field the key no longer has (the engine version, before it left the key) is ignored. ValueError:
+        not a key (not JSON, not an object, a required field missing or of another type)."""
+        try:  # the bounded loader: a stored key is text anyone may have edited
+            data = load_json(key, "configuration key") if isinstance(key, str) else None
+        except QualError as exc:
+            raise ValueError(str(exc)) from None
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        values = {}
+        for f in fields(cls):
+            source: _Source = f.metadata["source"]
+            if f.name not in data or data[f.name] is None:
+                if source.default is _REQUIRED:
+                    raise ValueError(f"no {f.name!r}")
+                values[f.name] = source.default
+                continue
+            value = data[f.name]
+            if type(value) not in _STORED[f.type] or (isinstance(value, float) and not math.isfinite(value)):
+                raise ValueError(f"{f.name}: expected {f.type}, got {json.dumps(value)[:40]}")
+            values[f.name] = source.kind(value)
+        return cls(**values)
 
     def key(self) -> str:
         """Canonical text (history's `configuration` column)."""
@@ -82,18 +137,18 @@ class ConfigurationKey:
 
     def differences(self, other: "ConfigurationKey", unknown_matches: bool = False) -> list[tuple[str, object, object]]:
         """(field, self's value, other's value) for each field that differs, in declaration order. unknown_matches:
-        a field self does not know yet (an attached server's version before a dry run asks it) matches anything."""
+        a field self does not know yet (a checkpoint qual could not read) matches anything."""
         return [(f.name, getattr(self, f.name), getattr(other, f.name)) for f in fields(self)
                 if getattr(self, f.name) != getattr(other, f.name)
                 and not (unknown_matches and getattr(self, f.name) == NO_IDENTITY)]
 
     def label(self) -> str:
         """One line naming the series (trend output, plots, the published site)."""
-        kv = (f" kv={self.draft_kv}" + (f" dsa={self.dsa_topk}" if self.dsa_topk != "none" else "")
-              + (f" merge={self.dcp_comm}" if self.dcp_comm not in (NO_IDENTITY, DEFAULT_DCP_COMM) else "")
-              + (f" numerics={self.numerics}" if self.numerics != "none" else ""))
+        modes = (f" kv={self.draft_kv}" + (f" dsa={self.dsa_topk}" if self.dsa_topk != "none" else "")
+                 + (f" numerics={self.numerics}" if self.numerics != _default("numerics") else "")
+                 + (f" merge={self.dcp_comm}" if self.dcp_comm not in (NO_IDENTITY, DEFAULT_DCP_COMM) else ""))
         il = f" il{self.interleave}" if self.interleave != 1 else ""
-        return (f"{self.model} {self.engine_version} dcp{self.dcp} tp{self.tp}{il}{kv} K={self.num_speculative_tokens} "
+        return (f"{self.model} {self.engine} dcp{self.dcp} tp{self.tp}{il}{modes} K={self.num_speculative_tokens} "
                 f"T={self.temperature:g} {self.dtype} {self.device} n={self.n_requests} max_tokens={self.max_tokens} "
                 f"corpus {_short(self.corpus_fingerprint)} target {_short(self.target)} draft {_short(self.draft)}")
 
@@ -112,14 +167,25 @@ def dcp_comm_of(candidate: dict) -> str:
     return str(section.get("dcp_comm") or section.get("dcp_comm_backend") or NO_IDENTITY)
 
 
-def numerics_of(candidate: dict) -> str:
-    """How an arm's target computed (its config's `numerics`), "none" where its target has one form. An arm recorded
-    before numerics were a setting computed the only form there was: for the one target with a choice (GLM-5, the
-    one with sparse attention, so a recorded dsa_topk) on the embedded runtime, that is the default form, which a run
-    of today without --numerics records."""
-    if "numerics" not in candidate and candidate.get("dsa_topk") and candidate.get("engine") == "reference":
-        return DEFAULT_NUMERICS
-    return str(candidate.get("numerics") or "none")
+def field_names() -> tuple[str, ...]:
+    """The key's fields, in order (the history keys its rows again when this changes)."""
+    return tuple(f.name for f in fields(ConfigurationKey))
+
+
+def _default(name: str) -> Any:
+    return next(f.metadata["source"].default for f in fields(ConfigurationKey) if f.name == name)
+
+
+# Fields in which a series may differ from the one before it and still be compared with that series' last pass by
+# default: what the checkpoints hold (a drafter retrained, another target: a new series whose first night must not
+# quietly become its own baseline) and the selection of the same corpus (compared on the requests both ran).
+SUCCESSOR_FIELDS = ("target", "draft", "n_requests")
+
+
+def is_successor(tonight: "ConfigurationKey", earlier: "ConfigurationKey") -> bool:
+    """earlier's series is one tonight's may be compared with by default: they differ in SUCCESSOR_FIELDS alone."""
+    diffs = tonight.differences(earlier, unknown_matches=True)
+    return bool(diffs) and all(name in SUCCESSOR_FIELDS for name, _, _ in diffs)
 
 
 def _short(identity: str) -> str:

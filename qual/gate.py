@@ -1,44 +1,28 @@
-"""Gate rules from YAML, evaluated against a Result into named pass/fail checks."""
+"""Gate rules (qual.gate_rules) evaluated against a Result into named checks: pass, fail, inconclusive or skipped,
+each with its prose and its numbers (value, threshold, op, unit; per arm for a check over both arms).
+
+A check decided on an interval's bound (the rate delta against the control, and each arm against a baseline) is
+INCONCLUSIVE where the interval straddles its threshold: the data cannot tell, and it names how many requests would
+resolve it at the variance observed. The gate's outcome is FAIL where any check failed, else INCONCLUSIVE where any
+check was, else PASS; what INCONCLUSIVE exits with is the gate file's `inconclusive:` (docs/statistics.md, "Gate").
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from qual import paths
 from qual.errors import QualError
-from qual.userfiles import check_path_name, load_yaml
-from qual.validation import read_config_text, shown
+from qual.gate_rules import RULES, Gate, GateRule, parse_rules
 from qual.records import GRAPH_NOT_OBSERVED
-from qual.result import ARMS, ArmResult, CheckResult, GateOutcome, Result
+from qual.result import FIRST_NIGHT, ArmResult, CheckNumbers, CheckResult, GateOutcome, Result
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN
+from qual.userfiles import check_path_name, load_yaml
+from qual.validation import read_config_text
 
-
-@dataclass(frozen=True)
-class GateRule:
-    """One rule of a gate file: a check name and its validated parameters."""
-
-    check: str
-    params: dict
-    index: int = 0
-    source: str = "<inline>"
-
-    def to_json(self) -> dict:
-        return {"check": self.check, **self.params}
-
-
-@dataclass(frozen=True)
-class Gate:
-    """An ordered list of rules and the file they came from."""
-
-    rules: tuple[GateRule, ...]
-    source: str = "<inline>"
-
-    def params_of(self, check: str) -> list[dict]:
-        return [r.params for r in self.rules if r.check == check]
-
+__all__ = ["BASELINE_CHECKS", "CHECKS", "Gate", "GateRule", "evaluate", "load_gate", "parse_rules"]
 
 # ---------------------------------------------------------------- formatting helpers
 
@@ -51,60 +35,113 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.2f}%"
 
 
+def _numbers(value: float | None, threshold: float | None, op: str, unit: str) -> CheckNumbers:
+    return CheckNumbers(value=value, threshold=threshold, op=op, unit=unit)
+
+
+# ---------------------------------------------------------------- a lower bound decided on an interval
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+def needed_requests(lo: float, hi: float, point: float, threshold: float, n: int) -> int | None:
+    """Requests that would move the interval's near side off the threshold at the variance observed: an interval's
+    half-width shrinks as 1/sqrt(n), so its side toward the threshold, (point - lo) or (hi - point), must shrink to
+    the point's distance from it. None where that side has no width (zero variance) or the point is on the threshold
+    (no number of requests moves it off)."""
+    side, gap = (point - lo, point - threshold) if point >= threshold else (hi - point, threshold - point)
+    if side <= 0 or gap <= _ON_THRESHOLD:
+        return None
+    return max(n + 1, math.ceil(n * (side / gap) ** 2))
+
+
+_ON_THRESHOLD = 1e-9  # a point this close to its threshold (a rate difference: a fraction) is on it
+
+
+def _lower_bound(ci: tuple[float, float], point: float, min_pp: float, n: int) -> tuple[str, int | None]:
+    """A lower bound that must clear min_pp: pass where the whole interval does, fail where none of it does,
+    inconclusive where it straddles (with the requests that would resolve it)."""
+    lo, hi = ci
+    threshold = min_pp / 100.0
+    if lo >= threshold:
+        return PASS, None
+    if hi < threshold:
+        return FAIL, None
+    return INCONCLUSIVE, needed_requests(lo, hi, point, threshold, n)
+
+
+def _bound_words(outcome: str, lo: float, hi: float, min_pp: float, confidence: float, needed: int | None,
+                 n: int, unit: str) -> str:
+    """'lower bound -0.20 pp >= -0.50 pp', or why the interval does not decide."""
+    if outcome == PASS:
+        return f"lower bound {lo * 100:+.2f} pp >= {min_pp:+.2f} pp"
+    if outcome == FAIL:
+        return f"lower bound {lo * 100:+.2f} pp < {min_pp:+.2f} pp (the whole interval is below it)"
+    more = (f"about {needed} {unit} would resolve it at this variance" if needed is not None
+            else "no number of requests resolves it at this variance")
+    return (f"lower bound {lo * 100:+.2f} pp < {min_pp:+.2f} pp but the {confidence:.0%} interval reaches "
+            f"{hi * 100:+.2f} pp: inconclusive at {n} {unit} ({more})")
+
+
 # ---------------------------------------------------------------- checks
 
 
 def _acceptance_delta_lower_bound(result: Result, min_pp: float, confidence: float) -> CheckResult:
+    name = "acceptance_delta_lower_bound"
     cmp = result.comparison
     rc, rk = result.control.acceptance.rate, result.candidate.acceptance.rate
+    numbers = dict(threshold=float(min_pp), op=">=", unit="pp")
     if rc is None or rk is None:
         which = " and ".join(a for a, r in (("control", rc), ("candidate", rk)) if r is None)
-        return CheckResult("acceptance_delta_lower_bound", False, f"acceptance undefined: no draft tokens in {which}")
+        return CheckResult(name, False, f"acceptance undefined: no draft tokens in {which}", **numbers)
     ci = cmp.ci_at(confidence)
-    if ci is None:
-        return CheckResult(
-            "acceptance_delta_lower_bound", False, f"no {confidence:.0%} bootstrap interval was computed for this result"
-        )
+    if ci is None or cmp.delta_rate is None:
+        return CheckResult(name, False, f"no {confidence:.0%} bootstrap interval was computed for this result",
+                           **numbers)
     lo, hi = ci
-    passed = lo * 100.0 >= min_pp
-    op = ">=" if passed else "<"
-    detail = (
-        f"candidate {_pct(rk)} vs control {_pct(rc)}: delta {_pp(cmp.delta_rate)}, "
-        f"{confidence:.0%} CI [{lo * 100:+.2f}, {hi * 100:+.2f}] pp; lower bound {lo * 100:+.2f} pp {op} {min_pp:+.2f} pp"
-    )
-    return CheckResult("acceptance_delta_lower_bound", passed, detail)
+    n = int(cmp.bootstrap.get("n_requests") or len(result.control.per_request))
+    unit = "conversations" if cmp.bootstrap.get("unit") == "conversation" else "requests"
+    outcome, needed = _lower_bound(ci, cmp.delta_rate, min_pp, n)
+    detail = (f"candidate {_pct(rk)} vs control {_pct(rc)}: delta {_pp(cmp.delta_rate)}, "
+              f"{confidence:.0%} CI [{lo * 100:+.2f}, {hi * 100:+.2f}] pp; "
+              + _bound_words(outcome, lo, hi, min_pp, confidence, needed, n, unit))
+    return CheckResult(name, outcome == PASS, detail, inconclusive=outcome == INCONCLUSIVE, needed_requests=needed,
+                       value=lo * 100, **numbers)
 
 
 def _mean_acceptance_length_ratio(result: Result, min: float) -> CheckResult:
+    name = "mean_acceptance_length_ratio"
     mc = result.control.acceptance.mean_acceptance_length
     mk = result.candidate.acceptance.mean_acceptance_length
+    numbers = dict(threshold=float(min), op=">=", unit="ratio")
     if mc is None or mk is None:
-        return CheckResult("mean_acceptance_length_ratio", False, "mean acceptance length undefined: an arm made no drafts")
+        return CheckResult(name, False, "mean acceptance length undefined: an arm made no drafts", **numbers)
     ratio = mk / mc
     passed = ratio >= min
     op = ">=" if passed else "<"
     detail = f"candidate {mk:.3f} / control {mc:.3f} = {ratio:.4f} {op} {min:.4f}"
-    return CheckResult("mean_acceptance_length_ratio", passed, detail)
+    return CheckResult(name, passed, detail, value=ratio, **numbers)
 
 
 def _target_outputs_identical(
     result: Result, when_temperature: float | None, allow: str, near_tie_margin: float
 ) -> CheckResult:
     name = "target_outputs_identical"
+    numbers = dict(threshold=0.0, op="==", unit="requests")  # requests whose divergence the rule does not allow
     temps = {a.config.get("sampling", {}).get("temperature") for a in (result.control, result.candidate)}
     if when_temperature is not None and temps != {when_temperature}:
         shown = ", ".join(str(t) for t in sorted(temps, key=str))
         return CheckResult(name, False, f"skipped: temperature {shown}, rule applies at temperature {when_temperature}",
-                           skipped=True)
+                           skipped=True, **numbers)
     cmp = result.comparison
     n = len(result.control.per_request)
     if not (result.control.runnable and result.candidate.runnable):
-        return CheckResult(name, False, "not compared: an arm did not run")
+        return CheckResult(name, False, "not compared: an arm did not run", **numbers)
     if n == 0:
-        return CheckResult(name, False, "no paired requests to compare")
+        return CheckResult(name, False, "no paired requests to compare", **numbers)
     div = cmp.output_divergence
     if not div:
-        return CheckResult(name, True, f"{n}/{n} requests: target outputs identical")
+        return CheckResult(name, True, f"{n}/{n} requests: target outputs identical", value=0.0, **numbers)
     # Re-classify with this rule's threshold: the stored margins are the evidence.
     benign, confident = [], []
     for d in div:
@@ -125,7 +162,8 @@ def _target_outputs_identical(
         parts.append("near ties not allowed by this rule")
     if cmp.earlier_turns_differ:  # their prompts differ because an earlier turn's output did: counted there
         parts.append(f"{len(cmp.earlier_turns_differ)} later turns not compared (their earlier turns differ)")
-    return CheckResult(name, passed, "; ".join(parts))
+    disallowed = len(confident) + (len(benign) if allow == "none" else 0)
+    return CheckResult(name, passed, "; ".join(parts), value=float(disallowed), **numbers)
 
 
 def _captured_sizes(arm: ArmResult) -> set[int]:
@@ -137,34 +175,41 @@ def _captured_sizes(arm: ArmResult) -> set[int]:
 
 def _graph_sizes_captured(result: Result) -> CheckResult:
     name = "graph_sizes_captured"
+    numbers = dict(threshold=0.0, op="==", unit="sizes")  # control sizes the candidate lacks
     gc, gk = result.control.graph_capture, result.candidate.graph_capture
     sc, sk = gc.get("status"), gk.get("status")
     unseen = [arm for arm, status in (("control", sc), ("candidate", sk)) if status == GRAPH_NOT_OBSERVED]
     if unseen:  # an attached server captured (or not) before qual saw it: neither a pass nor a failure
         return CheckResult(name, False, f"skipped: graph capture not observed in {' and '.join(unseen)} "
-                           f"(control {sc}, candidate {sk}); qual did not start that server", skipped=True)
+                           f"(control {sc}, candidate {sk}); qual did not start that server", skipped=True, **numbers)
     if sc == "unsupported" and sk == "unsupported":
-        return CheckResult(name, True, "graph capture unsupported in both arms: nothing to compare")
+        return CheckResult(name, True, "graph capture unsupported in both arms: nothing to compare", value=0.0,
+                           **numbers)
     want, have = _captured_sizes(result.control), _captured_sizes(result.candidate)
     if not want:
-        return CheckResult(name, True, f"control captured no sizes (status {sc}); candidate status {sk}")
+        return CheckResult(name, True, f"control captured no sizes (status {sc}); candidate status {sk}", value=0.0,
+                           **numbers)
     missing = sorted(want - have)
     fallback = sorted(set(gk.get("eager_fallback_sizes") or []) & want)
     if not missing:
-        return CheckResult(name, True, f"all {len(want)} control sizes captured in candidate: {sorted(want)}")
+        return CheckResult(name, True, f"all {len(want)} control sizes captured in candidate: {sorted(want)}",
+                           value=0.0, **numbers)
     detail = f"candidate (status {sk}) lacks {len(missing)}/{len(want)} control sizes: {missing}"
     if fallback:
         detail += f"; claimed but ran eager: {fallback}"
     if gk.get("detail"):
         detail += f"; {gk['detail']}"
-    return CheckResult(name, False, detail)
+    return CheckResult(name, False, detail, value=float(len(missing)), **numbers)
 
 
 def _candidate_runnable(result: Result) -> CheckResult:
     k = result.candidate
+    numbers = dict(threshold=1.0, op="==", unit="ran")
     if k.runnable:
-        return CheckResult("candidate_runnable", True, f"candidate ran {len(k.per_request)} requests")
-    return CheckResult("candidate_runnable", False, f"candidate not runnable: {k.not_runnable_reason or 'no reason given'}")
+        return CheckResult("candidate_runnable", True, f"candidate ran {len(k.per_request)} requests", value=1.0,
+                           **numbers)
+    return CheckResult("candidate_runnable", False,
+                       f"candidate not runnable: {k.not_runnable_reason or 'no reason given'}", value=0.0, **numbers)
 
 
 # ---------------------------------------------------------------- checks against a baseline and absolute floors
@@ -172,8 +217,11 @@ def _candidate_runnable(result: Result) -> CheckResult:
 BASELINE_CHECKS = ("baseline_delta_lower_bound", "per_position_delta", "category_delta")
 
 
-def _no_baseline(name: str, without_baseline: str) -> CheckResult:
-    # Never a silent pass: either the rule says it may be skipped (and the detail says it was), or it fails.
+def _no_baseline(result: Result, name: str, without_baseline: str) -> CheckResult:
+    # Never a silent pass: either the rule says it may be skipped (and the detail says it was), or it fails. The first
+    # night of a series under history:last-pass has nothing to compare with: skipped, and said so.
+    if result.first_night:
+        return CheckResult(name, False, f"skipped: {FIRST_NIGHT}", skipped=True)
     if without_baseline == "skip":
         return CheckResult(name, False, "skipped: no baseline given (the rule says without_baseline: skip)", skipped=True)
     return CheckResult(name, False, "no baseline given: this rule compares each arm with one (qual run --baseline REF, "
@@ -183,7 +231,7 @@ def _no_baseline(name: str, without_baseline: str) -> CheckResult:
 def _baseline_arms(result: Result, name: str, arms: list[str], without_baseline: str):
     """(compared arms, failures for arms that could not be compared), or a CheckResult when there is no baseline."""
     if result.baseline is None:
-        return _no_baseline(name, without_baseline)
+        return _no_baseline(result, name, without_baseline)
     compared, problems = [], []
     for arm in arms:
         b = result.baseline.arms.get(arm)
@@ -198,6 +246,10 @@ def _retokenized(b) -> str:
     return f" ({len(b.retokenized)} requests tokenized differently from the baseline)" if b.retokenized else ""
 
 
+def _worst(outcomes: list[str]) -> str:
+    return FAIL if FAIL in outcomes else INCONCLUSIVE if INCONCLUSIVE in outcomes else PASS
+
+
 def _baseline_delta_lower_bound(result: Result, min_pp: float, confidence: float, arms: list[str],
                                 without_baseline: str) -> CheckResult:
     name = "baseline_delta_lower_bound"
@@ -205,22 +257,31 @@ def _baseline_delta_lower_bound(result: Result, min_pp: float, confidence: float
     if isinstance(got, CheckResult):
         return got
     compared, parts = got
-    passed = not parts
+    outcomes = [FAIL] * len(parts)
+    per_arm: dict[str, CheckNumbers] = {}
+    needs = []
     for arm, b in compared:
         ci = b.ci_at(confidence)
         if b.delta_rate is None or ci is None:
-            passed = False
+            outcomes.append(FAIL)
+            per_arm[arm] = _numbers(None, float(min_pp), ">=", "pp")
             parts.append(f"{arm}: no {confidence:.0%} interval (no draft tokens on one side)")
             continue
         lo, hi = ci
-        ok = lo * 100.0 >= min_pp
-        passed &= ok
+        outcome, needed = _lower_bound(ci, b.delta_rate, min_pp, b.n_requests)
+        outcomes.append(outcome)
+        needs.append(needed)  # None unless inconclusive
+        per_arm[arm] = _numbers(lo * 100, float(min_pp), ">=", "pp")
         parts.append(
             f"{arm} {_pct(b.tonight_rate)} vs baseline {_pct(b.baseline_rate)} on {b.n_requests} requests: delta "
-            f"{_pp(b.delta_rate)}, {confidence:.0%} CI [{lo * 100:+.2f}, {hi * 100:+.2f}] pp; lower bound "
-            f"{lo * 100:+.2f} pp {'>=' if ok else '<'} {min_pp:+.2f} pp{_retokenized(b)}"
+            f"{_pp(b.delta_rate)}, {confidence:.0%} CI [{lo * 100:+.2f}, {hi * 100:+.2f}] pp; "
+            + _bound_words(outcome, lo, hi, min_pp, confidence, needed, b.n_requests, "requests") + _retokenized(b)
         )
-    return CheckResult(name, passed, "; ".join(parts))
+    outcome = _worst(outcomes)
+    needed = max((n for n in needs if n is not None), default=None)  # the arm that needs the most decides
+    return CheckResult(name, outcome == PASS, "; ".join(parts), inconclusive=outcome == INCONCLUSIVE,
+                       needed_requests=needed if outcome == INCONCLUSIVE else None, threshold=float(min_pp), op=">=",
+                       unit="pp", per_arm=per_arm)
 
 
 def _per_position_delta(result: Result, max_pp: float, arms: list[str], positions: list[int] | None,
@@ -231,11 +292,14 @@ def _per_position_delta(result: Result, max_pp: float, arms: list[str], position
         return got
     compared, parts = got
     passed = not parts
+    per_arm: dict[str, CheckNumbers] = {}
     for arm, b in compared:
         rows = {p["position"]: p for p in b.per_position}
         wanted = sorted(rows) if positions is None else positions
         absent = [i for i in wanted if i not in rows]
         dropped = [rows[i] for i in wanted if i in rows and rows[i]["delta"] is not None and rows[i]["delta"] * 100 < -max_pp]
+        deltas = [rows[i]["delta"] for i in wanted if i in rows and rows[i]["delta"] is not None]
+        per_arm[arm] = _numbers(None if absent or not deltas else min(deltas) * 100, -float(max_pp), ">=", "pp")
         if absent:
             passed = False
             parts.append(f"{arm}: position(s) {absent} not drafted (K = {len(rows)})")
@@ -252,7 +316,7 @@ def _per_position_delta(result: Result, max_pp: float, arms: list[str], position
             worst = min((rows[i] for i in wanted if rows[i]["delta"] is not None), key=lambda p: p["delta"], default=None)
             tail = f"; largest drop at position {worst['position']} ({_pp(worst['delta'])})" if worst and worst["delta"] < 0 else ""
             parts.append(f"{arm}: no position of {len(wanted)} dropped more than {max_pp:.2f} pp{tail}")
-    return CheckResult(name, passed, "; ".join(parts))
+    return CheckResult(name, passed, "; ".join(parts), threshold=-float(max_pp), op=">=", unit="pp", per_arm=per_arm)
 
 
 def _category_delta(result: Result, max_pp: float, arms: list[str], without_baseline: str) -> CheckResult:
@@ -262,8 +326,10 @@ def _category_delta(result: Result, max_pp: float, arms: list[str], without_base
         return got
     compared, parts = got
     passed = not parts
+    per_arm: dict[str, CheckNumbers] = {}
     for arm, b in compared:
         rows = [c for c in b.per_category if c.get("delta") is not None]
+        per_arm[arm] = _numbers(min((c["delta"] for c in rows), default=0.0) * 100, -float(max_pp), ">=", "pp")
         dropped = sorted((c for c in rows if c["delta"] * 100 < -max_pp), key=lambda c: (c["delta"], c["category"]))
         if dropped:
             passed = False
@@ -273,17 +339,19 @@ def _category_delta(result: Result, max_pp: float, arms: list[str], without_base
             parts.append(f"{arm}: {len(dropped)} of {len(rows)} categories dropped more than {max_pp:.2f} pp: {shown}{more}")
         else:
             parts.append(f"{arm}: no category of {len(rows)} dropped more than {max_pp:.2f} pp")
-    return CheckResult(name, passed, "; ".join(parts))
+    return CheckResult(name, passed, "; ".join(parts), threshold=-float(max_pp), op=">=", unit="pp", per_arm=per_arm)
 
 
 def _acceptance_floor(result: Result, min_rate: float | None, min_mean_acceptance_length: float | None,
                       arms: list[str], models: list[str] | None) -> CheckResult:
+    """Each arm's numbers are its binding floor's: the one it failed, else the rate's where a rate floor is set."""
     name = "acceptance_floor"
     model = result.candidate.config.get("model")
     if models is not None and model not in models:
         return CheckResult(name, False, f"skipped: floors set for model(s) {', '.join(models)}; this run is {model}",
                            skipped=True)
     passed, parts = True, []
+    per_arm: dict[str, CheckNumbers] = {}
     for arm in arms:
         a = result.arms[arm]
         if not a.runnable:
@@ -291,162 +359,38 @@ def _acceptance_floor(result: Result, min_rate: float | None, min_mean_acceptanc
             parts.append(f"{arm}: did not run")
             continue
         rate, mal = a.acceptance.rate, a.acceptance.mean_acceptance_length
-        bits = []
+        bits, floors = [], []
         if min_rate is not None:
             ok = rate is not None and rate >= min_rate
             passed &= ok
+            floors.append((ok, _numbers(rate, float(min_rate), ">=", "rate")))
             bits.append(f"rate {_pct(rate)} {'>=' if ok else '<'} {_pct(min_rate)}")
         if min_mean_acceptance_length is not None:
             ok = mal is not None and mal >= min_mean_acceptance_length
             passed &= ok
+            floors.append((ok, _numbers(mal, float(min_mean_acceptance_length), ">=", "mean acceptance length")))
             shown = "n/a" if mal is None else f"{mal:.3f}"
             bits.append(f"mean acceptance length {shown} {'>=' if ok else '<'} {min_mean_acceptance_length:.3f}")
+        per_arm[arm] = next((n for ok, n in floors if not ok), floors[0][1])
         parts.append(f"{arm}: {', '.join(bits)}")
-    return CheckResult(name, passed, "; ".join(parts))
+    return CheckResult(name, passed, "; ".join(parts), per_arm=per_arm)
 
 
-# ---------------------------------------------------------------- registry and parsing
+# ---------------------------------------------------------------- registry
 
-_NUMBER = (int, float)
-
-
-def _is_number(v: Any) -> bool:
-    """A finite int or float (NaN would pass every comparison it is not in; -inf would disable a check)."""
-    return isinstance(v, _NUMBER) and not isinstance(v, bool) and math.isfinite(v)
-
-
-@dataclass(frozen=True)
-class _Param:
-    check: Callable[[Any], bool]
-    what: str
-    default: Any = None
-    required: bool = False
-
-
-@dataclass(frozen=True)
-class _Check:
-    fn: Callable[..., CheckResult]
-    params: dict[str, _Param]
-    validate: Callable[[dict], str | None] | None = None  # rules across parameters: a problem, or None
-
-
-def _is_arms(v: Any) -> bool:
-    return isinstance(v, list) and bool(v) and all(a in ARMS for a in v) and len(set(v)) == len(v)
-
-
-def _is_positions(v: Any) -> bool:
-    return v is None or (isinstance(v, list) and bool(v) and len(set(v)) == len(v)
-                         and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v))
-
-
-def _is_names(v: Any) -> bool:
-    return v is None or (isinstance(v, list) and bool(v) and all(isinstance(n, str) and n for n in v))
-
-
-_ARMS = _Param(_is_arms, "a non-empty list of distinct arms (control, candidate)", list(ARMS))
-_WITHOUT_BASELINE = _Param(lambda v: v in ("fail", "skip"), "'fail' or 'skip'", "fail")
-_MAX_PP = _Param(lambda v: _is_number(v) and v >= 0, "a number of percentage points >= 0", required=True)
-
-
-def _some_floor(params: dict) -> str | None:
-    if params["min_rate"] is None and params["min_mean_acceptance_length"] is None:
-        return "give min_rate, min_mean_acceptance_length or both (a floor of neither checks nothing)"
-    return None
-
-
-CHECKS: dict[str, _Check] = {
-    "acceptance_delta_lower_bound": _Check(
-        _acceptance_delta_lower_bound,
-        {
-            "min_pp": _Param(_is_number, "a number of percentage points", required=True),
-            "confidence": _Param(lambda v: _is_number(v) and 0 < v < 1, "a number in (0, 1)", 0.95),
-        },
-    ),
-    "mean_acceptance_length_ratio": _Check(
-        _mean_acceptance_length_ratio,
-        {"min": _Param(lambda v: _is_number(v) and v > 0, "a positive number", required=True)},
-    ),
-    "target_outputs_identical": _Check(
-        _target_outputs_identical,
-        {
-            "when_temperature": _Param(lambda v: v is None or (_is_number(v) and v >= 0), "a temperature >= 0 or null", 0),
-            "allow": _Param(lambda v: v in ("none", "benign_near_tie"), "'none' or 'benign_near_tie'", "none"),
-            "near_tie_margin": _Param(lambda v: _is_number(v) and v >= 0, "a logit margin >= 0", DEFAULT_NEAR_TIE_MARGIN),
-        },
-    ),
-    "graph_sizes_captured": _Check(_graph_sizes_captured, {}),
-    "candidate_runnable": _Check(_candidate_runnable, {}),
-    "baseline_delta_lower_bound": _Check(
-        _baseline_delta_lower_bound,
-        {
-            "min_pp": _Param(_is_number, "a number of percentage points", required=True),
-            "confidence": _Param(lambda v: _is_number(v) and 0 < v < 1, "a number in (0, 1)", 0.95),
-            "arms": _ARMS,
-            "without_baseline": _WITHOUT_BASELINE,
-        },
-    ),
-    "per_position_delta": _Check(
-        _per_position_delta,
-        {
-            "max_pp": _MAX_PP,
-            "arms": _ARMS,
-            "positions": _Param(_is_positions, "null or a non-empty list of distinct draft positions (integers >= 0)"),
-            "without_baseline": _WITHOUT_BASELINE,
-        },
-    ),
-    "category_delta": _Check(_category_delta, {"max_pp": _MAX_PP, "arms": _ARMS, "without_baseline": _WITHOUT_BASELINE}),
-    "acceptance_floor": _Check(
-        _acceptance_floor,
-        {
-            "min_rate": _Param(lambda v: v is None or (_is_number(v) and 0 <= v <= 1), "null or a rate in [0, 1]"),
-            "min_mean_acceptance_length": _Param(lambda v: v is None or (_is_number(v) and v >= 1),
-                                                 "null or a mean acceptance length >= 1"),
-            "arms": _ARMS,
-            "models": _Param(_is_names, "null or a non-empty list of model profile names"),
-        },
-        _some_floor,
-    ),
+# check name -> the function evaluating it (its parameters: the rule's, qual.gate_rules)
+CHECKS: dict[str, Callable[..., CheckResult]] = {
+    "acceptance_delta_lower_bound": _acceptance_delta_lower_bound,
+    "mean_acceptance_length_ratio": _mean_acceptance_length_ratio,
+    "target_outputs_identical": _target_outputs_identical,
+    "graph_sizes_captured": _graph_sizes_captured,
+    "candidate_runnable": _candidate_runnable,
+    "baseline_delta_lower_bound": _baseline_delta_lower_bound,
+    "per_position_delta": _per_position_delta,
+    "category_delta": _category_delta,
+    "acceptance_floor": _acceptance_floor,
 }
-
-
-def parse_rules(data: Any, source: str = "<inline>") -> Gate:
-    """Validate a gate document (a list of rules, or a mapping with `rules:`) into a Gate."""
-    if isinstance(data, dict):
-        unknown = set(data) - {"rules", "name", "description"}
-        if unknown:
-            raise QualError(f"{source}: unknown top-level keys {shown(sorted(map(str, unknown)))} (expected rules, name, description)")
-        data = data.get("rules")
-    if not isinstance(data, list) or not data:
-        raise QualError(f"{source}: expected a non-empty list of rules")
-    rules = []
-    for i, raw in enumerate(data):
-        where = f"{source}: rule {i}"
-        if not isinstance(raw, dict) or "check" not in raw:
-            raise QualError(f"{where}: expected a mapping with a 'check' key, got {shown(raw)}")
-        name = raw["check"]
-        spec = CHECKS.get(name) if isinstance(name, str) else None
-        if spec is None:
-            raise QualError(f"{where}: unknown check {shown(name)} (known: {', '.join(sorted(CHECKS))})")
-        given = {k: v for k, v in raw.items() if k != "check"}
-        extra = sorted(set(given) - set(spec.params))
-        if extra:
-            allowed = ", ".join(spec.params) or "none"
-            raise QualError(f"{where} ({name}): unknown parameter(s) {shown(extra)} (allowed: {allowed})")
-        params = {}
-        for pname, p in spec.params.items():
-            if pname not in given:
-                if p.required:
-                    raise QualError(f"{where} ({name}): missing parameter {pname!r} ({p.what})")
-                params[pname] = p.default
-                continue
-            if not p.check(given[pname]):
-                raise QualError(f"{where} ({name}): {pname} must be {p.what}, got {shown(given[pname])}")
-            params[pname] = given[pname]
-        problem = spec.validate(params) if spec.validate is not None else None
-        if problem:
-            raise QualError(f"{where} ({name}): {problem}")
-        rules.append(GateRule(name, params, i, source))
-    return Gate(tuple(rules), source)
+assert set(CHECKS) == set(RULES)
 
 
 def shipped_gates() -> list[str]:
@@ -497,8 +441,7 @@ def needs_baseline(gate: Gate) -> list[GateRule]:
 
 
 def evaluate(gate: Gate, result: Result) -> GateOutcome:
-    """Run every rule against a result (its gate field is ignored) in file order."""
-    checks = [CHECKS[r.check].fn(result, **r.params) for r in gate.rules]
-    evaluated = [c for c in checks if not c.skipped]
-    # Skipped checks decide nothing; a gate whose every check was skipped decided nothing either, and fails.
-    return GateOutcome(passed=bool(evaluated) and all(c.passed for c in evaluated), checks=checks, source=gate.source)
+    """Run every rule against a result (its gate field is ignored) in file order; the outcome is FAIL > INCONCLUSIVE >
+    PASS over the checks evaluated (skipped checks decide nothing; a gate whose every check was skipped fails)."""
+    checks = [CHECKS[r.check](result, **r.params) for r in gate.rules]
+    return GateOutcome.of(checks, gate.source, gate.inconclusive)

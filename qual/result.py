@@ -478,12 +478,32 @@ class Comparison:
         return cls(**known)
 
 
+class CheckNumbers(TypedDict):
+    """What a check compared, as numbers: value op threshold, in unit."""
+
+    value: float | None
+    """The number compared; null where there was none (an arm that did not run) [unit]"""
+    threshold: float | None
+    """The rule's bound [unit]"""
+    op: str
+    """How value must stand to threshold to pass: >=, == or <="""
+    unit: str
+    """pp (percentage points of acceptance), ratio, rate (a fraction), mean acceptance length, requests, sizes or ran
+    (1 where the arm ran)"""
+
+
+# A check's outcome: its verdict, or skipped (it could not be evaluated: it decides nothing)
+CHECK_PASS, CHECK_FAIL, CHECK_INCONCLUSIVE, CHECK_SKIPPED = "pass", "fail", "inconclusive", "skipped"
+
+
 @dataclass
 class CheckResult:
-    """Outcome of one check, with a human detail string carrying the numbers.
+    """Outcome of one check, with a human detail string carrying the numbers and the numbers themselves.
 
     A skipped check could not be evaluated (what it compares was not observed): it is not passed, and the gate
-    passes on the checks that were evaluated (GateOutcome.passed).
+    passes on the checks that were evaluated (GateOutcome.passed). An inconclusive check was decided on an
+    interval that straddles its threshold: it is not passed, and it does not fail the gate by itself
+    (GateOutcome.outcome); needed_requests is how many requests would resolve it at the variance observed.
     """
 
     name: str
@@ -494,43 +514,114 @@ class CheckResult:
     """What it found, with the numbers, in words"""
     skipped: bool = False
     """It could not be evaluated (what it compares was not observed): neither passed nor failed"""
+    inconclusive: bool = False
+    """Decided on an interval that straddles its threshold: neither passed nor failed (the gate's outcome is
+    INCONCLUSIVE unless another check failed)"""
+    needed_requests: int | None = None
+    """An inconclusive check's: the requests that would resolve it at the variance observed; null where none would
+    (zero variance, or the point on the threshold) [count]"""
+    value: float | None = None
+    """The number compared (a check over both arms: per_arm) [unit]"""
+    threshold: float | None = None
+    """The rule's bound [unit]"""
+    op: str | None = None
+    """How value must stand to threshold to pass: >=, == or <="""
+    unit: str | None = None
+    """What value and threshold count: pp, ratio, rate, mean acceptance length, requests, sizes or ran"""
+    per_arm: dict[str, CheckNumbers] = field(default_factory=dict)
+    """A check over both arms: each arm's numbers"""
+
+    @property
+    def outcome(self) -> str:
+        """pass | fail | inconclusive | skipped."""
+        if self.skipped:
+            return CHECK_SKIPPED
+        if self.inconclusive:
+            return CHECK_INCONCLUSIVE
+        return CHECK_PASS if self.passed else CHECK_FAIL
 
     def to_json(self) -> dict:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail, "skipped": self.skipped}
+        return {"name": self.name, "passed": self.passed, "detail": self.detail, "skipped": self.skipped,
+                "inconclusive": self.inconclusive, "needed_requests": self.needed_requests, "value": self.value,
+                "threshold": self.threshold, "op": self.op, "unit": self.unit, "per_arm": self.per_arm}
+
+    @classmethod
+    def from_json(cls, c: dict) -> "CheckResult":
+        return cls(c["name"], bool(c["passed"]), c["detail"], bool(c.get("skipped", False)),
+                   bool(c.get("inconclusive", False)), c.get("needed_requests"), c.get("value"), c.get("threshold"),
+                   c.get("op"), c.get("unit"), dict(c.get("per_arm") or {}))
 
 
+# What a series' first night under `--baseline history:last-pass` says where a comparison with the baseline would be
+FIRST_NIGHT = "first night of this series: no earlier pass to compare with; it becomes the baseline if it passes"
 # Why a gate failed where no check did: said wherever the verdict is (stdout, summary.md, report.html, junit.xml)
 DECIDED_NOTHING = "every check was skipped: a gate that decides nothing fails"
+# The gate's outcomes: FAIL where any check failed, else INCONCLUSIVE where any check was, else PASS
+GATE_PASS, GATE_FAIL, GATE_INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+def gate_outcome(checks: list[CheckResult]) -> str:
+    """FAIL > INCONCLUSIVE > PASS over the evaluated checks; a gate that evaluated none decided nothing: FAIL."""
+    outcomes = {c.outcome for c in checks} - {CHECK_SKIPPED}
+    if not outcomes or CHECK_FAIL in outcomes:
+        return GATE_FAIL
+    return GATE_INCONCLUSIVE if CHECK_INCONCLUSIVE in outcomes else GATE_PASS
 
 
 @dataclass
 class GateOutcome:
-    """All checks of a gate; passed only if every check passed."""
+    """All checks of a gate and its outcome; passed (exit 0) on PASS, and on INCONCLUSIVE where the gate says so."""
 
     passed: bool
-    """Every evaluated check passed, and at least one was evaluated"""
+    """The run exits 0 on it: every evaluated check passed and at least one was evaluated, or the outcome is
+    INCONCLUSIVE and the gate file says inconclusive: pass"""
     checks: list[CheckResult] = field(default_factory=list)
     """Each check, in the gate file's order"""
     source: str | None = None
     """The gate file"""
+    outcome: str = GATE_FAIL
+    """pass, fail (any check failed, or none was evaluated) or inconclusive (none failed, some interval straddled its
+    threshold); absent in results written before: passed says pass or fail"""
+    inconclusive: str = "fail"
+    """What an INCONCLUSIVE outcome exits with, as the gate file says: fail (1) or pass (0)"""
+
+    @classmethod
+    def of(cls, checks: list[CheckResult], source: str | None, inconclusive: str = "fail") -> "GateOutcome":
+        outcome = gate_outcome(checks)
+        passed = outcome == GATE_PASS or (outcome == GATE_INCONCLUSIVE and inconclusive == "pass")
+        return cls(passed=passed, checks=checks, source=source, outcome=outcome, inconclusive=inconclusive)
 
     @property
     def failed(self) -> list[CheckResult]:
-        return [c for c in self.checks if not c.passed and not c.skipped]
+        """The checks that failed decisively."""
+        return [c for c in self.checks if c.outcome == CHECK_FAIL]
+
+    @property
+    def not_passed(self) -> list[CheckResult]:
+        """The checks that failed or were inconclusive."""
+        return [c for c in self.checks if c.outcome in (CHECK_FAIL, CHECK_INCONCLUSIVE)]
 
     @property
     def decided_nothing(self) -> bool:
         """Every check was skipped (or there was none): no check failed, yet the gate fails (qual.gate.evaluate)."""
         return not self.passed and all(c.skipped for c in self.checks)
 
+    @property
+    def word(self) -> str:
+        """PASS, FAIL or INCONCLUSIVE: what the verdict line, summary.md and report.html say."""
+        return self.outcome.upper()
+
     def to_json(self) -> dict:
-        return {"passed": self.passed, "source": self.source, "checks": [c.to_json() for c in self.checks]}
+        return {"passed": self.passed, "outcome": self.outcome, "inconclusive": self.inconclusive,
+                "source": self.source, "checks": [c.to_json() for c in self.checks]}
 
     @classmethod
     def from_json(cls, data: dict) -> "GateOutcome":
-        checks = [CheckResult(c["name"], bool(c["passed"]), c["detail"], bool(c.get("skipped", False)))
-                  for c in data.get("checks", [])]
-        return cls(passed=bool(data["passed"]), checks=checks, source=data.get("source"))
+        checks = [CheckResult.from_json(c) for c in data.get("checks", [])]
+        passed = bool(data["passed"])
+        return cls(passed=passed, checks=checks, source=data.get("source"),
+                   outcome=data.get("outcome") or (GATE_PASS if passed else GATE_FAIL),
+                   inconclusive=data.get("inconclusive") or "fail")
 
 
 def header_json(run) -> dict:
@@ -570,6 +661,11 @@ class Result:
     """Differences between the arms' provenance that change what the numbers mean (engine version, dtype, GPU type)"""
     speedup: Speedup | None = None
     """The candidate against plain decoding (qual run --speedup); absent without it"""
+    meta: dict[str, str] = field(default_factory=dict)
+    """The night's labels, qual run --meta KEY=VALUE (a deployment commit, a CI run's URL); absent without it"""
+    first_night: bool = False
+    """The first night of its series under --baseline history:last-pass: nothing to compare with yet, so the gate's
+    baseline rules were skipped; it becomes the series' baseline if it passes. Absent where false"""
 
     # result.json's JSON Schema (qual/schema.py) takes each field's docstring, here and in every record below, as its
     # description
@@ -581,7 +677,8 @@ class Result:
 
     @property
     def verdict(self) -> str:
-        return "pass" if self.gate.passed else "fail"
+        """pass | fail | inconclusive (the gate's outcome)."""
+        return self.gate.outcome
 
     def to_json(self) -> dict:
         data = {
@@ -595,6 +692,10 @@ class Result:
             data["baseline"] = self.baseline.to_json()
         if self.speedup is not None:  # only with --speedup
             data["speedup"] = self.speedup.to_json()
+        if self.meta:  # only with --meta
+            data["meta"] = dict(self.meta)
+        if self.first_night:
+            data["first_night"] = True
         return _finite(data)
 
     @classmethod
@@ -616,9 +717,20 @@ class Result:
                 baseline=BaselineComparison.from_json(d["baseline"]) if d.get("baseline") else None,
                 warnings=list(d.get("warnings") or []),
                 speedup=Speedup.from_json(d["speedup"], f"{source}: speedup") if d.get("speedup") else None,
+                meta=_meta(d.get("meta"), source),
+                first_night=d.get("first_night") is True,
             )
         except (KeyError, TypeError) as exc:
             raise QualError(f"{source}: malformed result ({type(exc).__name__}: {exc})") from None
+
+
+def _meta(value: Any, source: str) -> dict[str, str]:
+    """result.json's `meta`: the night's --meta labels, texts by name."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise QualError(f"{source}: meta: expected an object of texts, got {_json_type(value)}")
+    return dict(value)
 
 
 def _finite(obj: Any) -> Any:

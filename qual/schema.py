@@ -44,6 +44,7 @@ UNITS = {
     "id": "an identifier: a token id, a seed, a history id",
     "logits": "a difference of the target's logits",
     "dimensionless": "a setting without a unit (a sampling temperature)",
+    "unit": "what the record's own unit field names (a gate check's numbers: pp, ratio, rate, requests...)",
 }
 ABOUT = ("Numbers end their description with their unit in brackets: " + "; ".join(f"[{u}] {meaning}"
                                                                                    for u, meaning in UNITS.items())

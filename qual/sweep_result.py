@@ -20,6 +20,7 @@ from qual.result import (MAX_RESULT_BYTES, SCHEMA, ArmResult, Comparison, Corpus
                          header_json, save_result)
 from qual.result import dumps as result_dumps
 from qual.result import _finite as finite
+from qual.result import _meta
 from qual.userfiles import read_json
 
 SWEEP_SCHEMA = "qual.result.sweep/1"
@@ -75,6 +76,8 @@ class SweepResult:
     """This file's schema and version"""
     notes: list[str] = field(default_factory=list)
     """What the sweep's shape means for its comparisons (candidates at another TP than the control's)"""
+    meta: dict[str, str] = field(default_factory=dict)
+    """The night's labels, qual run --meta KEY=VALUE; absent without it"""
 
     __pydantic_config__ = ConfigDict(use_attribute_docstrings=True)  # as qual.result.Result says
 
@@ -86,7 +89,7 @@ class SweepResult:
                    comparisons=[SweepComparison(name, r.candidate, r.comparison, r.gate, list(r.warnings))
                                 for name, r in results],
                    passed=all(r.gate.passed for _, r in results), qual_version=first.qual_version,
-                   reproduce=first.reproduce, seed=first.seed, notes=list(notes or []))
+                   reproduce=first.reproduce, seed=first.seed, notes=list(notes or []), meta=dict(first.meta))
 
     @property
     def verdict(self) -> str:
@@ -102,7 +105,7 @@ class SweepResult:
             raise KeyError(name)
         return Result(corpus=self.corpus, control=self.control, candidate=c.candidate, comparison=c.comparison,
                       gate=c.gate, created_at=self.created_at, qual_version=self.qual_version, reproduce=self.reproduce,
-                      seed=self.seed, warnings=list(c.warnings))
+                      seed=self.seed, warnings=list(c.warnings), meta=dict(self.meta))
 
     def results(self) -> list[tuple[str, Result]]:
         return [(c.name, self.result(c.name)) for c in self.comparisons]
@@ -114,6 +117,7 @@ class SweepResult:
             "notes": list(self.notes),
             "control": self.control.to_json(),
             "comparisons": [c.to_json() for c in self.comparisons],
+            **({"meta": dict(self.meta)} if self.meta else {}),
         })
 
     @classmethod
@@ -128,7 +132,8 @@ class SweepResult:
             return cls(corpus=CorpusInfo(**d["corpus"]), control=ArmResult.from_json(d["control"], f"{source}: control"),
                        comparisons=comparisons, created_at=d["created_at"],
                        passed=all(c.gate.passed for c in comparisons), qual_version=d.get("qual_version", "unknown"),
-                       reproduce=d.get("reproduce", ""), seed=d.get("seed", 0), notes=list(d.get("notes") or []))
+                       reproduce=d.get("reproduce", ""), seed=d.get("seed", 0), notes=list(d.get("notes") or []),
+                       meta=_meta(d.get("meta"), source))
         except (KeyError, TypeError) as exc:
             raise QualError(f"{source}: malformed sweep result ({type(exc).__name__}: {exc})") from None
 

@@ -94,9 +94,10 @@ def test_last_pass_picks_the_newest_passing_run_of_the_same_configuration(record
     db, ids, results = recorded
     configuration = history.configuration_of(results[tonight])
     want = EXPECTED[tonight]
-    if want is None:
+    if want is None:  # the series' first night: nothing to compare with (exit 2 only where a baseline is required)
+        assert resolve(LAST_PASS, db, configuration) is None
         with pytest.raises(QualError, match=r"--baseline history:last-pass: no passing run of model only-fails"):
-            resolve(LAST_PASS, db, configuration)
+            resolve(LAST_PASS, db, configuration, required=True)
         return
     got = resolve(LAST_PASS, db, configuration)
     assert (got.history_id, got.chosen_by) == (ids[want], "last pass"), f"picked {got.history_id}, wanted {want}"
@@ -113,20 +114,21 @@ def test_every_field_of_the_configuration_separates_runs(recorded):
     base = history.configuration_of(results["same, newest pass"])
     varied = {f for n in RUNS for f in ConfigurationKey.__dataclass_fields__
               if getattr(history.configuration_of(results[n]), f) != getattr(base, f)}
-    # tp follows dcp here; one device; every synthetic run records one engine version (a real run's changes with
-    # the engine: test_checkpoint_identity covers the checkpoints and the version through `qual run`)
-    assert varied == set(ConfigurationKey.__dataclass_fields__) - {"tp", "device", "engine_version"}
+    # tp follows dcp here; one device
+    assert varied == set(ConfigurationKey.__dataclass_fields__) - {"tp", "device"}
 
 
-def test_another_configuration_is_refused_by_name_unless_forced(recorded):
-    """history:last-pass with no run of tonight's key names the nearest passing run and each field that differs;
-    --baseline-any takes that run and keeps the differences."""
+def test_another_configuration_is_a_first_night_or_refused_by_name_unless_forced(recorded):
+    """history:last-pass with no run of tonight's key (and none of a series it follows) is that series' first night;
+    with --baseline-required it names the nearest passing run and each field that differs; --baseline-any takes
+    that run and keeps the differences."""
     db, ids, results = recorded
     tonight = replace(history.configuration_of(results["same, newest pass"]), device="cuda")  # no run used cuda
     nearest = ids["same, newest pass"]  # one field apart (the device), the newer of two such; every "other" run is two
+    assert resolve(LAST_PASS, db, tonight) is None
     with pytest.raises(QualError, match=rf"no passing run of this configuration .* the nearest, run {nearest} .* "
                                         r"differs in device: this run cuda, baseline cpu; pass --baseline-any"):
-        resolve(LAST_PASS, db, tonight)
+        resolve(LAST_PASS, db, tonight, required=True)
     got = resolve(LAST_PASS, db, tonight, any_key=True)
     assert (got.history_id, got.chosen_by, got.forced) == (nearest, "nearest pass", True)
     assert got.key_differences == [("device", "cuda", "cpu")]
@@ -175,8 +177,9 @@ def test_history_ids_and_paths_resolve(recorded, tmp_path):
             resolve(ref, db, configuration)
     with pytest.raises(QualError, match="no run history at"):
         resolve("3", tmp_path / "none.sqlite", configuration)
+    assert resolve(LAST_PASS, tmp_path / "none.sqlite", configuration) is None  # a first night
     with pytest.raises(QualError, match="no passing run of model toy"):
-        resolve(LAST_PASS, tmp_path / "none.sqlite", configuration)
+        resolve(LAST_PASS, tmp_path / "none.sqlite", configuration, required=True)
 
 
 def test_a_missing_result_file_is_named(tmp_path):
@@ -206,7 +209,7 @@ IDS = [f"r{i:03d}" for i in range(10)]
         (_tonight(sampling=Sampling(0.0, 0, 32)), SYNTHETIC_FINGERPRINT, IDS, "sampling max_tokens: baseline 64, this run 32"),
         (_tonight(model="glm-5.3-flash"), SYNTHETIC_FINGERPRINT, IDS, "model: baseline toy, this run glm-5.3-flash"),
         (_tonight(num_speculative_tokens=3), SYNTHETIC_FINGERPRINT, IDS, "num_speculative_tokens: baseline 7, this run 3"),
-        (_tonight(), SYNTHETIC_FINGERPRINT, IDS + ["extra"], "1 of this run's 11 requests are not in the baseline's control arm"),
+        (_tonight(), SYNTHETIC_FINGERPRINT, ["x1", "x2"], "none of this run's 2 requests is in the baseline's control arm"),
     ],
 )
 def test_mismatches_name_what_differs(arms, fingerprint, ids, words):
@@ -260,8 +263,7 @@ def toy_baseline(tmp_path_factory):
         (["--max-tokens", "32"], "max_tokens: this run 32, baseline 64", "sampling max_tokens: baseline 64, this run 32"),
         (["--model", "glm-5.3-flash"], "model: this run glm-5.3-flash, baseline toy",
          "model: baseline toy, this run glm-5.3-flash"),
-        (["--limit", "5"], "n_requests: this run 5, baseline 4",
-         "1 of this run's 5 requests are not in the baseline's control arm"),
+        (["--limit", "5"], "n_requests: this run 5, baseline 4", None),  # compared on the 4 requests both ran
         (["--dcp", "2"], "tp: this run 2, baseline 4; dcp: this run 2, baseline 4", None),
     ],
 )

@@ -1,5 +1,5 @@
 """Checkpoint identity (qual.checkpoints.identity) through `qual run`: a drafter swapped in at the same path is another
-configuration, refused as a baseline by name unless --baseline-any, which the result records."""
+configuration: a new series, compared by default with the series before it, which the result records."""
 
 from __future__ import annotations
 
@@ -51,6 +51,9 @@ def _qual(*args, env, tmp_cwd):
 
 
 def test_a_swapped_drafter_is_another_configuration(tmp_path):
+    """A drafter swapped in at the same path is another series: its first night is compared with the last pass of the
+    series before it (the key differs only in the drafter), which the result records; a history id of the old series
+    is refused unless --baseline-any."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     profile = make_profile(tmp_path / "p")
     db = tmp_path / "h.sqlite"
@@ -59,13 +62,13 @@ def test_a_swapped_drafter_is_another_configuration(tmp_path):
     assert done.returncode == 0, done.stderr
     _perturb(profile.parent / "draft")
     nightly = [*common, "--gate", "nightly-baseline", "--baseline", "history:last-pass"]
-    refused = _qual("run", *nightly, "--out", tmp_path / "night2", env=env, tmp_cwd=tmp_path)
-    assert refused.returncode == 2, refused.stderr
-    line = refused.stderr.strip().splitlines()[-1]
-    assert "no passing run of this configuration" in line and "differs in draft: this run sha256:" in line, line
-    assert "--baseline-any" in line and not (tmp_path / "night2").exists()
-    forced = _qual("run", *nightly, "--baseline-any", "--out", tmp_path / "night2", env=env, tmp_cwd=tmp_path)
-    assert forced.returncode in (0, 1), forced.stderr
+    by_id = _qual("run", *common, "--gate", "nightly-baseline", "--baseline", "1", "--dry-run", env=env,
+                  tmp_cwd=tmp_path)
+    line = by_id.stderr.strip().splitlines()[-1]
+    assert by_id.returncode == 2 and "is another configuration: draft: this run sha256:" in line, by_id.stderr
+    followed = _qual("run", *nightly, "--out", tmp_path / "night2", env=env, tmp_cwd=tmp_path)
+    assert followed.returncode in (0, 1), followed.stderr
+    assert "baseline run 1 (previous series)" in followed.stdout
     result = json.loads((tmp_path / "night2" / "result.json").read_text())
     before = json.loads((tmp_path / "night1" / "result.json").read_text())
     ids = [r["arms"]["candidate"]["provenance"]["checkpoints"] for r in (before, result)]
@@ -73,19 +76,18 @@ def test_a_swapped_drafter_is_another_configuration(tmp_path):
     assert ids[0]["draft"]["identity"] != ids[1]["draft"]["identity"]
     assert ids[0]["draft"]["path"] == ids[1]["draft"]["path"]
     b = result["baseline"]
-    assert b["forced"] is True and b["chosen_by"] == "nearest pass"
+    assert b["forced"] is False and b["chosen_by"] == "previous series"
     assert [d["key"] for d in b["key_differences"]] == ["draft"]
     assert b["key_differences"][0] == {"key": "draft", "tonight": ids[1]["draft"]["identity"],
                                        "baseline": ids[0]["draft"]["identity"]}
-    assert "--baseline-any" in result["reproduce"]
     report = (tmp_path / "night2" / "report.html").read_text()
     assert "draft checkpoint" in report and ids[1]["draft"]["identity"] in report
-    assert "another configuration, taken with --baseline-any" in report
+    assert "another configuration, the last pass of the series before this one" in report
     with sqlite3.connect(db) as conn:
         keys = [json.loads(k) for (k,) in conn.execute("SELECT configuration FROM runs ORDER BY id")]
     conn.close()
-    assert [k["draft"] for k in keys] == [ids[0]["draft"]["identity"], ids[1]["draft"]["identity"]]
-    assert keys[0]["engine_version"] == keys[1]["engine_version"] == result["arms"]["candidate"]["engine_version"]
+    assert [k["draft"] for k in keys[:2]] == [ids[0]["draft"]["identity"], ids[1]["draft"]["identity"]]
+    assert "engine_version" not in keys[0]  # the engine's version is each night's fact, not the series'
 
 
 def test_a_revision_for_a_local_directory_is_refused(tmp_path):

@@ -49,10 +49,13 @@ def test_a_broken_renderer_is_exit_4_with_the_traceback_in_the_run_directory(pro
                    f"traceback in {crash}"
     text = crash.read_text()
     assert text.startswith("Traceback") and "in broken" in text and "ZeroDivisionError" in text
-    # both arms are journaled: the run is resumable once the bug is fixed; no history row claims it finished
+    # both arms are journaled: the run is resumable once the bug is fixed; the history's row says it ended in exit 4
     for arm in ("control", "candidate"):
         assert len((tmp_path / "out" / f"{arm}.requests.jsonl").read_text().splitlines()) == 2
-    assert _history_rows(tmp_path / "h.sqlite") == 0
+    assert _history_rows(tmp_path / "h.sqlite") == 1
+    with sqlite3.connect(tmp_path / "h.sqlite") as conn:
+        assert conn.execute("SELECT outcome, exit_code, error FROM runs").fetchall() == [("error", 4, line)]
+    conn.close()
     # junit.xml says why the run has no verdict: one test case in error, the line stderr showed
     [case] = ET.parse(tmp_path / "out" / "junit.xml").getroot().iter("testcase")
     assert case.get("name") == "internal_error" and case.find("error").get("message") == line

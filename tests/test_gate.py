@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -374,3 +375,159 @@ def test_a_gate_whose_every_check_is_skipped_fails_and_says_why_everywhere(tmp_p
     suites = ET.parse(tmp_path / "junit.xml").getroot()
     assert (suites.get("tests"), suites.get("failures")) == ("2", "1")
     assert suites.find("testsuite/testcase[@name='gate']/failure").get("message") == DECIDED_NOTHING
+
+
+# ---------------------------------------------------------------- outcomes: INCONCLUSIVE (an interval that straddles)
+
+DELTA_ONLY = [{"check": "candidate_runnable"}, {"check": "acceptance_delta_lower_bound", "min_pp": -0.5}]
+
+
+def _replicated(rows, k: int):
+    """The same requests k times over (ids made distinct): the variance per request the same, k times the requests."""
+    return [replace(r, id=f"{r.id}.{i}") for i in range(k) for r in rows]
+
+
+def test_an_interval_straddling_its_threshold_is_inconclusive_with_the_requests_that_would_resolve_it():
+    """6 requests, one a little worse: the 95% interval [-3.6, 0] pp straddles -0.5 pp. Neither a pass nor a
+    regression: INCONCLUSIVE, with the requests that would resolve it at this variance."""
+    res = synthetic_result(6, 0.75, 0.745, rules=DELTA_ONLY)
+    c = _check(res, "acceptance_delta_lower_bound")
+    assert (c.outcome, c.passed, res.gate.outcome, res.gate.passed) == ("inconclusive", False, "inconclusive", False)
+    lo, hi = res.comparison.delta_rate_ci95
+    assert lo * 100 < -0.5 <= hi * 100 and c.value == pytest.approx(lo * 100)
+    assert c.needed_requests is not None and c.needed_requests > 6
+    assert "inconclusive at 6 requests (about" in c.detail and f"{c.needed_requests} requests would resolve it" in c.detail
+
+
+@pytest.mark.parametrize("n, p_candidate, seed", [(30, 0.745, 0), (30, 0.74, 1), (40, 0.745, 2), (24, 0.742, 0)])
+def test_the_requests_named_do_resolve_it(n, p_candidate, seed):
+    """The estimate holds the variance per request fixed: the same requests replicated (their variance per request
+    unchanged) to twice the number named resolve the check, on the side its point lies (a pass above the threshold, a
+    failure below)."""
+    control, candidate = synthetic_pair(n, 0.75, p_candidate, seed=seed)
+    res = synthetic_result(pair=(control, candidate), rules=DELTA_ONLY)
+    c = _check(res, "acceptance_delta_lower_bound")
+    assert c.outcome == "inconclusive" and c.needed_requests > n
+    k = 2 * -(-c.needed_requests // n)
+    more = synthetic_result(pair=(_replicated(control, k), _replicated(candidate, k)), rules=DELTA_ONLY)
+    side = "pass" if res.comparison.delta_rate * 100 >= -0.5 else "fail"
+    assert _check(more, "acceptance_delta_lower_bound").outcome == side, more.comparison.delta_rate_ci95
+
+
+def test_no_number_of_requests_moves_a_point_on_its_threshold_or_an_interval_without_width():
+    from qual.gate import needed_requests
+
+    assert needed_requests(-0.01, 0.0, -0.005, -0.005, 40) is None  # the point on the threshold
+    assert needed_requests(-0.005, -0.005, -0.005, -0.005, 40) is None
+    assert needed_requests(-0.02, 0.0, -0.01, -0.005, 40) == 160  # (0.01 / 0.005)^2 x 40
+
+
+def test_precedence_and_what_inconclusive_exits_with():
+    """FAIL > INCONCLUSIVE > PASS; the gate file's `inconclusive: pass` makes an INCONCLUSIVE gate exit 0, never a
+    failing one."""
+    from qual.result import CheckResult, gate_outcome
+
+    ok, unsure, bad, skip = (CheckResult("a", True, ""), CheckResult("b", False, "", inconclusive=True),
+                             CheckResult("c", False, ""), CheckResult("d", False, "", skipped=True))
+    assert [gate_outcome(cs) for cs in ([ok], [ok, unsure], [ok, unsure, bad], [unsure, skip], [skip], [])] == [
+        "pass", "inconclusive", "fail", "inconclusive", "fail", "fail"]
+    relaxed = {"inconclusive": "pass", "rules": DELTA_ONLY}
+    assert synthetic_result(6, 0.75, 0.745, rules=relaxed).gate.passed is True
+    failing = {"inconclusive": "pass", "rules": [*DELTA_ONLY, {"check": "mean_acceptance_length_ratio", "min": 0.99}]}
+    res = synthetic_result(6, 0.75, 0.745, rules=failing)
+    assert (res.gate.outcome, res.gate.passed) == ("fail", False)
+    with pytest.raises(QualError, match=r"g\.yaml: inconclusive must be 'fail' \(exit 1, the default\) or 'pass' "
+                                        r"\(exit 0\): what a gate whose outcome is INCONCLUSIVE exits with, got 'maybe'"):
+        parse_rules({"inconclusive": "maybe", "rules": DELTA_ONLY}, "g.yaml")
+
+
+def test_inconclusive_is_said_wherever_fail_is(tmp_path, capsys):
+    import xml.etree.ElementTree as ET
+
+    from qual.cli.verdict import print_verdict
+    from qual.report import write_reports
+
+    res = synthetic_result(6, 0.75, 0.745, rules=DELTA_ONLY)
+    print_verdict(res, "control", "candidate", tmp_path)
+    out = capsys.readouterr().out
+    assert out.startswith("INCONCLUSIVE: ") and "  [INCONCLUSIVE] acceptance_delta_lower_bound: " in out
+    assert "exits 1" in out and "never a series' last pass" in out
+    write_reports(res, tmp_path)
+    assert (tmp_path / "summary.md").read_text().startswith("## ⚠️ INCONCLUSIVE")
+    html = (tmp_path / "report.html").read_text()
+    assert '<section class="verdict inconclusive">' in html and "<td class=\"bad\">INCONCLUSIVE</td>" in html
+    failure = ET.parse(tmp_path / "junit.xml").getroot().find(".//failure")
+    assert failure.get("type") == "GateCheckInconclusive" and failure.get("message").startswith("inconclusive: ")
+    data = json.loads((tmp_path / "result.json").read_text())
+    assert (data["gate"]["passed"], data["gate"]["outcome"], data["gate"]["inconclusive"]) == (False, "inconclusive", "fail")
+    check = next(c for c in data["gate"]["checks"] if c["name"] == "acceptance_delta_lower_bound")
+    assert check["inconclusive"] and check["needed_requests"] > 6
+
+
+# ---------------------------------------------------------------- numbers beside the prose
+
+
+OPS = {">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "<=": lambda a, b: a <= b}
+
+
+@pytest.mark.parametrize("p_candidate", [0.75, 0.68])
+def test_every_check_carries_numbers_that_decide_as_it_did(tmp_path, p_candidate):
+    """value op threshold is the check's verdict (where it was decided on one number), for a check over both arms each
+    arm's; a unit names what the numbers are. Nightly-baseline's every rule, tonight against a baseline, passing and
+    failing."""
+    import yaml
+
+    from synthetic import as_baseline
+
+    rules = yaml.safe_load(default_gate().with_name("nightly-baseline.yaml").read_text())["rules"]
+    rules = [{**r, "models": None} if r["check"] == "acceptance_floor" else r for r in rules]
+    base = as_baseline(synthetic_result(40, 0.75, 0.75), tmp_path / "base" / "result.json")
+    res = synthetic_result(40, 0.75, p_candidate, rules=rules, baseline=base)
+    assert {c.name for c in res.gate.checks} == set(CHECKS)
+    for c in res.gate.checks:
+        numbers = [c.per_arm[arm] for arm in c.per_arm] or [dict(value=c.value, threshold=c.threshold, op=c.op,
+                                                                 unit=c.unit)]
+        assert all(n["unit"] and n["op"] in OPS for n in numbers), c
+        decided = [OPS[n["op"]](n["value"], n["threshold"]) for n in numbers if n["value"] is not None]
+        assert decided, c
+        if c.outcome != "inconclusive" and c.name != "acceptance_delta_lower_bound":
+            assert all(decided) is c.passed, c
+        if c.name in ("baseline_delta_lower_bound", "per_position_delta", "category_delta", "acceptance_floor"):
+            assert set(c.per_arm) == {"control", "candidate"}, c
+
+
+# ---------------------------------------------------------------- the gate file's model and its JSON Schema
+
+
+def test_the_gate_schema_is_the_model_qual_validates_with():
+    """`qual schema --gate` is generated from the model parse_rules validates with: the shipped gates are valid
+    against it, and what parse_rules refuses it refuses too."""
+    import jsonschema
+    import yaml
+
+    from qual.gate_rules import gate_schema
+
+    schema = gate_schema()
+    assert schema["$id"] == "qual.gate/1"
+    validator = jsonschema.Draft202012Validator(schema)
+    for gate in default_gate().parent.glob("*.yaml"):
+        validator.validate(yaml.safe_load(gate.read_text()))
+    for bad in ({"rules": [{"check": "nope"}]}, {"rules": []}, {"rules": [{"check": "category_delta"}]},
+                {"inconclusive": "maybe", "rules": DELTA_ONLY}, {"rules": DELTA_ONLY, "extra": 1},
+                {"rules": [{"check": "acceptance_delta_lower_bound", "min_pp": True}]}):
+        with pytest.raises(QualError):
+            parse_rules(bad, "g.yaml")
+        assert not validator.is_valid(bad), bad
+    assert validator.is_valid(DELTA_ONLY) and parse_rules(DELTA_ONLY).rules[1].params == {"min_pp": -0.5,
+                                                                                          "confidence": 0.95}
+
+
+def test_qual_schema_gate_prints_it(capsys):
+    from cli_inprocess import qual_in
+
+    from qual.gate_rules import gate_schema
+
+    proc = qual_in(capsys, "schema", "--gate")
+    assert proc.returncode == 0 and json.loads(proc.stdout) == gate_schema()
+    proc = qual_in(capsys, "schema", "--gate", "--sweep")
+    assert proc.returncode == 2 and "one schema at a time" in proc.stderr

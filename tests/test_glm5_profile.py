@@ -26,8 +26,18 @@ def draft16(tmp_path_factory):
 
 def test_the_glm_profile_runs_local_checkpoints(draft16, tmp_path):
     target = TOY / "target"
+    # the profile asks for 32768 positions; the toy target was built for 2048: refused as vLLM refuses it, by name
+    refused = subprocess.run([sys.executable, "-m", "qual", "run", "--model", "glm-5.3-flash", "--target", str(target),
+                              "--draft", str(draft16), "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "max_model_len: 32768 is more positions than the target was built for" \
+        in refused.stderr, refused.stderr
+    # the same profile with max_model_len within the toy's 2048, as a team edits its copy
+    profile = tmp_path / "glm-5.3-flash.yaml"
+    text = paths.find("profile", "glm-5.3-flash").path.read_text()
+    assert "max_model_len: 32768\n" in text
+    profile.write_text(text.replace("max_model_len: 32768\n", "max_model_len: 2048\n"))
     # the profile runs on vLLM on cuda; flags win over it: the embedded runtime on the CPU here
-    args = [sys.executable, "-m", "qual", "run", "--model", "glm-5.3-flash", "--engine", "reference", "--device", "cpu",
+    args = [sys.executable, "-m", "qual", "run", "--model", str(profile), "--engine", "reference", "--device", "cpu",
             "--target", str(target), "--draft", str(draft16), "--limit", "2", "--max-tokens", "4", "--dtype", "float32",
             "--out", str(tmp_path / "run"), "--history", str(tmp_path / "h.sqlite")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from qual import history
+from qual.history import store
 from qual.configuration import NO_IDENTITY
 from qual.errors import QualError
 from synthetic import synthetic_result
@@ -77,15 +79,15 @@ def test_older_schema_is_migrated(tmp_path, db, monkeypatch):
     def add_notes(conn):
         conn.execute("ALTER TABLE runs ADD COLUMN notes TEXT")
 
-    v = history.SCHEMA_VERSION
-    monkeypatch.setattr(history, "SCHEMA_VERSION", v + 1)
-    monkeypatch.setitem(history.MIGRATIONS, v, add_notes)
+    v = store.SCHEMA_VERSION
+    monkeypatch.setattr(store, "SCHEMA_VERSION", v + 1)
+    monkeypatch.setitem(store.MIGRATIONS, v, add_notes)
     assert len(history.list_runs(db)) == 5
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(v + 1)
         assert "notes" in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     conn.close()
-    monkeypatch.setattr(history, "SCHEMA_VERSION", v + 2)
+    monkeypatch.setattr(store, "SCHEMA_VERSION", v + 2)
     with pytest.raises(QualError, match=f"no migration from history schema v{v + 1}"):
         history.list_runs(db)
 
@@ -222,7 +224,7 @@ def test_rich_markup_in_user_text_is_printed_literally(tmp_path):
 def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path):
     path = tmp_path / "v1.sqlite"
     with sqlite3.connect(path) as conn:  # a database as a qual of schema v1 left it, with one run
-        conn.executescript(history._SCHEMA_V1)
+        conn.executescript(store.SCHEMA_V1)
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("INSERT INTO runs (created_at, model, engine, dcp, tp, draft_kv, config_key, corpus_name, "
                      "corpus_fingerprint, n_requests, verdict, failed_checks, config_json) "
@@ -237,14 +239,14 @@ def test_a_run_id_is_recorded_once_and_a_v1_database_is_migrated(tmp_path):
 
 # ---------------------------------------------------------------- baselines (schema v3)
 
-_V1_COLUMNS = ", ".join(c for c in history._COLUMNS if c not in ("run_id", "configuration", "baseline", "qual_commit"))
+_V1_COLUMNS = ", ".join(c for c in history.COLUMNS[:history.COLUMNS.index("run_id")])
 
 
 def test_a_v1_history_is_migrated_and_its_runs_can_be_baselines(db, tmp_path):
     """A database written before baselines existed: each run gets its configuration from its stored config."""
     old = tmp_path / "v1.sqlite"
     with sqlite3.connect(old) as conn:
-        conn.executescript(history._SCHEMA_V1)
+        conn.executescript(store.SCHEMA_V1)
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("ATTACH DATABASE ? AS cur", (str(db),))
         conn.execute(f"INSERT INTO runs ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM cur.runs")
@@ -267,10 +269,10 @@ def test_a_v3_history_keeps_its_pins_under_the_new_key(tmp_path):
     row's key and moves each pin to its run's new key."""
     path = tmp_path / "v3.sqlite"
     with sqlite3.connect(path) as conn:
-        conn.executescript(history._SCHEMA_V1)
+        conn.executescript(store.SCHEMA_V1)
         conn.execute("INSERT INTO meta VALUES ('schema_version', '3')")
-        history._migrate_v1_to_v2(conn)
-        history._migrate_v2_to_v3(conn)
+        store._migrate_v1_to_v2(conn)
+        store._migrate_v2_to_v3(conn)
         conn.execute("UPDATE meta SET value = '3'")
     conn.close()
     # a v3 row: the columns v3 had, its configuration as v3 spelled it, and a pin on it
@@ -329,7 +331,7 @@ def test_a_new_history_is_created_at_the_current_schema(db):
         columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     conn.close()
-    assert columns[-3:] == ["configuration", "baseline", "qual_commit"] and "pins" in tables
+    assert columns == list(history.COLUMNS) and "pins" in tables
     assert history.get_run(db, 1).configuration == history.configuration_of(_night(1)).key()
 
 
@@ -395,29 +397,270 @@ def test_cli_a_damaged_row_is_one_line_naming_it(db, tmp_path, capsys, column, v
         assert (proc.returncode, proc.stderr) == (2, f"error: history {db}: run 3: {what}\n"), command
 
 
-def test_a_v5_history_keys_gain_numerics_and_keep_the_rest(tmp_path):
-    """v5 keyed configurations without the target's numerics: v6 reads them from each row's stored candidate config
-    and keeps the rest of the key as recorded; a GLM run recorded before numerics existed (sparse top-k recorded, no
-    numerics) computed the one form there was, today's default ("exact"), and stays in the series a run of today
-    without --numerics belongs to; a Qwen3 run's target has one form ("none"). Pins follow their runs."""
-    path = tmp_path / "v5.sqlite"
-    glm = synthetic_result(40, 0.75, 0.75, n_resamples=100, created_at="2026-12-02T02:00:00+00:00", model="glm-toy",
-                           dsa_topk="exact", numerics="exact")
-    toy = _night(3)
-    history.record_run(path, glm, "a/result.json")
-    history.record_run(path, toy, "b/result.json")
-    keys = [replace(history.configuration_of(r), target="sha256:" + "1" * 64) for r in (glm, toy)]
-    assert [k.numerics for k in keys] == ["exact", "none"]
-    with sqlite3.connect(path) as conn:  # the rows and a pin as a v5 qual left them: no numerics anywhere
-        for run_id, (key, night) in enumerate(zip(keys, (glm, toy)), 1):
-            v5 = {k: v for k, v in json.loads(key.key()).items() if k != "numerics"}
-            config = {arm: {k: v for k, v in getattr(night, arm).config.items() if k != "numerics"}
-                      for arm in ("control", "candidate")}
-            conn.execute("UPDATE runs SET configuration = ?, config_json = ? WHERE id = ?",
-                         (json.dumps(v5), json.dumps(config), run_id))
-            if run_id == 1:
-                conn.execute("INSERT INTO pins VALUES (?, 1, '2026-12-03T00:00:00+00:00')", (json.dumps(v5),))
-        conn.execute("UPDATE meta SET value = '5'")
+# ---------------------------------------------------------------- rows typed on read (schema v5)
+
+
+@pytest.mark.parametrize("column,value,what", [
+    ("control_rate", "abc", "control_rate: expected a rate in [0, 1], got 'abc'"),
+    ("candidate_rate", -5, "candidate_rate: expected a rate in [0, 1], got -5.0"),
+    ("candidate_rate", 1e309, "candidate_rate: expected a rate in [0, 1], got inf"),
+    ("configuration", "{}", "configuration: not a configuration key (no 'model')"),
+    ("result_path", b"\x00\x01", "result_path: expected text, got a BLOB of 2 bytes"),
+    ("n_requests", 2.5, "n_requests: expected an integer >= 0, got 2.5"),
+    ("outcome", "maybe", "outcome: expected one of pass, fail, inconclusive, error, got 'maybe'"),
+    ("meta", '{"k": 1}', "meta: expected an object of texts, got dict"),
+])
+def test_a_damaged_row_is_exit_2_naming_row_and_column_everywhere_it_is_read(db, tmp_path, capsys, column, value,
+                                                                             what):
+    """Issue 55, bug 10: list, show, trend and publish exited 4 on these; and so does a baseline's resolution."""
+    from cli_inprocess import qual_in
+    from qual.harness.baseline import LAST_PASS, resolve
+
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE runs SET {column} = ? WHERE id = 3", (value,))
     conn.close()
-    assert [history.get_run(path, i).key for i in (1, 2)] == keys
-    assert history.pinned_run(path, keys[0]).id == 1
+    for command in (["list"], ["trend"], ["show", "3"], ["publish", tmp_path / "site"], ["list", "--json"],
+                    ["trend", "--json"]):
+        proc = qual_in(capsys, "history", *command, "--history", db)
+        assert (proc.returncode, proc.stderr) == (2, f"error: history {db}: run 3: {what}\n"), command
+    if column == "outcome":
+        return  # a row whose outcome is damaged is no pass: no baseline reads it
+    with sqlite3.connect(db) as conn:  # the same damage in a pass, which a baseline's resolution reads
+        conn.execute(f"UPDATE runs SET {column} = ? WHERE id = 4", (value,))
+    conn.close()
+    with pytest.raises(QualError, match=rf"run 4: {re.escape(what)}"):
+        resolve(LAST_PASS, db, replace(history.configuration_of(_night(1)), device="cuda"), any_key=True)
+
+
+def test_an_error_row_is_listed_never_a_baseline_and_its_run_replaces_it(tmp_path):
+    """A night without a verdict is recorded (outcome error, the exit code and its cause) and shown; it is never a
+    last pass; the same run finished later (--resume) replaces it under its id; a run recorded with a verdict is never
+    replaced by an error row."""
+    path = tmp_path / "h.sqlite"
+    night = _night(2)
+    key = history.configuration_of(night)
+    first = history.record_run(path, _night(1), "a/result.json", run_id="run-a")
+    error = history.ErrorNight(created_at="2026-12-02T02:00:00+00:00", run_id="run-b",
+                               arms={"control": night.control.config, "candidate": night.candidate.config},
+                               corpus={"name": "synthetic", "fingerprint": night.corpus.fingerprint, "count": 40},
+                               key=key, exit_code=3, cause="engine failure: the server went away",
+                               command="qual run --dcp 4", run_dir=str(tmp_path / "b"), meta={"ci_run": "7"})
+    row = history.record_error(path, error)
+    got = history.get_run(path, row)
+    assert (got.outcome, got.verdict, got.exit_code, got.error, got.control_rate) == (
+        "error", "fail", 3, "engine failure: the server went away", None)
+    assert got.meta == {"ci_run": "7"} and got.key == key and got.series == history.get_run(path, first).series
+    assert history.last_pass(path, key).id == first
+    assert history.detect_step_changes(history.list_runs(path)) == []  # an error night measured nothing
+    assert history.record_error(path, error) == row  # a resume that failed again: the same row
+    assert history.record_run(path, night, "b/result.json", run_id="run-b") == row  # the finished run, in its place
+    replaced = history.get_run(path, row)
+    assert (replaced.outcome, replaced.exit_code, replaced.error, replaced.result_path) == ("pass", 0, None, "b/result.json")
+    assert history.record_error(path, error) == row and history.get_run(path, row).outcome == "pass"  # kept
+    assert history.last_pass(path, key).id == row and len(history.list_runs(path)) == 2
+    other = history.record_error(path, replace(error, run_id="run-c"))
+    with pytest.raises(QualError, match=f"run {other} ended without a verdict"):
+        history.pin(path, other, "2026-12-03T00:00:00+00:00")
+
+
+def test_an_inconclusive_night_is_never_a_series_last_pass(tmp_path):
+    """Whatever it exits with: a gate file's `inconclusive: pass` makes it exit 0, and it is still not the level a
+    later night is held to."""
+    path = tmp_path / "h.sqlite"
+    rules = {"inconclusive": "pass", "rules": [{"check": "candidate_runnable"},
+                                               {"check": "acceptance_delta_lower_bound", "min_pp": -0.5}]}
+    passed = history.record_run(path, _night(1), "a/result.json")
+    # 6 requests, one of them a little worse: the interval [-3.6, 0] pp straddles -0.5 pp
+    unsure = synthetic_result(6, 0.75, 0.745, n_resamples=200, rules=rules, created_at="2026-12-02T02:00:00+00:00")
+    assert (unsure.gate.outcome, unsure.gate.passed) == ("inconclusive", True)
+    history.record_run(path, unsure, "b/result.json")
+    runs = history.list_runs(path)
+    assert [(r.outcome, r.verdict) for r in runs] == [("inconclusive", "pass"), ("pass", "pass")]
+    assert "acceptance_delta_lower_bound" in runs[0].failed_checks
+    assert history.last_pass(path, history.configuration_of(unsure)) is None  # another selection: 6 requests
+    assert history.last_pass(path, history.configuration_of(_night(1))).id == passed
+
+
+def test_a_v4_history_is_keyed_again_without_losing_a_row_and_the_newest_pin_wins(tmp_path, capsys):
+    """v4 keyed series by the engine's version too: two engine versions were two series, each with its own pin. Keyed
+    again, they are one series; the pin set last stays, the other goes, and the migration says so in one line."""
+    path = tmp_path / "v4.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(store.SCHEMA_V1)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        for step in (store._migrate_v1_to_v2, store._migrate_v2_to_v3, store._migrate_v3_to_v4):
+            step(conn)
+        conn.execute("UPDATE meta SET value = '4'")
+        for i, (version, day) in enumerate((("vllm 0.32.0", 1), ("vllm 0.33.0", 2), ("vllm 0.33.0", 3)), start=1):
+            night = _night(day)
+            old = {**json.loads(history.configuration_of(night).key()), "engine_version": version}
+            del old["numerics"], old["dcp_comm"]
+            conn.execute(
+                "INSERT INTO runs (created_at, model, engine, engine_version, dcp, tp, draft_kv, config_key, "
+                "corpus_name, corpus_fingerprint, n_requests, verdict, failed_checks, config_json, configuration, "
+                "result_path) VALUES (?, 'toy', 'reference', ?, 4, 4, 'replicated', 'k', 'c', ?, 40, 'pass', '[]', ?, "
+                "?, ?)", (night.created_at, version, night.corpus.fingerprint,
+                          json.dumps({"control": night.control.config, "candidate": night.candidate.config}),
+                          json.dumps(old, sort_keys=True), f"r{i}/result.json"))
+        conn.execute("INSERT INTO pins SELECT configuration, 1, '2026-12-05T00:00:00+00:00' FROM runs WHERE id = 1")
+        conn.execute("INSERT INTO pins SELECT configuration, 2, '2026-12-06T00:00:00+00:00' FROM runs WHERE id = 2")
+    conn.close()
+    runs = history.list_runs(path)
+    assert [r.id for r in runs] == [3, 2, 1] and len({r.configuration for r in runs}) == 1
+    assert [r.outcome for r in runs] == ["pass"] * 3 and [r.facts["engine"] for r in runs] == [
+        "vllm 0.33.0", "vllm 0.33.0", "vllm 0.32.0"]
+    assert [(r.id, at) for r, at in history.list_pins(path)] == [(2, "2026-12-06T00:00:00+00:00")]
+    err = capsys.readouterr().err
+    assert err == (f"note: history {path}: series that the configuration key now joins held more than one pin: "
+                   "run 2 (pinned last) stays the baseline, run 1 unpinned\n")
+    history.list_runs(path)
+    assert capsys.readouterr().err == ""  # said once, when keyed again
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "6"
+    conn.close()
+
+
+def test_rows_are_keyed_again_when_the_keys_fields_change(db, monkeypatch):
+    """Adding a field to the key is one line in qual.configuration: the history keys every row again from the key it
+    stored (the new field at its default) the next time qual opens it to write."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value = 'model,engine' WHERE key = 'key_fields'")
+        stored = json.loads(conn.execute("SELECT configuration FROM runs WHERE id = 1").fetchone()[0])
+        del stored["numerics"]
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = 1", (json.dumps(stored),))
+    conn.close()
+    assert history.get_run(db, 1).configuration == history.configuration_of(_night(1)).key()
+
+
+# ---------------------------------------------------------------- JSON for programs, the axis
+
+
+def test_cli_json_outputs_name_their_schema(db, capsys):
+    from cli_inprocess import qual_in
+
+    listed = json.loads(qual_in(capsys, "history", "list", "--json", "--history", db).stdout)
+    assert listed["schema"] == "qual.history.list/1" and [r["id"] for r in listed["runs"]] == [5, 4, 3, 2, 1]
+    run = listed["runs"][2]
+    assert (run["outcome"], run["failed_checks"], run["configuration"]["draft_kv"]) == (
+        "fail", ["acceptance_delta_lower_bound", "mean_acceptance_length_ratio"], "replicated")
+    assert run["facts"]["engine"] == "qual-reference 0.1.0" and run["delta_rate_ci95"][0] <= run["delta_rate"]
+    shown = json.loads(qual_in(capsys, "history", "show", "3", "--json", "--history", db).stdout)
+    assert shown["schema"] == "qual.history.run/1" and shown["run"]["config"]["candidate"]["dcp"] == 4
+    assert {k: v for k, v in shown["run"].items() if k != "config"} == run
+    trend = json.loads(qual_in(capsys, "history", "trend", "--json", "--axis", "engine", "--history", db).stdout)
+    assert (trend["schema"], trend["axis"]) == ("qual.history.trend/1", "engine")
+    nightly = next(s for s in trend["series"] if len(s["runs"]) == 4)
+    assert [r["x"] for r in nightly["runs"]] == ["qual-reference 0.1.0"] * 4
+    assert [r["changed"] for r in nightly["runs"]] == [[]] * 4
+
+
+def test_trend_plots_along_an_axis_and_marks_engine_changes_and_error_nights(tmp_path, capsys):
+    from cli_inprocess import qual_in
+
+    path = tmp_path / "h.sqlite"
+    for day in (1, 2, 3):
+        night = _night(day)
+        night.candidate.engine_version = f"vllm 0.3{day}.0"
+        night.meta = {"cluster": "east" if day < 3 else "west"}
+        history.record_run(path, night, None)
+    trend = json.loads(qual_in(capsys, "history", "trend", "--json", "--axis", "meta:cluster", "--history", path).stdout)
+    (series,) = trend["series"]
+    assert [r["x"] for r in series["runs"]] == ["east", "east", "west"]
+    assert [r["changed"] for r in series["runs"]] == [[], ["engine vllm 0.31.0 -> 0.32.0"],
+                                                      ["engine vllm 0.32.0 -> 0.33.0"]]
+    plot = tmp_path / "t.svg"
+    proc = qual_in(capsys, "history", "trend", "--axis", "engine", "--out", plot, "--history", path)
+    assert proc.returncode == 0, proc.stderr
+    svg = plot.read_text()
+    assert all(f"vllm 0.3{day}.0" in svg for day in (1, 2, 3)) and svg.count("stroke-dasharray") >= 2
+    proc = qual_in(capsys, "history", "trend", "--axis", "gpu", "--history", path)
+    assert proc.returncode == 2 and "--axis 'gpu': expected one of date, engine, qual or meta:KEY" in proc.stderr
+
+
+def test_pin_takes_a_run_directory(tmp_path, capsys):
+    from cli_inprocess import qual_in
+    from qual.result import save_result
+
+    path = tmp_path / "h.sqlite"
+    for day in (1, 2):
+        saved = save_result(_night(day), tmp_path / f"night{day}" / "result.json")
+        history.record_run(path, _night(day), saved)
+    proc = qual_in(capsys, "history", "baseline", "pin", tmp_path / "night1", "--history", path)
+    assert proc.returncode == 0 and proc.stdout.startswith("run 1 is now the baseline of its configuration"), proc
+    proc = qual_in(capsys, "history", "baseline", "pin", tmp_path / "elsewhere", "--history", path)
+    assert proc.returncode == 2 and "no run recorded from the folder" in proc.stderr
+
+
+# ---------------------------------------------------------------- the history for notebooks
+
+
+def test_load_history_gives_nights_and_series_as_tables(db, tmp_path):
+    """`qual.load_history`: a row a night (each value the row's, read typed), a row a series (its nights counted by
+    outcome, its latest night, its last pass); pandas loads with the first table, never with `import qual`."""
+    import subprocess
+    import sys
+
+    import qual
+
+    loaded = qual.load_history(db)
+    runs, series = loaded.runs, loaded.series
+    recorded = sorted(history.list_runs(db), key=lambda r: (r.created_at, r.id))
+    assert list(runs["id"]) == [r.id for r in recorded] == [1, 2, 3, 4, 5]
+    assert list(runs["outcome"]) == [r.outcome for r in recorded] == ["pass", "pass", "fail", "pass", "fail"]
+    assert list(runs["candidate_rate"]) == [r.candidate_rate for r in recorded]
+    assert list(runs["key.draft_kv"]) == [r.key.draft_kv for r in recorded]
+    assert list(runs["facts.engine"]) == ["qual-reference 0.1.0"] * 5 and str(runs["created_at"].dt.tz) == "UTC"
+    assert runs.loc[2, "failed_checks"] == "acceptance_delta_lower_bound, mean_acceptance_length_ratio"
+    groups = history.group_series(recorded)
+    assert list(series["series"]) == list(groups) and list(series["nights"]) == [len(g) for g in groups.values()]
+    nightly = series[series["nights"] == 4].iloc[0]
+    assert (nightly["passes"], nightly["fails"], nightly["latest_id"], nightly["last_pass_id"]) == (3, 1, 4, 4)
+    code = "import qual, sys; qual.load_history; print('pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_export_writes_the_tables(db, tmp_path, capsys):
+    import pandas as pd
+
+    from cli_inprocess import qual_in
+
+    proc = qual_in(capsys, "history", "export", tmp_path / "out", "--history", db)
+    assert proc.returncode == 0, proc.stderr
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv")
+    assert list(runs["id"]) == [1, 2, 3, 4, 5] and list(runs["outcome"]) == ["pass", "pass", "fail", "pass", "fail"]
+    assert list(pd.read_csv(tmp_path / "out" / "series.csv")["nights"]) == [4, 1]
+    proc = qual_in(capsys, "history", "export", tmp_path / "out", "--format", "xlsx", "--history", db)
+    assert proc.returncode == 2 and "--format 'xlsx': expected csv or parquet" in proc.stderr
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        proc = qual_in(capsys, "history", "export", tmp_path / "pq", "--format", "parquet", "--history", db)
+        assert proc.returncode == 2 and "needs pyarrow" in proc.stderr
+        return
+    proc = qual_in(capsys, "history", "export", tmp_path / "pq", "--format", "parquet", "--history", db)
+    assert proc.returncode == 0 and list(pd.read_parquet(tmp_path / "pq" / "runs.parquet")["id"]) == [1, 2, 3, 4, 5]
+
+
+def test_a_glm_night_recorded_before_numerics_joins_the_exact_series(tmp_path):
+    """A GLM night stored before the key had numerics (its stored key without the field) is keyed again as numerics
+    "exact", the one form qual computed then: the last pass of a night of today without --numerics, never of one
+    run with --numerics vllm (another experiment, no series it may follow)."""
+    path = tmp_path / "h.sqlite"
+    glm = dict(n_resamples=100, model="glm-toy", dsa_topk="exact")
+    before = synthetic_result(40, 0.75, 0.75, created_at="2026-12-01T02:00:00+00:00", **glm)
+    history.record_run(path, before, "a/result.json")
+    with sqlite3.connect(path) as conn:  # the row as a qual without the field left it
+        stored = json.loads(conn.execute("SELECT configuration FROM runs WHERE id = 1").fetchone()[0])
+        del stored["numerics"]
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = 1", (json.dumps(stored),))
+        conn.execute("UPDATE meta SET value = ? WHERE key = ?",
+                     (",".join(f for f in stored), store.KEY_FIELDS))
+    conn.close()
+    exact, vllm = (synthetic_result(40, 0.75, 0.75, created_at=f"2026-12-0{day}T02:00:00+00:00", numerics=numerics,
+                                    **glm) for day, numerics in ((2, "exact"), (3, "vllm")))
+    history.record_run(path, vllm, "c/result.json")  # a write: the history is keyed again first
+    old = history.get_run(path, 1)
+    assert old.key.numerics == "exact" and old.key == history.configuration_of(exact)
+    assert history.last_pass(path, history.configuration_of(exact)).id == 1
+    assert history.last_pass(path, history.configuration_of(vllm)).id == 2
+    assert [r.id for r in history.configuration_runs(path, history.configuration_of(exact))] == [1]

@@ -13,6 +13,7 @@ import pytest
 
 from checkpoints import make_profile
 from cli_inprocess import qual_in as cli
+from qual import history
 from qual.harness.inputs import seal
 from qual.harness.journal import sealed
 
@@ -205,6 +206,20 @@ def test_compare_two_arms_and_refuse_unmatched(finished_run, tmp_path, capsys):
     assert blocked.returncode == 2 and "--out" in blocked.stderr and len(blocked.stderr.strip().splitlines()) == 1
 
 
+def test_compare_json_is_the_verdict_for_a_program(finished_run, tmp_path, capsys):
+    """`qual compare --json`: the verdict as one JSON document naming its schema (qual.verdict/1), every check with
+    its numbers, instead of the verdict's lines."""
+    result = finished_run[1] / "out" / "result.json"
+    proc = cli(capsys, "compare", f"{result}:control", result, "--out", tmp_path / "cmp", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    written = json.loads((tmp_path / "cmp" / "result.json").read_text())
+    assert (data["schema"], data["outcome"], data["passed"], data["exit_code"]) == ("qual.verdict/1", "pass", True, 0)
+    assert data["checks"] == written["gate"]["checks"] and data["control"]["ref"] == f"{result}:control"
+    assert data["control"]["rate"] == written["arms"]["control"]["acceptance"]["rate"]
+    assert data["files"]["json"] == str(tmp_path / "cmp" / "result.json")
+
+
 def _copy_run(finished_run, tmp_path) -> tuple[Path, Path]:
     """A copy of the finished run whose run.json records into a history of its own."""
     import shutil
@@ -232,7 +247,9 @@ def test_resume_refuses_an_impossible_journal_record_before_any_arm_runs(finishe
     assert proc.returncode == 2, proc.stderr
     assert f"candidate.requests.jsonl:3: request {rec['id']}: accepted_tokens" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert (out / "control.requests.jsonl").read_text() == "" and history_rows(db) == 0
+    assert (out / "control.requests.jsonl").read_text() == ""
+    # the night ended in exit 2 with its folder: an error row says so (a run recorded with a verdict would keep it)
+    assert [(r.outcome, r.exit_code) for r in history.list_runs(db)] == [("error", 2)]
 
 
 def test_compare_refuses_an_impossible_result_record(finished_run, tmp_path, capsys):
@@ -275,7 +292,9 @@ def test_a_full_disk_is_exit_2_leaves_no_temporary_file_and_resumes(profile, sma
     assert all(line.startswith("progress: ") for line in progress), proc.stderr
     assert error.startswith(f"error: cannot write {out / 'result.json'}: No space left on device")
     assert f"qual run --resume {out}" in error
-    assert list(out.glob("*.tmp")) == [] and not (out / "result.json").exists() and history_rows(db) == 0
+    assert list(out.glob("*.tmp")) == [] and not (out / "result.json").exists()
+    (row,) = history.list_runs(db)  # the night's error row (the history is on another disk), replaced by the resume
+    assert (row.outcome, row.exit_code) == ("error", 2) and row.error.startswith("error: cannot write ")
     journaled = {arm: (out / f"{arm}.requests.jsonl").read_text() for arm in ("control", "candidate")}
     assert all(len(text.splitlines()) == 2 for text in journaled.values())
     filler.unlink()
@@ -287,6 +306,7 @@ def test_a_full_disk_is_exit_2_leaves_no_temporary_file_and_resumes(profile, sma
         assert result["arms"][arm]["per_request"] == [{k: v for k, v in json.loads(line).items() if k != "sealed"}
                                                       for line in text.splitlines()]  # each line's digest aside
     assert history_rows(db) == 1 and list(out.glob("*.tmp")) == []
+    assert history.get_run(db, row.id).outcome == "pass"
 
 
 def test_runs_with_the_default_out_in_the_same_second_get_their_own_folders(profile, tmp_path, capsys, monkeypatch):

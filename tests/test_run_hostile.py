@@ -200,7 +200,7 @@ def test_a_locked_history_is_waited_for_then_named_with_the_resume_command(run, 
 
     _, profile, _, _ = run
     db = tmp_path / "h.sqlite"
-    monkeypatch.setattr(history, "LOCK_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(history.store, "LOCK_TIMEOUT_S", 1.0)
     plan = make_plan(run_options(model=str(profile), dcp=1, tp=1, limit=2, out=str(tmp_path / "out"), history=str(db)))
     shutil.copy(run[3], db)  # a history with a run in it
     holder = sqlite3.connect(db, isolation_level=None)

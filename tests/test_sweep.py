@@ -38,6 +38,12 @@ def qual(*args, timeout=600):
     return subprocess.run([*QUAL, *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
+def errors(db: Path) -> list[tuple]:
+    """(run_id, dcp, tp, draft_kv, outcome, exit_code) of each row."""
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT run_id, dcp, tp, draft_kv, outcome, exit_code FROM runs ORDER BY id").fetchall()
+
+
 def rows(db: Path) -> list[tuple]:
     with sqlite3.connect(db) as c:
         return c.execute("SELECT run_id, dcp, tp, draft_kv, verdict, configuration, result_path FROM runs ORDER BY id").fetchall()
@@ -286,7 +292,10 @@ def test_a_sweep_killed_in_its_second_candidate_resumes_only_what_is_missing(tmp
     while [p for p in tree if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in tree if alive(p)] == []
-    assert not (out / "result.json").exists() and not db.exists()
+    assert not (out / "result.json").exists()
+    # the interrupted night left a row per comparison, an error row each (exit 130), and summary.md saying why
+    assert [r[4:6] for r in errors(db)] == [("error", 130)] * len(names)
+    assert (out / "summary.md").read_text().startswith("## ⛔ ERROR")
     total = json.loads((out / "run.json").read_text())["corpus"]["count"]
     done = len(read_journal(second))
     assert 1 <= done < total, "the kill landed outside the second candidate's requests"
@@ -307,3 +316,4 @@ def test_a_sweep_killed_in_its_second_candidate_resumes_only_what_is_missing(tmp
     result = json.loads((out / "result.json").read_text())
     assert [c["name"] for c in result["comparisons"]] == names and result["passed"] is True
     assert [r[0].rpartition("/")[2] for r in rows(db)] == names
+    assert [r[4:6] for r in errors(db)] == [("pass", 0)] * len(names)  # the real rows replaced the error rows

@@ -49,6 +49,9 @@ def compare_command(
     gate: Optional[str] = typer.Option(None, "--gate", help="Gate rules YAML (default: the shipped nightly.yaml)."),
     history: Optional[str] = typer.Option(None, "--history", help="Also record the comparison in this history database."),
     seed: int = typer.Option(0, "--seed", min=0, help="Bootstrap seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON (schema qual.verdict/1: outcome, "
+                                 "exit code, each arm's headline, every check with its numbers, the reports' paths) "
+                                 "instead of its lines; warnings still go to stderr."),
 ) -> None:
     """Compare two arms of earlier results (same corpus fingerprint and sampling, else exit 2)."""
     from qual.harness.compare import compare
@@ -68,6 +71,11 @@ def compare_command(
         if history:
             record_run(history, result, paths["json"])
         print_warnings(result)
-        print_verdict(result, a, b, out)
+        if as_json:
+            from qual.report.json import verdict_text
+
+            print(verdict_text(result, a, b, paths))
+        else:
+            print_verdict(result, a, b, out)
     if not result.gate.passed:
         raise typer.Exit(EXIT_GATE_FAILED)

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from qual import history as hist
 from qual.errors import QualError
+from qual.nights import check_axis
 from qual.options import DRAFT_KV_MODES
 from qual.paths import DEFAULT_HISTORY
 from qual.shown import safe
@@ -71,8 +72,38 @@ def _none_found(history: Path, filters: dict[str, object]) -> str:
     return f"no run matches {_t(given)} in {_t(history)} ({total} run{'s' if total != 1 else ''} recorded)"
 
 
-def _verdict(v: str) -> str:
-    return "[green]pass[/]" if v == "pass" else "[bold red]FAIL[/]"
+def _verdict(run: hist.HistoryRun) -> str:
+    """pass, FAIL, INCONCLUSIVE (and how it exited), or ERROR with its exit code."""
+    if run.outcome == hist.PASS:
+        return "[green]pass[/]"
+    if run.outcome == hist.INCONCLUSIVE:
+        return f"[yellow]INCONCLUSIVE[/] (exit {0 if run.verdict == hist.PASS else 1})"
+    if run.outcome == hist.ERROR:
+        return f"[bold red]ERROR[/] (exit {run.exit_code})"
+    return "[bold red]FAIL[/]"
+
+
+# The JSON documents the history commands print (--json): each names its schema, as result.json does
+LIST_SCHEMA, RUN_SCHEMA, TREND_SCHEMA, PRUNE_SCHEMA = ("qual.history.list/1", "qual.history.run/1",
+                                                       "qual.history.trend/1", "qual.history.prune/1")
+
+
+def run_json(r: hist.HistoryRun) -> dict:
+    """One night as the JSON outputs give it: every column but the stored config, read typed."""
+    return {"id": r.id, "run_id": r.run_id, "created_at": r.created_at, "outcome": r.outcome, "verdict": r.verdict,
+            "exit_code": r.exit_code, "error": r.error, "model": r.model, "engine": r.engine,
+            "engine_version": r.engine_version, "qual_commit": r.qual_commit, "dcp": r.dcp, "tp": r.tp,
+            "draft_kv": r.draft_kv, "corpus_name": r.corpus_name, "corpus_fingerprint": r.corpus_fingerprint,
+            "n_requests": r.n_requests, "control_rate": r.control_rate, "candidate_rate": r.candidate_rate,
+            "control_mean_acceptance_length": r.control_mal, "candidate_mean_acceptance_length": r.candidate_mal,
+            "delta_rate": r.delta_rate, "delta_rate_ci95": None if r.ci_lo is None else [r.ci_lo, r.ci_hi],
+            "failed_checks": r.failed_checks, "baseline": r.baseline, "result_path": r.result_path,
+            "run_dir": r.run_dir, "command": r.command, "series": r.series,
+            "configuration": asdict(r.key) if r.key is not None else None, "meta": r.meta, "facts": r.facts}
+
+
+def _print_json(data: dict) -> None:
+    print(json.dumps(data, indent=2))
 
 
 @history_app.command("list")
@@ -80,9 +111,13 @@ def list_cmd(
     history: Path = HistoryOpt,
     model: Optional[str] = typer.Option(None, "--model", help="Only this model (a profile name, or its file)."),
     limit: int = typer.Option(20, "--limit", min=1, help="Newest N runs."),
+    as_json: bool = typer.Option(False, "--json", help=f"Print the runs as JSON ({LIST_SCHEMA})."),
 ) -> None:
     """Recorded runs, newest first."""
     runs = hist.list_runs(history, model=_model_name(model), limit=limit)
+    if as_json:
+        _print_json({"schema": LIST_SCHEMA, "history": str(history), "runs": [run_json(r) for r in runs]})
+        return
     console = _console()
     if not runs:
         console.print(_none_found(history, {"model": model}), highlight=False, soft_wrap=True)
@@ -95,21 +130,26 @@ def list_cmd(
     for r in runs:
         table.add_row(str(r.id), _t(r.created_at[:16].replace("T", " ")), _t(r.model), _t(r.engine_version or r.engine),
                       _t((r.qual_commit or "-")[:10]), str(r.dcp), _t(r.draft_kv), str(r.n_requests),
-                      _pct(r.control_rate), _pct(r.candidate_rate), _pp(r.delta_rate), _verdict(r.verdict))
+                      _pct(r.control_rate), _pct(r.candidate_rate), _pp(r.delta_rate), _verdict(r))
     console.print(table)
 
 
 @history_app.command("show")
-def show_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history list`."), history: Path = HistoryOpt) -> None:
+def show_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history list`."), history: Path = HistoryOpt,
+             as_json: bool = typer.Option(False, "--json", help=f"Print the run as JSON ({RUN_SCHEMA}).")) -> None:
     """Everything recorded about one run."""
     r = hist.get_run(history, run_id)
+    if as_json:
+        _print_json({"schema": RUN_SCHEMA, "history": str(history), "run": {**run_json(r), "config": r.config}})
+        return
     console = _console()
     table = Table(show_header=False, title=f"run {r.id}")
     table.add_column(style="bold")
     table.add_column()
     ci = "n/a" if r.ci_lo is None else f"[{r.ci_lo * 100:+.2f}, {r.ci_hi * 100:+.2f}] pp"
-    for k, v in (
-        ("created", _t(r.created_at)), ("verdict", _verdict(r.verdict)),
+    rows = [
+        ("created", _t(r.created_at)), ("verdict", _verdict(r)),
+        *([("cause", _t(r.error or "n/a"))] if r.is_error else []),
         ("failed checks", _t(", ".join(r.failed_checks) or "none")), ("model", _t(r.model)),
         ("engine", _t(f"{r.engine} ({r.engine_version})")), ("qual commit", _t(r.qual_commit or "n/a")),
         ("series", _t(r.series)),
@@ -117,8 +157,13 @@ def show_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history l
         ("control rate", _pct(r.control_rate)), ("candidate rate", _pct(r.candidate_rate)),
         ("delta", _t(f"{_pp(r.delta_rate)} pp, 95% CI {ci}")),
         ("mean acceptance length", f"{_num(r.control_mal)} -> {_num(r.candidate_mal)}"),
-        ("result", _t(r.result_path or "n/a")), ("run id", _t(r.run_id or "n/a")),
-    ):
+        ("baseline", _t(r.baseline or "none")),
+        ("result", _t(r.result_path or "n/a")), ("run folder", _t(r.run_dir or "n/a")), ("run id", _t(r.run_id or "n/a")),
+        ("command", _t(r.command or "n/a")),
+        *((f"meta {k}", _t(v)) for k, v in r.meta.items()),
+        *((name, _t(v)) for name, v in r.facts.items() if v is not None and name not in ("engine",)),
+    ]
+    for k, v in rows:
         table.add_row(k, v)
     console.print(table)
     console.print_json(json.dumps(r.config))
@@ -139,28 +184,35 @@ def trend_cmd(
     draft_kv: Optional[str] = typer.Option(None, "--draft-kv", metavar="|".join(DRAFT_KV_MODES),
                                            help="Only this draft KV layout."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the plot here (.png or .svg)."),
+    axis: str = typer.Option("date", "--axis", help="What each series is plotted along: date, engine (its version), "
+                             "qual (version and commit) or meta:KEY (a `qual run --meta KEY=...`)."),
     threshold_pp: float = typer.Option(hist.DEFAULT_STEP_PP, "--threshold-pp", min=0.0,
                                        help="Flag changes larger than this between consecutive runs."),
-    as_json: bool = typer.Option(False, "--json", help="Print the series and step changes as JSON."),
+    as_json: bool = typer.Option(False, "--json", help=f"Print the series and step changes as JSON ({TREND_SCHEMA})."),
     fail_on_step: bool = typer.Option(False, "--fail-on-step", help="Exit 1 when a step change is flagged."),
 ) -> None:
-    """Acceptance over time per configuration (qual.configuration); flags step changes between consecutive runs."""
+    """Acceptance over nights per configuration (qual.configuration), along an axis; flags step changes between
+    consecutive runs and names what changed between them (engine, torch, qual)."""
+    check_axis(axis)
     if out is not None:  # before the work, not after the trend was printed
         _check_plot_path(out)
     series = hist.trend(history, model=_model_name(model), dcp=dcp, draft_kv=draft_kv)
     runs = [r for rows in series.values() for r in rows]
     steps = hist.detect_step_changes(runs, threshold_pp)
     if as_json:
-        print(json.dumps(_trend_json(series, steps, threshold_pp), indent=2))
+        _print_json(_trend_json(series, steps, threshold_pp, axis))
     else:
         _print_trend(series, steps, threshold_pp, history, {"model": model, "dcp": dcp, "draft_kv": draft_kv})
     if out is not None:
         from qual.report import plots
 
-        points = {label: [(_when(r.created_at), r.control_rate, r.candidate_rate) for r in rows]
+        points = {label: [(_when(r.created_at) if axis == "date" else hist.position(r, axis), r.control_rate,
+                           r.candidate_rate, r.facts.get("engine"), r.is_error) for r in rows]
                   for label, rows in series.items()}
-        marks = [(s.series, _when(s.created_at), s.arm, s.after) for s in steps]
-        path = plots.save_figure(plots.trend_figure(points, marks), out)
+        where = {r.id: (_when(r.created_at) if axis == "date" else i) for rows in series.values()
+                 for i, r in enumerate(rows)}
+        marks = [(s.series, where[s.run_id], s.arm, s.after) for s in steps]
+        path = plots.save_figure(plots.trend_figure(points, marks, axis), out)
         print(f"plot written to {safe(path)}", file=sys.stderr if as_json else sys.stdout)
     if steps and fail_on_step:
         raise typer.Exit(EXIT_GATE_FAILED)
@@ -183,8 +235,11 @@ def _print_trend(series: dict, steps: list, threshold_pp: float, history: Path, 
     console = _console()
     for label, rows in series.items():
         latest = rows[-1]
-        console.print(f"{_t(label)}: {len(rows)} runs, latest control {_pct(latest.control_rate)} "
-                      f"candidate {_pct(latest.candidate_rate)} ({_verdict(latest.verdict)})", highlight=False,
+        why = f": {_t(latest.error)}" if latest.is_error else ""
+        errors = sum(r.is_error for r in rows)
+        gaps = f" ({errors} without a verdict)" if errors else ""
+        console.print(f"{_t(label)}: {len(rows)} runs{gaps}, latest control {_pct(latest.control_rate)} "
+                      f"candidate {_pct(latest.candidate_rate)} ({_verdict(latest)}{why})", highlight=False,
                       soft_wrap=True)
     if not series:
         console.print(_none_found(history, filters), highlight=False, soft_wrap=True)
@@ -196,21 +251,68 @@ def _print_trend(series: dict, steps: list, threshold_pp: float, history: Path, 
         console.print(f"no step changes > {threshold_pp:g} pp")
 
 
-def _trend_json(series: dict, steps: list, threshold_pp: float) -> dict:
-    """Each series: its configuration key (fields) and runs, oldest first; the flagged steps."""
+def _trend_json(series: dict, steps: list, threshold_pp: float, axis: str) -> dict:
+    """Each series: its configuration key (fields) and nights, oldest first, each with its place on the axis and what
+    changed since the night before; the flagged steps."""
+    out = []
+    for label, rows in series.items():
+        nights = [{**run_json(r), "x": hist.position(r, axis),
+                   "changed": hist.changed(rows[i - 1], r) if i else []} for i, r in enumerate(rows)]
+        out.append({"label": label, "configuration": asdict(rows[0].key) if rows[0].key is not None else None,
+                    "runs": nights})
     return {
+        "schema": TREND_SCHEMA,
+        "axis": axis,
         "threshold_pp": threshold_pp,
-        "series": [{"label": label,
-                    "configuration": asdict(rows[0].key) if rows[0].key is not None else None,
-                    "runs": [{"id": r.id, "created_at": r.created_at, "qual_commit": r.qual_commit,
-                              "engine_version": r.engine_version, "n_requests": r.n_requests, "verdict": r.verdict,
-                              "control_rate": r.control_rate, "candidate_rate": r.candidate_rate,
-                              "delta_rate": r.delta_rate, "result_path": r.result_path} for r in rows]}
-                   for label, rows in series.items()],
+        "series": out,
         "steps": [{"series": s.series, "arm": s.arm, "previous_run_id": s.previous_run_id, "run_id": s.run_id,
                    "created_at": s.created_at, "before": s.before, "after": s.after, "delta_pp": s.delta * 100,
                    "notes": s.notes} for s in steps],
     }
+
+
+@history_app.command("export")
+def export_cmd(
+    out_dir: Path = typer.Argument(..., metavar="DIR", help="Folder for runs.<format> and series.<format>."),
+    fmt: str = typer.Option("csv", "--format", metavar="csv|parquet", help="CSV, or Parquet (needs pyarrow)."),
+    history: Path = HistoryOpt,
+) -> None:
+    """Write the history's nights (runs) and series as tables: one row a night, one a series (what
+    `qual.load_history` gives a notebook)."""
+    from qual.cli.outputs import check_before_work
+    from qual.history.frames import FORMATS, export, load_history
+
+    if fmt not in FORMATS:  # before the work
+        raise QualError(f"--format {fmt!r}: expected {' or '.join(FORMATS)}")
+    check_before_work(out_dir, history, history_written=False, out_option="DIR")
+    loaded = load_history(history)
+    for path in export(loaded, out_dir, fmt):
+        print(f"wrote {safe(path)}")
+
+
+@history_app.command("prune")
+def prune_cmd(
+    runs_dir: Path = typer.Argument(..., metavar="DIR", help="The folder whose subfolders are run directories "
+                                    "(a CI job's reports/runs)."),
+    keep: int = typer.Option(..., "--keep", min=0, help="Run directories kept besides the baselines': the newest N."),
+    history: Path = HistoryOpt,
+    as_json: bool = typer.Option(False, "--json", help=f"Print what was kept and removed as JSON ({PRUNE_SCHEMA})."),
+) -> None:
+    """Remove old run directories under DIR: keep the newest N (by name, numbers as numbers: <run id>-<attempt>) and
+    every one a baseline may still read (pins, each series' last pass); folders that are not qual run directories
+    are never touched. The history keeps every row."""
+    from qual.history.prune import prune
+
+    done = prune(runs_dir, keep, history)
+    if as_json:
+        _print_json({"schema": PRUNE_SCHEMA, "runs_dir": str(runs_dir), **done.to_json()})
+        return
+    for path in done.baselines:
+        print(f"kept {safe(path)} (a baseline)")
+    for path, why in done.left:
+        print(f"left {safe(path)} ({safe(why)})")
+    print(f"removed {len(done.removed)} run director{'y' if len(done.removed) == 1 else 'ies'}, kept "
+          f"{len(done.kept)} ({len(done.baselines)} for baselines)")
 
 
 @history_app.command("publish")
@@ -244,20 +346,23 @@ history_app.add_typer(baseline_app, name="baseline")
 
 
 @baseline_app.command("pin")
-def pin_cmd(run_id: int = typer.Argument(..., help="Run id from `qual history list`."), history: Path = HistoryOpt) -> None:
-    """Make run ID the baseline of its configuration (it wins over the newest passing run)."""
+def pin_cmd(run: str = typer.Argument(..., metavar="RUN", help="A run id from `qual history list`, or the run's "
+                                      "directory (its --out)."), history: Path = HistoryOpt) -> None:
+    """Make RUN the baseline of its configuration (it wins over the newest passing run): a night accepted as its
+    series' level, failed or not."""
     from datetime import timezone
 
-    run = hist.get_run(history, run_id)
+    run = hist.find_run(history, run)
     if not run.result_path or not Path(run.result_path).is_file():
-        raise QualError(f"run {run_id}: its result file {run.result_path or '(none recorded)'} is missing; "
+        raise QualError(f"run {run.id}: its result file {run.result_path or '(none recorded)'} is missing; "
                         "a baseline is read from it")
-    run, previous = hist.pin(history, run_id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    run, previous = hist.pin(history, run.id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     # Plain print: run fields are recorded text, never console markup.
     replaced = f" (replaces run {previous})" if previous is not None else ""
     print(f"run {run.id} is now the baseline of its configuration{replaced}: {safe(run.series)}")
-    if run.verdict != "pass":
-        print(f"note: run {run.id} failed its gate ({safe(', '.join(run.failed_checks))}); it is pinned as asked")
+    if run.outcome != hist.PASS:
+        print(f"note: run {run.id} did not pass its gate ({run.outcome}: {safe(', '.join(run.failed_checks))}); it is "
+              "pinned as asked")
 
 
 @baseline_app.command("unpin")
@@ -282,5 +387,5 @@ def pins_cmd(history: Path = HistoryOpt) -> None:
     if not pins:
         print(f"no pinned runs in {safe(history)}")
     for run, pinned_at in pins:
-        print(f"run {run.id} pinned {safe(pinned_at)}: {safe(run.series)} ({safe(run.verdict)}, control "
+        print(f"run {run.id} pinned {safe(pinned_at)}: {safe(run.series)} ({run.outcome}, control "
               f"{_pct(run.control_rate)}, candidate {_pct(run.candidate_rate)})")

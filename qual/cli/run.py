@@ -15,7 +15,7 @@ from qual.cli.outputs import check_before_work, claim_fresh_dir, leftovers_only
 from qual.cli.verdict import print_speedup, print_sweep_verdict, print_verdict, print_warnings
 from qual.configuration import describe_differences
 from qual.engines.registry import ENGINES, get_engine
-from qual.errors import QualError
+from qual.errors import EngineError, InternalError, QualError
 from qual.files import DirectoryLock
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE,
                           DEFAULT_NUMERICS, DEFAULT_TEMPERATURE, DEVICES, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES,
@@ -101,11 +101,19 @@ def run_command(
                                        "shipped gate's name (nightly, the default; nightly-baseline) or a YAML file."),
     baseline: Optional[str] = typer.Option(
         None, "--baseline", metavar="REF", rich_help_panel=GATE, help="Also compare each arm with an earlier run: a run "
-        "directory or result.json, a history id, or history:last-pass (the run pinned for this configuration, else its "
-        "newest passing run)."),
+        "directory or result.json, a history id, or history:last-pass (the run pinned for this series, else its newest "
+        "passing run, else the series before it's; none: a first night)."),
     baseline_any: bool = typer.Option(False, "--baseline-any", rich_help_panel=GATE, help="Let a baseline of another "
-                                      "configuration key serve (another engine version, checkpoint, layout...); the "
+                                      "configuration key serve (another checkpoint, layout, selection...); the "
                                       "differences are recorded."),
+    baseline_required: bool = typer.Option(False, "--baseline-required", rich_help_panel=GATE, help="With --baseline "
+                                           "history:last-pass: a series with nothing to compare with is exit 2 (else "
+                                           "its first night runs the paired gate alone and becomes its baseline if it "
+                                           "passes)."),
+    meta: Optional[list[str]] = typer.Option(None, "--meta", metavar="KEY=VALUE", rich_help_panel=OUTPUTS,
+                                             help="A label of this night (a deployment commit, a CI run's URL, a "
+                                             "cluster), repeatable: recorded in result.json, the history and the "
+                                             "reports."),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR", rich_help_panel=OUTPUTS, help="Output directory, "
                                       "new or empty (default ./reports/<time>-<model>-dcp<N>/)."),
     history: Optional[str] = typer.Option(None, "--history", metavar="FILE", rich_help_panel=OUTPUTS,
@@ -132,6 +140,7 @@ def run_command(
 ) -> None:
     """Replay one corpus through control and candidate, compare acceptance, apply the gate."""
     from qual.cli.progress import RunProgress
+    from qual.harness.error_night import record_error_night
     from qual.harness.execute import execute, resume_command
     from qual.harness.inputs import check_unchanged
     from qual.harness.plan import load_plan, make_plan, run_options
@@ -157,7 +166,8 @@ def run_command(
                               chat_template=chat_template, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
-                              dsa_topk=dsa_topk, numerics=numerics, baseline=baseline, baseline_any=baseline_any, control_url=control_url,
+                              dsa_topk=dsa_topk, numerics=numerics, baseline=baseline, baseline_any=baseline_any,
+                              baseline_required=baseline_required, meta=meta, control_url=control_url,
                               candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
                               max_concurrency=max_concurrency, speedup=speedup)
         plan = make_plan(options, dry_run=dry_run)
@@ -181,18 +191,23 @@ def run_command(
         # From here on a bug's traceback goes to <out>/crash.txt, and exits 3 and 4 leave a junit.xml naming the cause.
         with crash_report(plan.out_dir, suite):
             with progress:
-                result, _ = execute(plan, progress)
-            if plan.is_sweep:
-                print_sweep_verdict(result, plan.out_dir)
-            else:
-                print_warnings(result)
-                print_verdict(result, "control", "candidate", plan.out_dir)
-                print_speedup(result)
-    except KeyboardInterrupt:
+                result, _, _ = execute(plan, progress)
+    except KeyboardInterrupt as exc:
         print(f"finish the run with: {resume_command(plan.out_dir)}", file=sys.stderr)
+        record_error_night(plan, exc)
+        raise
+    except (QualError, EngineError, InternalError) as exc:
+        record_error_night(plan, exc)  # a night without a verdict still leaves its row and summary.md
         raise
     finally:
         lock.release()
+    with crash_report(plan.out_dir, suite):
+        if plan.is_sweep:
+            print_sweep_verdict(result, plan.out_dir)
+        else:
+            print_warnings(result)
+            print_verdict(result, "control", "candidate", plan.out_dir)
+            print_speedup(result)
     if not (result.passed if plan.is_sweep else result.gate.passed):  # a sweep: the worst of its candidates' verdicts
         raise typer.Exit(EXIT_GATE_FAILED)
 
@@ -208,12 +223,17 @@ def _refuse_flags_beside_resume(ctx: typer.Context) -> None:
 
 def baseline_match(b) -> str:
     """How the baseline relates to this run's configuration key (a ResolvedBaseline)."""
+    from qual.harness.baseline import PREVIOUS_SERIES
+
     if not b.key_differences:
         return "the same configuration"
-    return f"another configuration, taken with --baseline-any: {describe_differences(b.key_differences)}"
+    how = "the series before this one" if b.chosen_by == PREVIOUS_SERIES else "taken with --baseline-any"
+    return f"another configuration, {how}: {describe_differences(b.key_differences)}"
 
 
 def _print_dry_run(plan) -> None:
+    from qual.result import FIRST_NIGHT
+
     print(f"# dry run: nothing is started or written (out would be {plan.out_dir})")
     count, total = plan.corpus_info["count"], len(plan.request_ids) or plan.corpus_info["count"]
     shown = f"{count} rows, {total} requests over their turns" if total != count else f"{count} requests"
@@ -230,3 +250,5 @@ def _print_dry_run(plan) -> None:
         print(f"# this machine lacks: {problem}")
     if plan.baseline is not None:
         print(f"# baseline: {plan.baseline.describe()}; {baseline_match(plan.baseline)}")
+    elif plan.first_night:
+        print(f"# baseline: none yet: {FIRST_NIGHT}")

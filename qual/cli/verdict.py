@@ -14,13 +14,16 @@ def _say(line: str, stream=None) -> None:
     print(safe(line), file=stream or sys.stdout)
 
 
+# A check's mark on stdout, by its outcome (qual.result.CheckResult.outcome)
+MARKS = {"pass": "ok", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "skip"}
+
+
 def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
     # imported when used: every `qual` invocation loads this module
-    from qual.report.common import interval_note, pct
-    from qual.result import DECIDED_NOTHING
+    from qual.report.common import inconclusive_note, interval_note, pct
+    from qual.result import DECIDED_NOTHING, FIRST_NIGHT
 
-    verdict = "PASS" if result.gate.passed else "FAIL"
-    _say(f"{verdict}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
+    _say(f"{result.gate.word}: {control_label} {pct(result.control.acceptance.rate)} vs {candidate_label} "
           f"{pct(result.candidate.acceptance.rate)} acceptance; report {report_dir / 'report.html'}")
     note = interval_note(result)
     if note is not None:
@@ -29,11 +32,17 @@ def print_verdict(result, control_label: str, candidate_label: str, report_dir: 
         rates = ", ".join(f"{arm} {pct(b.tonight_rate)} vs {pct(b.baseline_rate)}" for arm, b in result.baseline.arms.items()
                           if b.compared)
         _say(f"  baseline {result.baseline.label}: {rates or 'no arm compared'}")
+        if result.baseline.changed:
+            _say(f"  changed since the baseline: {'; '.join(result.baseline.changed)}")
+    elif result.first_night:
+        _say(f"  {FIRST_NIGHT}")
     for check in result.gate.checks:
-        mark = "skip" if check.skipped else "ok" if check.passed else "FAIL"
-        _say(f"  [{mark}] {check.name}: {check.detail}")
+        _say(f"  [{MARKS[check.outcome]}] {check.name}: {check.detail}")
     if result.gate.decided_nothing:
         _say(f"  [FAIL] {DECIDED_NOTHING}")
+    note = inconclusive_note(result.gate)
+    if note:
+        _say(f"  {note}")
 
 
 def print_sweep_verdict(sweep, report_dir: Path) -> None:
@@ -56,8 +65,7 @@ def print_sweep_verdict(sweep, report_dir: Path) -> None:
         _say(f"  {row.verdict} {row.name} ({row.settings}): {row.rate}, delta {row.delta} {row.ci}, mean acceptance "
               f"length ratio {row.mal_ratio}")
         for check in result.gate.checks:
-            mark = "skip" if check.skipped else "ok" if check.passed else "FAIL"
-            _say(f"    [{mark}] {check.name}: {check.detail}")
+            _say(f"    [{MARKS[check.outcome]}] {check.name}: {check.detail}")
 
 
 def print_warnings(result) -> None:

@@ -1,8 +1,12 @@
 """`qual run --baseline REF`: find the baseline run and check, before any arm runs, that it can serve as one.
 
 REF is a result directory or result.json, a history id (`12` or `history:12`), or `history:last-pass`: the run
-pinned for tonight's configuration (`qual history baseline pin ID`), else its newest passing run. What a baseline
-must share with tonight's run, and what may differ, is `mismatches` below (docs/statistics.md, "Baselines").
+pinned for tonight's configuration (`qual history baseline pin ID`), else its newest passing run; for a series with
+neither, the last pass of the series before it (the nearest key that differs only in the checkpoints' identities or
+the selection of the same corpus: a drafter swapped in place is compared with the drafter it replaces), else nothing:
+the first night of a series runs the paired gate alone and becomes its baseline if it passes (`--baseline-required`
+refuses that instead). What a baseline must share with tonight's run, and what may differ, is `mismatches` below
+(docs/statistics.md, "Baselines").
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Sequence
 
 from qual import history as hist
 from qual.baseline import ARMS
-from qual.configuration import ConfigurationKey, describe_differences
+from qual.configuration import SUCCESSOR_FIELDS, ConfigurationKey, describe_differences
 from qual.errors import QualError
 from qual.records import ArmConfig
 from qual.result import Result
@@ -26,6 +30,9 @@ _HISTORY_ID = re.compile(r"(?:history:)?(\d+)")
 # Compared with tonight's arms but allowed to differ: shown in the report (a baseline from another engine or build
 # is the point of the comparison). Everything else of an arm's config is either a match key or shown too.
 _MATCHED = ("model", "sampling", "num_speculative_tokens")
+# How a baseline was chosen (result.json baseline.chosen_by)
+RESULT_FILE, HISTORY_ID, PINNED, LAST, PREVIOUS_SERIES, NEAREST = (
+    "result file", "history id", "pinned", "last pass", "previous series", "nearest pass")
 
 
 @dataclass
@@ -33,12 +40,12 @@ class ResolvedBaseline:
     """The run REF names: its result and how it was chosen."""
 
     ref: str
-    chosen_by: str  # "result file" | "history id" | "pinned" | "last pass"
+    chosen_by: str  # RESULT_FILE | HISTORY_ID | PINNED | LAST | PREVIOUS_SERIES | NEAREST
     history_id: int | None
     path: Path
     result: Result
-    # --baseline-any: the configuration-key fields in which the baseline differs from tonight's run (field, tonight,
-    # baseline); empty when the keys agree
+    # the configuration-key fields in which the baseline differs from tonight's run (field, tonight, baseline); empty
+    # when the keys agree
     key_differences: list[tuple[str, object, object]] = dataclass_field(default_factory=list)
     forced: bool = False  # --baseline-any was given
 
@@ -48,43 +55,32 @@ class ResolvedBaseline:
 
 
 ANY = "--baseline-any"
+REQUIRED = "--baseline-required"
 
 
-def resolve(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool = False) -> ResolvedBaseline:
+def resolve(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool = False,
+            required: bool = False) -> ResolvedBaseline | None:
     """The baseline run REF names (QualError, one line, if there is none or its result cannot be read), checked
     against tonight's configuration key: a baseline of another key is refused, naming the fields that differ, unless
-    any_key (--baseline-any), which takes it and records the differences."""
-    found = _find(ref, history_path, configuration, any_key)
+    it is the series before tonight's (history:last-pass) or any_key (--baseline-any) takes it; the differences are
+    recorded. None: history:last-pass found nothing for a series' first night (unless required)."""
+    found = _find(ref, history_path, configuration, any_key, required)
+    if found is None:
+        return None
     theirs = ConfigurationKey.of_result(found.result)
     diffs = configuration.differences(theirs, unknown_matches=True)
-    if diffs and not any_key:
+    follows = found.chosen_by == PREVIOUS_SERIES and all(name in SUCCESSOR_FIELDS for name, _, _ in diffs)
+    if diffs and not any_key and not follows:
         raise QualError(f"--baseline {ref}: {found.describe()} is another configuration: "
                         f"{describe_differences(diffs)}; pass {ANY} to compare with it anyway (recorded in the result)")
     found.key_differences, found.forced = diffs, any_key
     return found
 
 
-def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool) -> ResolvedBaseline:
+def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool,
+          required: bool) -> ResolvedBaseline | None:
     if ref == LAST_PASS:
-        pinned = hist.pinned_run(history_path, configuration) if history_path.exists() else None
-        run = pinned or (hist.last_pass(history_path, configuration) if history_path.exists() else None)
-        if run is not None:
-            return _from_history(ref, run, "pinned" if pinned is not None else "last pass")
-        nearest = hist.nearest_pass(history_path, configuration) if history_path.exists() else None
-        if nearest is not None and not configuration.differences(nearest.key, unknown_matches=True):
-            return _from_history(ref, nearest, "last pass")  # tonight's key not wholly known yet (a dry run)
-        if nearest is not None and any_key:
-            return _from_history(ref, nearest, "nearest pass")
-        if nearest is not None:
-            raise QualError(
-                f"--baseline {ref}: no passing run of this configuration in {history_path}; the nearest, run "
-                f"{nearest.id} of {nearest.created_at}, differs in {describe_differences(configuration.differences(nearest.key))}; "
-                f"pass {ANY} to compare with it anyway, or record a run of this configuration first"
-            )
-        raise QualError(
-            f"--baseline {ref}: no passing run of model {configuration.model} in {history_path}; "
-            "record one first (e.g. a run with the nightly gate) or pin one (`qual history baseline pin ID`)"
-        )
+        return _series_baseline(history_path, configuration, any_key, required)
     m = _HISTORY_ID.fullmatch(ref)
     if m is not None:
         digits = m.group(1).lstrip("0") or "0"
@@ -93,7 +89,11 @@ def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key
                             f"(history ids are 1 to {hist.MAX_RUN_ID})")
         if not history_path.exists():
             raise QualError(f"--baseline {ref}: no run history at {history_path} (a history id needs one; --history)")
-        return _from_history(ref, hist.get_run(history_path, int(digits)), "history id")
+        run = hist.get_run(history_path, int(digits))
+        if run.is_error:
+            raise QualError(f"--baseline {ref}: run {run.id} ended without a verdict (exit {run.exit_code}: "
+                            f"{run.error}); it measured nothing to compare with")
+        return _from_history(ref, run, HISTORY_ID)
     if ref.startswith("history:"):
         raise QualError(f"--baseline {ref}: unknown history reference (use history:last-pass or history:ID)")
     check_path_name(ref, "--baseline")
@@ -103,7 +103,41 @@ def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key
     if not path.is_file():
         raise QualError(f"--baseline {ref}: no result file at {path} (give a run directory, its result.json, "
                         f"a history id or {LAST_PASS})")
-    return ResolvedBaseline(ref, "result file", None, path, _load(ref, path, configuration, None, any_key))
+    return ResolvedBaseline(ref, RESULT_FILE, None, path, _load(ref, path, configuration, None, any_key))
+
+
+def _series_baseline(history_path: Path, configuration: ConfigurationKey, any_key: bool,
+                     required: bool) -> ResolvedBaseline | None:
+    """history:last-pass: the series' pin, its last pass, the previous series' last pass, or (--baseline-any) the
+    nearest passing run; None for a series' first night."""
+    ref = LAST_PASS
+    recorded = history_path.exists()
+    pinned = hist.pinned_run(history_path, configuration) if recorded else None
+    if pinned is not None:
+        return _from_history(ref, pinned, PINNED)
+    run = hist.last_pass(history_path, configuration) if recorded else None
+    if run is not None:
+        return _from_history(ref, run, LAST)
+    nearest = hist.nearest_pass(history_path, configuration) if recorded else None
+    if nearest is not None and not configuration.differences(nearest.key, unknown_matches=True):
+        return _from_history(ref, nearest, LAST)  # tonight's key not wholly known yet (a dry run)
+    previous = hist.previous_series_pass(history_path, configuration) if recorded else None
+    if previous is not None:
+        return _from_history(ref, previous, PREVIOUS_SERIES)
+    if nearest is not None and any_key:
+        return _from_history(ref, nearest, NEAREST)
+    if not required:
+        return None
+    if nearest is not None:
+        raise QualError(
+            f"--baseline {ref}: no passing run of this configuration in {history_path}; the nearest, run "
+            f"{nearest.id} of {nearest.created_at}, differs in {describe_differences(configuration.differences(nearest.key))}; "
+            f"pass {ANY} to compare with it anyway, or drop {REQUIRED} to record this series' first night"
+        )
+    raise QualError(
+        f"--baseline {ref}: no passing run of model {configuration.model} in {history_path}; "
+        f"drop {REQUIRED} to record this series' first night, or pin one (`qual history baseline pin ID`)"
+    )
 
 
 def _from_history(ref: str, run: hist.HistoryRun, chosen_by: str) -> ResolvedBaseline:
@@ -147,7 +181,8 @@ def mismatches(baseline: Result, arms: dict[str, ArmConfig], fingerprint: str, r
     """What the baseline does not share with tonight's run; empty: it can be its baseline.
 
     Must match, per arm: the model (profile name), the sampling (temperature, seed, max_tokens) and K; for the
-    run: the corpus fingerprint, and every request tonight replays must be in the baseline (it may hold more).
+    run: the corpus fingerprint, and some request tonight replays must be in the baseline (the comparison runs on
+    the requests both ran: another --limit of the same corpus).
     The engine, its build, the parallel layout, dtype, device and checkpoint paths may differ (`differences`).
     """
     found: list[str] = []
@@ -172,12 +207,10 @@ def mismatches(baseline: Result, arms: dict[str, ArmConfig], fingerprint: str, r
     ran = [a for a in ARMS if baseline.arms[a].runnable and baseline.arms[a].per_request]
     if not ran:
         note("neither of the baseline's arms ran")
-    for arm in ran:
+    for arm in ran:  # another selection of the corpus is compared on the requests both ran: there must be some
         have = {r.id for r in baseline.arms[arm].per_request}
-        missing = [i for i in request_ids if i not in have]
-        if missing:
-            note(f"{len(missing)} of this run's {len(request_ids)} requests are not in the baseline's {arm} arm "
-                 f"(first: {missing[0]})")
+        if request_ids and not any(i in have for i in request_ids):
+            note(f"none of this run's {len(request_ids)} requests is in the baseline's {arm} arm")
     return found
 
 

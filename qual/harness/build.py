@@ -16,6 +16,7 @@ from qual.harness.inputs import checkpoint_records
 from qual.intervals import METHOD
 from qual.harness.speedup import speedup
 from qual.latency import latency_summary
+from qual.nights import changes, facts_of
 from qual.provenance import file_sha256, local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, RequestResult
 from qual.result import ArmResult, Comparison, CorpusInfo, GateOutcome, Provenance, Result, Throughput, ci_key
@@ -180,8 +181,11 @@ def compare_with_baseline(
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence_levels: Sequence[float] = (0.95,),
 ) -> BaselineArm:
-    """One arm of tonight against the same arm of a baseline run, paired by request id (tonight minus baseline)."""
-    base, now, retokenized = pair_by_id(baseline, tonight)
+    """One arm of tonight against the same arm of a baseline run, paired by request id (tonight minus baseline), on
+    the requests both ran (a baseline of another selection of the corpus holds fewer, or more)."""
+    ran = {r.id for r in baseline}
+    common = [r for r in tonight if r.id in ran]
+    base, now, retokenized = pair_by_id(baseline, common)
     levels = sorted({0.95, *confidence_levels})
     boot = paired_bootstrap(base, now, n_resamples=n_resamples, seed=seed, confidences=levels)
     a, b = acceptance_summary(base), acceptance_summary(now)
@@ -191,6 +195,7 @@ def compare_with_baseline(
     return BaselineArm(
         compared=True,
         n_requests=len(now),
+        not_in_baseline=len(tonight) - len(common),
         retokenized=retokenized,
         baseline_rate=a.rate,
         tonight_rate=b.rate,
@@ -217,8 +222,10 @@ def baseline_comparison(
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence_levels: Sequence[float] = (0.95,),
     trend: Sequence[HistoryRun] = (),
+    tonight: Result | None = None,
 ) -> BaselineComparison:
-    """Each of tonight's arms against the baseline's same arm, what differs between the runs, and the trend."""
+    """Each of tonight's arms against the baseline's same arm, what differs between the runs (their configs, and what
+    changed beside them: engine, torch, qual), and the trend."""
     base = resolved.result
     compared = {}
     for name in ARMS:
@@ -240,10 +247,12 @@ def baseline_comparison(
         forced=resolved.forced,
         key_differences=[{"key": k, "tonight": t, "baseline": b} for k, t, b in resolved.key_differences],
         differs=differences(base, {n: a.config for n, a in arms.items()}, {n: a.engine_version for n, a in arms.items()}),
+        changed=changes(facts_of(base), facts_of(tonight)) if tonight is not None else [],
         arms=compared,
-        trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.verdict, "control_rate": r.control_rate,
-                "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id}
-               for r in sorted(trend, key=lambda r: (r.created_at, r.id))],
+        trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.outcome, "control_rate": r.control_rate,
+                "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id,
+                "engine": r.facts.get("engine")}
+               for r in sorted(trend, key=lambda r: (r.created_at, r.id)) if not r.is_error],
         bootstrap={"unit": resampling_unit([r for a in arms.values() for r in a.per_request]),
                    "method": f"paired {METHOD}, matched by request id", "resamples": n_resamples, "seed": seed},
     )
@@ -263,12 +272,16 @@ def build_result(
     trend: Sequence[HistoryRun] = (),
     provenances: tuple[Provenance | None, Provenance | None] | None = None,
     plain: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]] | None = None,
+    meta: dict[str, str] | None = None,
+    first_night: bool = False,
 ) -> Result:
     """Summarise both arms, compare them (paired, bootstrapped) and with the baseline if given, evaluate the gate.
 
     trend: earlier runs of this configuration (history), shown beside the baseline. Each arm's provenance is
     collected here unless given (`qual compare` keeps what the earlier runs recorded). plain (`--speedup`): the
     candidate's configuration without the drafter, compared with the candidate (it decides nothing in the gate).
+    meta: the night's --meta labels; first_night: history:last-pass found nothing to compare with (the gate's
+    baseline rules are skipped, saying so).
     """
     gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
     corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
@@ -299,13 +312,16 @@ def build_result(
         reproduce=reproduce,
         seed=seed,
         warnings=provenance_differences(ctrl, cand),
+        meta=dict(meta or {}),
+        first_night=first_night and baseline is None,
     )
     if plain is not None:
         arm = arm_result(*plain, provenance(_config_json(plain[0]), plain[1], corpus.fingerprint, gate.source))
         result.speedup = speedup(cand, arm, seed=seed, n_resamples=n_resamples)
     if baseline is not None:
         result.baseline = baseline_comparison(baseline, result.arms, seed=seed, n_resamples=n_resamples,
-                                              confidence_levels=baseline_confidences(gate), trend=trend)
+                                              confidence_levels=baseline_confidences(gate), trend=trend,
+                                              tonight=result)
     result.gate = evaluate(gate, result)
     return result
 

@@ -216,9 +216,10 @@ def run_arm(plan: RunPlan, arm: str, progress: Progress | None = None, done: dic
     return info, done, planned
 
 
-def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | SweepResult, dict[str, Path]]:
+def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | SweepResult, dict[str, Path], list[int]]:
     """Every arm, then the Result (a sweep: the SweepResult), its four reports, and a history row per comparison (a
-    resumed run keeps its id, so its rows are recorded once).
+    resumed run keeps its id, so its rows are recorded once); returns the result, the reports' paths and the rows'
+    history ids.
 
     A file that cannot be written (disk full, read-only) is exit 2 naming it and the remedy; the journals keep
     every finished request, so `--resume` after it repeats nothing. Where run.json itself was not written, nothing
@@ -239,7 +240,7 @@ def resume_command(out_dir: Path) -> str:
     return shown.command(["qual", "run", "--resume", out_dir])
 
 
-def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepResult, dict[str, Path]]:
+def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepResult, dict[str, Path], list[int]]:
     # the control first (it runs once, whatever the candidates), then the candidates, then --speedup's plain arm
     order = [sweep.CONTROL, *plan.candidates, *([PLAIN_ARM] if PLAIN_ARM in plan.arms else [])]
     journals = {arm: read_arm_journal(plan, arm) for arm in order}  # a bad record: refused before any arm runs
@@ -262,8 +263,9 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
                         plan.corpus_info["count"])
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # one time for every comparison of a sweep
     results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate_path, plan.options.seed,
-                                   reproduce=plan.options.command(plan.engine), created_at=created_at, baseline=plan.baseline,
-                                   trend=trend, plain=arms.get(PLAIN_ARM)))
+                                   reproduce=plan.options.command(plan.engine), created_at=created_at,
+                                   baseline=plan.baseline, trend=trend, plain=arms.get(PLAIN_ARM),
+                                   meta=plan.options.meta, first_night=plan.first_night))
                for name in plan.candidates]
     if plan.is_sweep:
         note = sweep.tp_note(plan.arms)
@@ -274,11 +276,10 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
         rows = [(plan.run_id, result)]
     paths = write_reports(result, plan.out_dir)
     try:
-        for run_id, row in rows:
-            # one write a line: a progress heartbeat from another thread never lands inside it
-            record_run(plan.history_path, row, paths["json"], run_id,
-                       on_wait=lambda line: sys.stderr.write(line + "\n"))
+        # one write a line: a progress heartbeat from another thread never lands inside it
+        ids = [record_run(plan.history_path, row, paths["json"], run_id,
+                          on_wait=lambda line: sys.stderr.write(line + "\n")) for run_id, row in rows]
     except HistoryLocked as exc:
         raise QualError(f"{exc}; the run's reports are written in {plan.out_dir}: record it in the history with "
                         f"`{resume_command(plan.out_dir)}`") from None
-    return result, paths
+    return result, paths, ids

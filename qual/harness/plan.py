@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -25,12 +26,13 @@ from qual.errors import QualError
 from qual.files import is_leftover, write_text
 from qual.gate import gate_file, load_gate, needs_baseline
 from qual.harness import sweep
-from qual.harness.baseline import ResolvedBaseline, check_match, resolve
+from qual.harness.baseline import LAST_PASS, ResolvedBaseline, check_match, resolve
 from qual.harness.speedup import PLAIN_ARM, plain_arm
 from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
 from qual.harness.turns import ChatPrompts, Conversation, request_ids
 from qual.history import check_history
 from qual.inventory import hub_download_command
+from qual.nights import parse_meta
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
                           MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, Device, DraftKv, DsaTopk, Dtype, Numerics,
                           check_layout)
@@ -82,6 +84,8 @@ class RunOptions:
     numerics: Numerics | None = None  # targets with a choice (default: the profile's, else DEFAULT_NUMERICS)
     baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
     baseline_any: bool = False  # take a baseline of another configuration key (the differences are recorded)
+    baseline_required: bool = False  # history:last-pass with nothing to compare with is exit 2, not a first night
+    meta: dict[str, str] | None = None  # --meta KEY=VALUE: the night's labels (qual.nights.parse_meta)
     # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
     control_url: str | None = _text()
     candidate_url: str | None = _text()
@@ -109,6 +113,10 @@ class RunOptions:
             parts.append("--exclusive")
         if self.baseline_any:
             parts.append("--baseline-any")
+        if self.baseline_required:
+            parts.append("--baseline-required")
+        for key, value in (self.meta or {}).items():
+            parts.append(f"--meta {shlex.quote(f'{key}={value}')}")
         if self.speedup:
             parts.append("--speedup")
         parts += ["--temperature", f"{self.temperature:g}", "--seed", str(self.seed)]
@@ -130,7 +138,9 @@ class RunOptions:
 
 
 def run_options(**values) -> RunOptions:
-    """RunOptions from the command line ("2,4" in a swept flag is a list); a bad value is a QualError naming its flag."""
+    """RunOptions from the command line ("2,4" in a swept flag is a list, --meta's pairs a mapping); a bad value is a
+    QualError naming its flag."""
+    values["meta"] = parse_meta(values.get("meta") or ()) or None
     return parse_flags(RunOptions, **sweep.split_flags(values))
 
 
@@ -149,6 +159,7 @@ class RunPlan:
     run_id: str = ""  # kept in run.json: a resumed run is the same run (recorded in the history once)
     notes: list[str] = field(default_factory=list)  # what the user should hear before the run (stderr: "warning:")
     baseline: ResolvedBaseline | None = None  # --baseline, resolved and checked against this plan
+    first_night: bool = False  # --baseline history:last-pass found nothing: the series' first night
     inputs: dict | None = None  # what the run depends on (qual.harness.inputs), recorded in run.json
     engine_version: str | None = None  # the candidate engine's, as its run will record it (None: not known yet)
     # Conversations of several turns: `requests` holds their first turns, each arm builds the later ones from its own
@@ -183,9 +194,13 @@ class RunPlan:
     def configuration(self) -> ConfigurationKey:
         """The configuration key this run belongs to (history:last-pass, pins, the report's strip select on it); a
         sweep's first candidate's."""
-        candidate = self.arms[self.candidates[0]].to_json()
+        return self.configuration_of(self.candidates[0])
+
+    def configuration_of(self, name: str) -> ConfigurationKey:
+        """The configuration key of one candidate (a sweep's each have their own)."""
+        candidate = self.arms[name].to_json()
         return ConfigurationKey.of(candidate, self.corpus_info["fingerprint"], self.corpus_info["count"],
-                                   self.engine_version, identities(checkpoint_records(candidate)))
+                                   identities(checkpoint_records(candidate)))
 
     def save(self) -> None:
         # The history as a full path: a --resume from another directory records the run in the database it began
@@ -553,9 +568,14 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     plan.notes = _corpus_notes(corpus) + list(dict.fromkeys(n for arm in arms.values() for n in engine.notes(arm)))
     if o.baseline_any and o.baseline is None:
         raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
+    if o.baseline_required and o.baseline != LAST_PASS:
+        raise QualError(f"--baseline-required applies to --baseline {LAST_PASS} (a series' first night, which has "
+                        "nothing to compare with, is then exit 2)")
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
-        plan.baseline = resolve(o.baseline, history, plan.configuration, o.baseline_any)
-        check_match(plan.baseline, arms, corpus.fingerprint, plan.request_ids)
+        plan.baseline = resolve(o.baseline, history, plan.configuration, o.baseline_any, o.baseline_required)
+        plan.first_night = plan.baseline is None
+        if plan.baseline is not None:
+            check_match(plan.baseline, arms, corpus.fingerprint, plan.request_ids)
     if not dry_run:
         plan.inputs = run_inputs(plan, profile.path)
     return plan

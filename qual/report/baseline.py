@@ -77,23 +77,40 @@ def moved(b: BaselineComparison, n: int = 10) -> list[dict]:
     return sorted(rows.values(), key=lambda m: (-abs(m["delta"]), m["id"], m["arm"]))[:n]
 
 
-def trend_points(result: Result) -> list[tuple[str, float | None, float | None, bool, bool]]:
-    """(label, control rate, candidate rate, is the baseline, is tonight) for the trend strip, oldest first."""
+def trend_points(result: Result) -> list[tuple[str, float | None, float | None, bool, bool, str | None]]:
+    """(label, control rate, candidate rate, is the baseline, is tonight, engine) for the trend strip, oldest first."""
     b = result.baseline
     if b is None:
         return []
-    points = [(f"#{t['run_id']}", t["control_rate"], t["candidate_rate"], bool(t["baseline"]), False) for t in b.trend]
-    points.append(("tonight", result.control.acceptance.rate, result.candidate.acceptance.rate, False, True))
+    points = [(f"#{t['run_id']}", t["control_rate"], t["candidate_rate"], bool(t["baseline"]), False, t.get("engine"))
+              for t in b.trend]
+    points.append(("tonight", result.control.acceptance.rate, result.candidate.acceptance.rate, False, True,
+                   result.candidate.engine_version))
     return points
 
 
 def forced(b: BaselineComparison) -> str | None:
-    """The line saying a baseline of another configuration key was taken (--baseline-any), None where it was not."""
+    """The line saying a baseline of another configuration key was taken (the series before tonight's, or
+    --baseline-any), None where it was not."""
     if not b.key_differences:
         return None
     keys = "; ".join(f"{d['key']}: baseline {_short(str(d['baseline']))}, tonight {_short(str(d['tonight']))}"
                      for d in b.key_differences)
-    return f"another configuration, taken with --baseline-any: {keys}"
+    how = ("the last pass of the series before this one (pin this night to make it its series' baseline: "
+           "`qual history baseline pin ID`)" if b.chosen_by == "previous series" else "taken with --baseline-any")
+    return f"another configuration, {how}: {keys}"
+
+
+def changed(b: BaselineComparison) -> str | None:
+    """'changed since the baseline: engine vllm 0.32.0 -> 0.33.0; torch ...', None where nothing did."""
+    return f"changed since the baseline: {'; '.join(b.changed)}" if b.changed else None
+
+
+def selection(b: BaselineComparison) -> str | None:
+    """Where the baseline ran another selection: how many requests each arm was compared on."""
+    parts = [f"{arm} on {a.n_requests} of tonight's {a.n_requests + a.not_in_baseline}"
+             for arm, a in b.arms.items() if a.compared and a.not_in_baseline]
+    return f"the baseline ran another selection: compared on the requests both ran ({', '.join(parts)})" if parts else None
 
 
 def differs(b: BaselineComparison, limit: int = 12) -> list[str]:

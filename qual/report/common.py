@@ -42,6 +42,17 @@ def throughput(t: Throughput) -> str:
     return whole if gen is None else f"{gen:.1f} tok/s generating ({whole} with start-up)"
 
 
+def inconclusive_note(gate) -> str | None:
+    """What an INCONCLUSIVE gate exits with and why (None for another outcome): one line, for every renderer."""
+    if gate.outcome != "inconclusive":
+        return None
+    needed = max((c.needed_requests for c in gate.checks if c.inconclusive and c.needed_requests), default=None)
+    more = f"; about {needed} requests would resolve it at this variance" if needed else ""
+    exits = "exits 0 (the gate's inconclusive: pass)" if gate.passed else "exits 1 (the gate's inconclusive: fail)"
+    return (f"INCONCLUSIVE: no check failed, but an interval straddles its threshold{more}; it {exits} and is never "
+            "a series' last pass")
+
+
 def replayed(result: Result) -> str:
     """How many requests the run replayed: '8 requests', or '16 requests (8 conversations)' over several turns."""
     n = max(len(result.control.per_request), len(result.candidate.per_request))

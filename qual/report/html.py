@@ -12,7 +12,7 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, plots, provenance, siblings, tables
 from qual.files import write_text
-from qual.result import DECIDED_NOTHING, Result
+from qual.result import DECIDED_NOTHING, FIRST_NIGHT, Result
 from qual.sweep_result import SweepResult
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -64,7 +64,9 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
         replayed=common.replayed(result),
         interval_note=common.interval_note(result),
         headline=common.headline(result),
-        failed=result.gate.failed,
+        failed=result.gate.not_passed,
+        inconclusive_note=common.inconclusive_note(result.gate),
+        first_night=FIRST_NIGHT,
         decided_nothing=DECIDED_NOTHING,
         positions=tables.position_rows(result),
         categories=categories,
@@ -79,6 +81,8 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
         bl_arms=bview.arm_rows(bl) if bl is not None else [],
         bl_differs=bview.differs(bl) if bl is not None else [],
         bl_forced=bview.forced(bl) if bl is not None else None,
+        bl_changed=bview.changed(bl) if bl is not None else None,
+        bl_selection=bview.selection(bl) if bl is not None else None,
         bl_position_arms=position_arms,
         bl_positions=position_table,
         bl_moved=bview.moved(bl) if bl is not None else [],

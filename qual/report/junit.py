@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qual.files import write_text
 from qual.redact import redact_text
+from qual.gate import BASELINE_CHECKS
 from qual.result import DECIDED_NOTHING, Result
 from qual.sweep_result import SweepResult
 
@@ -32,8 +33,10 @@ def sweep_suite(model: object, candidate: str) -> str:
 
 
 def _failures(result: Result) -> int:
-    """Failed checks, and the gate's own failure where every check was skipped (its test case below)."""
-    return len(result.gate.failed) + result.gate.decided_nothing
+    """Failed checks (inconclusive ones too, unless the gate passes on them), and the gate's own failure where every
+    check was skipped (its test case below)."""
+    counted = result.gate.failed if result.gate.inconclusive == "pass" else result.gate.not_passed
+    return len(counted) + result.gate.decided_nothing
 
 
 def _cases(result: Result) -> int:
@@ -65,7 +68,7 @@ def _suite(root: ET.Element, result: Result, suite_name: str) -> None:
     """One test suite: a test case per gate check of one comparison."""
     checks = result.gate.checks
     failures = _failures(result)
-    skipped = sum(c.skipped for c in checks)
+    skipped = sum(c.skipped or (c.inconclusive and result.gate.inconclusive == "pass") for c in checks)
     suite = ET.SubElement(
         root, "testsuite", name=_x(suite_name), tests=str(_cases(result)), failures=str(failures),
         errors="0", skipped=str(skipped), timestamp=_x(result.created_at), time="0",
@@ -78,18 +81,29 @@ def _suite(root: ET.Element, result: Result, suite_name: str) -> None:
         ("candidate_rate", result.candidate.acceptance.rate),
         ("delta_rate", result.comparison.delta_rate),
         ("reproduce", result.reproduce),
+        ("outcome", result.gate.outcome),
         *_baseline_properties(result),
+        *((f"meta.{k}", v) for k, v in result.meta.items()),
     ):
         ET.SubElement(props, "property", name=name, value=_x("" if value is None else value))
+    changed = result.baseline.changed if result.baseline is not None else []
     for c in checks:
         case = ET.SubElement(suite, "testcase", classname=_x(suite_name), name=_x(c.name), time="0")
+        # a baseline check's message names what changed since the baseline (an engine upgrade, say)
+        detail = c.detail + (f"; changed since the baseline: {'; '.join(changed)}"
+                             if changed and c.name in BASELINE_CHECKS else "")
         if c.skipped:
             ET.SubElement(case, "skipped", message=_x(c.detail))
+        elif c.inconclusive and result.gate.inconclusive == "pass":  # the gate passes on it: not a failure
+            ET.SubElement(case, "skipped", message=_x(f"inconclusive: {detail}"))
+        elif c.inconclusive:
+            text = f"inconclusive: {detail}"
+            ET.SubElement(case, "failure", message=_x(text), type="GateCheckInconclusive").text = _x(text)
         elif c.passed:
-            ET.SubElement(case, "system-out").text = _x(c.detail)
+            ET.SubElement(case, "system-out").text = _x(detail)
         else:
-            failure = ET.SubElement(case, "failure", message=_x(c.detail), type="GateCheckFailed")
-            failure.text = _x(c.detail)
+            failure = ET.SubElement(case, "failure", message=_x(detail), type="GateCheckFailed")
+            failure.text = _x(detail)
     if result.gate.decided_nothing:  # the verdict is FAIL: a CI reading failures="0" would take it for a pass
         case = ET.SubElement(suite, "testcase", classname=_x(suite_name), name="gate", time="0")
         ET.SubElement(case, "failure", message=DECIDED_NOTHING, type="GateDecidedNothing").text = DECIDED_NOTHING
@@ -112,7 +126,8 @@ def _baseline_properties(result: Result) -> list[tuple[str, object]]:
     b = result.baseline
     if b is None:
         return []
-    props: list[tuple[str, object]] = [("baseline", b.label), ("baseline_result", b.result_path)]
+    props: list[tuple[str, object]] = [("baseline", b.label), ("baseline_result", b.result_path),
+                                       ("changed_since_baseline", "; ".join(b.changed))]
     for arm, a in b.arms.items():
         if a.compared:
             props += [(f"baseline_{arm}_rate", a.baseline_rate), (f"baseline_delta_{arm}_rate", a.delta_rate)]

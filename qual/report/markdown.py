@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from qual.report import baseline as bview
@@ -10,7 +11,7 @@ from qual.report import latency as lview
 from qual.report import common, matrix, provenance
 from qual.files import write_text
 from qual.shown import safe
-from qual.result import DECIDED_NOTHING, Result
+from qual.result import DECIDED_NOTHING, FIRST_NIGHT, Result
 from qual.sweep_result import SweepResult
 
 
@@ -26,18 +27,29 @@ def _fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
+# The verdict's heading by the gate's outcome
+HEADINGS = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCONCLUSIVE"}
+# A check's mark by its outcome
+MARKS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
+
+
 def render(result: Result) -> str:
     """The summary as Markdown text."""
-    passed = result.gate.passed
     n_pass = sum(c.passed for c in result.gate.checks)
     c_dcp, k_dcp = result.control.config.get("dcp"), result.candidate.config.get("dcp")
+    note = common.inconclusive_note(result.gate)
     lines = [
-        f"## {'✅ PASS' if passed else '❌ FAIL'}: qual {cell(common.title(result))}",
+        f"## {HEADINGS[result.gate.outcome]}: qual {cell(common.title(result))}",
         "",
         f"{n_pass}/{len(result.gate.checks)} gate checks passed on {common.replayed(result)} "
         f"of `{cell(result.corpus.name)}`.",
         "",
         *_interval_note(common.interval_note(result)),
+        *([f"⚠️ {cell(note)}.", ""] if note else []),
+        *([f"{cell(FIRST_NIGHT[0].upper() + FIRST_NIGHT[1:])}.", ""] if result.first_night else []),
+        *([f"Changed since the baseline ({cell(result.baseline.label)}): {cell('; '.join(result.baseline.changed))}.",
+           ""] if result.baseline is not None and result.baseline.changed else []),
+        *_meta(result.meta),
         *_headline(result, c_dcp, k_dcp),
         *_speedup(result),
         "", "### Gate checks", "", *_checks(result),
@@ -80,17 +92,21 @@ def _headline(result: Result, c_dcp, k_dcp) -> list[str]:
               for h in common.headline(result))]
 
 
+def _meta(meta: dict[str, str]) -> list[str]:
+    """The night's --meta labels, one line."""
+    return [", ".join(f"{cell(k)}: `{cell(v)}`" for k, v in meta.items()), ""] if meta else []
+
+
 def _checks(result: Result) -> list[str]:
     return ["| | check | detail |", "|---|---|---|",
-            *(f"| {'⏭️' if c.skipped else '✅' if c.passed else '❌'} | {cell(c.name)} | {cell(c.detail)} |"
-              for c in result.gate.checks),
+            *(f"| {MARKS[c.outcome]} | {cell(c.name)} | {cell(c.detail)} |" for c in result.gate.checks),
             *([f"| ❌ | | {DECIDED_NOTHING} |"] if result.gate.decided_nothing else [])]
 
 
 def render_sweep(sweep: SweepResult) -> str:
     """A sweep's summary: the matrix, then each candidate's headline and gate checks."""
     rows = matrix.rows(sweep)
-    lines = [f"## {'✅ PASS' if sweep.passed else '❌ FAIL'}: qual {cell(matrix.title(sweep))}", "",
+    lines = [f"## {HEADINGS['pass' if sweep.passed else 'fail']}: qual {cell(matrix.title(sweep))}", "",
              f"{sum(r.passed for r in rows)}/{len(rows)} candidates passed their gate on {sweep.corpus.count} requests "
              f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", "",
              *_interval_note(matrix.interval_note(sweep))]
@@ -98,10 +114,10 @@ def render_sweep(sweep: SweepResult) -> str:
     lines += ["| candidate | settings | acceptance | Δ vs control (95% CI) | mean acceptance length ratio | "
               "target outputs identical | graph sizes | verdict |", "|---|---|---:|---|---:|---|---|---|"]
     lines += [f"| `{cell(r.name)}` | {cell(r.settings)} | {r.rate} | {r.delta} {r.ci} | {r.mal_ratio} | {cell(r.identical)} | "
-              f"{cell(r.graphs)} | {'✅' if r.passed else '❌'} {r.verdict}{': ' + cell(', '.join(r.failed)) if r.failed else ''} |"
+              f"{cell(r.graphs)} | {MARKS[r.outcome]} {r.verdict}{': ' + cell(', '.join(r.failed)) if r.failed else ''} |"
               for r in rows]
     for name, result in sweep.results():
-        lines += ["", f"### {'✅ PASS' if result.gate.passed else '❌ FAIL'} `{cell(name)}`: {cell(common.title(result))}", "",
+        lines += ["", f"### {HEADINGS[result.gate.outcome]} `{cell(name)}`: {cell(common.title(result))}", "",
                   *_headline(result, result.control.config.get("dcp"), result.candidate.config.get("dcp")), "",
                   *_checks(result)]
         lines += ["", *(f"- ⚠️ {cell(w)}" for w in result.warnings)] if result.warnings else []
@@ -137,6 +153,7 @@ def _baseline(result: Result) -> list[str]:
              f"`{cell(b.result_path)}` ({cell(b.chosen_by)}, created {cell(b.created_at)}). "
              f"Differs: {cell('; '.join(bview.differs(b, limit=6)) or 'nothing but the time it ran')}.", "",
              *([f"⚠️ {cell(bview.forced(b))}.", ""] if bview.forced(b) else []),
+             *([f"{cell(bview.selection(b))}.", ""] if bview.selection(b) else []),
              "| arm | requests | baseline | tonight | Δ (95% CI) | mean acceptance length |", "|---|---:|---:|---:|---|---|"]
     for a in bview.arm_rows(b):
         if not a.compared:
@@ -159,6 +176,36 @@ def _baseline(result: Result) -> list[str]:
         strip = " → ".join(f"{common.pct(p[2], 1)}{' (baseline)' if p[3] else ''}" for p in trend)
         lines += ["", f"Candidate over the last {len(trend) - 1} runs of this configuration and tonight: {strip}."]
     return lines
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    """A run that ended without a verdict, as summary.md tells it."""
+
+    title: str  # "toy: DCP 1 -> DCP 4 (reference, TP 4, draft KV replicated)"
+    exit_code: int
+    what: str  # "engine failure", "internal error", "usage, configuration or input error", "interrupted"
+    cause: str  # the line stderr showed
+    command: str  # the `qual run` that reproduces it
+    resume: str  # the command that finishes it
+
+
+def render_error(e: ErrorSummary) -> str:
+    """summary.md of a run that ended in exit 2, 3, 4 or 130 after its output folder existed: why, and what next."""
+    fence = _fence(f"{e.command}\n{e.resume}")  # both shell-quoted (qual.shown.command)
+    return "\n".join([
+        f"## ⛔ ERROR: qual {cell(e.title)}", "",
+        f"The run ended without a verdict: exit {e.exit_code} ({cell(e.what)}).", "",
+        f"> {cell(e.cause)}", "",
+        "Recorded in the run history as an error night (never read as a baseline). Requests that finished are kept "
+        "in this folder's journals; finish the run with:", "",
+        f"{fence}sh", e.resume, fence, "",
+        "Reproduce:", "", f"{fence}sh", e.command, fence, "",
+    ])
+
+
+def write_error(summary: ErrorSummary, path: str | Path) -> Path:
+    return write_text(path, render_error(summary))
 
 
 def write(result: Result | SweepResult, path: str | Path) -> Path:

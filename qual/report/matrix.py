@@ -23,12 +23,13 @@ class MatrixRow:
     identical: str  # target outputs identical: "yes (16/16)", "no: ...", "n/a"
     graphs: str  # the candidate's graph capture (status and sizes), and the control's where they differ
     graphs_differ: bool
-    passed: bool
-    failed: list[str]  # the failing checks' names
+    passed: bool  # its gate passed (exit 0)
+    failed: list[str]  # the checks that failed or were inconclusive
+    outcome: str = "pass"  # pass | fail | inconclusive
 
     @property
     def verdict(self) -> str:
-        return "PASS" if self.passed else "FAIL"
+        return self.outcome.upper()
 
 
 def _settings(result: Result) -> str:
@@ -56,7 +57,8 @@ def row(name: str, result: Result) -> MatrixRow:
     return MatrixRow(name=name, settings=_settings(result), rate=common.pct(result.candidate.acceptance.rate),
                      delta=common.pp(result.comparison.delta_rate), ci=common.ci_pp(result.comparison.delta_rate_ci95),
                      mal_ratio=_mal_ratio(result), identical=identical, graphs=graphs, graphs_differ=differ,
-                     passed=result.gate.passed, failed=[c.name for c in result.gate.failed])
+                     passed=result.gate.passed, failed=[c.name for c in result.gate.not_passed],
+                     outcome=result.gate.outcome)
 
 
 def rows(sweep: SweepResult) -> list[MatrixRow]:

@@ -138,10 +138,11 @@ def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None, salt:
         return to_svg(fig, f"{salt}delta-hist")
 
 
-def trend_strip_svg(points: Sequence[tuple[str, float | None, float | None, bool, bool]]) -> str:
-    """Both arms' acceptance over the last runs of one configuration, the baseline ringed, tonight last.
+def trend_strip_svg(points: Sequence[tuple]) -> str:
+    """Both arms' acceptance over the last runs of one configuration, the baseline ringed, tonight last, each change of
+    the engine marked (a dashed line, its new version).
 
-    points: (label, control rate, candidate rate, is the baseline, is tonight), oldest first.
+    points: (label, control rate, candidate rate, is the baseline, is tonight[, engine]), oldest first.
     """
     with matplotlib.rc_context(_RC):
         fig = _figure(9.0, 2.0)
@@ -156,6 +157,12 @@ def trend_strip_svg(points: Sequence[tuple[str, float | None, float | None, bool
                             label="baseline" if i == 0 else None)
         if points and points[-1][4]:
             ax.axvspan(len(points) - 1.5, len(points) - 0.5, color="#eeeeee", zorder=0)
+        engines = [p[5] if len(p) > 5 else None for p in points]
+        for j in range(1, len(points)):
+            if engines[j] and engines[j - 1] and engines[j] != engines[j - 1]:
+                ax.axvline(j - 0.5, color=ERROR_COLOR, linestyle="--", linewidth=0.8, alpha=0.7)
+                ax.annotate(_short_engine(engines[j]), (j - 0.5, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                            rotation=90, va="top", ha="right")
         ax.set_xticks(x)
         ax.set_xticklabels([p[0] for p in points], fontsize=7, rotation=0 if len(points) <= 12 else 60)
         ax.set_ylabel("acceptance (%)")
@@ -163,10 +170,14 @@ def trend_strip_svg(points: Sequence[tuple[str, float | None, float | None, bool
         return to_svg(fig, "trend-strip")
 
 
-def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple]) -> Figure:
-    """Acceptance over time: one panel per series label.
+def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple], axis: str = "date") -> Figure:
+    """Acceptance over nights: one panel per series label, along the axis (date: time; else one column a night,
+    labelled by its engine, qual or --meta value where that changes). Every panel marks the nights whose engine
+    changed (a dashed line) and the nights that ended without a verdict (an x on the axis).
 
-    series: label -> [(datetime, control_rate, candidate_rate)]; steps: (label, datetime, arm, rate).
+    series: label -> [(x, control_rate, candidate_rate, engine, error)], oldest first (x: a datetime on the date
+    axis, else the night's value or None); steps: (label, where, arm, rate), where: the night's datetime on the date
+    axis, else its column (its index in the series).
     """
     with matplotlib.rc_context(_RC):
         labels = sorted(series) or ["(no runs)"]
@@ -174,10 +185,18 @@ def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple]) -> Figu
         axes = np.atleast_1d(fig.subplots(len(labels), 1, squeeze=False)[:, 0])
         for ax, label in zip(axes, labels):
             pts = series.get(label, [])
+            xs = [p[0] for p in pts] if axis == "date" else list(range(len(pts)))
             if pts:
-                t = [p[0] for p in pts]
-                ax.plot(t, _nan([p[1] for p in pts]) * 100, "o-", color=CONTROL_COLOR, label="control", markersize=4)
-                ax.plot(t, _nan([p[2] for p in pts]) * 100, "o-", color=CANDIDATE_COLOR, label="candidate", markersize=4)
+                ax.plot(xs, _nan([p[1] for p in pts]) * 100, "o-", color=CONTROL_COLOR, label="control", markersize=4)
+                ax.plot(xs, _nan([p[2] for p in pts]) * 100, "o-", color=CANDIDATE_COLOR, label="candidate", markersize=4)
+                errors = [x for x, p in zip(xs, pts) if p[4]]
+                if errors:
+                    ax.scatter(errors, [0] * len(errors), marker="x", color=ERROR_COLOR, label="no verdict", zorder=5)
+                for i in range(1, len(pts)):
+                    if pts[i][3] and pts[i - 1][3] and pts[i][3] != pts[i - 1][3]:
+                        ax.axvline(xs[i], color=ERROR_COLOR, linestyle="--", linewidth=0.8, alpha=0.7)
+                        ax.annotate(_short_engine(pts[i][3]), (xs[i], 1.0), xycoords=("data", "axes fraction"),
+                                    fontsize=7, rotation=90, va="top", ha="right")
             marked = [s for s in steps if s[0] == label]
             if marked:
                 ax.scatter([s[1] for s in marked], [(s[3] or 0) * 100 for s in marked], s=140, facecolors="none",
@@ -185,8 +204,24 @@ def trend_figure(series: dict[str, list[tuple]], steps: Sequence[tuple]) -> Figu
             ax.set_title(textwrap.fill(label, 130), fontsize=8, loc="left")  # a configuration key's label is long
             ax.set_ylabel("acceptance (%)")
             ax.legend(loc="best", frameon=False)
-            _time_axis(ax, [p[0] for p in pts])
+            if axis == "date":
+                _time_axis(ax, [p[0] for p in pts])
+            else:
+                _value_axis(ax, [p[0] for p in pts], axis)
         return fig
+
+
+def _short_engine(label: str) -> str:
+    return label if len(label) <= 40 else label[:37] + "..."
+
+
+def _value_axis(ax, values: list, axis: str) -> None:
+    """One column a night, labelled by the axis value where it changes (a run of nights of one engine reads once)."""
+    ticks = [i for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+    ax.set_xticks(ticks, [_short_engine(str(values[i] if values[i] is not None else "(none)")) for i in ticks],
+                  rotation=20, ha="right", fontsize=7)
+    ax.set_xlim(-0.5, max(len(values) - 0.5, 0.5))
+    ax.set_xlabel(axis, fontsize=8)
 
 
 def _time_axis(ax, times: list) -> None:

@@ -72,7 +72,8 @@ class Night:
 
     @property
     def failed(self) -> bool:
-        return self.run.verdict != "pass"
+        """Not a pass: failed, inconclusive (even where it exited 0) or without a verdict."""
+        return self.run.outcome != "pass"
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def build(history_path: str | Path) -> Site:
 
 def _title(n: Night) -> str:
     r = n.run
-    return (f"run {r.id} \u00b7 {n.when} UTC \u00b7 commit {n.commit} \u00b7 {r.verdict.upper()}"
+    return (f"run {r.id} \u00b7 {n.when} UTC \u00b7 commit {n.commit} \u00b7 {r.outcome.upper()}"
             + (f" \u00b7 {n.missing}" if n.missing else ""))
 
 

@@ -1,0 +1,71 @@
+"""`qual history prune DIR --keep N`: bound a CI job's run directories without losing a baseline.
+
+The newest N run directories under DIR stay (newest by name, its numbers compared as numbers: `<run id>-<attempt>`
+names grow with the run id), and so does every directory a baseline may still be read from (pins, each series' last
+pass: qual.history.baselines.baseline_result_paths). Only qual's run directories are removed (a folder holding
+run.json, or an empty one); anything else under DIR, and a link, is left as it is and named. The history keeps every
+row: `qual history show` of a pruned night still says where its result was.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from qual.errors import QualError
+from qual.files import remove_tree
+from qual.history.baselines import baseline_result_paths
+from qual.validation import ascii_digits
+
+RUN_FILE = "run.json"  # what `qual run` writes first into its --out
+
+
+@dataclass
+class Pruned:
+    """What a prune kept and removed (paths as under DIR)."""
+
+    kept: list[str] = field(default_factory=list)  # run directories kept: the newest, and the baselines'
+    removed: list[str] = field(default_factory=list)
+    baselines: list[str] = field(default_factory=list)  # of kept, those kept only because a baseline reads them
+    left: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of what is not a run directory
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "left": [{"path": p, "why": why} for p, why in self.left]}
+
+
+def _order(name: str) -> list:
+    """'100-1' after '99-1': runs of digits compare as numbers."""
+    return [int(part) if ascii_digits(part) else part for part in re.split(r"([0-9]+)", name)]
+
+
+def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
+    """Remove the run directories under runs_dir beyond the newest `keep` that no baseline reads."""
+    root = Path(runs_dir)
+    done = Pruned()
+    if root.is_symlink() or (root.exists() and not root.is_dir()):
+        raise QualError(f"{root}: not a folder of run directories")
+    if not root.is_dir():
+        return done  # no night has run yet
+    history = Path(history)
+    needed = {Path(p).resolve().parent for p in baseline_result_paths(history)} if history.is_file() else set()
+    runs = []
+    for entry in sorted(root.iterdir(), key=lambda p: _order(p.name)):
+        if entry.is_symlink() or not entry.is_dir():
+            done.left.append((str(entry), "a link" if entry.is_symlink() else "not a folder"))
+        elif (entry / RUN_FILE).is_file() or not any(entry.iterdir()):
+            runs.append(entry)
+        else:
+            done.left.append((str(entry), f"no {RUN_FILE}: not a qual run directory"))
+    for i, entry in enumerate(runs):
+        if i >= len(runs) - keep:
+            done.kept.append(str(entry))
+        elif entry.resolve() in needed:
+            done.kept.append(str(entry))
+            done.baselines.append(str(entry))
+        else:
+            remove_tree(entry)
+            if entry.exists():  # what could not be removed (permissions) stays: said, not guessed
+                raise QualError(f"cannot remove {entry} (removed before it: {len(done.removed)})")
+            done.removed.append(str(entry))
+    return done
