@@ -14,10 +14,12 @@ PLANNED = ("glm5_next_text", "glm5_next")  # config.json model_types with a memo
 
 @dataclass(frozen=True)
 class RankMemory:
-    """One rank's bytes: its weights and its caches (every rank of the arm holds the same amounts)."""
+    """One rank's bytes: its weights and its caches (every rank of the arm holds the same amounts), and each by part
+    (weights by part, then caches by group, as glm5.memory.MemoryPlan names them)."""
 
     weights: int
     caches: int
+    parts: tuple[tuple[str, int], ...] = ()
 
     @property
     def total(self) -> int:
@@ -39,4 +41,5 @@ def rank_memory(config: dict, where: str, *, tp: int, dcp: int, dtype: str, num_
     d = Deployment(tp=tp, dcp=dcp, num_speculative_tokens=num_speculative_tokens, context=context, sequences=sequences,
                    dtype=getattr(torch, dtype), block_size=block_size)
     m = memory_plan(cfg, d, plan)
-    return RankMemory(m.weight_bytes, m.cache_bytes)
+    parts = (*m.weights.items(), *((f"{group} cache", n) for group, n in m.caches.items()))
+    return RankMemory(m.weight_bytes, m.cache_bytes, parts)

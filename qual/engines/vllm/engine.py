@@ -163,9 +163,9 @@ class VllmEngine(Engine):
         if plan is None:
             return None
         share = options.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
-        return MemoryNeed(int(plan.total / share), f"the target's memory plan at TP {arm.tp} / DCP {arm.dcp}: weights "
-                          f"{gib(plan.weights)} + caches {gib(plan.caches)} for one {context:,}-token sequence, within "
-                          f"gpu_memory_utilization {share:g}")
+        return MemoryNeed(int(plan.total / share), f"the target's memory plan as vLLM allocates it at TP {arm.tp} / "
+                          f"DCP {arm.dcp}: weights {gib(plan.weights)} + caches {gib(plan.caches)} for one "
+                          f"{context:,}-token sequence, within gpu_memory_utilization {share:g}", plan.parts)
 
     def _hub_folder(self, path: str, revision: str | None) -> Path | None:
         """A checkpoint's folder on this machine: the path itself, or a hub id's snapshot in the Hugging Face cache."""
