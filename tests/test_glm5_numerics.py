@@ -138,9 +138,10 @@ def _inputs() -> dict:
     g = torch.Generator().manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     # activations: groups of 128 over four decades; every group's max >= 1 / 512, where QuantFP8's native floor and
-    # the kernels' agree (act_tiny has the groups below it)
+    # the kernels' agree (act_tiny has the groups below it, down to one of zeros and one below 1e-6, where the
+    # kernel's floor of 1e-10, per_token_group_quant_fp8's default eps, decides the scale)
     act = rnd(6, 384) * (10 ** (torch.rand(6, 3, generator=g) * 4 - 1)).repeat_interleave(128, 1)
-    tiny = rnd(4, 256) * torch.tensor([1e-6, 1e-3, 1.0, 30.0])[:, None]
+    tiny = rnd(6, 256) * torch.tensor([0.0, 1e-9, 1e-6, 1e-3, 1.0, 30.0])[:, None]
     w8, w_scale = quantize(rnd(256, 384) * 0.05, (128, 128))
     n, hid = 4, 64
     mhc = dict(residual=rnd(5, n, hid).bfloat16(), fn=rnd((2 + n) * n, n * hid) / 16, scale=torch.rand(3, generator=g) + 0.5,
