@@ -72,7 +72,8 @@ def db(tmp_path_factory) -> Path:
     (failed / "run.json").write_text(json.dumps({"run_id": "night-error"}))
     (failed / "summary.md").write_text(f"# ERROR (exit 3)\n\n{ERROR_CAUSE}\n")
     history.record_error(path, history.ErrorNight(
-        created_at=ERROR_AT, run_id="night-error", arms={"control": res.control.config, "candidate": res.candidate.config},
+        created_at=ERROR_AT, run_id="night-error",
+        arms={"control": res.control.config, "candidate": res.candidate.config},
         corpus={"name": "synthetic", "fingerprint": res.corpus.fingerprint, "count": 24},
         key=history.configuration_of(res), exit_code=3, cause=ERROR_CAUSE, command="qual run --dcp 4",
         run_dir=str(failed)))

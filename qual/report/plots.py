@@ -268,7 +268,8 @@ def _legend(ax, panels: Sequence[Panel]) -> None:
     """The panel's lines, and the marks the panels given hold (the first panel's legend names those of all)."""
     handles, labels = ax.get_legend_handles_labels()
     columns = [c for p in panels for c in p.columns]
-    changed = any(a.engine and b.engine and a.engine != b.engine for p in panels for a, b in zip(p.columns, p.columns[1:]))
+    changed = any(a.engine and b.engine and a.engine != b.engine
+                  for p in panels for a, b in zip(p.columns, p.columns[1:]))
     marks = (("failed night", any(c.outcome not in ("pass", "error") for c in columns), Patch(color=FAIL_BAND)),
              ("error night: no verdict", any(c.outcome == "error" for c in columns), Patch(color=ERROR_BAND)),
              ("no report: from the history row only", any(c.hollow and c.outcome != "error" for c in columns),

@@ -9,6 +9,8 @@ from typing import Sequence
 from qual.history import HistoryRun, StepChange, position
 from qual.report.plots import Column, Panel, arm_lines
 
+TONIGHT = 0  # the strip's column of the run being reported (recorded rows are numbered from 1)
+
 
 def when(created_at: str) -> datetime:
     """A night's time (UTC; a created_at that is not a time sorts first)."""
@@ -22,15 +24,17 @@ def when(created_at: str) -> datetime:
 def title(run: HistoryRun, note: str | None = None) -> str:
     """A night's tooltip: 'run 12 · 2026-11-20 02:00 UTC · commit 1a2b3c4 · vllm 0.32.0 · FAIL', an error night's
     cause after it, then the note (why the night has no report)."""
-    parts = [f"run {run.id}", f"{run.created_at[:16].replace('T', ' ')} UTC", f"commit {(run.qual_commit or 'n/a')[:7]}",
-             run.facts.get("engine") or run.engine, run.outcome.upper(), run.error if run.is_error else None, note]
+    parts = [f"run {run.id}", f"{run.created_at[:16].replace('T', ' ')} UTC",
+             f"commit {(run.qual_commit or 'n/a')[:7]}", run.facts.get("engine") or run.engine, run.outcome.upper(),
+             run.error if run.is_error else None, note]
     return " \u00b7 ".join(p for p in parts if p)
 
 
-def column(run: HistoryRun, axis: str, href: str | None = None, note: str | None = None, hollow: bool = False) -> Column:
+def column(run: HistoryRun, axis: str, href: str | None = None, note: str | None = None,
+           hollow: bool = False) -> Column:
     """One night on a plot along axis, linking to href (hollow: it has no report; note: why)."""
-    return Column(run.id, when(run.created_at), position(run, axis), run.outcome, run.facts.get("engine"), href, title(run, note),
-                  hollow)
+    return Column(run.id, when(run.created_at), position(run, axis), run.outcome, run.facts.get("engine"), href,
+                  title(run, note), hollow)
 
 
 def arms_panel(label: str, runs: Sequence[HistoryRun], columns: Sequence[Column], steps: Sequence[StepChange] = (),
@@ -48,14 +52,11 @@ def strip_panel(result) -> Panel:
     its configuration and tonight, along the date, the baseline ringed, tonight named."""
     trend = result.baseline.trend
     nights = [*trend, {"run_id": TONIGHT, "created_at": result.created_at, "verdict": result.gate.outcome,
-                       "control_rate": result.control.acceptance.rate, "candidate_rate": result.candidate.acceptance.rate,
-                       "engine": result.candidate.engine_version}]
+                       "control_rate": result.control.acceptance.rate,
+                       "candidate_rate": result.candidate.acceptance.rate, "engine": result.candidate.engine_version}]
     columns = [Column(t["run_id"], when(t["created_at"]), None, t["verdict"], t.get("engine"),
                       title=f"run {t['run_id']}" if t["run_id"] != TONIGHT else "tonight") for t in nights]
     rings = [(i, t["candidate_rate"]) for i, t in enumerate(trend) if t["baseline"] and t["candidate_rate"] is not None]
     return Panel("acceptance (%)", columns, arm_lines([t["control_rate"] for t in nights],
                                                       [t["candidate_rate"] for t in nights]),
                  rings=rings, ring_label="baseline", tonight=len(nights) - 1)
-
-
-TONIGHT = 0  # the strip's column of the run being reported: recorded rows are numbered from 1
