@@ -135,3 +135,21 @@ def test_a_stdout_that_refuses_writes_is_one_line_and_exit_2():
     for args in (["schema"], ["--version"]):  # a write the command makes; output still buffered when it returns
         proc = _qual_with(">/dev/full", *args)
         assert (proc.returncode, proc.stderr) == (2, "error: cannot write to stdout: No space left on device\n")
+
+
+def test_a_reader_gone_before_the_verdict_is_141_and_the_night_stays_a_pass(profile, tmp_path):
+    """`qual run ... | head -3`: the run's outputs and its history row are written before the verdict is printed; a
+    stdout closed then is exit 141, never a bug's exit 4 whose junit.xml would replace the passing gate's."""
+    out, db = tmp_path / "out", tmp_path / "h.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "qual", "run", "--model", str(profile), "--dcp", "1", "--limit", "2",
+                             "--max-tokens", "3", "--out", str(out), "--history", str(db), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == EXIT_BROKEN_PIPE, err
+    assert "internal error" not in err and not (out / "crash.txt").exists()
+    [case] = [c for c in ET.parse(out / "junit.xml").getroot().iter("testcase") if c.get("name") == "candidate_runnable"]
+    assert case.find("error") is None and case.find("failure") is None
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT outcome FROM runs").fetchall() == [("pass",)]
+    conn.close()
