@@ -382,7 +382,7 @@ def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer |
         raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\"), which qual renders with "
                         f"the tokenizer's chat template: the profile's tokenizer ({profile.tokenizer_path!r}) must be a "
                         "local directory")
-    template = load_template(tokenizer.path, o.chat_template)
+    template = load_template(tokenizer.directory, o.chat_template)
     if template is None:
         raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\") and the tokenizer "
                         f"{profile.tokenizer_path} has no chat template (tokenizer_config.json \"chat_template\" or "
