@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -114,7 +113,7 @@ class RunOptions:
         if self.baseline_required:
             parts.append("--baseline-required")
         for key, value in (self.meta or {}).items():
-            parts.append(f"--meta {shlex.quote(f'{key}={value}')}")
+            parts += ["--meta", f"{key}={value}"]  # quoted once, by shown.command
         if self.speedup:
             parts.append("--speedup")
         parts += ["--temperature", f"{self.temperature:g}", "--seed", str(self.seed)]
