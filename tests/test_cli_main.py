@@ -153,3 +153,21 @@ def test_a_reader_gone_before_the_verdict_is_141_and_the_night_stays_a_pass(prof
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT outcome FROM runs").fetchall() == [("pass",)]
     conn.close()
+
+
+def test_an_error_row_that_cannot_be_written_keeps_the_runs_own_exit_code(profile, tmp_path, monkeypatch, capsys):
+    """The error row is best effort: a damaged history (sqlite3.DatabaseError) or a bug in writing it must not
+    replace the error being reported (was: the row's own exception, a second exit 4 about something else)."""
+    import qual.harness.error_night
+    import qual.report.markdown
+
+    def broken(result, path):
+        raise ZeroDivisionError("injected: the markdown renderer divides by zero")
+
+    def damaged(*a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(qual.report.markdown, "write", broken)
+    monkeypatch.setattr(qual.harness.error_night, "record_error", damaged)
+    assert _run(profile, tmp_path) == EXIT_INTERNAL
+    assert "ZeroDivisionError: injected" in _one_line(capsys)
