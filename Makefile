@@ -102,3 +102,10 @@ glm-toy: install
 	$(GLM_TOY)
 	$(GLM_TOY) --stages generate,draft,eval,manifest --set seed=1 --set num_prompts=65536 --set draft_lr=1e-3 \
 		--set draft_seconds=330 --set draft_init=qual/data/models/glm-toy/draft
+
+# Reproduce the GLM toy shaped as vLLM requires in qual/data/models/glm-toy-vllm (CPU, minutes; needs the glm-toy
+# pair and transformers >= 5.24): glm-toy's target grown to vLLM's shapes and stored FP8 where vLLM loads FP8, with
+# glm-toy's DFlash2 drafter (qual/toy/config.py, TrainConfig.glm_toy_vllm).
+.PHONY: glm-toy-vllm
+glm-toy-vllm: install
+	$(BIN)/qual toy train --preset glm-toy-vllm --device cpu --out qual/data/models/glm-toy-vllm --work .cache/glm-toy-vllm

@@ -41,6 +41,7 @@ class MemoryNeed:
 
     bytes: int
     how: str
+    parts: tuple[tuple[str, int], ...] = ()  # (part, bytes a GPU) where a memory plan counts them; () otherwise
 
 
 class Inventory(Protocol):

@@ -33,6 +33,14 @@ DSA_TOPK_MODES = ("exact", "union")
 DEFAULT_DSA_TOPK = "exact"
 DsaTopk = Literal[DSA_TOPK_MODES]
 
+# How a target with a choice (GLM-5.3-Flash) computes: as written (transformers' form, float weights, unquantized
+# activations), or as vLLM's kernels compute it: its FP8 Hadamard indexer, FP8 activations before FP8 GEMMs,
+# float32 hyper-connection mixes, the KDA safe gate; vllm-hopper adds what DeepGEMM changes on H100/H200 (power-of-two
+# scales). docs/glm5.md, "Numerics".
+NUMERICS = ("exact", "vllm", "vllm-hopper")
+DEFAULT_NUMERICS = "exact"
+Numerics = Literal[NUMERICS]
+
 # How DCP ranks merge their partial attention: vLLM's two backends (one all-to-all, or an all-gather of the LSEs and a
 # reduce-scatter), and the reference engine's own: a fixed merge tree over virtual shards, DCP 1's bits at every DCP
 # size (docs/dcp.md, "The invariant merge")

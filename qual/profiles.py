@@ -16,7 +16,7 @@ from qual.checkpoints.config import max_positions, read_config
 from qual.checkpoints.weights import WEIGHT_DTYPES
 from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
-from qual.options import DEFAULT_DTYPE, Device, Dtype
+from qual.options import DEFAULT_DTYPE, Device, Dtype, Numerics
 from qual.userfiles import check_path_name, load_yaml
 from qual.validation import Section, parse_section, read_config_text, tidy_schema
 
@@ -66,6 +66,10 @@ class ModelProfile(Section):
     weights_dtype: Literal[WEIGHT_DTYPES] | None = None
     """The type the checkpoints store, where a cast to dtype that qual would refuse is meant (float16 or int8 weights
     run in float32): the arm records it; unset: only lossless or intended casts run"""
+    numerics: Numerics | None = None
+    """How a GLM-5 target computes unless --numerics says otherwise: exact (as written, the default), vllm (as vLLM's
+    kernels compute it) or vllm-hopper (with DeepGEMM's power-of-two scales too; docs/glm5.md, "Numerics"); a target
+    with one form (Qwen3) refuses it"""
     corpus: str = Field("humaneval", min_length=1)
     """The corpus a run replays unless --corpus says otherwise (qual corpus list)"""
     max_tokens: PositiveInt = 64

@@ -75,6 +75,9 @@ class ArmConfig:
     dsa_topk: str | None = None
     """Sparse-attention top-k under DCP: exact (the global top-k, as DCP 1 selects) or union (each rank's own); null
     where the target has no sparse attention"""
+    numerics: str | None = None
+    """How the target computed: exact (as written) or vllm / vllm-hopper (as vLLM's kernels compute it,
+    docs/glm5.md); null where the target has one form, or the engine's build decides (vllm, attach)"""
 
     def to_json(self) -> dict:
         """The arm as it is written anywhere (result.json, run.json, the history): secret env values redacted."""

@@ -41,6 +41,7 @@ RUNS = {
     "other interleave": dict(day=6, interleave=2),
     "other sparse top-k": dict(day=6, dsa_topk="union"),
     "other DCP merge path": dict(day=6, extra={"reference": {"dcp_comm": "invariant"}}),
+    "other numerics": dict(day=6, numerics="vllm"),
     "other target": dict(day=6, target_path="models/other/target"),
     "other drafter": dict(day=6, draft_path="models/other/draft"),
     "other model, failing": dict(day=7, model="tiny", rules=FAILING),
@@ -63,6 +64,7 @@ EXPECTED = {
     "other interleave": "other interleave",
     "other sparse top-k": "other sparse top-k",
     "other DCP merge path": "other DCP merge path",
+    "other numerics": "other numerics",
     "other target": "other target",
     "other drafter": "other drafter",
     "only failing": None,
@@ -112,8 +114,8 @@ def test_every_field_of_the_configuration_separates_runs(recorded):
     base = history.configuration_of(results["same, newest pass"])
     varied = {f for n in RUNS for f in ConfigurationKey.__dataclass_fields__
               if getattr(history.configuration_of(results[n]), f) != getattr(base, f)}
-    # tp follows dcp here; one device; numerics is read from arm configs that carry it (test_configuration covers it)
-    assert varied == set(ConfigurationKey.__dataclass_fields__) - {"tp", "device", "numerics"}
+    # tp follows dcp here; one device
+    assert varied == set(ConfigurationKey.__dataclass_fields__) - {"tp", "device"}
 
 
 def test_another_configuration_is_a_first_night_or_refused_by_name_unless_forced(recorded):

@@ -119,8 +119,8 @@ def test_model_says_what_its_run_lacks_here_and_the_memory_a_gpu_needs(tmp_path)
     assert run.verdict == "no" and run.detail == ("qual run --model glm-5.3-flash: --engine vllm --device cuda, the "
                                                   "profile's; control DCP 1, candidate DCP 4, TP 4; 3 thing(s) missing")
     assert [name for name in checks if name.startswith("  ")][-4:] == ["  GPUs", "  vLLM", "  weights", "  memory a GPU"]
-    assert checks["  GPUs"].detail == "4 needed (one a TP rank) with 87.0 GiB each (the profile's gpu_memory_gib), none found"
-    assert checks["  memory a GPU"].detail.startswith("87 GiB: the profile's gpu_memory_gib")
+    assert checks["  GPUs"].detail == "4 needed (one a TP rank) with 85.0 GiB each (the profile's gpu_memory_gib), none found"
+    assert checks["  memory a GPU"].detail.startswith("85 GiB: the profile's gpu_memory_gib")
     assert checks["GPUs"].needed and checks["runtime backends"].needed is False  # a vLLM run on GPUs
 
 

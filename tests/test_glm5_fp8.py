@@ -1,6 +1,8 @@
 """FP8 block-quantized GLM-5.3-Flash checkpoints (qual/checkpoints/fp8.py): a tiny checkpoint quantized here from a
-float model decodes exactly as its dequantized twin saved as a plain checkpoint, in float32 and float64, at TP 1 and
-at TP 2 / DCP 2; the routed experts stay FP8 in memory; other quantization methods are refused by name (exit 2)."""
+float model, FP8 where vLLM 0.32 loads FP8 (the MLPs, the experts, the indexer's wq_b; MLA's projections and the
+indexer's wk, which vLLM dequantizes on load), decodes exactly as its dequantized twin saved as a plain checkpoint, in
+float32 and float64, at TP 1 and at TP 2 / DCP 2 (numerics exact); the routed experts stay FP8 in memory; other
+quantization methods, and FP8 tensors vLLM cannot load, are refused by name (exit 2)."""
 
 from __future__ import annotations
 
@@ -18,19 +20,19 @@ from qual.cli.main import run_app
 from qual.runtime.models.glm5.config import load_glm5_config
 from qual.runtime.models.glm5.moe import Fp8Experts
 from qual.runtime.models.glm5.sizing import tensor_bytes, weight_bytes
+from qual.runtime.models.glm5.fp8_weights import fp8_load_path
 from qual.runtime.models.glm5.weights import load_glm5_weights
 
 pytestmark = pytest.mark.slow  # engine processes: scheduled first (tests/conftest.py)
 
 KDA, MLA = "linear_attention", "indexed_attention"
-BLOCK = [4, 8]  # divides every quantized dimension here, and each TP 2 rank's expert slice (16 / 2 = 8)
-# What GLM FP8 checkpoints quantize (dense and expert MLPs, MLA and KDA projections, the indexer's wk/wq_b); the
-# embeddings, lm_head, norms, router and MHC weights stay as they are.
-QUANTIZED = ("_proj.weight", ".wk.weight", ".wq_b.weight")
+BLOCK = [4, 8]  # divides every quantized dimension here, and each TP 2 rank's MLP and expert slices (8 and 24 rows)
 
 
 def _quantized(name: str) -> bool:
-    return name.endswith(QUANTIZED) and ".visual." not in name and not name.endswith("mlp.gate.weight")
+    """What a GLM FP8 checkpoint may store FP8 for vLLM: what it keeps FP8 and what it dequantizes on load (KDA's
+    projections, kv_b_proj, the embeddings, lm_head, norms, router and MHC weights stay as they are)."""
+    return fp8_load_path(name) is not None and ".visual." not in name
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def _edit_config(src, dst, **quant):
     (dict(quant_method="awq"), "quantization_config.quant_method 'awq' is not implemented"),
     (dict(weight_block_size=None), "per-tensor FP8 scales"),
     (dict(activation_scheme="static"), "activation_scheme 'static'"),
-    (dict(weight_block_size=[8, 8]), "'model.language_model.layers.0.self_attn.q_proj.weight_scale_inv' has shape"),
+    (dict(weight_block_size=[8, 8]), "'model.language_model.layers.0.self_attn.o_proj.weight_scale_inv' has shape"),
 ])
 def test_other_quantizations_exit_2_with_one_line(pair, prompts_file, tmp_path, capsys, quant, message):
     bad = _edit_config(pair[0], tmp_path / "bad", **quant)
@@ -125,22 +127,51 @@ def test_other_quantizations_exit_2_with_one_line(pair, prompts_file, tmp_path, 
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_an_expert_slice_off_the_scale_blocks_is_refused(pair, tmp_path):
-    """8 x 8 blocks: at TP 4 each rank would hold 4 of an expert's 16 intermediate rows, half a block."""
+def _requantized(pair, tmp_path, block, name="bad", only=""):
+    """The twin's floats quantized again with another block, where _quantized says (and the name holds `only`)."""
+    bad = _edit_config(pair[0], tmp_path / name, weight_block_size=list(block))
+    out = {}
+    for n, w in load_file(str(pair[1] / "model.safetensors")).items():
+        if _quantized(n) and w.dim() == 2 and only in n:
+            out[n], out[n + SCALE_SUFFIX] = quantize(w, block)
+        else:
+            out[n] = w
+    save_file(out, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    return bad
+
+
+def test_slices_off_the_scale_blocks_are_refused_as_vllm_refuses_them(pair, tmp_path):
+    """vLLM's validate_fp8_block_shape(_moe): 8 x 8 blocks fit an expert's 8 intermediate rows a rank at TP 2, not
+    the 4 of TP 4; the dense MLP's 48 rows are 12 a rank at TP 4, half a block and a half; blocks of 32 rows leave
+    an expert's 16 rows short of a block at TP 1 too (the merged gate/up GEMM of every TP; only the experts FP8)."""
     from qual.errors import QualError
 
-    bad = _edit_config(pair[0], tmp_path / "bad", weight_block_size=[8, 8])
-    out = {}
-    for name, w in load_file(str(pair[1] / "model.safetensors")).items():  # the twin's floats, requantized
-        if _quantized(name) and w.dim() == 2:
-            out[name], out[name + SCALE_SUFFIX] = quantize(w, (8, 8))
-        else:
-            out[name] = w
-    save_file(out, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    bad = _requantized(pair, tmp_path, (8, 8))
     assert load_glm5_weights(bad, 1, 2, torch.float32).layers[1].moe.gate.scale.shape == (8, 1, 4)  # 8 rows: fits
-    with pytest.raises(QualError, match="gives each rank 4 gate_proj and up_proj rows, not a multiple of the FP8 "
-                                        "weight_block_size 8"):
+    with pytest.raises(QualError, match="intermediate_size=48 at tp=4 gives 12 FP8 gate_proj rows a rank, not a "
+                                        "multiple of the weight_block_size 8"):
         load_glm5_weights(bad, 0, 4, torch.float32)
+    tall = _requantized(pair, tmp_path, (32, 8), "tall", only=".experts.")
+    with pytest.raises(QualError, match="moe_intermediate_size=16 at tp=1 gives each rank 16 gate_proj and up_proj "
+                                        "rows, not a multiple of the FP8 weight_block_size 32"):
+        load_glm5_weights(tall, 0, 1, torch.float32)
+
+
+@pytest.mark.parametrize("tensor", ["layers.0.self_attn.q_proj.weight", "layers.1.self_attn.kv_b_proj.weight",
+                                    "layers.1.self_attn.indexer.weights_proj.weight", "embed_tokens.weight"])
+def test_fp8_where_vllm_has_no_fp8_load_path_is_refused_by_name(pair, tmp_path, tensor):
+    """KDA's projections, kv_b_proj, weights_proj, the embedding: vLLM 0.32 builds them without the FP8 quant config
+    and has no dequantizing loader for them either."""
+    from qual.errors import QualError
+
+    bad = _edit_config(pair[0], tmp_path / "bad")
+    weights = load_file(str(pair[1] / "model.safetensors"))
+    name = "model.language_model." + tensor
+    weights[name], weights[name + SCALE_SUFFIX] = quantize(weights[name], tuple(BLOCK))
+    save_file(weights, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    assert fp8_load_path(name) is None
+    with pytest.raises(QualError, match=f"tensor '{name}' is FP8 .* but vLLM 0.32 has no FP8 load path for it"):
+        load_glm5_weights(bad, 0, 1, torch.float32)
 
 
 @pytest.mark.gpu

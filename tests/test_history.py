@@ -639,3 +639,28 @@ def test_export_writes_the_tables(db, tmp_path, capsys):
         return
     proc = qual_in(capsys, "history", "export", tmp_path / "pq", "--format", "parquet", "--history", db)
     assert proc.returncode == 0 and list(pd.read_parquet(tmp_path / "pq" / "runs.parquet")["id"]) == [1, 2, 3, 4, 5]
+
+
+def test_a_glm_night_recorded_before_numerics_joins_the_exact_series(tmp_path):
+    """A GLM night stored before the key had numerics (its stored key without the field) is keyed again as numerics
+    "exact", the one form qual computed then: the last pass of a night of today without --numerics, never of one
+    run with --numerics vllm (another experiment, no series it may follow)."""
+    path = tmp_path / "h.sqlite"
+    glm = dict(n_resamples=100, model="glm-toy", dsa_topk="exact")
+    before = synthetic_result(40, 0.75, 0.75, created_at="2026-12-01T02:00:00+00:00", **glm)
+    history.record_run(path, before, "a/result.json")
+    with sqlite3.connect(path) as conn:  # the row as a qual without the field left it
+        stored = json.loads(conn.execute("SELECT configuration FROM runs WHERE id = 1").fetchone()[0])
+        del stored["numerics"]
+        conn.execute("UPDATE runs SET configuration = ? WHERE id = 1", (json.dumps(stored),))
+        conn.execute("UPDATE meta SET value = ? WHERE key = ?",
+                     (",".join(f for f in stored), store.KEY_FIELDS))
+    conn.close()
+    exact, vllm = (synthetic_result(40, 0.75, 0.75, created_at=f"2026-12-0{day}T02:00:00+00:00", numerics=numerics,
+                                    **glm) for day, numerics in ((2, "exact"), (3, "vllm")))
+    history.record_run(path, vllm, "c/result.json")  # a write: the history is keyed again first
+    old = history.get_run(path, 1)
+    assert old.key.numerics == "exact" and old.key == history.configuration_of(exact)
+    assert history.last_pass(path, history.configuration_of(exact)).id == 1
+    assert history.last_pass(path, history.configuration_of(vllm)).id == 2
+    assert [r.id for r in history.configuration_runs(path, history.configuration_of(exact))] == [1]

@@ -6,6 +6,7 @@ machine here has 4 GPUs with vLLM."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from qual.paths import DATA_DIR
 
 GLM = "glm-5.3-flash"
 TARGET, DRAFT = "zai-org/GLM-5.3-Flash", "z-lab/GLM-5.3-Flash-DFlash2"
-GPUS = "GPUs: 4 needed (one a TP rank) with 87.0 GiB each (the profile's gpu_memory_gib)"
+GPUS = "GPUs: 4 needed (one a TP rank) with 85.0 GiB each (the profile's gpu_memory_gib)"
 WEIGHTS = (f"weights: {TARGET} and {DRAFT} are not in the local Hugging Face cache (vLLM runs offline, "
            f"HF_HUB_OFFLINE=1): hf download {TARGET} && hf download {DRAFT}")
 
@@ -101,7 +102,7 @@ def test_each_thing_a_machine_lacks_is_named_alone(hub, tmp_path, lack):
 
 
 def test_the_profiles_memory_figure_serves_until_the_target_is_here(hub, tmp_path):
-    """Without the target's config.json, a GPU's memory is the profile's gpu_memory_gib (87 GiB: an H100 is short)."""
+    """Without the target's config.json, a GPU's memory is the profile's gpu_memory_gib (85 GiB: an H100 is short)."""
     problems = _problems(refusal(_without(hub, gpus=[H100] * 4, uncached=[TARGET]), tmp_path))
     assert problems[0] == f"{GPUS}, 4 found: " + ", ".join(["NVIDIA H100 80GB HBM3 (74.5 GiB)"] * 4)
     assert problems[1:] == [f"weights: {TARGET} is not in the local Hugging Face cache (vLLM runs offline, "
@@ -110,7 +111,7 @@ def test_the_profiles_memory_figure_serves_until_the_target_is_here(hub, tmp_pat
 
 def test_the_memory_plan_decides_once_the_target_is_here(hub, tmp_path):
     """With the target's config.json in the cache, a GPU's memory comes from its memory plan through the engine
-    (qual.runtime.memory_plan: here the GLM-shaped toy, a few MiB a rank), not the profile's 87 GiB: the most any arm
+    (qual.runtime.memory_plan: here the GLM-shaped toy, a few MiB a rank), not the profile's 85 GiB: the most any arm
     needs (the control's, at DCP 1, holds every cached token on every rank)."""
     from qual.engines.registry import get_engine
 
@@ -119,7 +120,7 @@ def test_the_memory_plan_decides_once_the_target_is_here(hub, tmp_path):
     engine = get_engine("vllm", _without(hub))
     control, candidate = (engine.memory_need(plan.arms[arm]) for arm in ("control", "candidate"))
     assert 0 < candidate.bytes < control.bytes < 2**30
-    assert control.how.startswith("the target's memory plan at TP 4 / DCP 1: weights ")
+    assert control.how.startswith("the target's memory plan as vLLM allocates it at TP 4 / DCP 1: weights ")
     assert control.how.endswith("for one 32,768-token sequence, within gpu_memory_utilization 0.9")
     small = dataclasses.replace(H200, memory_bytes=control.bytes - 1)
     line = refusal(_without(hub, gpus=[small] * 4), tmp_path)
@@ -128,6 +129,48 @@ def test_the_memory_plan_decides_once_the_target_is_here(hub, tmp_path):
     assert make_plan(run_options(model=GLM, dcp="4", history=str(tmp_path / "h.sqlite")), dry_run=True,
                      inventory=_without(hub, gpus=[dataclasses.replace(small, memory_bytes=control.bytes)] * 4)
                      ).lacking == []
+
+
+FP8_BLOCKS = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def test_doctor_reports_vllms_memory_plan_by_part_for_the_real_dimensions(hub, tmp_path):
+    """GLM-5.3-Flash's own dimensions (transformers' Glm5NextTextConfig defaults, FP8 128 x 128 blocks, as
+    bench/glm5_memory.py counts them) in the cache: `qual doctor --model glm-5.3-flash` reports the memory a GPU needs
+    as vLLM allocates it (glm5.memory's "vllm" plan, not the embedded runtime's), a rank's bytes by part as its
+    evidence: the embedding and LM head split by vocabulary across TP 4, counted here by hand. The profile's
+    gpu_memory_gib, the figure until the config is here, is the same plan rounded up to a GiB."""
+    import math
+
+    import torch
+
+    from qual.cli import doctor
+    from qual.engines.registry import get_engine
+    from qual.engines.vllm.engine import VLLM_BLOCK_SIZE, VLLM_GPU_MEMORY_UTILIZATION
+    from qual.profiles import load_profile
+    from qual.runtime.models.glm5.config import parse_glm5_config
+    from qual.runtime.models.glm5.memory import Deployment, memory_plan
+
+    real = Path(shutil.copytree(hub[TARGET], tmp_path / "real"))
+    config = {"model_type": "glm5_next_text", "quantization_config": FP8_BLOCKS}
+    (real / "config.json").write_text(json.dumps(config))
+    machine = _without({**hub, TARGET: real})
+    plan = make_plan(run_options(model=GLM, dcp="4", history=str(tmp_path / "h.sqlite")), dry_run=True,
+                     inventory=machine)
+    need = get_engine("vllm", machine).memory_need(plan.arms["control"])  # DCP 1: every token on every rank
+    cfg = parse_glm5_config(config, "defaults + FP8")
+    d = Deployment(tp=4, dcp=1, num_speculative_tokens=15, context=32768, sequences=1, dtype=torch.bfloat16,
+                   block_size=VLLM_BLOCK_SIZE)
+    vllm, runtime = memory_plan(cfg, d, "vllm"), memory_plan(cfg, d, "qual")
+    assert need.bytes == int(vllm.total / VLLM_GPU_MEMORY_UTILIZATION) != int(runtime.total / VLLM_GPU_MEMORY_UTILIZATION)
+    parts = dict(need.parts)
+    assert sum(parts.values()) == vllm.total and parts["kda cache"] == vllm.caches["kda"]
+    assert parts["embedding + lm_head"] == 2 * math.ceil(cfg.vocab_size / 64) * 64 // 4 * cfg.hidden_size * 2
+    assert parts["embedding + lm_head"] < runtime.weights["embedding + lm_head"]  # the runtime replicates them
+    check = {c.name: c for c in doctor.collect_checks(plan, True)}["  memory a GPU"]
+    assert check.detail == f"{gib(need.bytes)}: {need.how}" and "as vLLM allocates it at TP 4 / DCP 1" in check.detail
+    assert check.evidence == [f"{part}: {gib(n)}" for part, n in need.parts] and len(check.evidence) == 10
+    assert load_profile(GLM).gpu_memory_gib == math.ceil(need.bytes / 2**30)
 
 
 @pytest.mark.vllm

@@ -13,12 +13,14 @@ from qual.errors import QualError
 
 QUAL = Path(__file__).resolve().parents[1] / "qual"
 VOCABULARIES = {"dtype": options.DTYPES, "draft_kv": options.DRAFT_KV_MODES, "dsa_topk": options.DSA_TOPK_MODES,
-                "dcp_comm": options.DCP_COMM_MODES}
+                "dcp_comm": options.DCP_COMM_MODES, "numerics": options.NUMERICS}
 VALUES = {v: name for name, values in VOCABULARIES.items() for v in values}
 # Other facts that happen to be spelled in the same words, each with why it is not an option's vocabulary.
 ELSEWHERE = {
     ("checkpoints/weights.py", "dtype"): "the casts a stored weight dtype may take without being asked (IMPLIED_CASTS)",
     ("runtime/backends/__init__.py", "dtype"): "the dtypes the Triton kernels compile for",
+    ("engines/vllm/engine.py", "numerics"): "the engine's name, vllm",
+    ("engines/vllm/doctor.py", "numerics"): "the vLLM distribution's name",
 }
 
 

@@ -23,13 +23,14 @@ H200 = HostFacts(gpus=["NVIDIA H200"] * 2, torch="2.13.0+cu130", cuda="13.0", gp
 B200 = replace(H200, gpus=["NVIDIA B200"] * 2)
 
 
-def _result(tmp_path, control_build, candidate_build, candidate_dtype="float32"):
+def _result(tmp_path, control_build, candidate_build, candidate_dtype="float32", numerics=(None, None)):
     control, candidate = synthetic_pair(8, 0.75, 0.75)
     corpus = CorpusInfo("synthetic", "corpora/synthetic.jsonl", "sha256:" + "cd" * 32, len(control))
     return build_result(corpus,
-                        (synthetic_arm_config(1), replace(synthetic_run_info(control), build=control_build), control),
-                        (synthetic_arm_config(4, dtype=candidate_dtype), replace(synthetic_run_info(candidate),
-                                                                                  build=candidate_build), candidate),
+                        (synthetic_arm_config(1, numerics=numerics[0]), replace(synthetic_run_info(control),
+                                                                                build=control_build), control),
+                        (synthetic_arm_config(4, dtype=candidate_dtype, numerics=numerics[1]),
+                         replace(synthetic_run_info(candidate), build=candidate_build), candidate),
                         default_gate(), 0, n_resamples=50)
 
 
@@ -73,6 +74,14 @@ def test_an_engine_without_build_facts_still_gets_provenance():
 ])
 def test_differences_that_matter_are_warnings(tmp_path, control, candidate, dtype, expected):
     assert _result(tmp_path, control, candidate, dtype).warnings == expected
+
+
+def test_arms_of_other_numerics_are_warned_about(tmp_path):
+    """`qual compare` of an exact arm and a vllm one (how the effect of vLLM's numerics is measured) says so."""
+    build = EngineBuild("reference", "0.1.0", host=H200)
+    assert _result(tmp_path, build, build, numerics=("exact", "vllm")).warnings == [
+        "numerics differ: control exact, candidate vllm"]
+    assert _result(tmp_path, build, build, numerics=("exact", "exact")).warnings == []
 
 
 def test_compare_keeps_each_runs_provenance_and_warns_on_stderr(tmp_path, capsys):

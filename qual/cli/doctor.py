@@ -60,14 +60,15 @@ def _kept_files() -> list[DoctorCheck]:
 
 def _memory(plan, profile) -> DoctorCheck:
     """The memory each GPU of the run needs: the engine's memory plan for the target (reached through the engine, as a
-    run reaches it), else the profile's gpu_memory_gib."""
+    run reaches it; its evidence a rank's bytes by part), else the profile's gpu_memory_gib."""
     from qual.inventory import gib
 
     engine = get_engine(plan.engine, plan.inventory)
     planned = [need for arm in plan.arms.values() if (need := engine.memory_need(arm)) is not None]
     if planned:
         need = max(planned, key=lambda n: n.bytes)
-        return DoctorCheck("  memory a GPU", "yes", f"{gib(need.bytes)}: {need.how}")
+        return DoctorCheck("  memory a GPU", "yes", f"{gib(need.bytes)}: {need.how}",
+                           [f"{part}: {gib(n)}" for part, n in need.parts])
     if profile.gpu_memory_gib is not None:
         return DoctorCheck("  memory a GPU", "yes", f"{profile.gpu_memory_gib:g} GiB: the profile's gpu_memory_gib (the "
                            f"{plan.engine} engine has no memory plan for this target here)")

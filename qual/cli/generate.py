@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +16,7 @@ from qual.corpus.records import MAX_TOKENS
 from qual.errors import QualError
 from qual.files import write_text
 from qual.options import (DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DTYPE, DEFAULT_TEMPERATURE, DEVICES,
-                          DSA_TOPK_MODES, DTYPES, MAX_SEED, Device, DsaTopk, Dtype, check_layout)
+                          DSA_TOPK_MODES, DTYPES, MAX_SEED, NUMERICS, Device, DsaTopk, Dtype, Numerics, check_layout)
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.userfiles import load_json, read_text
 from qual.validation import parse_flags
@@ -35,6 +36,7 @@ class GenerateOptions:
     seed: int = Field(0, ge=0, le=MAX_SEED)
     device: Device = DEFAULT_DEVICE
     dsa_topk: DsaTopk | None = None  # None: the engine's default, where the target has sparse attention
+    numerics: Numerics | None = None  # None: the engine's default, where the target models vLLM's numerics
 
 
 def read_prompts(path: Path, tokenizer_dir: str) -> list[tuple[str, list[int]]]:
@@ -108,6 +110,9 @@ def generate_command(
     device: str = typer.Option(DEFAULT_DEVICE, "--device", metavar="|".join(DEVICES), help="Where it runs."),
     dsa_topk: Optional[str] = typer.Option(None, "--dsa-topk", metavar="|".join(DSA_TOPK_MODES),
                                            help="Sparse-attention targets under DCP (default: the first)."),
+    numerics: Optional[str] = typer.Option(None, "--numerics", metavar="|".join(NUMERICS),
+                                           help="How a GLM-5 target computes (default: the first; docs/glm5.md, "
+                                           "\"Numerics\")."),
     out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write the JSON lines here instead of "
                                        "stdout."),
 ) -> None:
@@ -118,7 +123,7 @@ def generate_command(
     from qual.engines.registry import get_engine
 
     o = parse_flags(GenerateOptions, tp=tp, dcp=dcp, max_tokens=max_tokens, dtype=dtype, temperature=temperature,
-                    seed=seed, device=device, dsa_topk=dsa_topk)
+                    seed=seed, device=device, dsa_topk=dsa_topk, numerics=numerics)
     check_layout(o.tp, o.dcp)
     rows = read_prompts(prompts, str(target))
     k = _speculative_tokens(draft)
@@ -126,9 +131,11 @@ def generate_command(
                     target_path=str(target), draft_path=str(draft) if draft else None, num_speculative_tokens=k,
                     sampling=Sampling(o.temperature, o.seed, o.max_tokens), dtype=o.dtype, device=o.device,
                     extra={"max_model_len": max(len(ids) for _, ids in rows) + o.max_tokens + k + 1},
-                    dsa_topk=o.dsa_topk)
+                    dsa_topk=o.dsa_topk, numerics=o.numerics)
     engine = get_engine(arm.engine)
     arm = engine.preflight(arm, frozenset({"dsa_topk"} if o.dsa_topk else ()))
+    for note in engine.notes(arm):
+        print(f"warning: {note}", file=sys.stderr)
     results = engine.generate(arm, [EngineRequest(rid, "default", tuple(ids), o.max_tokens) for rid, ids in rows])
     text = "".join(json.dumps(r) + "\n" for r in results)
     if out is None:

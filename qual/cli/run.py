@@ -18,7 +18,8 @@ from qual.engines.registry import ENGINES, get_engine
 from qual.errors import EngineError, InternalError, QualError
 from qual.files import DirectoryLock
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK, DEFAULT_ENGINE,
-                          DEFAULT_TEMPERATURE, DEVICES, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES, SHARDED)
+                          DEFAULT_NUMERICS, DEFAULT_TEMPERATURE, DEVICES, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES,
+                          NUMERICS, SHARDED)
 from qual.paths import DEFAULT_HISTORY, origin
 from qual.shown import safe
 from qual.userfiles import check_path_name
@@ -74,6 +75,10 @@ def run_command(
                                            rich_help_panel=KNOBS, help=f"Sparse-attention targets under DCP (default "
                                            f"{DEFAULT_DSA_TOPK}: the global top-k; union: each rank's local top-k; a "
                                            "list sweeps)."),
+    numerics: Optional[str] = typer.Option(None, "--numerics", metavar=_choices(NUMERICS), rich_help_panel=KNOBS,
+                                           help=f"How a GLM-5 target computes (default: the profile's, else "
+                                           f"{DEFAULT_NUMERICS}: as written; vllm: as vLLM's kernels compute it; "
+                                           "vllm-hopper: with DeepGEMM's power-of-two scales too; docs/glm5.md)."),
     temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature", metavar="T", rich_help_panel=KNOBS,
                                       help="0: greedy (the drafter is always greedy); above 0 the target samples, "
                                       "seeded by --seed."),
@@ -161,7 +166,7 @@ def run_command(
                               chat_template=chat_template, limit=limit,
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
-                              dsa_topk=dsa_topk, baseline=baseline, baseline_any=baseline_any,
+                              dsa_topk=dsa_topk, numerics=numerics, baseline=baseline, baseline_any=baseline_any,
                               baseline_required=baseline_required, meta=meta, control_url=control_url,
                               candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
                               max_concurrency=max_concurrency, speedup=speedup)

@@ -33,8 +33,9 @@ def train(
     stages: Annotated[str, typer.Option(help="'all', a comma list, or 'STAGE-' (that stage and the rest)")] = "all",
     tiny: Annotated[bool, typer.Option(help="the preset's architecture at a few steps' size on the same data: a smoke "
                                             "run, not the committed pair")] = False,
-    preset: Annotated[str, typer.Option(help="the committed pair to reproduce: toy (Qwen3 + DFlash) or glm-toy "
-                                             "(GLM-5.3-Flash-shaped target + DFlash2)")] = "toy",
+    preset: Annotated[str, typer.Option(help="the committed pair to reproduce: toy (Qwen3 + DFlash), glm-toy "
+                                             "(GLM-5.3-Flash-shaped target + DFlash2) or glm-toy-vllm (glm-toy "
+                                             "grown to vLLM's shapes, FP8)")] = "toy",
     refresh_data: Annotated[bool, typer.Option(help="redo fetch/tokenizer/tokenize even when cached")] = False,
     target_steps: Annotated[Optional[int], typer.Option(help="override the target's training steps")] = None,
     draft_steps: Annotated[Optional[int], typer.Option(help="override the drafter's training steps")] = None,
@@ -63,7 +64,7 @@ def train(
         cfg.num_prompts = num_prompts
     apply_overrides(cfg, set_ or [])
     run(cfg, out, work, dev, parse_stages(stages), refresh_data=refresh_data,
-        log=lambda msg: print(msg, flush=True))
+        log=lambda msg: print(msg, flush=True), preset=preset)
 
 
 @toy_app.command("verify")

@@ -8,11 +8,21 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from qual.errors import QualError
 from qual.inventory import GIB, Inventory, MemoryNeed, gpu_shortfall
 from qual.records import ArmConfig, ArmRunInfo, EngineRequest, OnResult
 
 # Knobs an arm can ask for; each engine declares the ones it applies (Engine.honours).
-KNOBS = ("dcp", "tp", "interleave", "draft_kv", "dtype", "device", "temperature", "seed", "dsa_topk")
+KNOBS = ("dcp", "tp", "interleave", "draft_kv", "dtype", "device", "temperature", "seed", "dsa_topk", "numerics")
+
+
+def refuse_numerics(arm: ArmConfig, engine: str) -> None:
+    """A served vLLM computes as its build's kernels do: an arm asking for numerics (--numerics or the profile's
+    `numerics:`) is refused by an engine that drives one; the embedded runtime is what models vLLM's numerics."""
+    if arm.numerics is not None:
+        raise QualError(f"numerics {arm.numerics}: --engine {engine} computes as the vLLM build's kernels do (the "
+                        "embedded runtime models them: --engine reference --numerics vllm); remove --numerics or "
+                        "the profile's numerics:")
 
 
 class Engine(ABC):
@@ -94,6 +104,11 @@ class Engine(ABC):
     def run(self, arm: ArmConfig, requests: list[EngineRequest], on_result: OnResult, run_dir: Path,
             name: str) -> ArmRunInfo:
         """Replay every request, calling on_result as each finishes."""
+
+    def notes(self, arm: ArmConfig) -> list[str]:
+        """What the user should hear about this arm before it runs (a default the engine applies that another engine
+        would not, for example): one line each, printed as warnings. Called after preflight."""
+        return []
 
     def tokenize(self, arm: ArmConfig, prompts: list[str]) -> list[list[int]] | None:
         """The prompts' token ids as this arm's engine tokenizes them, where it has a tokenizer of its own (an attached

@@ -14,7 +14,7 @@ import qual
 from qual.checkpoints.config import max_positions, read_config
 from qual.engines.base import KNOBS, Engine
 from qual.errors import EngineError, QualError
-from qual.options import DEFAULT_DCP_COMM, DEFAULT_DSA_TOPK, DcpComm
+from qual.options import DEFAULT_DCP_COMM, DEFAULT_DSA_TOPK, DEFAULT_NUMERICS, DcpComm
 from qual.provenance import local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, DoctorCheck, EngineBuild, EngineRequest, GraphCapture, OnResult
 from qual.runtime.backends import parse_backend, part_problems
@@ -108,17 +108,23 @@ def engine_config(arm: ArmConfig) -> EngineConfig:
         steps_per_launch=o.steps_per_launch,
         prefill_ahead=o.prefill_ahead,
         dsa_topk=arm.dsa_topk or DEFAULT_DSA_TOPK,
+        numerics=arm.numerics or DEFAULT_NUMERICS,
         phase_times=phase_times_on(),
     )
 
 
-def _with_dsa_topk(arm: ArmConfig, target, requested: frozenset[str]) -> ArmConfig:
-    """The arm with the top-k mode that runs: the asked or default one where the target has sparse attention, None
-    where it has none (asking for one there is refused)."""
-    sparse = target.model_class.sparse_attention
-    if "dsa_topk" in requested and not sparse:
+def _with_target_modes(arm: ArmConfig, target, requested: frozenset[str]) -> ArmConfig:
+    """The arm with the modes that run: the asked or default top-k where the target has sparse attention and the
+    asked or default numerics where it models vLLM's, None where it has no such choice (asking for one there is
+    refused: --dsa-topk when asked on the command line, numerics from the command line or the profile)."""
+    model = target.model_class
+    if "dsa_topk" in requested and not model.sparse_attention:
         raise QualError(f"--dsa-topk {arm.dsa_topk}: the target ({arm.target_path}) has no sparse attention")
-    return replace(arm, dsa_topk=(arm.dsa_topk or DEFAULT_DSA_TOPK) if sparse else None)
+    if arm.numerics is not None and not model.vllm_numerics:
+        raise QualError(f"numerics {arm.numerics}: the target ({arm.target_path}) computes one way only (vLLM's "
+                        "numerics are modelled for GLM-5 targets); remove --numerics or the profile's numerics:")
+    return replace(arm, dsa_topk=(arm.dsa_topk or DEFAULT_DSA_TOPK) if model.sparse_attention else None,
+                   numerics=(arm.numerics or DEFAULT_NUMERICS) if model.vllm_numerics else None)
 
 
 class ReferenceEngine(Engine):
@@ -158,7 +164,7 @@ class ReferenceEngine(Engine):
 
             rank_context(arm.device)
         target, _ = _runtime().validate(engine_config(arm))  # head layout vs tp/dcp, checkpoints readable, GPUs present
-        return _with_dsa_topk(arm, target, requested)
+        return _with_target_modes(arm, target, requested)
 
     def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
         """preflight's checks of the checkpoints and options, where the target is on this machine; not the GPUs (a
@@ -167,8 +173,15 @@ class ReferenceEngine(Engine):
         if not (Path(arm.target_path) / "config.json").is_file():
             return arm  # the real run reports it missing
         target, _ = _runtime().validate(engine_config(arm), devices=False)
-        return _with_dsa_topk(arm, target, requested)
+        return _with_target_modes(arm, target, requested)
 
+
+    def notes(self, arm: ArmConfig) -> list[str]:
+        """The target's config defaults that this arm's numerics compute otherwise than vLLM does (or the other way)."""
+        if not (Path(arm.target_path) / "config.json").is_file():
+            return []  # a dry run planned elsewhere: the real run reads it
+        target = _runtime().target_spec(arm.target_path)
+        return target.model_class.notes(target.config, arm.numerics or DEFAULT_NUMERICS)
 
     def context_needed(self, arm: ArmConfig, prompt_tokens: int, max_tokens: int) -> int:
         # The runtime reserves one verify step (the last token plus K drafts) beyond max_tokens.

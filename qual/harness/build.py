@@ -83,7 +83,7 @@ def checkpoint_differences(control: ArmResult, candidate: ArmResult) -> list[str
 
 def provenance_differences(control: ArmResult, candidate: ArmResult) -> list[str]:
     """Differences between two arms that change what acceptance or speed mean, one line each: the target or drafter
-    checkpoint, engine version, dtype, GPU type (unknown on either side is not a difference)."""
+    checkpoint, engine version, dtype, numerics, GPU type (unknown on either side is not a difference)."""
     a, b = control.provenance, candidate.provenance
     if a is None or b is None:
         missing = [name for name, p in (("control", a), ("candidate", b)) if p is None]
@@ -97,6 +97,9 @@ def provenance_differences(control: ArmResult, candidate: ArmResult) -> list[str
     da, db = control.config.get("dtype"), candidate.config.get("dtype")
     if da != db:
         out.append(f"dtype differs: control {da}, candidate {db}")
+    na, nb = control.config.get("numerics"), candidate.config.get("numerics")
+    if na != nb:
+        out.append(f"numerics differ: control {na or 'not chosen'}, candidate {nb or 'not chosen'}")
     ga, gb = _gpu_type(a), _gpu_type(b)
     if ga and gb and ga != gb:
         out.append(f"GPU type differs: control {ga}, candidate {gb}")

@@ -33,7 +33,8 @@ from qual.history import check_history
 from qual.inventory import hub_download_command
 from qual.nights import parse_meta
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
-                          MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, Device, DraftKv, DsaTopk, Dtype, check_layout)
+                          MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, Device, DraftKv, DsaTopk, Dtype, Numerics,
+                          check_layout)
 from qual.profiles import fit_positions, load_profile
 from qual.records import ArmConfig, EngineRequest, Sampling
 from qual.tokenize import PromptTokenizer
@@ -79,6 +80,7 @@ class RunOptions:
     device: Device | None = None  # default: the profile's, else DEFAULT_DEVICE
     dtype: Dtype | None = None
     dsa_topk: sweep.one_or_many(DsaTopk) | None = None  # sparse-attention targets (default: the engine's, DEFAULT_DSA_TOPK)
+    numerics: Numerics | None = None  # targets with a choice (default: the profile's, else DEFAULT_NUMERICS)
     baseline: str | None = _text()  # a result dir / result.json, a history id, or history:last-pass
     baseline_any: bool = False  # take a baseline of another configuration key (the differences are recorded)
     baseline_required: bool = False  # history:last-pass with nothing to compare with is exit 2, not a first night
@@ -99,7 +101,7 @@ class RunOptions:
                             ("--chat-template", self.chat_template),
                             ("--limit", self.limit), ("--max-tokens", self.max_tokens), ("--gate", self.gate),
                             ("--device", self.device), ("--dtype", self.dtype), ("--dsa-topk", self.dsa_topk),
-                            ("--baseline", self.baseline), ("--control-url", self.control_url),
+                            ("--numerics", self.numerics), ("--baseline", self.baseline), ("--control-url", self.control_url),
                             ("--candidate-url", self.candidate_url), ("--api-key-env", self.api_key_env),
                             ("--max-concurrency", self.max_concurrency)]:
             if isinstance(value, tuple):  # a sweep's list
@@ -130,7 +132,7 @@ class RunOptions:
     def requested(self) -> frozenset[str]:
         """The knobs the user set explicitly (an engine that cannot apply one of them refuses the run)."""
         asked = {"dcp": self.dcp, "tp": self.tp, "draft_kv": self.draft_kv, "device": self.device, "dtype": self.dtype,
-                 "dsa_topk": self.dsa_topk}
+                 "dsa_topk": self.dsa_topk, "numerics": self.numerics}
         return frozenset(k for k, v in asked.items() if v is not None) | {"temperature", "seed"}
 
 
@@ -517,6 +519,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
         num_speculative_tokens=profile.num_speculative_tokens,
         sampling=Sampling(temperature=o.temperature, seed=o.seed, max_tokens=default_max),
         interleave=profile.interleave, dtype=dtype, device=o.device or profile.device or DEFAULT_DEVICE, extra=extra,
+        numerics=o.numerics or profile.numerics,  # None: the engine decides (the target's default, or its build's)
     )
     # control (DCP 1), then "candidate", or a sweep's candidates; TP: --tp, else the profile's, else the DCP size
     arms = sweep.arms(o, base, dcps, DEFAULT_DRAFT_KV, lambda dcp: o.tp or profile.tp or dcp)
@@ -561,7 +564,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
                    request_ids=request_ids(selected), profile_path=profile.path, how=how, lacking=lacking,
                    inventory=inventory, render_time=render_time if prompts is not None else None)
     plan.engine_version = engine.version(arms[plan.candidates[0]])
-    plan.notes = _corpus_notes(corpus)
+    plan.notes = _corpus_notes(corpus) + list(dict.fromkeys(n for arm in arms.values() for n in engine.notes(arm)))
     if o.baseline_any and o.baseline is None:
         raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
     if o.baseline_required and o.baseline != LAST_PASS:

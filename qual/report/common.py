@@ -77,7 +77,8 @@ def title(result: Result) -> str:
     return (
         f"{arms} "
         f"({k.get('engine', '?')}, TP {k.get('tp', '?')}, draft KV {k.get('draft_kv', '?')}"
-        + (f", DSA top-k {k['dsa_topk']}" if k.get("dsa_topk") else "") + ")"
+        + (f", DSA top-k {k['dsa_topk']}" if k.get("dsa_topk") else "")
+        + (f", numerics {k['numerics']}" if k.get("numerics") else "") + ")"
     )
 
 

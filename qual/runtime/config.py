@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from qual.errors import QualError
 from qual.options import (DCP_COMM_MODES, DEFAULT_DCP_COMM, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_DSA_TOPK,
-                          DEFAULT_DTYPE, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES, INVARIANT, check_choice,
-                          check_device, check_layout, check_temperature)
+                          DEFAULT_DTYPE, DEFAULT_NUMERICS, DRAFT_KV_MODES, DSA_TOPK_MODES, DTYPES, INVARIANT, NUMERICS,
+                          check_choice, check_device, check_layout, check_temperature)
 from qual.runtime.backends import ATTENTION_PARTS, PYTORCH, parse_backend
 
 # Batch sizes captured as CUDA graphs by default (qual/runtime/cuda_graphs.py); a step pads to the next one.
@@ -131,6 +131,7 @@ class EngineConfig:
     static_shapes: bool = False  # run decode with the graphs' padded static shapes, eagerly (tests the graph path on CPU)
     backend: str = PYTORCH  # kernel backend by name (qual/runtime/backends): PyTorch operators only
     dsa_topk: str = DEFAULT_DSA_TOPK  # sparse-attention top-k under DCP, for targets that have it (qual.options)
+    numerics: str = DEFAULT_NUMERICS  # how a target that models vLLM's numerics computes (qual.options.NUMERICS)
     phase_times: bool = False  # rank 0 times the host phases of generate (LLMEngine.phase_times); off: no-op laps
     # Greedy decode steps of an unchanged batch are launched before the last one's results are read, the device
     # advancing the step's inputs itself (docs/ARCHITECTURE.md). Taken where decode runs at static shapes on one
@@ -171,6 +172,7 @@ class EngineConfig:
             raise QualError(f"backend {self.backend}: compiled-prefill compiles the prefill at padded shapes, which runs "
                             "with CUDA graphs (cuda_graph_sizes) or static_shapes and prefill_graph_tokens > 0")
         check_choice("dsa_topk", self.dsa_topk, DSA_TOPK_MODES)
+        check_choice("numerics", self.numerics, NUMERICS)
         if self.steps_per_launch < 1:
             raise QualError(f"steps_per_launch must be >= 1 (got {self.steps_per_launch})")
         if self.prefill_ahead < 0:

@@ -22,7 +22,7 @@ from qual.runtime.model_runner import ModelRunner
 from qual.runtime.parallel import Comm, arm_hang_dump, init_comm, set_cpu_threads
 from qual.runtime.phases import OFF, PhaseTimer
 from qual.runtime.ranks import Ranks
-from qual.runtime.registry import validate
+from qual.runtime.registry import target_spec, validate  # noqa: F401  (target_spec: the engines' notes)
 from qual.runtime.scheduler import StepTally, admit, chains_prefill, reach
 from qual.runtime.sequence import GenerationRequest, Sequence
 from qual.runtime.spec_decode import choose, unpack_choices

@@ -50,7 +50,7 @@ class ModelRunner:
         self.draft_cfg = draft_spec.config if draft_spec else None
         aux = self.draft_cfg.aux_layer_ids if self.draft_cfg else ()
         target_cls = target_spec.model_class
-        options = ModelOptions(dsa_topk=cfg.dsa_topk)
+        options = ModelOptions(dsa_topk=cfg.dsa_topk, numerics=cfg.numerics)
         self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend, options)
         if self.backend.fused_decode:
             from qual.runtime.backends.fused_decode import FusedDecode

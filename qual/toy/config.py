@@ -106,10 +106,20 @@ class GlmShape:
     moe_intermediate_size: int = 128
     hc_mult: int = 2
     hc_sinkhorn_iters: int = 10
+    # vLLM's keys (transformers keeps them as they are; vLLM reads them with no default): hyper-connections on, MLA
+    # without RoPE, the indexer's rotary layout, the router's names. None: left out of config.json (glm-toy, which vLLM
+    # cannot serve)
+    mhc: bool | None = None
+    mla_use_nope: bool | None = None
+    indexer_rope_interleave: bool | None = None
+    topk_method: str | None = None
+    scoring_func: str | None = None
 
     def text_config(self, shape: "ModelShape", eos_token_id: int) -> dict:
-        """The transformers Glm5NextTextConfig fields."""
-        return dict(
+        """The transformers Glm5NextTextConfig fields (and vLLM's keys, where set)."""
+        vllm = {k: getattr(self, k) for k in ("mhc", "mla_use_nope", "indexer_rope_interleave", "topk_method",
+                                              "scoring_func") if getattr(self, k) is not None}
+        return vllm | dict(
             vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
             num_hidden_layers=shape.num_layers, layer_types=list(self.layer_types),
             mlp_layer_types=list(self.mlp_layer_types), num_attention_heads=self.num_attention_heads,
@@ -165,6 +175,11 @@ class TrainConfig:
     # schedule is then exactly that of a run with the lowered draft_steps, which stats record).
     draft_seconds: float | None = None
     draft_init: str | None = None  # a saved drafter dir to start from instead of random init (same shape)
+    # a saved GLM-5 target dir to start from, grown to this shape (qual/toy/grow.py), instead of random init
+    target_init: str | None = None
+    # the shipped target's FP8 block (rows, columns): what vLLM keeps FP8 (the MLPs, the experts, the indexer's wq_b)
+    # is stored block-quantized (qual/checkpoints/fp8.py); (): all unquantized
+    fp8_block: tuple[int, ...] = ()
     # eval
     num_speculative_tokens: int = 7
     eval_max_new_tokens: int = 64
@@ -218,6 +233,24 @@ class TrainConfig:
         )
 
     @classmethod
+    def glm_toy_vllm(cls) -> "TrainConfig":
+        """The GLM toy shaped as vLLM 0.32 requires (qual/data/models/glm-toy-vllm, docs/glm5.md): glm-toy's target
+        grown to an indexer head dim of 128 (vLLM asserts it), a 512-wide latent, 128-wide q_lora and MLP widths that
+        split into whole 128 x 128 FP8 blocks at TP 4, NoPE and hyper-connections named as vLLM reads them, stored FP8
+        where vLLM loads FP8 (qual/toy/grow.py); glm-toy's DFlash2 drafter as it is. No gradient step: a step of
+        transformers' reference KDA at this size takes over a minute on a 2-core CPU, and the grown target computes
+        glm-toy's function but for its FP8 weights, so the stages run in minutes on a CPU."""
+        cfg = cls.glm_toy()
+        cfg.shape.intermediate_size = 512
+        cfg.glm = GlmShape(q_lora_rank=128, kv_lora_rank=512, index_head_dim=128, moe_intermediate_size=512, mhc=True,
+                           mla_use_nope=True, indexer_rope_interleave=False, topk_method="noaux_tc",
+                           scoring_func="sigmoid")
+        return dataclasses.replace(
+            cfg, target_init="qual/data/models/glm-toy/target", draft_init="qual/data/models/glm-toy/draft",
+            fp8_block=(128, 128), target_steps=0, target_seconds=None, val_windows=8, draft_steps=0,
+            draft_seconds=None, eval_limit=16, eval_greedy_check=4)
+
+    @classmethod
     def glm_toy_tiny(cls) -> "TrainConfig":
         """tiny() with the GLM-shaped target (glm_toy's architecture at a few steps' size)."""
         return dataclasses.replace(cls.tiny(), arch="glm5", val_every=3,
@@ -228,7 +261,8 @@ class TrainConfig:
 
 
 # `qual toy train --preset`: each committed pair's configuration and its smoke-run (--tiny) variant
-PRESETS = {"toy": (TrainConfig.full, TrainConfig.tiny), "glm-toy": (TrainConfig.glm_toy, TrainConfig.glm_toy_tiny)}
+PRESETS = {"toy": (TrainConfig.full, TrainConfig.tiny), "glm-toy": (TrainConfig.glm_toy, TrainConfig.glm_toy_tiny),
+           "glm-toy-vllm": (TrainConfig.glm_toy_vllm, TrainConfig.glm_toy_tiny)}
 
 
 def _parse_like(current, text: str, key: str):

@@ -25,7 +25,7 @@ from qual.toy.config import (EVAL_LICENSE, EVAL_PACKAGE, EVAL_VERSION, SOURCE_LI
                              SOURCE_VERSION, TrainConfig)
 
 STAGES = ("fetch", "tokenizer", "tokenize", "target", "generate", "draft", "eval", "manifest")
-REPRODUCE_COMMAND = "make toy"  # the Makefile target runs the training rounds in order
+REPRODUCE_COMMAND = "make {preset}"  # the Makefile target of each preset runs its training rounds in order
 WORK_BYTES = 1 << 34  # a stage's arrays and generated tensors in the work dir: read whole, as training needs them
 WORK_JSON_BYTES = 1 << 26  # a stage's statistics and the tokenized HumanEval prompts
 
@@ -34,6 +34,7 @@ WORK_JSON_BYTES = 1 << 26  # a stage's statistics and the tokenized HumanEval pr
 class Paths:
     out: Path
     work: Path
+    preset: str = "toy"  # the committed pair being made (its Makefile target reproduces it)
 
     @property
     def target(self) -> Path:
@@ -154,7 +155,7 @@ def stage_target(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     ids = _load_stats(paths, "tokenize")
     model, stats = train_target(cfg, _tokens(paths, "train"), _tokens(paths, "val"),
                                 ids["eos_token_id"], device, log)
-    save_target(model, paths.target, paths.tokenizer)
+    save_target(model, paths.target, paths.tokenizer, cfg.fp8_block)
     stats["environment"] = _environment(device)
     _save_stats(paths, "target", stats)
 
@@ -180,10 +181,19 @@ def stage_draft(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     from qual.toy.train_draft import train_drafter
 
     ids = _load_stats(paths, "tokenize")
-    target = load_target(paths.target, device)
-    data = load_torch(paths.gen, WORK_BYTES, "generated dataset")  # tensors and lists only: no pickled code runs
     lineage = _lineage(paths, cfg)
-    drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
+    if cfg.draft_steps == 0:  # the drafter of draft_init as it is: no target or data needed
+        from qual.toy.drafter import load_drafter
+
+        if not cfg.draft_init:
+            raise QualError("draft_steps 0 keeps draft_init's drafter: set draft_init")
+        drafter, _ = load_drafter(Path(cfg.draft_init), device)
+        stats = {"train_seconds": 0.0, "init": cfg.draft_init, "curve": []}
+        log(f"draft: 0 steps, {cfg.draft_init} as it is")
+    else:
+        target = load_target(paths.target, device)
+        data = load_torch(paths.gen, WORK_BYTES, "generated dataset")  # tensors and lists only: no pickled code runs
+        drafter, stats = train_drafter(cfg, target, data, ids["mask_token_id"], device, log)
     save_drafter(drafter, paths.draft, ids["mask_token_id"], ids["eos_token_id"])
     stats |= {"config": cfg.to_dict(), "argv": _argv(), "environment": _environment(device), "lineage": lineage}
     _save_stats(paths, "draft", stats)
@@ -239,7 +249,7 @@ def stage_manifest(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
     draft = _load_stats(paths, "draft")
     body = {
         "schema": "qual.toy-manifest/1",
-        "command": REPRODUCE_COMMAND,
+        "command": REPRODUCE_COMMAND.format(preset=paths.preset),
         "rounds": [r.get("argv") for r in draft.get("lineage", [])] + [draft.get("argv")],  # each round's command
         "argv": _argv(),
         "data": {
@@ -267,7 +277,8 @@ def stage_manifest(paths: Paths, cfg: TrainConfig, device: str, log) -> None:
         "hyperparameters": draft.pop("config", cfg.to_dict()) | {k: v for k, v in cfg.to_dict().items()
                                                                  if k.startswith("eval_")},
         "target": _load_stats(paths, "target"),
-        "generate": _load_stats(paths, "generate"),
+        # a drafter kept as draft_init was (draft_steps 0) needs no generated data
+        **({"generate": _load_stats(paths, "generate")} if paths.stats("generate").exists() or draft["curve"] else {}),
         "draft": draft,
         "eval": _load_stats(paths, "eval"),
     }
@@ -301,14 +312,14 @@ def parse_stages(spec: str) -> list[str]:
 
 
 def run(cfg: TrainConfig, out: Path, work: Path, device: str, stages: list[str], refresh_data: bool = False,
-        log: Callable[[str], None] = print) -> None:
+        log: Callable[[str], None] = print, preset: str = "toy") -> None:
     """Run `stages` in order."""
     import torch
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise QualError("--device cuda requested but CUDA is not available")
     torch.manual_seed(cfg.seed)
-    paths = Paths(out=out, work=work)
+    paths = Paths(out=out, work=work, preset=preset)
     for stage in stages:
         if not refresh_data and stage in CACHED and CACHED[stage](paths):
             log(f"{stage}: cached in {work}")

@@ -11,10 +11,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from qual.files import copy_file, remove_tree, write_text
+from qual.errors import QualError
+from qual.files import copy_file, remove_tree, write_bytes, write_text
 from qual.toy.config import ModelShape, TrainConfig
 from qual.toy.tokenizer import TOKENIZER_FILES
-from qual.userfiles import MAX_TOKENIZER_BYTES, read_json
+from qual.userfiles import MAX_TOKENIZER_BYTES, load_safetensors, read_json
 
 
 def target_config(shape: ModelShape, eos_token_id: int):
@@ -48,16 +49,46 @@ GLM_VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, ou
 
 
 def build_target(cfg: TrainConfig, eos_token_id: int):
-    """A freshly initialised target of cfg.arch."""
+    """A freshly initialised target of cfg.arch, or cfg.target_init grown to its shape (qual/toy/grow.py)."""
     torch.manual_seed(cfg.seed)
     if cfg.arch == "glm5":
         from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
         text = cfg.glm.text_config(cfg.shape, eos_token_id)
-        return Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text, vision_config=GLM_VISION))
+        model = Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text, vision_config=GLM_VISION))
+        return _grown(model, Path(cfg.target_init)) if cfg.target_init else model
+    if cfg.target_init:
+        raise QualError("target_init grows GLM-5 targets only (arch glm5)")
     from transformers import Qwen3ForCausalLM
 
     return Qwen3ForCausalLM(target_config(cfg.shape, eos_token_id))
+
+
+def _grown(model, init: Path):
+    """`model`'s architecture holding the checkpoint at `init` grown to its shape (qual/toy/grow.py): the tensors
+    grown by their on-disk names, written beside the model's config and read back as load_target reads a target."""
+    import tempfile
+
+    from qual.toy.grow import grow_glm_state
+
+    old = read_json(init / "config.json")["text_config"]
+    grown = grow_glm_state(_tensors(init), old, model.config.text_config.to_dict())
+    with tempfile.TemporaryDirectory() as tmp:
+        _write_checkpoint(Path(tmp), model.config.to_dict(), grown)
+        return load_target(Path(tmp), "cpu").train()
+
+
+def _tensors(directory: Path) -> dict:
+    """Every tensor of a checkpoint directory's safetensors files, by on-disk name."""
+    return {name: t for f in sorted(directory.glob("*.safetensors")) for name, t in load_safetensors(f).items()}
+
+
+def _write_checkpoint(directory: Path, config: dict, tensors: dict) -> None:
+    """config.json and one model.safetensors: a checkpoint transformers' from_pretrained reads."""
+    from safetensors.torch import save
+
+    write_text(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_bytes(directory / "model.safetensors", save(tensors, metadata={"format": "pt"}))
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
@@ -108,8 +139,17 @@ def eval_loss(model, tokens: torch.Tensor, length: int, max_windows: int, device
 
 def train_target(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, eos_token_id: int,
                  device: str, log: Callable[[str], None]):
-    """Train the target; returns (model in float32, stats dict)."""
+    """Train the target; returns (model in float32, stats dict). target_steps 0: the built (or grown) target as it
+    is, with its validation loss."""
     model = build_target(cfg, eos_token_id).to(device)
+    if cfg.target_steps == 0:
+        t0 = time.time()
+        val = eval_loss(model, torch.from_numpy(val_tokens.astype(np.int64)).to(device), cfg.seq_len, cfg.val_windows,
+                        device)
+        log(f"target: 0 steps ({'grown from ' + cfg.target_init if cfg.target_init else 'as initialised'}), "
+            f"val {val:.4f}")
+        return model.float(), {"final_val_loss": round(val, 4), "train_seconds": round(time.time() - t0, 1),
+                               "tokens_seen": 0, "init": cfg.target_init, "curve": []}
     model.train()
     train_t = torch.from_numpy(train_tokens.astype(np.int64)).to(device)
     val_t = torch.from_numpy(val_tokens.astype(np.int64)).to(device)
@@ -151,8 +191,10 @@ def train_target(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndar
     return model.float(), stats
 
 
-def save_target(model, out_dir: Path, tokenizer_dir: Path) -> None:
-    """bf16 safetensors + config + tokenizer files, loadable by AutoModelForCausalLM/AutoTokenizer."""
+def save_target(model, out_dir: Path, tokenizer_dir: Path, fp8_block: tuple[int, ...] = ()) -> None:
+    """bf16 safetensors + config + tokenizer files, loadable by AutoModelForCausalLM/AutoTokenizer; with fp8_block,
+    what vLLM keeps FP8 is block-quantized from the float weights instead (config.json's quantization_config says
+    so; load_target reads it back)."""
     if out_dir.exists():
         remove_tree(out_dir)
     out_dir.mkdir(parents=True)
@@ -162,17 +204,48 @@ def save_target(model, out_dir: Path, tokenizer_dir: Path) -> None:
     cfg = read_json(cfg_path)
     if cfg.get("model_type") == "qwen3":  # readers that predate rope_parameters look for the top-level field
         cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    if fp8_block:
+        _quantize_saved(out_dir, tuple(fp8_block))
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": list(fp8_block)}
     write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for name in TOKENIZER_FILES:
         copy_file(tokenizer_dir / name, out_dir / name, MAX_TOKENIZER_BYTES, "tokenizer file")
 
 
+def _quantize_saved(out_dir: Path, block: tuple[int, int]) -> None:
+    """The saved safetensors rewritten: each weight vLLM keeps FP8 block-quantized from its saved value."""
+    from safetensors.torch import save
+
+    from qual.checkpoints.fp8 import SCALE_SUFFIX, quantize
+    from qual.runtime.models.glm5.fp8_weights import FP8_KEPT, fp8_load_path
+
+    for f in sorted(out_dir.glob("*.safetensors")):
+        tensors = load_safetensors(f)
+        for name in [n for n in tensors if fp8_load_path(n) == FP8_KEPT and ".visual." not in n]:
+            tensors[name], tensors[name + SCALE_SUFFIX] = quantize(tensors[name].float(), block)
+        write_bytes(f, save(tensors, metadata={"format": "pt"}))
+
+
 def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
-    """The saved target, in `dtype` (float32 by default: what generation and evaluation use)."""
-    if read_json(Path(path) / "config.json").get("model_type") == "glm5_next":
+    """The saved target, in `dtype` (float32 by default: what generation and evaluation use). FP8 block-quantized
+    weights are dequantized as the runtime dequantizes them (numerics exact)."""
+    config = read_json(Path(path) / "config.json")
+    if config.get("model_type") == "glm5_next":
         from transformers import Glm5NextForConditionalGeneration as Model
     else:
         from transformers import AutoModelForCausalLM as Model
 
-    model = Model.from_pretrained(path, dtype=dtype)
-    return model.to(device).eval()
+    if "quantization_config" not in config:
+        return Model.from_pretrained(path, dtype=dtype).to(device).eval()
+    import tempfile
+
+    from qual.checkpoints.fp8 import SCALE_SUFFIX, dequantize
+
+    block = tuple(config.pop("quantization_config")["weight_block_size"])
+    tensors = _tensors(Path(path))
+    plain = {name: dequantize(t, tensors[name + SCALE_SUFFIX], block, torch.float32) if name + SCALE_SUFFIX in tensors
+             else t for name, t in tensors.items() if not name.endswith(SCALE_SUFFIX)}
+    with tempfile.TemporaryDirectory() as tmp:  # transformers maps the on-disk names to its modules as it loads
+        _write_checkpoint(Path(tmp), config, plain)
+        return Model.from_pretrained(tmp, dtype=dtype).to(device).eval()

@@ -20,7 +20,7 @@ from typing import TextIO
 from pydantic import Field
 
 from qual import shown
-from qual.engines.base import Engine
+from qual.engines.base import Engine, refuse_numerics
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.facts import ServerFacts, read_facts
 from qual.engines.vllm.metrics import counts_from_reply
@@ -118,6 +118,7 @@ class AttachEngine(Engine):
         """The knobs and keys an attached server cannot take, refused without asking it."""
         for knob in sorted(requested & set(REFUSED)):
             raise QualError(REFUSED[knob])
+        refuse_numerics(arm, self.name)
         for key in REVISION_KEYS:
             if arm.extra.get(key):
                 raise QualError(f"{key}: an attached server loaded its checkpoints itself; qual cannot apply a hub "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from qual.engines.base import KNOBS, Engine
+from qual.engines.base import KNOBS, Engine, refuse_numerics
 from qual.provenance import local_host
 from qual.records import (AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest, GraphCapture, OnResult,
                           RequestResult)
@@ -50,7 +50,7 @@ class VllmEngine(Engine):
 
     name = "vllm"
     options_model = VllmOptions
-    honours = frozenset(KNOBS) - {"draft_kv", "dsa_topk"}  # the build decides both
+    honours = frozenset(KNOBS) - {"draft_kv", "dsa_topk", "numerics"}  # the build decides these
 
     def __init__(self, run_dir: str | Path | None = None, *, python: str | Path | None = None,
                  repo_root: Path = REPO_ROOT, inventory: Inventory | None = None):
@@ -68,7 +68,12 @@ class VllmEngine(Engine):
     def parse_options(cls, section: dict, where: str) -> dict:
         return parse_section(VllmOptions, section, where, "vllm").model_dump(exclude_defaults=True)
 
+    def dry_check(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        refuse_numerics(arm, self.name)
+        return arm
+
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
+        refuse_numerics(arm, self.name)
         options = VllmOptions.from_extra(arm.extra)
         if options.python is not None and not Path(options.python).is_file():
             raise QualError(f"vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
@@ -142,9 +147,9 @@ class VllmEngine(Engine):
         return list(dict.fromkeys(problems))
 
     def memory_need(self, arm: ArmConfig) -> MemoryNeed | None:
-        """The target's memory plan (qual.runtime.memory_plan) for one sequence of max_model_len tokens, the least a
-        server must hold to start, within the profile's gpu_memory_utilization (vLLM's default 0.9); None where the
-        target has no plan or its config.json is not here yet."""
+        """The target's memory plan as vLLM allocates it (qual.runtime.memory_plan, plan "vllm") for one sequence of
+        max_model_len tokens, the least a server must hold to start, within the profile's gpu_memory_utilization
+        (vLLM's default 0.9); None where the target has no plan or its config.json is not here yet."""
         folder = self._hub_folder(arm.target_path, arm.extra.get("target_revision"))
         if folder is None or not (folder / "config.json").is_file():
             return None
@@ -154,13 +159,13 @@ class VllmEngine(Engine):
         context = self.max_model_len(arm)
         plan = rank_memory(read_config(folder), str(folder / "config.json"), tp=arm.tp, dcp=arm.dcp, dtype=arm.dtype,
                            num_speculative_tokens=arm.num_speculative_tokens if arm.draft_path else 0, context=context,
-                           sequences=1, block_size=options.block_size or VLLM_BLOCK_SIZE)
+                           sequences=1, block_size=options.block_size or VLLM_BLOCK_SIZE, plan="vllm")
         if plan is None:
             return None
         share = options.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
-        return MemoryNeed(int(plan.total / share), f"the target's memory plan at TP {arm.tp} / DCP {arm.dcp}: weights "
-                          f"{gib(plan.weights)} + caches {gib(plan.caches)} for one {context:,}-token sequence, within "
-                          f"gpu_memory_utilization {share:g}")
+        return MemoryNeed(int(plan.total / share), f"the target's memory plan as vLLM allocates it at TP {arm.tp} / "
+                          f"DCP {arm.dcp}: weights {gib(plan.weights)} + caches {gib(plan.caches)} for one "
+                          f"{context:,}-token sequence, within gpu_memory_utilization {share:g}", plan.parts)
 
     def _hub_folder(self, path: str, revision: str | None) -> Path | None:
         """A checkpoint's folder on this machine: the path itself, or a hub id's snapshot in the Hugging Face cache."""

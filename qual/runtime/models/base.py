@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from qual.options import DEFAULT_DSA_TOPK
+from qual.options import DEFAULT_DSA_TOPK, DEFAULT_NUMERICS
 from qual.runtime.kv_cache import KVCacheGroup
 from qual.runtime.paged import KeyView, KVStore
 
@@ -56,6 +56,7 @@ class ModelOptions:
     """What a run asks of a target beyond its checkpoint (from EngineConfig); a target reads the fields it has."""
 
     dsa_topk: str = DEFAULT_DSA_TOPK  # sparse-attention targets: the top-k under DCP (qual.options.DSA_TOPK_MODES)
+    numerics: str = DEFAULT_NUMERICS  # targets that model vLLM's numerics: which form (qual.options.NUMERICS)
 
 
 class TargetModel(Protocol):
@@ -74,6 +75,10 @@ class TargetModel(Protocol):
     def check_parallel(cfg: Any, parallel) -> None: ...  # QualError if the head layout cannot take tp / dcp
 
     sparse_attention: bool  # the target selects what it attends (DSA), so ModelOptions.dsa_topk applies to it
+    vllm_numerics: bool  # the target models how vLLM computes it, so ModelOptions.numerics applies to it
+
+    @staticmethod
+    def notes(cfg: Any, numerics: str) -> list[str]: ...  # one line each: a default of this config that differs by numerics
 
     @staticmethod
     def cache_groups(cfg: Any, comm, dtype_bytes: int, num_speculative_tokens: int) -> list[KVCacheGroup]: ...

@@ -26,6 +26,11 @@ class Qwen3Target:
     """This rank's shard of a Qwen3 target."""
 
     sparse_attention = False  # dense attention: no top-k to choose
+    vllm_numerics = False  # one form: what vLLM computes differently for Qwen3 is not modelled
+
+    @staticmethod
+    def notes(cfg, numerics: str) -> list[str]:
+        return []
 
     @staticmethod
     def parse_config(raw: dict, path: Path) -> Qwen3Config:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from qual.errors import QualError
 from qual.runtime.models.glm5.common import next_power_of_2
+from qual.runtime.models.glm5.numerics import fp8_dequant_rows, linear, pool_fp8, rotate_quant_fp8
 from qual.runtime.models.glm5.topk import local_topk
 
 
@@ -28,7 +29,7 @@ from qual.runtime.models.glm5.topk import local_topk
 class IndexerWeights:
     """One full indexer layer (replicated on every TP rank, as vLLM does)."""
 
-    wq_b: torch.Tensor  # [Hi*Di, q_lora]
+    wq_b: torch.Tensor  # [Hi*Di, q_lora] (an FP8 weight under vLLM's numerics, where the checkpoint stores it so)
     wk: torch.Tensor  # [Di, hidden]
     k_norm_weight: torch.Tensor  # [Di] LayerNorm (eps 1e-6)
     k_norm_bias: torch.Tensor  # [Di]
@@ -39,6 +40,8 @@ class IndexerWeights:
     select_tail: bool
     rope_dim: int = 0  # qk_rope_head_dim: the first R dims of each query head and of the key rotate (vLLM)
     rope_interleave: bool = False  # indexer_rope_interleave: pairs (2i, 2i+1), else rotate-half
+    # vLLM's FP8 indexer (numerics vllm): queries and pooled keys Hadamard-rotated and FP8, head weights in float32
+    fp8: bool = False
 
     @property
     def kpool(self) -> int:
@@ -88,12 +91,33 @@ def new_index_cache(w: IndexerWeights, ring: int, dtype: torch.dtype, device=Non
 def index_query(w: IndexerWeights, x: torch.Tensor, q_resid: torch.Tensor, rope=None,
                 positions: torch.Tensor | None = None):
     """Index queries [T, Hi, Di] (the first rope_dim dims of each head rotated at its position) and head weights
-    [T, Hi] (with the Hi^-0.5 factor), accumulation dtype."""
+    [T, Hi] (with the Hi^-0.5 factor), accumulation dtype.
+
+    FP8 (vLLM's Indexer.forward): each head's query Hadamard-rotated and quantized (fwht128_quant_fp8), its e4m3
+    values returned as the query, and its scale folded into the head weight with Di^-0.5 * Hi^-0.5 (vLLM's
+    _fused_indexer_weight_scale); the head weights come from a float32 GEMM. Score them with score_scale(w)."""
     T = x.shape[0]
-    q = F.linear(q_resid, w.wq_b).view(T, w.n_heads, w.head_dim)
+    q = linear(q_resid, w.wq_b).view(T, w.n_heads, w.head_dim)
     if w.rope_dim:
         q = torch.cat([rope(q[..., :w.rope_dim], positions), q[..., w.rope_dim:]], dim=-1)
-    return q.to(w.acc), F.linear(x, w.weights_proj).to(w.acc) * w.n_heads**-0.5
+    if not w.fp8:
+        return q.to(w.acc), F.linear(x, w.weights_proj).to(w.acc) * w.n_heads**-0.5
+    q8, q_scale = rotate_quant_fp8(q)
+    weights = F.linear(x.to(w.acc), w.weights_proj.to(w.acc))  # [T, Hi]
+    return q8.to(w.acc), weights * q_scale.to(w.acc) * (w.head_dim**-0.5 * w.n_heads**-0.5)
+
+
+def score_scale(w: IndexerWeights) -> float:
+    """The factor inside an index score's ReLU: Di^-0.5, or 1 where the FP8 head weights carry it."""
+    return 1.0 if w.fp8 else w.head_dim**-0.5
+
+
+def pool_keys(w: IndexerWeights, k: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """k, gate [P, kpool, Di] -> pooled keys [P, Di]: compress_pools, or (FP8) vLLM's kpool kernel, each pooled key
+    rotated and quantized and held as its exact value in k's dtype."""
+    if not w.fp8:
+        return compress_pools(k, gate, w.compress_ape)
+    return fp8_dequant_rows(*pool_fp8(k, gate, w.compress_ape), k.dtype)
 
 
 def index_key(w: IndexerWeights, x: torch.Tensor, rope=None, positions: torch.Tensor | None = None):
@@ -152,8 +176,8 @@ def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
 _SCORE_CHUNK = 1 << 22
 
 
-def pool_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Index scores sum_h w_h relu(q_h . k_p * Di^-0.5) of every (query, pool).
+def pool_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Index scores sum_h w_h relu(q_h . k_p * scale) of every (query, pool), scale Di^-0.5 unless given.
 
     q [..., Hi, Di] and head_weights [..., Hi] per query, keys [..., P, Di] per pool (leading dims broadcast against
     the queries' but for one: pools are their own axis) -> [..., P]. Each score is computed from its own query and
@@ -161,7 +185,7 @@ def pool_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor)
     pools sit beside it, however many there are and on whichever DCP rank (a GEMM rounds by its shape). So a tie or
     a near-tie at the k-th pool is decided the same way at every DCP size.
     """
-    scale = q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     keys = keys.to(q.dtype)
     P = keys.shape[-2]
     per_pool = q[..., :1, 0].numel() * q.shape[-2] * q.shape[-1]  # elements of one pool's products
@@ -207,7 +231,7 @@ def select_tokens(w: IndexerWeights, q: torch.Tensor, head_weights: torch.Tensor
     (token positions [N, W], selected pool ids [N, select_pools], margin [N]). The margin is the score gap
     between the last selected and the best dropped pool (inf when none is dropped): at 0 the tie-break decides."""
     ids = torch.arange(pooled.shape[0], device=pooled.device)
-    scores = pool_scores(q, head_weights, pooled)
+    scores = pool_scores(q, head_weights, pooled, score_scale(w))
     k = w.select_pools
     top_s, top = local_topk(scores, ids, selectable_pools(q_pos, ids, w.kpool), k + 1)
     dropped = top_s[:, k]

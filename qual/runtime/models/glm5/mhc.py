@@ -24,6 +24,9 @@ class HcWeights:
     sinkhorn_iters: int
     eps: float  # hc_eps: floor of pre/comb and of the Sinkhorn divisions
     norm_eps: float  # rms_norm_eps of the unweighted RMS norm
+    # vLLM's mhc_pre / mhc_post (numerics vllm): the RMS factor applied to the mix logits after the GEMM, and the
+    # residual mix in float32 rounded once; else transformers' form (normalise first; mix in the streams' dtype)
+    float32_mix: bool = False
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -40,8 +43,12 @@ def hc_pre(w: HcWeights, streams: torch.Tensor):
     """streams [T, n, hidden] -> (post [T, n], comb [T, n, n], block input [T, hidden]); weights in acc dtype."""
     T, n, _ = streams.shape
     flat = streams.reshape(T, -1).to(w.fn.dtype)
-    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + w.norm_eps)  # unweighted RMS norm
-    pre_w, post_w, comb_w = F.linear(flat, w.fn).split([n, n, n * n], dim=-1)
+    if w.float32_mix:  # mhc_pre_torch: the GEMM first, then the unweighted RMS factor sum(x^2) / (n * hidden)
+        mixes = F.linear(flat, w.fn) * torch.rsqrt(flat.square().sum(-1, keepdim=True) / flat.shape[-1] + w.norm_eps)
+    else:
+        flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + w.norm_eps)  # unweighted RMS norm
+        mixes = F.linear(flat, w.fn)
+    pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
     pre_b, post_b, comb_b = w.base.split([n, n, n * n])
     pre = torch.sigmoid(pre_w * w.scale[0] + pre_b) + w.eps
     post = 2 * torch.sigmoid(post_w * w.scale[1] + post_b)
@@ -51,9 +58,15 @@ def hc_pre(w: HcWeights, streams: torch.Tensor):
     return post, comb, collapsed
 
 
-def hc_post(out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """New streams [T, n, hidden]: post[i] * block output + sum_j comb[j, i] * residual stream j."""
+def hc_post(out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+            float32_mix: bool = False) -> torch.Tensor:
+    """New streams [T, n, hidden]: post[i] * block output + sum_j comb[j, i] * residual stream j. transformers casts
+    post and comb to the streams' dtype and mixes there; vLLM's mhc_post mixes in (at least) float32 and rounds once."""
     dtype = residual.dtype
+    if float32_mix:
+        acc = torch.promote_types(dtype, torch.float32)
+        mixed = torch.einsum("tij,tih->tjh", comb.to(acc), residual.to(acc))
+        return (mixed + post.to(acc)[..., None] * out[:, None, :].to(acc)).to(dtype)
     return post.to(dtype)[..., None] * out[:, None, :] + comb.to(dtype).transpose(-1, -2) @ residual
 
 
@@ -73,11 +86,11 @@ def block_input(w: HcWeights | None, residual: torch.Tensor):
     if w is None:
         return residual, None
     post, comb, collapsed = hc_pre(w, residual)
-    return collapsed, (post, comb)
+    return collapsed, (post, comb, w.float32_mix)
 
 
 def block_output(out: torch.Tensor, residual: torch.Tensor, mix) -> torch.Tensor:
-    """The residual after a block: streams mixed by (post, comb), or the plain sum."""
+    """The residual after a block: streams mixed by (post, comb) in the weights' form, or the plain sum."""
     return residual + out if mix is None else hc_post(out, residual, *mix)
 
 

@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from qual.checkpoints.fp8 import dequantize
+from qual.runtime.models.glm5.numerics import Fp8Weight, linear
 
 
 @dataclass
 class MlpWeights:
-    gate: torch.Tensor  # [I/tp, hidden]
-    up: torch.Tensor  # [I/tp, hidden]
-    down: torch.Tensor  # [hidden, I/tp]
+    gate: torch.Tensor | Fp8Weight  # [I/tp, hidden] (FP8 where vLLM's numerics keep it so)
+    up: torch.Tensor | Fp8Weight  # [I/tp, hidden]
+    down: torch.Tensor | Fp8Weight  # [hidden, I/tp]
 
 
 @dataclass
@@ -32,12 +33,18 @@ class Fp8Experts:
     scale: torch.Tensor  # [E, ceil(rows/bo), ceil(cols/bi)] float32
     block: tuple[int, int]
     dtype: torch.dtype  # the run's
+    # vLLM's fused MoE (numerics vllm): each expert's GEMM quantizes its input per token and group (fp8_linear);
+    # else the expert's weight is dequantized to the run's dtype and its input taken as it is
+    fp8_gemm: bool = False
+    act_ue8m0: bool = False  # power-of-two activation scales (vLLM on Hopper with DeepGEMM's E8M0 on)
 
     @property
     def shape(self) -> torch.Size:
         return self.q.shape
 
-    def __getitem__(self, e: int) -> torch.Tensor:
+    def __getitem__(self, e: int) -> torch.Tensor | Fp8Weight:
+        if self.fp8_gemm:
+            return Fp8Weight(self.q[e], self.scale[e], self.block, self.act_ue8m0)
         return dequantize(self.q[e], self.scale[e], self.block, self.dtype)
 
 
@@ -63,7 +70,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
 
 def mlp(w: MlpWeights, x: torch.Tensor, limit: float) -> torch.Tensor:
     """Dense clamped-SwiGLU MLP: [T, hidden] -> this rank's partial [T, hidden]."""
-    return F.linear(swiglu(F.linear(x, w.gate), F.linear(x, w.up), limit), w.down)
+    return linear(swiglu(linear(x, w.gate), linear(x, w.up), limit), w.down)
 
 
 def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +105,8 @@ def experts_hit(w: MoeWeights, x: torch.Tensor, weights: torch.Tensor, ids: torc
     out = torch.zeros_like(x)
     for e in ids.unique().tolist():
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        h = swiglu(F.linear(x[tok], w.gate[e]), F.linear(x[tok], w.up[e]), limit)
-        y = F.linear(h, w.down[e]) * weights[tok, slot, None]
+        h = swiglu(linear(x[tok], w.gate[e]), linear(x[tok], w.up[e]), limit)
+        y = linear(h, w.down[e]) * weights[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
     return out
 
@@ -110,6 +117,6 @@ def every_expert(w: MoeWeights, x: torch.Tensor, weights: torch.Tensor, ids: tor
     combine = torch.zeros(x.shape[0], w.gate.shape[0], dtype=weights.dtype, device=x.device).scatter_add_(1, ids, weights)
     out = torch.zeros_like(x)
     for e in range(w.gate.shape[0]):
-        h = swiglu(F.linear(x, w.gate[e]), F.linear(x, w.up[e]), limit)
-        out += (F.linear(h, w.down[e]) * combine[:, e, None]).to(out.dtype)
+        h = swiglu(linear(x, w.gate[e]), linear(x, w.up[e]), limit)
+        out += (linear(h, w.down[e]) * combine[:, e, None]).to(out.dtype)
     return out

@@ -10,9 +10,12 @@ from types import SimpleNamespace
 
 import torch
 
+from qual.options import DEFAULT_NUMERICS
+
 from qual.runtime.kv_cache import CacheManager
 from qual.runtime.models.glm5.config import Glm5Config
 from qual.runtime.models.glm5.moe import Fp8Experts
+from qual.runtime.models.glm5.numerics import Fp8Weight
 from qual.runtime.models.glm5.target import Glm5Target
 from qual.runtime.models.glm5.weights import shaped_glm5_weights
 
@@ -26,7 +29,7 @@ def tensor_bytes(obj, seen: set[int] | None = None) -> int:
             return 0
         seen.add(id(obj))
         return obj.numel() * obj.element_size()
-    if isinstance(obj, Fp8Experts):
+    if isinstance(obj, (Fp8Experts, Fp8Weight)):
         return tensor_bytes(obj.q, seen) + tensor_bytes(obj.scale, seen)
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(o, seen) for o in obj)
@@ -35,9 +38,9 @@ def tensor_bytes(obj, seen: set[int] | None = None) -> int:
     return 0
 
 
-def weight_bytes(cfg: Glm5Config, tp: int, dtype: torch.dtype) -> dict[str, int]:
-    """One TP rank's weight bytes by part (every rank holds the same amounts)."""
-    w = shaped_glm5_weights(cfg, 0, tp, dtype)
+def weight_bytes(cfg: Glm5Config, tp: int, dtype: torch.dtype, numerics: str = DEFAULT_NUMERICS) -> dict[str, int]:
+    """One TP rank's weight bytes by part (every rank holds the same amounts), for a run of these numerics."""
+    w = shaped_glm5_weights(cfg, 0, tp, dtype, numerics)
     seen: set[int] = set()
     parts = {"embedding": tensor_bytes(w.embed, seen), "lm_head": tensor_bytes(w.lm_head, seen),
              "final norm": tensor_bytes(w.norm, seen)}

@@ -29,11 +29,12 @@ from qual.runtime.kv_cache import KVCacheGroup, KVCacheSpec
 from qual.runtime.models.base import ModelOptions, TargetMeta
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, LINEAR, Glm5Config, parse_glm5_config
-from qual.runtime.models.glm5.dsa import compress_pools, index_key, index_query, pool_scores, tail_ring_size
+from qual.runtime.models.glm5.dsa import index_key, index_query, pool_keys, pool_scores, score_scale, tail_ring_size
 from qual.runtime.models.glm5.kda import KdaState, kda_prefill, kda_verify, kda_zero_state
 from qual.runtime.models.glm5.mhc import block_input, block_output, contract, hc_expand
 from qual.runtime.models.glm5.mla import latent_inputs, mla_absorbed_query, mla_latent, mla_output, mla_q_resid
 from qual.runtime.models.glm5.moe import mlp, moe
+from qual.runtime.models.glm5.numerics import numerics_of
 from qual.runtime.models.glm5.topk import local_topk, merge_topk, union_topk
 from qual.runtime.models.glm5.weights import load_glm5_weights
 from qual.runtime.models.layers import Rope, rms_norm
@@ -62,6 +63,19 @@ class Glm5Target:
     """This rank's shard of a GLM-5.3-Flash text stack (the vision tower is not loaded)."""
 
     sparse_attention = True  # DSA: ModelOptions.dsa_topk decides the top-k under DCP
+    vllm_numerics = True  # ModelOptions.numerics: as written, or as vLLM computes it (numerics.py)
+
+    @staticmethod
+    def notes(cfg: Glm5Config, numerics: str) -> list[str]:
+        """A config default the run's numerics compute otherwise than vLLM (or than transformers) does."""
+        has_linear = LINEAR in cfg.layer_types
+        if not has_linear or cfg.linear_lower_bound is not None:
+            return []
+        if numerics_of(numerics).safe_gate:
+            return [f"{cfg.source}: linear_lower_bound null: numerics {numerics} runs vLLM's KDA safe gate with its "
+                    "default lower bound -5.0 (transformers runs the softplus gate)"]
+        return [f"{cfg.source}: linear_lower_bound null: numerics {numerics} runs transformers' softplus KDA gate; "
+                "vLLM runs its safe gate with lower bound -5.0 (--numerics vllm computes that)"]
 
     @staticmethod
     def parse_config(raw: dict, path: Path) -> Glm5Config:
@@ -98,7 +112,8 @@ class Glm5Target:
             raise QualError(f"backend {backend.name}: the GLM-5 target runs the reference backend only")
         self.cfg = self.config = cfg
         self.comm, self.dtype, self.dsa_topk = comm, dtype, options.dsa_topk
-        self.w = load_glm5_weights(path, comm.tp_rank, comm.tp_size, dtype, comm.device)
+        self.numerics = numerics_of(options.numerics)
+        self.w = load_glm5_weights(path, comm.tp_rank, comm.tp_size, dtype, comm.device, self.numerics)
         if self.w.lm_head is None:
             raise QualError(f"{path}: a bare text model (no lm_head) cannot be a target")
         self.embed, self.lm_head = self.w.embed, self.w.lm_head
@@ -206,7 +221,7 @@ class Glm5Target:
         held = pstore.gather(j, pooled.keys.slots).to(self.acc)  # [R, S_p, Di]
         qp = pad_queries(q, meta.q_index, meta.dense)  # [R, Q, Hi, Di]
         hw = pad_queries(head_w, meta.q_index, meta.dense)  # [R, Q, Hi]
-        scores = pool_scores(qp, hw, held.unsqueeze(1))  # [R, Q, S_p], the same bits at every DCP size
+        scores = pool_scores(qp, hw, held.unsqueeze(1), score_scale(w))  # [R, Q, S_p], the same bits at every DCP size
         R, Q, Sp = scores.shape
         ids = pooled.ids.expand(R * Q, Sp)
         top_s, top_i = local_topk(scores.reshape(R * Q, Sp), ids, pooled.mask.reshape(R * Q, Sp), w.select_pools)
@@ -238,7 +253,7 @@ class Glm5Target:
         held = ring.gather(j, ring_slots)  # [T, P, 2Di]
         keys = torch.where(from_step[..., None], k[flat], held[..., :Di].to(k.dtype))
         gates = torch.where(from_step[..., None], gate[flat], held[..., Di:].to(gate.dtype))
-        return compress_pools(keys, gates, w.compress_ape)
+        return pool_keys(w, keys, gates)
 
     def _attended(self, pools: torch.Tensor, q_pos: torch.Tensor, view, P: int, tail: bool) -> torch.Tensor:
         """[R, Q, S] over the local latent keys: the key's pool is selected, or it is in the query's own

@@ -3,9 +3,9 @@
 The text stack sits under "model.language_model." (Glm5NextForConditionalGeneration) or at the top level
 (Glm5NextTextModel; "model." is accepted too); vision tensors ("model.visual.") and MTP layers (index >=
 num_hidden_layers) are skipped. FP8 block-quantized weights (qual/checkpoints/fp8.py) are dequantized as they are
-read, except the routed experts', which stay FP8 (moe.Fp8Experts) and are sliced for TP on whole blocks. TP: KDA and MLA heads, the dense MLP, the shared experts and each routed
-expert's intermediate dim are split; the MLA latent path (q_a, kv_a), the DSA indexer, the router, the MHC
-weights, the norms, the embedding and lm_head are replicated. Every block returns a row-parallel partial.
+read but where fp8_weights.py keeps them FP8 as vLLM does. TP: KDA and MLA heads, the dense MLP, the shared experts
+and each routed expert's intermediate dim are split; the MLA latent path (q_a, kv_a), the DSA indexer, the router, the
+MHC weights, the norms, the embedding and lm_head are replicated. Every block returns a row-parallel partial.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from qual.checkpoints.fp8 import SCALE_SUFFIX, BlockFp8, dequantize, scale_shape
 from qual.errors import QualError
+from qual.options import DEFAULT_NUMERICS
 from qual.userfiles import open_safetensors
 from qual.runtime.models.glm5.common import acc_dtype
 from qual.runtime.models.glm5.config import INDEXED, Glm5Config, load_glm5_config
@@ -25,7 +26,10 @@ from qual.runtime.models.glm5.dsa import IndexerWeights
 from qual.runtime.models.glm5.kda import KdaWeights
 from qual.runtime.models.glm5.mhc import HcWeights
 from qual.runtime.models.glm5.mla import MlaWeights
+from qual.runtime.models.glm5.fp8_weights import (FP8_KEPT, check_mlp_blocks, fp8_experts, fp8_load_path, fp8_mlp,
+                                                  kept_fp8)
 from qual.runtime.models.glm5.moe import Fp8Experts, MlpWeights, MoeWeights
+from qual.runtime.models.glm5.numerics import Numerics, numerics_of, safe_gate_bound
 
 _PREFIXES = ("model.language_model.", "model.", "")
 _VISION = ("model.visual.", "visual.")
@@ -85,10 +89,17 @@ class _Reader:
         self.used.add(name)
         return self.handles[name].get_tensor(name)
 
+    def is_fp8(self, name: str) -> bool:
+        return name + SCALE_SUFFIX in self.handles
+
     def get_fp8(self, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(W8, scale_inv) of an FP8 block-quantized weight, None for a weight stored unquantized."""
         if name + SCALE_SUFFIX not in self.handles:
             return None
+        if fp8_load_path(name) is None:
+            raise QualError(f"checkpoint {self.path}: tensor {name!r} is FP8 (it has {SCALE_SUFFIX} scales), but vLLM "
+                            "0.32 has no FP8 load path for it (it keeps the MLPs, experts and indexer wq_b FP8 and "
+                            "dequantizes MLA's q_a/kv_a/q_b/o_proj and the indexer's wk): store it unquantized")
         module = name.rsplit(".", 1)[0]
         listed = next((m for m in self.quantization.unquantized if module.endswith(m) or module.startswith(m)), None)
         if listed:
@@ -124,6 +135,7 @@ class _Load:
     dtype: torch.dtype
     device: str | torch.device
     acc: torch.dtype  # at least float32: norms, gates, router, MHC
+    numerics: Numerics  # how the run computes: which FP8 weights stay FP8, the indexer's and MHC's forms
 
     def cast(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         return t.to(device=self.device, dtype=dtype or self.dtype)
@@ -136,31 +148,41 @@ def _split(total: int, tp: int, key: str, cfg: Glm5Config) -> int:
 
 
 def load_glm5_weights(path: str | Path, tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype = torch.float32,
-                      device: str | torch.device = "cpu") -> Glm5Weights:
+                      device: str | torch.device = "cpu", numerics: str | Numerics = DEFAULT_NUMERICS) -> Glm5Weights:
     """This TP rank's shard of a GLM-5.3-Flash checkpoint, in `dtype` (precision-critical small tensors in at
-    least float32, as transformers keeps them)."""
+    least float32, as transformers keeps them), for a run of the given numerics (qual.options.NUMERICS)."""
     path = Path(path)
     cfg = load_glm5_config(path)
-    return _load(_Reader(path, cfg.quantization, acc_dtype(dtype)), cfg, tp_rank, tp_size, dtype, device)
+    return _load(_Reader(path, cfg.quantization, acc_dtype(dtype)), cfg, tp_rank, tp_size, dtype, device,
+                 _numerics(numerics))
 
 
-def shaped_glm5_weights(cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype) -> Glm5Weights:
+def _numerics(numerics: str | Numerics) -> Numerics:
+    return numerics if isinstance(numerics, Numerics) else numerics_of(numerics)
+
+
+def shaped_glm5_weights(cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype,
+                        numerics: str | Numerics = DEFAULT_NUMERICS) -> Glm5Weights:
     """The weights the loader builds for `cfg`, on the meta device (shapes and dtypes, no data): what sizing counts,
-    so a rank's weight bytes come from the loader itself."""
-    return _load(_Shapes(cfg), cfg, tp_rank, tp_size, dtype, "meta")
+    so a rank's weight bytes come from the loader itself. An FP8 config is taken as vLLM's coverage (every tensor
+    vLLM keeps FP8 stored FP8, the rest unquantized)."""
+    return _load(_Shapes(cfg), cfg, tp_rank, tp_size, dtype, "meta", _numerics(numerics))
 
 
 class _Shapes:
     """A checkpoint of `cfg` as the loader reads it, without data: tensors on the meta device; with FP8
-    quantization the routed experts arrive quantized (the rest is dequantized on load anyway)."""
+    quantization, what vLLM keeps FP8 arrives quantized (the loader dequantizes what the numerics do not keep)."""
 
     def __init__(self, cfg: Glm5Config):
         self.path, self.quantization, self.used = Path(cfg.source), cfg.quantization, set()
         head = [] if cfg.tie_word_embeddings else ["lm_head.weight"]
         self.handles = dict.fromkeys(["model.language_model.embed_tokens.weight", *head])
 
+    def is_fp8(self, name: str) -> bool:
+        return self.quantization is not None and fp8_load_path(name) == FP8_KEPT
+
     def get_fp8(self, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.quantization is None or ".experts." not in name:
+        if not self.is_fp8(name):
             return None
         return (torch.empty(shape, dtype=torch.float8_e4m3fn, device="meta"),
                 torch.empty(scale_shape(shape, self.quantization.block), dtype=torch.float32, device="meta"))
@@ -170,7 +192,8 @@ class _Shapes:
         return torch.empty(shape, device="meta")
 
 
-def _load(rd, cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype, device) -> Glm5Weights:
+def _load(rd, cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype, device,
+          numerics: Numerics) -> Glm5Weights:
     path = rd.path
     if not 0 <= tp_rank < tp_size:
         raise QualError(f"tp_rank={tp_rank} is outside tp_size={tp_size}")
@@ -178,7 +201,7 @@ def _load(rd, cfg: Glm5Config, tp_rank: int, tp_size: int, dtype: torch.dtype, d
     prefix = next((p for p in _PREFIXES if p + "embed_tokens.weight" in rd.handles), None)
     if prefix is None:
         raise QualError(f"checkpoint {path}: missing tensor 'model.language_model.embed_tokens.weight'")
-    ctx = _Load(rd, cfg, tp_rank, tp_size, dtype, device, acc)
+    ctx = _Load(rd, cfg, tp_rank, tp_size, dtype, device, acc, numerics)
     cast = ctx.cast
     V, hid = cfg.vocab_size, cfg.hidden_size
     embed = cast(rd.get(prefix + "embed_tokens.weight", (V, hid)))
@@ -210,7 +233,7 @@ def _layer(ctx: _Load, p: str, i: int) -> LayerWeights:
         mix = (2 + n) * n
         get = lambda part, shape: cast(rd.get(f"{p}hc_{which}_{part}", shape), acc)  # noqa: E731
         return HcWeights(get("fn", (mix, n * hid)), get("base", (mix,)), get("scale", (3,)),
-                         cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+                         cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps, float32_mix=ctx.numerics.hc_float32)
 
     lw = LayerWeights(cfg.layer_types[i], hc("attn"), hc("ffn"), cast(rd.get(p + "input_layernorm.weight", (hid,))),
                       cast(rd.get(p + "post_attention_layernorm.weight", (hid,))))
@@ -241,7 +264,8 @@ def _kda(ctx: _Load, p: str) -> KdaWeights:
         b=cast(rd.get(p + "b_proj.weight", (H, hid))[heads]),
         g_a=cast(rd.get(p + "g_a_proj.weight", (D, hid))), g_b=cast(rd.get(p + "g_b_proj.weight", (H * D, D))[rows]),
         o_norm=cast(rd.get(p + "o_norm.weight", (D,))), o_proj=cast(rd.get(p + "o_proj.weight", (hid, H * D))[:, rows]),
-        num_heads=Hl, head_dim=D, lower_bound=cfg.linear_lower_bound, eps=cfg.rms_norm_eps,
+        num_heads=Hl, head_dim=D, lower_bound=safe_gate_bound(cfg.linear_lower_bound, ctx.numerics),
+        eps=cfg.rms_norm_eps,
     )
 
 
@@ -267,14 +291,16 @@ def _mla(ctx: _Load, p: str) -> MlaWeights:
 def _indexer(ctx: _Load, p: str) -> IndexerWeights:
     rd, cfg, cast, acc = ctx.rd, ctx.cfg, ctx.cast, ctx.acc
     Hi, Di, hid = cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size
+    wq_b = kept_fp8(ctx, p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))
     return IndexerWeights(
-        wq_b=cast(rd.get(p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))), wk=cast(rd.get(p + "wk.weight", (Di, hid))),
+        wq_b=wq_b if wq_b is not None else cast(rd.get(p + "wq_b.weight", (Hi * Di, cfg.q_lora_rank))),
+        wk=cast(rd.get(p + "wk.weight", (Di, hid))),
         k_norm_weight=cast(rd.get(p + "k_norm.weight", (Di,))), k_norm_bias=cast(rd.get(p + "k_norm.bias", (Di,))),
         weights_proj=cast(rd.get(p + "weights_proj.weight", (Hi, hid))),
         compress_gate=cast(rd.get(p + "index_kpool_compress_gate", (Di, hid))),
         compress_ape=cast(rd.get(p + "index_kpool_compress_ape", (cfg.index_kpool, Di)), acc),
         select_pools=cfg.index_select_pools, select_tail=cfg.index_kpool_always_select_tail,
-        rope_dim=cfg.qk_rope_head_dim, rope_interleave=cfg.indexer_rope_interleave,
+        rope_dim=cfg.qk_rope_head_dim, rope_interleave=cfg.indexer_rope_interleave, fp8=ctx.numerics.fp8_indexer,
     )
 
 
@@ -283,6 +309,10 @@ def _mlp(ctx: _Load, p: str, inter: int, key: str) -> MlpWeights:
     hid = cfg.hidden_size
     part = _split(inter, tp, key, cfg)
     cols = slice(rank * part, (rank + 1) * part)
+    if rd.is_fp8(p + "gate_proj.weight"):
+        check_mlp_blocks(ctx, inter, part, key)
+        if ctx.numerics.fp8_activations:
+            return fp8_mlp(ctx, p, inter, part)
     return MlpWeights(cast(rd.get(p + "gate_proj.weight", (inter, hid))[cols]),
                       cast(rd.get(p + "up_proj.weight", (inter, hid))[cols]),
                       cast(rd.get(p + "down_proj.weight", (hid, inter))[:, cols]))
@@ -292,7 +322,7 @@ def _moe(ctx: _Load, p: str) -> MoeWeights:
     rd, cfg, cast, acc = ctx.rd, ctx.cfg, ctx.cast, ctx.acc
     E, hid = cfg.n_routed_experts, cfg.hidden_size
     if rd.get_fp8(f"{p}experts.0.gate_proj.weight", (cfg.moe_intermediate_size, hid)) is not None:
-        gate, up, down = _fp8_experts(ctx, p)
+        gate, up, down = fp8_experts(ctx, p, _split(cfg.moe_intermediate_size, ctx.tp, "moe_intermediate_size", cfg))
     else:
         experts = [_mlp(ctx, f"{p}experts.{e}.", cfg.moe_intermediate_size, "moe_intermediate_size") for e in range(E)]
         gate, up, down = (torch.stack([getattr(e, x) for e in experts]) for x in ("gate", "up", "down"))
@@ -306,31 +336,3 @@ def _moe(ctx: _Load, p: str) -> MoeWeights:
         gate=gate, up=up, down=down, shared=shared, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
         topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob, routed_scaling_factor=cfg.routed_scaling_factor,
     )
-
-
-def _fp8_experts(ctx: _Load, p: str) -> tuple[Fp8Experts, Fp8Experts, Fp8Experts]:
-    """The routed experts' gate, up and down projections kept in FP8, this rank's intermediate slice of each: the
-    slice must cover whole scale blocks (vLLM refuses it otherwise too)."""
-    rd, cfg, rank, tp, cast = ctx.rd, ctx.cfg, ctx.rank, ctx.tp, ctx.cast
-    E, hid, inter, (bo, bi) = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.quantization.block
-    part = _split(inter, tp, "moe_intermediate_size", cfg)
-    for what, size, block in (("gate_proj and up_proj rows", part, bo), ("down_proj columns", part, bi)):
-        if tp > 1 and size % block:
-            raise QualError(f"{cfg.source}: moe_intermediate_size={inter} at tp={tp} gives each rank {size} {what}, "
-                            f"not a multiple of the FP8 weight_block_size {block}")
-    out = []
-    for proj, shape in (("gate_proj", (inter, hid)), ("up_proj", (inter, hid)), ("down_proj", (hid, inter))):
-        block = bi if proj == "down_proj" else bo  # the intermediate dim: columns of down, rows of gate and up
-        own, scales = slice(rank * part, (rank + 1) * part), slice(rank * part // block, rank * part // block + -(-part // block))
-        qs, ss = [], []
-        for e in range(E):
-            got = rd.get_fp8(f"{p}experts.{e}.{proj}.weight", shape)
-            if got is None:
-                raise QualError(f"checkpoint {rd.path}: expert {e}'s {proj} has no FP8 scales while expert 0's has "
-                                f"(the routed experts are quantized alike)")
-            q, s = got
-            qs.append(q[:, own] if proj == "down_proj" else q[own])
-            ss.append(s[:, scales] if proj == "down_proj" else s[scales])
-        out.append(Fp8Experts(cast(torch.stack(qs), torch.float8_e4m3fn), cast(torch.stack(ss), torch.float32),
-                              cfg.quantization.block, ctx.dtype))
-    return tuple(out)
