@@ -18,6 +18,7 @@ class PromptTokenizer:
         from tokenizers import Tokenizer
 
         self.path = str(path)
+        self.directory = str(Path(model_dir))  # where the chat template and special tokens are (qual.chat)
         try:  # read as every user file is (a FIFO refused, the size capped), then parsed by the tokenizers library
             text = read_text(path, MAX_TOKENIZER_BYTES, "tokenizer file")
         except OSError as exc:

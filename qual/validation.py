@@ -60,7 +60,9 @@ def describe_error(exc: ValidationError, prefix: str = "") -> str:
 def parse_flags(options_class, /, **values):
     """Command-line values validated as `options_class` (a pydantic dataclass); a QualError naming the flag."""
     for name, value in values.items():
-        for item in value if isinstance(value, tuple) else (value,):
+        # a swept flag's values, --meta's keys and values: every text the run records
+        items = value if isinstance(value, tuple) else (*value, *value.values()) if isinstance(value, dict) else (value,)
+        for item in items:
             problem = not_utf8(item, "--" + name.replace("_", "-")) if isinstance(item, str) else None
             if problem is not None:
                 raise problem

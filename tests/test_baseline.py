@@ -299,3 +299,21 @@ def test_a_gate_that_needs_a_baseline_is_refused_without_one(tmp_path, capsys):
     skip.write_text("rules:\n  - {check: per_position_delta, max_pp: 2, without_baseline: skip}\n")
     code, _, err = qual(["run", "--dry-run", "--gate", skip], capsys)
     assert code == 0, err
+
+
+def test_pinning_a_sweeps_directory_pins_each_of_its_candidates(tmp_path, capsys):
+    """A sweep records a row per candidate from one folder, each in its own series: accepting that night by its
+    directory (the CI template's `pin` input) pins every one of them, not the last one alone; an earlier night
+    recorded from the same folder is left as it is."""
+    from qual.cli.main import _register, run_app
+
+    _register()
+    db, out = tmp_path / "h.sqlite", tmp_path / "sweep"
+    out.mkdir()
+    save_result(_night(1, dcp=4), out / "result.json")
+    earlier = history.record_run(db, _night(1, dcp=4), out / "result.json", run_id="night1")
+    ids = [history.record_run(db, _night(2, dcp=dcp), out / "result.json", run_id=f"night2/candidate-dcp{dcp}")
+           for dcp in (2, 4)]
+    assert run_app(["history", "baseline", "pin", str(out), "--history", str(db)]) == 0
+    assert sorted(r.id for r, _ in history.list_pins(db)) == ids and earlier not in ids
+    assert [r.id for r in history.find_night(db, str(ids[0]))] == [ids[0]]

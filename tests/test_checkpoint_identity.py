@@ -69,6 +69,11 @@ def test_a_swapped_drafter_is_another_configuration(tmp_path):
     followed = _qual("run", *nightly, "--out", tmp_path / "night2", env=env, tmp_cwd=tmp_path)
     assert followed.returncode in (0, 1), followed.stderr
     assert "baseline run 1 (previous series)" in followed.stdout
+    # what differs from the series it is compared with is said where the verdict is, and never "nothing"
+    assert "  another configuration, the last pass of the series before this one (pin this night" in followed.stdout
+    assert "draft: baseline sha256:" in followed.stdout, followed.stdout
+    summary = (tmp_path / "night2" / "summary.md").read_text()
+    assert "nothing but the time it ran" not in summary and "Differs: both arms draft: sha256:" in summary, summary
     result = json.loads((tmp_path / "night2" / "result.json").read_text())
     before = json.loads((tmp_path / "night1" / "result.json").read_text())
     ids = [r["arms"]["candidate"]["provenance"]["checkpoints"] for r in (before, result)]

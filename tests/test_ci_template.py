@@ -549,3 +549,25 @@ def test_a_drafter_swapped_in_place_is_compared_with_the_series_before_it_until_
     with sqlite3.connect(tmp_path / "reports" / "history.sqlite") as conn:
         assert conn.execute("SELECT run_id FROM pins").fetchall() == [(2,)]
     conn.close()
+
+
+def test_pruning_from_another_folder_keeps_a_baseline_recorded_with_a_relative_path(tmp_path, monkeypatch):
+    """The job records `reports/runs/<id>/result.json` from the checkout; a person pruning the downloaded history from
+    their own folder (`qual history prune ci/reports/runs ...`) must not remove the pinned night's directory."""
+    from qual import history
+    from qual.history.prune import prune
+    from synthetic import synthetic_result
+
+    checkout = tmp_path / "ci"
+    runs = checkout / "reports" / "runs"
+    for name, day in (("1-1", 1), ("2-1", 2), ("3-1", 3)):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "run.json").write_text("{}")
+        result = synthetic_result(40, 0.75, 0.68, dcp=4, n_resamples=100, created_at=f"2026-12-{day:02d}T02:00:00+00:00")
+        rid = history.record_run(checkout / "reports/history.sqlite", result, f"reports/runs/{name}/result.json")
+        if name == "1-1":
+            history.pin(checkout / "reports/history.sqlite", rid, "2026-12-08T00:00:00+00:00")
+    monkeypatch.chdir(tmp_path)  # not the checkout the paths were recorded from
+    done = prune(Path("ci/reports/runs"), 0, Path("ci/reports/history.sqlite"))
+    assert sorted(p.name for p in runs.iterdir()) == ["1-1"], done
+    assert done.baselines == [str(Path("ci/reports/runs/1-1"))]

@@ -135,3 +135,39 @@ def test_a_stdout_that_refuses_writes_is_one_line_and_exit_2():
     for args in (["schema"], ["--version"]):  # a write the command makes; output still buffered when it returns
         proc = _qual_with(">/dev/full", *args)
         assert (proc.returncode, proc.stderr) == (2, "error: cannot write to stdout: No space left on device\n")
+
+
+def test_a_reader_gone_before_the_verdict_is_141_and_the_night_stays_a_pass(profile, tmp_path):
+    """`qual run ... | head -3`: the run's outputs and its history row are written before the verdict is printed; a
+    stdout closed then is exit 141, never a bug's exit 4 whose junit.xml would replace the passing gate's."""
+    out, db = tmp_path / "out", tmp_path / "h.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "qual", "run", "--model", str(profile), "--dcp", "1", "--limit", "2",
+                             "--max-tokens", "3", "--out", str(out), "--history", str(db), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == EXIT_BROKEN_PIPE, err
+    assert "internal error" not in err and not (out / "crash.txt").exists()
+    [case] = [c for c in ET.parse(out / "junit.xml").getroot().iter("testcase") if c.get("name") == "candidate_runnable"]
+    assert case.find("error") is None and case.find("failure") is None
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT outcome FROM runs").fetchall() == [("pass",)]
+    conn.close()
+
+
+def test_an_error_row_that_cannot_be_written_keeps_the_runs_own_exit_code(profile, tmp_path, monkeypatch, capsys):
+    """The error row is best effort: a damaged history (sqlite3.DatabaseError) or a bug in writing it must not
+    replace the error being reported (was: the row's own exception, a second exit 4 about something else)."""
+    import qual.harness.error_night
+    import qual.report.markdown
+
+    def broken(result, path):
+        raise ZeroDivisionError("injected: the markdown renderer divides by zero")
+
+    def damaged(*a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(qual.report.markdown, "write", broken)
+    monkeypatch.setattr(qual.harness.error_night, "record_error", damaged)
+    assert _run(profile, tmp_path) == EXIT_INTERNAL
+    assert "ZeroDivisionError: injected" in _one_line(capsys)

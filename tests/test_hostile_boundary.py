@@ -436,3 +436,29 @@ def test_publish_leaves_out_a_linked_file_past_its_cap(tmp_path, capsys):
     copied = {p.name for p in (site / "runs" / "1").iterdir()}
     assert "report.html" in copied and "candidate.log" not in copied  # was: 3 GB copied
     assert (3 << 30) > MAX_COPIED_BYTES
+
+
+def test_the_reproduce_command_parses_back_to_the_same_run():
+    """Every flag the reproduce command shows reads back through `qual run`'s own parser as the same options: one
+    argument per value (`--meta`'s included: it was one argument '--meta KEY=VALUE', which `qual run` refuses)."""
+    import shlex
+
+    import typer
+
+    from qual.cli.main import _register, app
+    from qual.harness.plan import run_options
+
+    _register()
+    run = typer.main.get_command(app).commands["run"]
+    given = dict(model="toy", target="/t a", draft="/d;b", dcp="2,4", tp=4, engine="reference",
+                 corpus="a b.jsonl", chat_template="c.jinja", limit=8, max_tokens=16, draft_kv="replicated,sharded",
+                 temperature=0.0, seed=3, gate="nightly-baseline", device="cpu", dtype="float32", dsa_topk=None,
+                 baseline="history:last-pass", baseline_any=True, baseline_required=True,
+                 meta=("ci_run=https://ci/run 1", "cluster=a'b"), speedup=True)
+    opts = run_options(**given)
+    argv = shlex.split(opts.command())
+    assert argv[:2] == ["qual", "run"]
+    params = run.make_context("run", argv[2:]).params
+    # what the command leaves out: where the run writes, and how it is shown
+    again = run_options(**{k: v for k, v in params.items() if k not in ("out", "history", "resume", "dry_run", "quiet")})
+    assert again == opts, (argv, again, opts)

@@ -248,6 +248,15 @@ def test_a_name_that_is_not_utf8_is_refused_in_words(flag, tmp_path, capsys):
                                     "result.json and the history, which hold text: rename it")  # was: pydantic's
 
 
+def test_a_meta_value_that_is_not_utf8_is_refused_before_any_arm_runs(tmp_path, capsys):
+    """--meta's values are recorded as text (result.json, the history): a byte that is no UTF-8 was exit 4 after both
+    arms ran, and the error row's write failed on it again."""
+    res = qual_in(capsys, "run", "--dcp", 1, "--dry-run", "--meta", "cluster=a\udcffb", "--out", tmp_path / "o")
+    assert (res.returncode, one_line(res.stderr)) == (2, "error: --meta a\\xffb: not UTF-8 text; qual records names in "
+                                                         "run.json, result.json and the history, which hold text: "
+                                                         "rename it")
+
+
 # ---------------------------------------------------------------- run.json's seal, journals' seals
 
 

@@ -154,3 +154,21 @@ def test_a_later_turn_whose_earlier_turn_differs_is_marked_not_compared(chat_run
     assert row["earlier_turns_differ"] is True
     assert "1 later turns not compared (their earlier turns differ)" in proc.stdout
     assert "earlier turns differ</span>" in (out / "report.html").read_text()
+
+
+def test_a_shipped_chat_corpus_renders_with_the_profiles_own_template(tmp_path):
+    """`qual run --dcp 4 --corpus mt-bench --limit 8` as README shows it: the toy target's chat_template.jinja, and
+    with --chat-template the tokenizer folder's special tokens (eos_token) all the same."""
+    from qual.harness.plan import make_plan, run_options
+    from qual.paths import DATA_DIR
+
+    toy = DATA_DIR / "models" / "toy" / "target"
+    plan = make_plan(run_options(dcp="4", corpus="mt-bench", limit=8, out=str(tmp_path / "o")), dry_run=True)
+    assert plan.prompts.template.source == str(toy / "chat_template.jinja")
+    eos = json.loads((toy / "tokenizer_config.json").read_text())["eos_token"]
+    assert plan.prompts.template.special_tokens["eos_token"] == eos
+    mine = tmp_path / "mine.jinja"
+    mine.write_text("{{ eos_token }}")
+    plan = make_plan(run_options(dcp="4", corpus="mt-bench", limit=8, chat_template=str(mine), out=str(tmp_path / "o")),
+                     dry_run=True)
+    assert plan.prompts.template.special_tokens["eos_token"] == eos

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qual.errors import EngineError, InternalError, QualError
 from qual.files import WriteError, write_new, write_text
+from qual.cli.streams import StdoutClosed
 from qual.proc import outer_tmpdir
 
 CRASH_FILE = "crash.txt"
@@ -60,7 +61,7 @@ def crash_report(run_dir: Path, suite: str = "qual"):
     engine failure or internal error leaves junit.xml there naming it (test suite `suite`)."""
     try:
         yield
-    except QualError:
+    except (QualError, StdoutClosed):  # a reader of stdout that went away is exit 141 (qual.cli.main), not a bug
         raise
     except (EngineError, InternalError) as exc:
         error_junit(run_dir, suite, exc)

@@ -340,22 +340,26 @@ history_app.add_typer(baseline_app, name="baseline")
 
 @baseline_app.command("pin")
 def pin_cmd(run: str = typer.Argument(..., metavar="RUN", help="A run id from `qual history list`, or the run's "
-                                      "directory (its --out)."), history: Path = HistoryOpt) -> None:
+                                      "directory (its --out; a sweep's: each of its candidates)."),
+            history: Path = HistoryOpt) -> None:
     """Make RUN the baseline of its configuration (it wins over the newest passing run): a night accepted as its
-    series' level, failed or not."""
+    series' level, failed or not. A sweep's directory pins each of its candidates, each in its own series."""
     from datetime import timezone
 
-    run = hist.find_run(history, run)
-    if not run.result_path or not Path(run.result_path).is_file():
-        raise QualError(f"run {run.id}: its result file {run.result_path or '(none recorded)'} is missing; "
-                        "a baseline is read from it")
-    run, previous = hist.pin(history, run.id, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    # Plain print: run fields are recorded text, never console markup.
-    replaced = f" (replaces run {previous})" if previous is not None else ""
-    print(f"run {run.id} is now the baseline of its configuration{replaced}: {safe(run.series)}")
-    if run.outcome != hist.PASS:
-        print(f"note: run {run.id} did not pass its gate ({run.outcome}: {safe(', '.join(run.failed_checks))}); it is "
-              "pinned as asked")
+    runs = hist.find_night(history, run)
+    for one in runs:  # every result file checked before any pin changes
+        if not one.result_path or not Path(one.result_path).is_file():
+            raise QualError(f"run {one.id}: its result file {one.result_path or '(none recorded)'} is missing; "
+                            "a baseline is read from it")
+    pinned_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for one in runs:
+        one, previous = hist.pin(history, one.id, pinned_at)
+        # Plain print: run fields are recorded text, never console markup.
+        replaced = f" (replaces run {previous})" if previous is not None else ""
+        print(f"run {one.id} is now the baseline of its configuration{replaced}: {safe(one.series)}")
+        if one.outcome != hist.PASS:
+            print(f"note: run {one.id} did not pass its gate ({one.outcome}: {safe(', '.join(one.failed_checks))}); "
+                  "it is pinned as asked")
 
 
 @baseline_app.command("unpin")

@@ -20,6 +20,11 @@ class StdoutError(QualError):
         super().__init__(f"cannot write to stdout: {exc.strerror or exc}")
 
 
+class StdoutClosed(BrokenPipeError):
+    """stdout's reader went away (`qual run ... | head`): exit 141, never a bug's exit 4 (qual.cli.crash lets it
+    through), and told apart from a closed socket to a server, which is the engine's."""
+
+
 class _Stdout(io.TextIOWrapper):
     """sys.stdout's text layer over the same buffer, whose write errors are told apart from any other OSError (a
     bug's, exit 4). After the first refusal it drops what it is given: the exit flushes must not fail again."""
@@ -45,7 +50,7 @@ class _Stdout(io.TextIOWrapper):
     def _refuse(self, exc: OSError) -> None:
         self.refused = True
         if exc.errno == errno.EPIPE:
-            raise exc
+            raise StdoutClosed(exc.errno, exc.strerror) from None
         raise StdoutError(exc) from None
 
 

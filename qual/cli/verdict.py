@@ -20,6 +20,7 @@ MARKS = {"pass": "ok", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped"
 
 def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
     # imported when used: every `qual` invocation loads this module
+    from qual.report import baseline as bview
     from qual.report.common import inconclusive_note, interval_note, pct
     from qual.result import DECIDED_NOTHING, FIRST_NIGHT
 
@@ -32,6 +33,9 @@ def print_verdict(result, control_label: str, candidate_label: str, report_dir: 
         rates = ", ".join(f"{arm} {pct(b.tonight_rate)} vs {pct(b.baseline_rate)}" for arm, b in result.baseline.arms.items()
                           if b.compared)
         _say(f"  baseline {result.baseline.label}: {rates or 'no arm compared'}")
+        forced = bview.forced(result.baseline)
+        if forced:  # a swapped drafter's first night: what differs from the series it is compared with
+            _say(f"  {forced}")
         if result.baseline.changed:
             _say(f"  changed since the baseline: {'; '.join(result.baseline.changed)}")
     elif result.first_night:

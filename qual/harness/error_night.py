@@ -13,8 +13,7 @@ from pathlib import Path
 
 import qual
 from qual import shown, stop_signals
-from qual.errors import EngineError, InternalError, QualError
-from qual.files import WriteError
+from qual.errors import EngineError, InternalError
 from qual.history import ErrorNight, record_error
 from qual.nights import qual_label
 from qual.provenance import qual_commit
@@ -56,8 +55,8 @@ def record_error_night(plan, exc: BaseException) -> None:
         try:
             write_error(ErrorSummary(_title(first), code, what, line, command, shown.command(
                 ["qual", "run", "--resume", plan.out_dir])), plan.out_dir / FILES["markdown"])
-        except (WriteError, OSError):
-            pass  # a full disk: the exit code and stderr's line say it
+        except Exception:  # noqa: BLE001 - a full disk, or a bug here: the exit code and stderr's line say it
+            pass
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     commit, dirty = qual_commit()
     facts = {"engine": plan.engine_version, "qual": qual_label(qual.__version__, commit, dirty)}
@@ -71,5 +70,5 @@ def record_error_night(plan, exc: BaseException) -> None:
                            facts=facts)
         try:
             record_error(plan.history_path, night, wait_s=LOCK_WAIT_S)
-        except (QualError, OSError):
-            return  # a history that cannot take it now: the exit code and stderr's line say what happened
+        except Exception:  # noqa: BLE001 - locked, full, damaged (sqlite3.DatabaseError) or a bug here: the error
+            return  # being reported keeps its exit code and its line on stderr, which say what happened

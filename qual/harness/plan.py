@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -116,7 +115,7 @@ class RunOptions:
         if self.baseline_required:
             parts.append("--baseline-required")
         for key, value in (self.meta or {}).items():
-            parts.append(f"--meta {shlex.quote(f'{key}={value}')}")
+            parts += ["--meta", f"{key}={value}"]  # quoted once, by shown.command
         if self.speedup:
             parts.append("--speedup")
         parts += ["--temperature", f"{self.temperature:g}", "--seed", str(self.seed)]
@@ -384,7 +383,7 @@ def _chat(profile, corpus, selected, o: RunOptions, tokenizer: PromptTokenizer |
         raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\"), which qual renders with "
                         f"the tokenizer's chat template: the profile's tokenizer ({profile.tokenizer_path!r}) must be a "
                         "local directory")
-    template = load_template(tokenizer.path, o.chat_template)
+    template = load_template(tokenizer.directory, o.chat_template)
     if template is None:
         raise QualError(f"corpus {corpus.name}: request {first.id} is a chat (\"messages\") and the tokenizer "
                         f"{profile.tokenizer_path} has no chat template (tokenizer_config.json \"chat_template\" or "

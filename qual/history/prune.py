@@ -9,6 +9,7 @@ row: `qual history show` of a pruned night still says where its result was.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,14 @@ def _order(name: str) -> list:
     return [int(part) if ascii_digits(part) else part for part in re.split(r"([0-9]+)", name)]
 
 
+def _tail(relative: Path) -> tuple[str, ...]:
+    """A relative path's parts after any leading '..' (what any folder it was recorded from ends with)."""
+    parts = Path(os.path.normpath(relative)).parts
+    while parts and parts[0] in ("..", "."):
+        parts = parts[1:]
+    return parts
+
+
 def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
     """Remove the run directories under runs_dir beyond the newest `keep` that no baseline reads."""
     root = Path(runs_dir)
@@ -48,7 +57,11 @@ def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
     if not root.is_dir():
         return done  # no night has run yet
     history = Path(history)
-    needed = {Path(p).resolve().parent for p in baseline_result_paths(history)} if history.is_file() else set()
+    recorded = [Path(p).parent for p in baseline_result_paths(history)] if history.is_file() else []
+    needed = {p.resolve() for p in recorded}
+    # A relative path was recorded from the working directory of its run (a CI job's reports/runs/<id>): pruning from
+    # another folder must still keep it, so a run directory whose path ends with one is a baseline's too.
+    tails = {_tail(p) for p in recorded if not p.is_absolute()} - {()}
     runs = []
     for entry in sorted(root.iterdir(), key=lambda p: _order(p.name)):
         if entry.is_symlink() or not entry.is_dir():
@@ -60,7 +73,7 @@ def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
     for i, entry in enumerate(runs):
         if i >= len(runs) - keep:
             done.kept.append(str(entry))
-        elif entry.resolve() in needed:
+        elif entry.resolve() in needed or any(entry.resolve().parts[-len(t):] == t for t in tails):
             done.kept.append(str(entry))
             done.baselines.append(str(entry))
         else:

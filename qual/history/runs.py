@@ -389,15 +389,33 @@ def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
 
 
 def find_run(db_path: str | Path, ref: str) -> HistoryRun:
-    """A run by its history id, or by its run directory (the newest night recorded from that folder)."""
+    """A run by its history id, or by its run directory (the newest night recorded from that folder; a sweep's
+    first candidate: find_night has them all)."""
+    return find_night(db_path, ref)[0]
+
+
+def find_night(db_path: str | Path, ref: str) -> list[HistoryRun]:
+    """The rows of one night: a history id's run, or every row of the newest night recorded from a run directory (a
+    sweep records a row per candidate, each of its own series, under run ids `<night>/<candidate>`)."""
     if ascii_digits(ref):
         digits = ref.lstrip("0") or "0"
         if len(digits) > len(str(MAX_RUN_ID)):
             raise QualError(f"no run {ref} in {db_path} (run ids are 1 to {MAX_RUN_ID})")
-        return get_run(db_path, int(digits))
+        return [get_run(db_path, int(digits))]
     folder = Path(ref).resolve()
+    found: list[HistoryRun] = []
     for run in select(db_path, "SELECT * FROM runs ORDER BY created_at DESC, id DESC"):
         recorded = run.run_dir or (str(Path(run.result_path).parent) if run.result_path else None)
-        if recorded is not None and Path(recorded).resolve() == folder:
-            return run
-    raise QualError(f"no run recorded from the folder {ref} in {db_path} (give a run id from `qual history list`)")
+        if recorded is None or Path(recorded).resolve() != folder:
+            continue
+        if found and _night_of(run) != _night_of(found[0]):
+            break  # an earlier night recorded from the same folder
+        found.append(run)
+    if not found:
+        raise QualError(f"no run recorded from the folder {ref} in {db_path} (give a run id from `qual history list`)")
+    return sorted(found, key=lambda r: r.id)
+
+
+def _night_of(run: HistoryRun) -> str | None:
+    """The night a row belongs to: its run id, a sweep candidate's without the candidate's name."""
+    return run.run_id.partition("/")[0] if run.run_id else None

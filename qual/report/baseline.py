@@ -114,8 +114,10 @@ def selection(b: BaselineComparison) -> str | None:
 
 
 def differs(b: BaselineComparison, limit: int = 12) -> list[str]:
-    """'candidate engine: reference -> vllm' lines; the keys both arms share are named once."""
-    seen: dict[tuple, list[str]] = {}
+    """'candidate engine: reference -> vllm' lines, after the configuration key's own differences (a drafter swapped
+    in at the same path differs in its identity alone); the keys both arms share are named once."""
+    seen: dict[tuple, list[str]] = {(d["key"], str(d["baseline"]), str(d["tonight"])): ["control", "candidate"]
+                                    for d in b.key_differences}
     for d in b.differs:
         seen.setdefault((d["key"], str(d["baseline"]), str(d["tonight"])), []).append(d["arm"])
     lines = [f"{'both arms' if len(arms) > 1 else arms[0]} {key}: {_short(old)} \u2192 {_short(new)}"
