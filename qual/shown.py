@@ -27,6 +27,13 @@ def safe(text: object) -> str:
     return _CONTROL.sub(_escaped, s) if _CONTROL.search(s) else s
 
 
+def multiline(text: object) -> str:
+    """str(text) with every control character but line breaks and tabs written as its escape: text a page shows in
+    its own lines (report.html, the published site), nothing a terminal or an XML parser acts on."""
+    s = str(text)
+    return _CONTROL.sub(lambda m: m.group() if m.group() in "\t\n\r" else _escaped(m), s) if _CONTROL.search(s) else s
+
+
 def command(argv: Iterable[object]) -> str:
     """A command line to copy into a POSIX shell: every argument quoted where it must be (a path with a space,
     `;`, `>`, `$(...)` stays one argument and runs nothing), control characters escaped afterwards."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -345,6 +346,11 @@ def test_publish_output_shows_control_characters_escaped(tmp_path, capsys):
     db = _hostile_history(tmp_path)
     res = qual_in(capsys, "history", "publish", tmp_path / "site", "--history", db)
     assert res.returncode == 0 and "\x1b" not in res.stdout and "nowhere\\x1b[31m" in res.stdout, res.stdout
+    # nor in the pages: the plots' titles, legends, axis labels and tooltips show them escaped (XML has no place for
+    # them, and matplotlib draws them as missing glyphs)
+    for page in (tmp_path / "site").rglob("*.html"):
+        raw = re.findall("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", page.read_text())
+        assert not raw, (page.name, raw[:3])
 
 
 def test_summary_md_escapes_control_characters(tmp_path):

@@ -12,10 +12,17 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, plots, provenance, siblings, tables, trend
 from qual.files import write_text
+from qual.shown import multiline
 from qual.result import DECIDED_NOTHING, FIRST_NIGHT, Result
 from qual.sweep_result import SweepResult
 
 TEMPLATES = Path(__file__).parent / "templates"
+
+
+def _shown(value: object) -> object:
+    """A template value as the page shows it: text with its control characters escaped (qual.shown.multiline), markup
+    (inline SVG, links built here) and numbers as they are."""
+    return multiline(value) if isinstance(value, str) and not isinstance(value, Markup) else value
 
 
 def environment() -> Environment:
@@ -27,6 +34,7 @@ def environment() -> Environment:
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_shown,  # every value's control characters escaped: recorded text shows as the escapes it holds
     )
     env.filters.update(pct=common.pct, pp=common.pp, num=common.num, ci_pp=common.ci_pp)
     return env

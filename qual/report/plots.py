@@ -34,6 +34,7 @@ from markupsafe import escape  # noqa: E402
 
 from qual.errors import QualError  # noqa: E402
 from qual.files import write_bytes  # noqa: E402
+from qual.shown import safe  # noqa: E402
 
 CONTROL_COLOR = "#4c72b0"
 CANDIDATE_COLOR = "#dd8452"
@@ -75,7 +76,7 @@ def linked_svg(fig: Figure, salt: str, titles: Mapping[str, str]) -> str:
     """to_svg, each link (Artist.set_url/set_urls) a plain href that opens in the page's own tab, with its title
     (titles: href -> the tooltip of what links there)."""
     def link(m: re.Match) -> str:
-        return f'<a href="{m[1]}"><title>{escape(titles.get(unescape(m[1]), ""))}</title>'
+        return f'<a href="{m[1]}"><title>{escape(safe(titles.get(unescape(m[1]), "")))}</title>'
 
     return re.sub(r'<a xlink:href="([^"]*)" target="_blank">', link, to_svg(fig, salt))
 
@@ -214,7 +215,7 @@ def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: flo
             _mark_nights(ax, x, panel.columns)
             for j, (name, color, values) in enumerate(panel.lines):
                 y = _nan(values) * 100
-                ax.plot(x, y, color=color, linewidth=3.0 if j == 0 and len(panel.lines) == 2 else 1.4, label=name)
+                ax.plot(x, y, color=color, linewidth=3.0 if j == 0 and len(panel.lines) == 2 else 1.4, label=safe(name))
                 shown = np.isfinite(y)
                 cols = [c for c, ok in zip(panel.columns, shown) if ok]
                 dots = ax.scatter(x[shown], y[shown], s=22, zorder=3, edgecolors=color, linewidths=1.2,
@@ -228,7 +229,7 @@ def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: flo
                             va="bottom", fontsize=7, xytext=(0, 9), textcoords="offset points")
             ax.set_ylabel(panel.ylabel)
             if panel.title:
-                ax.set_title(textwrap.fill(panel.title, 120), fontsize=8, loc="left", pad=12).set_url(panel.href)
+                ax.set_title(textwrap.fill(safe(panel.title), 120), fontsize=8, loc="left", pad=12).set_url(panel.href)
             _legend(ax, panels if n == 0 else ())
         if axis == "date":
             _time_axis(axes[-1], [c.when for c in everyone])
@@ -283,6 +284,7 @@ def _legend(ax, panels: Sequence[Panel]) -> None:
 
 
 def _short_engine(label: str) -> str:
+    label = safe(label)  # a version or --meta value is recorded text: its control characters are shown escaped
     return label if len(label) <= 40 else label[:37] + "..."
 
 
@@ -292,7 +294,7 @@ def _value_axis(ax, values: list, axis: str) -> None:
     ax.set_xticks(ticks, [_short_engine(str(values[i] if values[i] is not None else "(none)")) for i in ticks],
                   rotation=20, ha="right", fontsize=7)
     ax.set_xlim(-0.5, max(len(values) - 0.5, 0.5))
-    ax.set_xlabel(axis, fontsize=8)
+    ax.set_xlabel(safe(axis), fontsize=8)
 
 
 def _time_axis(ax, times: list) -> None:
