@@ -72,7 +72,8 @@ def test_a_swapped_drafter_is_another_configuration(tmp_path):
     assert followed.returncode in (0, 1), followed.stderr
     assert "baseline run 1 (previous series)" in followed.stdout
     # what differs from the series it is compared with is said where the verdict is, and never "nothing"
-    assert "  another configuration, the last pass of the series before this one: draft: baseline sha256:" in followed.stdout
+    assert ("  another configuration, the last pass of the series before this one: draft: baseline sha256:"
+            in followed.stdout)
     assert (f"; pin this night to make it its series' baseline: qual history baseline pin 2 --history {db}"
             in followed.stdout), followed.stdout
     summary = (tmp_path / "night2" / "summary.md").read_text()

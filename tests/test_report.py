@@ -88,8 +88,8 @@ def test_markdown_summary(hostile):
     check_rows = [ln for ln in lines if ln.startswith("| ✅ |") or ln.startswith("| ❌ |")]
     assert len(check_rows) == len(hostile.gate.checks)
     assert sum(ln.startswith("| ❌ |") for ln in check_rows) == len(hostile.gate.failed)
-    # Untrusted text is inert in a GitHub step summary: rendered by CommonMark (raw HTML allowed, as GitHub allows some),
-    # no tag of it is a tag; pipes escaped in cells.
+    # Untrusted text is inert in a GitHub step summary: rendered by CommonMark (raw HTML allowed, as GitHub allows
+    # some), no tag of it is a tag; pipes escaped in cells.
     rendered = _commonmark().render(md)
     assert "<script" not in rendered and "</textarea>" not in rendered and "<img" not in rendered
     assert [t.content for t in _code_spans(md) if "textarea" in t.content] == [hostile.corpus.name]

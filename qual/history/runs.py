@@ -308,8 +308,8 @@ def record_error(db_path: str | Path, night: ErrorNight, on_wait: Callable[[str]
         "failed_checks": "[]", "result_path": None,
         "config_json": json.dumps({"control": night.arms["control"], "candidate": k}, sort_keys=True),
         "run_id": night.run_id, "configuration": night.key.key(), "baseline": None,
-        "qual_commit": night.qual_commit, "outcome": ERROR, "exit_code": night.exit_code, "error": night.cause, "command": night.command,
-        "run_dir": night.run_dir, "meta": json.dumps(night.meta, sort_keys=True),
+        "qual_commit": night.qual_commit, "outcome": ERROR, "exit_code": night.exit_code, "error": night.cause,
+        "command": night.command, "run_dir": night.run_dir, "meta": json.dumps(night.meta, sort_keys=True),
         "facts": json.dumps({name: night.facts.get(name) for name in FACTS}, sort_keys=True),
     }
     return _write(db_path, values, night.run_id, on_wait, store.LOCK_TIMEOUT_S if wait_s is None else wait_s)

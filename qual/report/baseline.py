@@ -97,7 +97,8 @@ def forced(b: BaselineComparison) -> str | None:
         return None
     keys = "; ".join(f"{d['key']}: baseline {_short(str(d['baseline']))}, tonight {_short(str(d['tonight']))}"
                      for d in b.key_differences)
-    how = "the last pass of the series before this one" if b.chosen_by == "previous series" else "taken with --baseline-any"
+    how = ("the last pass of the series before this one" if b.chosen_by == "previous series"
+           else "taken with --baseline-any")
     return f"another configuration, {how}: {keys}"
 
 

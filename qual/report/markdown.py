@@ -131,8 +131,9 @@ def render_sweep(sweep: SweepResult) -> str:
     lines += [f"⚠️ {cell(n)}." for n in sweep.notes] + ([""] if sweep.notes else [])
     lines += ["| candidate | settings | acceptance | Δ vs control (95% CI) | mean acceptance length ratio | "
               "target outputs identical | graph sizes | verdict |", "|---|---|---:|---|---:|---|---|---|"]
-    lines += [f"| {code(r.name, in_table=True)} | {cell(r.settings)} | {r.rate} | {r.delta} {r.ci} | {r.mal_ratio} | {cell(r.identical)} | "
-              f"{cell(r.graphs)} | {MARKS[r.outcome]} {r.verdict}{': ' + cell(', '.join(r.failed)) if r.failed else ''} |"
+    lines += [f"| {code(r.name, in_table=True)} | {cell(r.settings)} | {r.rate} | {r.delta} {r.ci} | {r.mal_ratio} | "
+              f"{cell(r.identical)} | {cell(r.graphs)} | "
+              f"{MARKS[r.outcome]} {r.verdict}{': ' + cell(', '.join(r.failed)) if r.failed else ''} |"
               for r in rows]
     for name, result in sweep.results():
         lines += ["", f"### {HEADINGS[result.gate.outcome]} {code(name)}: {cell(common.title(result))}", "",
