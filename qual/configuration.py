@@ -33,11 +33,27 @@ _STORED = {"str": (str,), "int": (int,), "float": (int, float)}  # the JSON type
 
 @dataclass(frozen=True)
 class _Source:
-    """Where a field's value comes from: read(candidate arm config, run facts), and its value when absent."""
+    """Where a field's value comes from: read(candidate arm config, run facts), and its value when absent (a
+    _PerEngine default: the value for the arm's engine)."""
 
     read: Callable[[dict, dict], Any]
     kind: Callable[[Any], Any]
     default: Any = _REQUIRED
+
+    def absent(self, arm: dict) -> Any:
+        """The value where the arm (or a stored key: both name the engine) recorded none."""
+        return self.default.of(arm.get("engine")) if isinstance(self.default, _PerEngine) else self.default
+
+
+@dataclass(frozen=True)
+class _PerEngine:
+    """A default that depends on the engine: the embedded runtime's choice, else what a served vLLM build does."""
+
+    reference: Any
+    served: Any
+
+    def of(self, engine: Any) -> Any:
+        return self.reference if engine == "reference" else self.served
 
 
 def _arm(key: str, kind: Callable[[Any], Any] = str, default: Any = _REQUIRED):
@@ -71,7 +87,9 @@ class ConfigurationKey:
     interleave: int = _arm("interleave", int, 1)
     draft_kv: str = _arm("draft_kv")
     dsa_topk: str = _arm("dsa_topk", str, "none")  # "none" for a target without sparse attention
-    numerics: str = _arm("numerics", str, "exact")  # exact | vllm | vllm-hopper
+    # exact | vllm | vllm-hopper; where an arm records none: exact in the embedded runtime (a target that computes one
+    # way, as written), build under vllm or attach (the served build's kernels decide; qual chooses nothing there)
+    numerics: str = _arm("numerics", str, _PerEngine(reference="exact", served="build"))
     dcp_comm: str = _run("dcp_comm", default=NO_IDENTITY)  # how DCP partial attentions merge (dcp_comm_of)
     dtype: str = _arm("dtype")
     device: str = _arm("device", device_kind)  # the kind: cpu | cuda
@@ -95,7 +113,7 @@ class ConfigurationKey:
         for f in fields(cls):
             source: _Source = f.metadata["source"]
             raw = source.read(candidate, run)
-            values[f.name] = source.kind(raw if raw is not None or source.default is _REQUIRED else source.default)
+            values[f.name] = source.kind(raw if raw is not None or source.default is _REQUIRED else source.absent(candidate))
         return cls(**values)
 
     @classmethod
@@ -123,7 +141,7 @@ class ConfigurationKey:
             if f.name not in data or data[f.name] is None:
                 if source.default is _REQUIRED:
                     raise ValueError(f"no {f.name!r}")
-                values[f.name] = source.default
+                values[f.name] = source.absent(data)
                 continue
             value = data[f.name]
             if type(value) not in _STORED[f.type] or (isinstance(value, float) and not math.isfinite(value)):
@@ -145,7 +163,7 @@ class ConfigurationKey:
     def label(self) -> str:
         """One line naming the series (trend output, plots, the published site)."""
         modes = (f" kv={self.draft_kv}" + (f" dsa={self.dsa_topk}" if self.dsa_topk != "none" else "")
-                 + (f" numerics={self.numerics}" if self.numerics != _default("numerics") else "")
+                 + (f" numerics={self.numerics}" if self.numerics != _default("numerics", self.engine) else "")
                  + (f" merge={self.dcp_comm}" if self.dcp_comm not in (NO_IDENTITY, DEFAULT_DCP_COMM) else ""))
         il = f" il{self.interleave}" if self.interleave != 1 else ""
         return (f"{self.model} {self.engine} dcp{self.dcp} tp{self.tp}{il}{modes} K={self.num_speculative_tokens} "
@@ -172,8 +190,9 @@ def field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(ConfigurationKey))
 
 
-def _default(name: str) -> Any:
-    return next(f.metadata["source"].default for f in fields(ConfigurationKey) if f.name == name)
+def _default(name: str, engine: str | None = None) -> Any:
+    """A field's value where a run recorded none (for the engine, where that depends on it)."""
+    return next(f.metadata["source"].absent({"engine": engine}) for f in fields(ConfigurationKey) if f.name == name)
 
 
 # Fields in which a series may differ from the one before it and still be compared with that series' last pass by

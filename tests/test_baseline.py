@@ -161,11 +161,13 @@ def test_history_ids_and_paths_resolve(recorded, tmp_path):
     configuration = history.configuration_of(results["same, newest pass"])
     i = ids["other engine"]
     for ref in (str(i), f"history:{i}"):
+        # a served vLLM's numerics are its build's (qual.configuration): another engine differs in both
         with pytest.raises(QualError, match=r"is another configuration: engine: this run reference, baseline vllm; "
-                                            r"pass --baseline-any"):
+                                            r"numerics: this run exact, baseline build; pass --baseline-any"):
             resolve(ref, db, configuration)
         got = resolve(ref, db, configuration, any_key=True)
-        assert (got.history_id, got.chosen_by, got.key_differences) == (i, "history id", [("engine", "reference", "vllm")])
+        assert (got.history_id, got.chosen_by, got.key_differences) == (
+            i, "history id", [("engine", "reference", "vllm"), ("numerics", "exact", "build")])
     got = resolve(str(ids["same, old pass"]), db, configuration)
     by_path = resolve(str(got.path.parent), db, configuration)
     assert (by_path.history_id, by_path.chosen_by, by_path.path) == (None, "result file", got.path)

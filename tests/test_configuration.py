@@ -49,6 +49,20 @@ def test_a_stored_key_reads_back_whatever_fields_it_was_written_with():
     assert ConfigurationKey.from_key(json.dumps({**old, "device": "cuda:1"})).device == "cuda"
 
 
+@pytest.mark.parametrize("engine, unsaid", [("reference", "exact"), ("vllm", "build"), ("attach", "build")])
+def test_numerics_an_arm_did_not_choose_are_its_engines_and_no_key_claims_exact_for_a_served_build(engine, unsaid):
+    """The embedded runtime computes a target as written unless asked; a launched or attached vLLM computes as its
+    build's kernels do and refuses --numerics: its key says build, never exact, from a run and from a stored key that
+    was written before numerics joined the key."""
+    key = _key(engine=engine)
+    assert key.numerics == unsaid and "numerics" not in key.label()
+    old = {k: v for k, v in asdict(key).items() if k != "numerics"}
+    assert ConfigurationKey.from_key(json.dumps(old)) == key
+    chosen = ConfigurationKey.of({**synthetic_arm_config(4, engine=engine).to_json(), "numerics": "vllm"},
+                                 FINGERPRINT, 10, None)
+    assert chosen.numerics == "vllm" and "numerics=vllm" in chosen.label()
+
+
 @pytest.mark.parametrize("stored, words", [
     ("{}", "no 'model'"),
     ("[1]", "expected a JSON object"),
