@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sqlite3
 import subprocess
 import sys
 
+from markdown_it import MarkdownIt
 
 from checkpoints import make_profile
 from qual.checkpoints.identity import checkpoint_identity, checkpoint_record
@@ -70,9 +72,17 @@ def test_a_swapped_drafter_is_another_configuration(tmp_path):
     assert followed.returncode in (0, 1), followed.stderr
     assert "baseline run 1 (previous series)" in followed.stdout
     # what differs from the series it is compared with is said where the verdict is, and never "nothing"
-    assert "  another configuration, the last pass of the series before this one (pin this night" in followed.stdout
-    assert "draft: baseline sha256:" in followed.stdout, followed.stdout
+    assert ("  another configuration, the last pass of the series before this one: draft: baseline sha256:"
+            in followed.stdout)
+    assert (f"; pin this night to make it its series' baseline: qual history baseline pin 2 --history {db}"
+            in followed.stdout), followed.stdout
     summary = (tmp_path / "night2" / "summary.md").read_text()
+    # summary.md's hint is a code span GitHub renders, naming this night's folder: the command it shows pins it
+    spans = [c.content for t in MarkdownIt("commonmark").parse(summary) if t.type == "inline" for c in t.children
+             if c.type == "code_inline" and c.content.startswith("qual history baseline pin ")]
+    assert spans == [f"qual history baseline pin {tmp_path / 'night2'} --history {db}"], summary
+    pinned = _qual(*shlex.split(spans[0])[1:], env=env, tmp_cwd=tmp_path)
+    assert pinned.returncode == 0 and "run 2 is now the baseline of its configuration" in pinned.stdout, pinned.stderr
     assert "nothing but the time it ran" not in summary and "Differs: both arms draft: sha256:" in summary, summary
     result = json.loads((tmp_path / "night2" / "result.json").read_text())
     before = json.loads((tmp_path / "night1" / "result.json").read_text())

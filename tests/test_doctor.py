@@ -49,6 +49,15 @@ def test_strict_exits_1_when_a_check_the_run_needs_says_no(checks, found, code):
         assert got.stderr.strip() == "doctor --strict: 1 check(s) failed: GPUs"
 
 
+def test_strict_names_each_failed_check_once(checks):
+    """A run's part (indented under its check) is named with it: the machine's GPUs and the run's are two checks."""
+    checks += [NO, DoctorCheck("run", "no", "qual run --model m: 2 thing(s) missing"),
+               DoctorCheck("  GPUs", "no", "4 needed, none found"), DoctorCheck("  vLLM", "no", "not installed")]
+    got = CliRunner().invoke(app, ["doctor", "--strict"])
+    assert got.exit_code == 1, got.output
+    assert got.stderr.strip() == "doctor --strict: 4 check(s) failed: GPUs, run, run: GPUs, run: vLLM"
+
+
 def test_strict_with_json_keeps_stdout_json(checks):
     checks += [YES, NO]
     got = CliRunner().invoke(app, ["doctor", "--strict", "--json"])
@@ -146,3 +155,5 @@ def test_strict_with_a_model(monkeypatch, capsys, args, code, lines):
     for line in lines:
         assert any(re.match(line, x) for x in out.out.splitlines()), out.out
     assert "error: unknown model 'nope'" in out.err if code == 2 else not out.err.startswith("error")
+    if code == 1:  # the machine's GPUs check and the run's: each named once
+        assert out.err.strip() == "doctor --strict: 5 check(s) failed: GPUs, run, run: GPUs, run: vLLM, run: weights"

@@ -14,6 +14,7 @@ from checkpoints import make_profile
 from cli_inprocess import qual_in
 from qual import history
 from qual.errors import QualError
+from qual.provenance import qual_commit
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +53,16 @@ def test_a_night_without_a_verdict_leaves_an_error_row_and_a_summary_and_resume_
     assert cause.split(";")[0] in summary and f"qual run --resume {tmp_path / 'out'}" in summary
     listed = qual_in(capsys, "history", "list", "--history", tmp_path / "h.sqlite")
     assert f"ERROR (exit {code})" in listed.stdout
+    commit = qual_commit()[0]
+    assert commit, "tests run from a git checkout, whose commit every row records"
+    assert row.qual_commit == commit and commit[:10] in listed.stdout  # `-` before: the error row left it empty
 
     resumed = qual_in(capsys, "run", "--resume", tmp_path / "out")
     assert resumed.returncode in (0, 1), resumed.stderr
     (real,) = history.list_runs(tmp_path / "h.sqlite")
     assert (real.id, real.outcome, real.error, real.exit_code) == (row.id, "pass" if resumed.returncode == 0 else "fail",
                                                                    None, resumed.returncode)
+    assert real.qual_commit == row.qual_commit  # the error row spells the commit as the verdict row does
     assert not (tmp_path / "out" / "summary.md").read_text().startswith("## ⛔ ERROR")
 
 

@@ -124,3 +124,24 @@ def test_a_real_runs_plan_starts_the_rank_server_and_a_dry_run_does_not(tmp_path
     assert proc.returncode == 0, proc.stderr[-2000:]
     after_dry, after_plan = json.loads(proc.stdout.splitlines()[-1])
     assert after_dry == [] and len(after_plan) == 1, (after_dry, after_plan)
+
+
+_RANK = textwrap.dedent("""
+    import os, sys
+    from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig
+    from qual.runtime.ranks import _worker_main
+
+    cfg = EngineConfig("target", "draft", ParallelConfig(4, 4), CacheConfig(block_size=4, memory_bytes=2**22))
+    rendezvous = sys.argv[1]
+    _worker_main(1, cfg, (), rendezvous, f"file://{rendezvous}/store", os.getppid(), False, None)
+""")
+
+
+def test_a_rank_whose_driver_stopped_before_it_started_exits_quietly(tmp_path):
+    """A stop signal while the ranks start (SIGTERM to `qual run --dcp 4`): the driver removes the rendezvous and
+    exits 130 saying why; a rank that comes up after that cannot mark itself ready, and exits 1 with nothing on
+    stderr (it printed FileNotFoundError's traceback for ready.1 under the driver's line)."""
+    gone = tmp_path / "qual-rdzv-removed"
+    rank = subprocess.run([sys.executable, "-c", _RANK, str(gone)], capture_output=True, text=True, timeout=120)
+    assert rank.returncode == 1 and rank.stderr == "", rank.stderr
+

@@ -13,7 +13,9 @@ import pytest
 
 from qual.records import GraphCapture
 
+from qual.report import baseline as bview
 from qual.report import common, html, junit, markdown, write_reports
+from qual.shown import command, safe
 from qual import history
 from qual.harness.build import build_result
 from synthetic import as_baseline, synthetic_gate, synthetic_pair, synthetic_result, synthetic_run_info, truncated
@@ -86,12 +88,60 @@ def test_markdown_summary(hostile):
     check_rows = [ln for ln in lines if ln.startswith("| ✅ |") or ln.startswith("| ❌ |")]
     assert len(check_rows) == len(hostile.gate.checks)
     assert sum(ln.startswith("| ❌ |") for ln in check_rows) == len(hostile.gate.failed)
-    # Untrusted text is inert in a GitHub step summary: no raw tags outside the code fence, pipes escaped in cells.
-    prose = re.sub(r"```sh\n.*?\n```", "", md, flags=re.S)
-    assert "<script>" not in prose and "</textarea>" not in prose
+    # Untrusted text is inert in a GitHub step summary: rendered by CommonMark (raw HTML allowed, as GitHub allows
+    # some), no tag of it is a tag; pipes escaped in cells.
+    rendered = _commonmark().render(md)
+    assert "<script" not in rendered and "</textarea>" not in rendered and "<img" not in rendered
+    assert [t.content for t in _code_spans(md) if "textarea" in t.content] == [hostile.corpus.name]
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
     assert "a\"b'c&amp;d\\|e\\`f" in md
     assert "```sh\n" + hostile.reproduce + "\n```" in md  # literal inside a fence
+
+
+def _commonmark():
+    """CommonMark with GFM's tables (markdown-it, a renderer nobody here wrote): how GitHub reads summary.md."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table")
+
+
+def _code_spans(md: str) -> list:
+    return [child for token in _commonmark().parse(md) if token.type == "inline" for child in token.children
+            if child.type == "code_inline"]
+
+
+SPAN_TEXTS = ["plain", "`qual history baseline pin ID`", "a``b`c", "```", "`", " lead", "trail ", " both ", "  ",
+              "x|y", "a \\| b", "<script>alert(1)</script>", "a &amp; b", "back\\slash\\", "*not* _emph_ [l](u)",
+              "line\nbreak", "tab\there"]
+
+
+@pytest.mark.parametrize("in_table", [False, True])
+@pytest.mark.parametrize("text", SPAN_TEXTS)
+def test_a_code_span_renders_any_text_as_written(text, in_table):
+    """summary.md's code spans (markdown.code) hold any text as written, in a paragraph and in a table cell: a span
+    fenced by more backticks than any run inside (CommonMark), never a backslash before a backtick (inside a span
+    it is a backslash, and the span ends early)."""
+    span = markdown.code(text, in_table)
+    doc = f"| a | b |\n|---|---|\n| {span} | z |\n" if in_table else f"x {span} y\n"
+    shown = safe(" ".join(text.splitlines()))  # a line break is a space; a control character its escape (qual.shown)
+    assert [t.content for t in _code_spans(doc)] == [shown], doc
+    if in_table:
+        assert re.findall(r"<td>(.*?)</td>", _commonmark().render(doc))[1] == "z"  # the row kept its two cells
+
+
+def test_the_pin_hint_is_a_command_that_pins_this_night(against_baseline, tmp_path):
+    """A night compared with the series before its own says how to pin it: the command names this night's folder and
+    its history, and is a code span that renders (it was an escaped backtick, shown as text)."""
+    b = replace(against_baseline.baseline, chosen_by="previous series",
+                key_differences=[{"key": "draft", "tonight": "sha256:new", "baseline": "sha256:old"}])
+    res = replace(against_baseline, baseline=b)
+    folder, db = tmp_path / "night 2", tmp_path / "h.sqlite"
+    pin = command(["qual", "history", "baseline", "pin", folder, "--history", db])
+    spans = [t.content for t in _code_spans(markdown.render(res, folder, db))]
+    assert pin in spans and not [s for s in spans if "`" in s]
+    page = html.render(res, folder, db)
+    assert f"{markupsafe.escape(bview.PIN_HINT)}: <code>{markupsafe.escape(pin)}</code>" in page
+    assert "pin this night" not in markdown.render(against_baseline, folder, db)  # its own series: nothing to pin
 
 
 def test_markdown_pass_golden_lines():
@@ -228,7 +278,7 @@ def test_markdown_and_junit_baseline(against_baseline, hostile):
     assert "### Against the baseline: run 2 (pinned)" in md
     assert re.search(r"^\| control \| 30 \| \d+\.\d\d% \| \d+\.\d\d% \| -\d+\.\d\d pp \[", md, re.M)
     assert re.search(r"^\| 3 \| .* \(\*\*-\d+\.\d\d pp\*\*\) \| .* \(\*\*-\d+\.\d\d pp\*\*\) \|$", md, re.M)
-    assert "Moved most: `r0" in md and "<script>" not in md
+    assert "Moved most: `r0" in md and "<script" not in _commonmark().render(md)
     assert "Candidate over the last 3 runs of this configuration and tonight: " in md and "(baseline)" in md
     assert "Against the baseline" not in markdown.render(hostile)
     root = ET.fromstring(junit.render(against_baseline).encode())

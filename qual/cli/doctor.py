@@ -107,6 +107,17 @@ def collect_checks(plan=None, model_given: bool = False) -> list[DoctorCheck]:
     return checks + (_run_checks(plan, model_given) if plan is not None else [])
 
 
+def _names(checks: list[DoctorCheck]) -> list[str]:
+    """Each check's name, one for each: a part (indented under the check before it) is named with that check's
+    ('run: GPUs', beside the machine's own GPUs check)."""
+    names, parent = [], ""
+    for c in checks:
+        part = c.name != c.name.lstrip()
+        parent = parent if part else c.name
+        names.append(f"{parent}: {c.name.strip()}" if part and parent else c.name.strip())
+    return names
+
+
 def _mark(check: DoctorCheck) -> str:
     return MARK[check.verdict] if check.needed or check.verdict == "yes" else "–"
 
@@ -138,7 +149,7 @@ def doctor(
             if verbose or c.verdict != "yes":
                 for line in c.evidence:
                     print(f"  {' ' * width}    {line}")
-    failed = [c.name.strip() for c in checks if c.verdict == "no" and c.needed]
+    failed = [name for c, name in zip(checks, _names(checks)) if c.verdict == "no" and c.needed]
     if strict and failed:
         print(f"doctor --strict: {len(failed)} check(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise typer.Exit(EXIT_GATE_FAILED)

@@ -191,7 +191,7 @@ def run_command(
         # From here on a bug's traceback goes to <out>/crash.txt, and exits 3 and 4 leave a junit.xml naming the cause.
         with crash_report(plan.out_dir, suite):
             with progress:
-                result, _, _ = execute(plan, progress)
+                result, _, ids = execute(plan, progress)
     except KeyboardInterrupt as exc:
         print(f"finish the run with: {resume_command(plan.out_dir)}", file=sys.stderr)
         record_error_night(plan, exc)
@@ -206,7 +206,7 @@ def run_command(
             print_sweep_verdict(result, plan.out_dir)
         else:
             print_warnings(result)
-            print_verdict(result, "control", "candidate", plan.out_dir)
+            print_verdict(result, "control", "candidate", plan.out_dir, ids[0], plan.history_path)
             print_speedup(result)
     if not (result.passed if plan.is_sweep else result.gate.passed):  # a sweep: the worst of its candidates' verdicts
         raise typer.Exit(EXIT_GATE_FAILED)

@@ -18,7 +18,10 @@ def _say(line: str, stream=None) -> None:
 MARKS = {"pass": "ok", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "skip"}
 
 
-def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path) -> None:
+def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path, night: int | None = None,
+                  history: Path | None = None) -> None:
+    """The verdict line, the baseline's lines, each gate check; night (its history id) and history name the night in
+    the command that pins it."""
     # imported when used: every `qual` invocation loads this module
     from qual.report import baseline as bview
     from qual.report.common import inconclusive_note, interval_note, pct
@@ -35,7 +38,8 @@ def print_verdict(result, control_label: str, candidate_label: str, report_dir: 
         _say(f"  baseline {result.baseline.label}: {rates or 'no arm compared'}")
         forced = bview.forced(result.baseline)
         if forced:  # a swapped drafter's first night: what differs from the series it is compared with
-            _say(f"  {forced}")
+            pin = bview.pin_command(result.baseline, night, history)
+            _say(f"  {forced}" + (f"; {bview.PIN_HINT}: {pin}" if pin else ""))
         if result.baseline.changed:
             _say(f"  changed since the baseline: {'; '.join(result.baseline.changed)}")
     elif result.first_night:

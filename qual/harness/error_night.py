@@ -67,7 +67,7 @@ def record_error_night(plan, exc: BaseException) -> None:
                            arms={"control": control, "candidate": plan.arms[name].to_json()},
                            corpus=plan.corpus_info, key=plan.configuration_of(name), exit_code=code, cause=line,
                            command=command, run_dir=str(Path(plan.out_dir)), meta=dict(plan.options.meta or {}),
-                           facts=facts)
+                           facts=facts, qual_commit=commit)
         try:
             record_error(plan.history_path, night, wait_s=LOCK_WAIT_S)
         except Exception:  # noqa: BLE001 - locked, full, damaged (sqlite3.DatabaseError) or a bug here: the error

@@ -274,7 +274,7 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
     else:
         result = results[0][1]
         rows = [(plan.run_id, result)]
-    paths = write_reports(result, plan.out_dir)
+    paths = write_reports(result, plan.out_dir, plan.history_path)
     try:
         # one write a line: a progress heartbeat from another thread never lands inside it
         ids = [record_run(plan.history_path, row, paths["json"], run_id,

@@ -290,6 +290,7 @@ class ErrorNight:
     run_dir: str
     meta: dict[str, str] = field(default_factory=dict)
     facts: dict[str, str | None] = field(default_factory=dict)
+    qual_commit: str | None = None  # the qual commit that ran it (None: a wheel), as a verdict row records it
 
 
 def record_error(db_path: str | Path, night: ErrorNight, on_wait: Callable[[str], None] | None = None,
@@ -306,9 +307,9 @@ def record_error(db_path: str | Path, night: ErrorNight, on_wait: Callable[[str]
         "candidate_mal": None, "delta_rate": None, "ci_lo": None, "ci_hi": None, "verdict": FAIL,
         "failed_checks": "[]", "result_path": None,
         "config_json": json.dumps({"control": night.arms["control"], "candidate": k}, sort_keys=True),
-        "run_id": night.run_id, "configuration": night.key.key(), "baseline": None, "qual_commit": None,
-        "outcome": ERROR, "exit_code": night.exit_code, "error": night.cause, "command": night.command,
-        "run_dir": night.run_dir, "meta": json.dumps(night.meta, sort_keys=True),
+        "run_id": night.run_id, "configuration": night.key.key(), "baseline": None,
+        "qual_commit": night.qual_commit, "outcome": ERROR, "exit_code": night.exit_code, "error": night.cause,
+        "command": night.command, "run_dir": night.run_dir, "meta": json.dumps(night.meta, sort_keys=True),
         "facts": json.dumps({name: night.facts.get(name) for name in FACTS}, sort_keys=True),
     }
     return _write(db_path, values, night.run_id, on_wait, store.LOCK_TIMEOUT_S if wait_s is None else wait_s)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from qual.baseline import BaselineComparison
 from qual.report.common import ci_pp, num, pct, pp
 from qual.result import Result
+from qual.shown import command
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,20 @@ def forced(b: BaselineComparison) -> str | None:
         return None
     keys = "; ".join(f"{d['key']}: baseline {_short(str(d['baseline']))}, tonight {_short(str(d['tonight']))}"
                      for d in b.key_differences)
-    how = ("the last pass of the series before this one (pin this night to make it its series' baseline: "
-           "`qual history baseline pin ID`)" if b.chosen_by == "previous series" else "taken with --baseline-any")
+    how = ("the last pass of the series before this one" if b.chosen_by == "previous series"
+           else "taken with --baseline-any")
     return f"another configuration, {how}: {keys}"
+
+
+PIN_HINT = "pin this night to make it its series' baseline"  # followed by pin_command's command
+
+
+def pin_command(b: BaselineComparison, night: object, history: object = None) -> str | None:
+    """The shell command that pins tonight (night: its history id, or its run folder) as the baseline of its new
+    series, where the baseline was the series before tonight's; None elsewhere, or where the night is not known."""
+    if night is None or not b.key_differences or b.chosen_by != "previous series":
+        return None
+    return command(["qual", "history", "baseline", "pin", night, *(["--history", history] if history else [])])
 
 
 def changed(b: BaselineComparison) -> str | None:

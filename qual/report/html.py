@@ -58,7 +58,7 @@ def _figures(result: Result, salt: str = "") -> dict[str, Markup]:
     }
 
 
-def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
+def _detail(result: Result, report_dir: Path | None, pid: str = "", history: str | Path | None = None) -> dict:
     """What the sections of one comparison (detail.html.j2) show; pid prefixes its element ids and figure ids (a
     sweep's page holds one detail per candidate)."""
     categories = sorted(
@@ -90,6 +90,8 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
         bl_arms=bview.arm_rows(bl) if bl is not None else [],
         bl_differs=bview.differs(bl) if bl is not None else [],
         bl_forced=bview.forced(bl) if bl is not None else None,
+        bl_pin=bview.pin_command(bl, report_dir, history) if bl is not None else None,
+        pin_hint=bview.PIN_HINT,
         bl_changed=bview.changed(bl) if bl is not None else None,
         bl_selection=bview.selection(bl) if bl is not None else None,
         bl_position_arms=position_arms,
@@ -104,11 +106,12 @@ def _detail(result: Result, report_dir: Path | None, pid: str = "") -> dict:
     )
 
 
-def render(result: Result, report_dir: Path | None = None) -> str:
+def render(result: Result, report_dir: Path | None = None, history: str | Path | None = None) -> str:
     """The report page as a string; links to the arms' logs and the files beside the page are relative to report_dir
-    (the page's folder)."""
+    (the page's folder); history (the database the run is recorded in) and report_dir name the night in the command
+    that pins it."""
     template = environment().get_template("report.html.j2")
-    return template.render(**_detail(result, report_dir), files=siblings.siblings(report_dir))
+    return template.render(**_detail(result, report_dir, history=history), files=siblings.siblings(report_dir))
 
 
 def render_sweep(sweep: SweepResult, report_dir: Path | None = None) -> str:
@@ -125,7 +128,8 @@ def render_sweep(sweep: SweepResult, report_dir: Path | None = None) -> str:
         control_line=matrix.control_line(sweep), files=siblings.siblings(report_dir))
 
 
-def write(result: Result | SweepResult, path: str | Path) -> Path:
+def write(result: Result | SweepResult, path: str | Path, history: str | Path | None = None) -> Path:
+    """report.html at path, in the run's folder; history: the database the run is recorded in (None: not recorded)."""
     if isinstance(result, SweepResult):
         return write_text(path, render_sweep(result, Path(path).parent))
-    return write_text(path, render(result, Path(path).parent))
+    return write_text(path, render(result, Path(path).parent, history))

@@ -22,9 +22,26 @@ def cell(text: object) -> str:
     return s.replace("|", "\\|").replace("`", "\\`")
 
 
+def code(text: object, in_table: bool = False) -> str:
+    """Untrusted text as an inline code span that renders as written whatever it holds (CommonMark: inside a span
+    nothing is markup, so nothing is escaped but what GitHub reads before spans): the span is opened and closed by a
+    run of backticks longer than any inside, with a space inside each end where the text starts or ends with a
+    backtick or a space (the renderer strips one from each end). In a table cell `|` is escaped: GFM splits a row
+    into cells before it reads spans, and unescapes `\\|` inside them."""
+    s = safe(re.sub(r"[\r\n]+", " ", str(text))) or " "
+    if in_table:
+        s = s.replace("|", "\\|")
+    ticks = "`" * (_longest_backticks(s) + 1)
+    pad = " " if s.strip(" ") and (s[0] in "` " or s[-1] in "` ") else ""  # all spaces: never stripped
+    return f"{ticks}{pad}{s}{pad}{ticks}"
+
+
+def _longest_backticks(text: str) -> int:
+    return max((len(m) for m in re.findall(r"`+", text)), default=0)
+
+
 def _fence(text: str) -> str:
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    return "`" * max(3, longest + 1)
+    return "`" * max(3, _longest_backticks(text) + 1)
 
 
 # The verdict's heading by the gate's outcome
@@ -33,8 +50,9 @@ HEADINGS = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCO
 MARKS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
 
 
-def render(result: Result) -> str:
-    """The summary as Markdown text."""
+def render(result: Result, folder: str | Path | None = None, history: str | Path | None = None) -> str:
+    """The summary as Markdown text; folder (the run's) and history (its database) name the night in the command
+    that pins it."""
     n_pass = sum(c.passed for c in result.gate.checks)
     c_dcp, k_dcp = result.control.config.get("dcp"), result.candidate.config.get("dcp")
     note = common.inconclusive_note(result.gate)
@@ -42,7 +60,7 @@ def render(result: Result) -> str:
         f"## {HEADINGS[result.gate.outcome]}: qual {cell(common.title(result))}",
         "",
         f"{n_pass}/{len(result.gate.checks)} gate checks passed on {common.replayed(result)} "
-        f"of `{cell(result.corpus.name)}`.",
+        f"of {code(result.corpus.name)}.",
         "",
         *_interval_note(common.interval_note(result)),
         *([f"⚠️ {cell(note)}.", ""] if note else []),
@@ -56,7 +74,7 @@ def render(result: Result) -> str:
     ]
     lines += _latency(result)
     if result.baseline is not None:
-        lines += _baseline(result)
+        lines += _baseline(result, folder, history)
     cats = [r for r in result.comparison.per_category if r.get("delta") is not None]
     if len(cats) > 1:
         cats.sort(key=lambda r: (r["delta"], r["category"]))
@@ -75,7 +93,7 @@ def render(result: Result) -> str:
         lines += ["", "### ⚠️ The arms' provenance differs", ""] + [f"- {cell(w)}" for w in result.warnings]
     lines += ["", "### Engines and provenance", "", "| | control | candidate |", "|---|---|---|"]
     lines += [f"| {cell(f.label)} | {cell(f.control)} | {cell(f.candidate)} |" for f in provenance.engine_facts(result)]
-    lines += ["", f"Corpus fingerprint: `{cell(result.corpus.fingerprint)}`", ""]
+    lines += ["", f"Corpus fingerprint: {code(result.corpus.fingerprint)}", ""]
     if result.reproduce:
         fence = _fence(result.reproduce)
         lines += ["Reproduce:", "", f"{fence}sh", safe(result.reproduce), fence, ""]
@@ -94,7 +112,7 @@ def _headline(result: Result, c_dcp, k_dcp) -> list[str]:
 
 def _meta(meta: dict[str, str]) -> list[str]:
     """The night's --meta labels, one line."""
-    return [", ".join(f"{cell(k)}: `{cell(v)}`" for k, v in meta.items()), ""] if meta else []
+    return [", ".join(f"{cell(k)}: {code(v)}" for k, v in meta.items()), ""] if meta else []
 
 
 def _checks(result: Result) -> list[str]:
@@ -108,20 +126,21 @@ def render_sweep(sweep: SweepResult) -> str:
     rows = matrix.rows(sweep)
     lines = [f"## {HEADINGS['pass' if sweep.passed else 'fail']}: qual {cell(matrix.title(sweep))}", "",
              f"{sum(r.passed for r in rows)}/{len(rows)} candidates passed their gate on {sweep.corpus.count} requests "
-             f"of `{cell(sweep.corpus.name)}`; {cell(matrix.control_line(sweep))}.", "",
+             f"of {code(sweep.corpus.name)}; {cell(matrix.control_line(sweep))}.", "",
              *_interval_note(matrix.interval_note(sweep))]
     lines += [f"⚠️ {cell(n)}." for n in sweep.notes] + ([""] if sweep.notes else [])
     lines += ["| candidate | settings | acceptance | Δ vs control (95% CI) | mean acceptance length ratio | "
               "target outputs identical | graph sizes | verdict |", "|---|---|---:|---|---:|---|---|---|"]
-    lines += [f"| `{cell(r.name)}` | {cell(r.settings)} | {r.rate} | {r.delta} {r.ci} | {r.mal_ratio} | {cell(r.identical)} | "
-              f"{cell(r.graphs)} | {MARKS[r.outcome]} {r.verdict}{': ' + cell(', '.join(r.failed)) if r.failed else ''} |"
+    lines += [f"| {code(r.name, in_table=True)} | {cell(r.settings)} | {r.rate} | {r.delta} {r.ci} | {r.mal_ratio} | "
+              f"{cell(r.identical)} | {cell(r.graphs)} | "
+              f"{MARKS[r.outcome]} {r.verdict}{': ' + cell(', '.join(r.failed)) if r.failed else ''} |"
               for r in rows]
     for name, result in sweep.results():
-        lines += ["", f"### {HEADINGS[result.gate.outcome]} `{cell(name)}`: {cell(common.title(result))}", "",
+        lines += ["", f"### {HEADINGS[result.gate.outcome]} {code(name)}: {cell(common.title(result))}", "",
                   *_headline(result, result.control.config.get("dcp"), result.candidate.config.get("dcp")), "",
                   *_checks(result)]
         lines += ["", *(f"- ⚠️ {cell(w)}" for w in result.warnings)] if result.warnings else []
-    lines += ["", f"Corpus fingerprint: `{cell(sweep.corpus.fingerprint)}`", ""]
+    lines += ["", f"Corpus fingerprint: {code(sweep.corpus.fingerprint)}", ""]
     if sweep.reproduce:
         fence = _fence(sweep.reproduce)
         lines += ["Reproduce:", "", f"{fence}sh", safe(sweep.reproduce), fence, ""]
@@ -147,12 +166,12 @@ def _speedup(result: Result) -> list[str]:
                   for line in lines)] if lines else []
 
 
-def _baseline(result: Result) -> list[str]:
+def _baseline(result: Result, folder: str | Path | None, history: str | Path | None) -> list[str]:
     b = result.baseline
     lines = ["", f"### Against the baseline: {cell(b.label)}", "",
-             f"`{cell(b.result_path)}` ({cell(b.chosen_by)}, created {cell(b.created_at)}). "
+             f"{code(b.result_path)} ({cell(b.chosen_by)}, created {cell(b.created_at)}). "
              f"Differs: {cell('; '.join(bview.differs(b, limit=6)) or 'nothing but the time it ran')}.", "",
-             *([f"⚠️ {cell(bview.forced(b))}.", ""] if bview.forced(b) else []),
+             *_forced(b, folder, history),
              *([f"{cell(bview.selection(b))}.", ""] if bview.selection(b) else []),
              "| arm | requests | baseline | tonight | Δ (95% CI) | mean acceptance length |", "|---|---:|---:|---:|---|---|"]
     for a in bview.arm_rows(b):
@@ -169,13 +188,22 @@ def _baseline(result: Result) -> list[str]:
                                                     for c in p.cells) + " |" for p in positions]
     moved = bview.moved(b, 5)
     if moved:
-        lines += ["", "Moved most: " + ", ".join(f"`{cell(m['id'])}` ({m['arm']}) {common.pct(m['baseline_rate'])} → "
+        lines += ["", "Moved most: " + ", ".join(f"{code(m['id'])} ({m['arm']}) {common.pct(m['baseline_rate'])} → "
                                                   f"{common.pct(m['tonight_rate'])}" for m in moved) + "."]
     trend = bview.trend_points(result)[-10:]
     if len(trend) > 1:
         strip = " → ".join(f"{common.pct(p[2], 1)}{' (baseline)' if p[3] else ''}" for p in trend)
         lines += ["", f"Candidate over the last {len(trend) - 1} runs of this configuration and tonight: {strip}."]
     return lines
+
+
+def _forced(b, folder: str | Path | None, history: str | Path | None) -> list[str]:
+    """Where the baseline is of another configuration: what differs, and the command that pins this night."""
+    line = bview.forced(b)
+    if line is None:
+        return []
+    pin = bview.pin_command(b, folder, history)
+    return [f"⚠️ {cell(line)}" + (f"; {cell(bview.PIN_HINT)}: {code(pin)}" if pin else "") + ".", ""]
 
 
 @dataclass(frozen=True)
@@ -208,5 +236,8 @@ def write_error(summary: ErrorSummary, path: str | Path) -> Path:
     return write_text(path, render_error(summary))
 
 
-def write(result: Result | SweepResult, path: str | Path) -> Path:
-    return write_text(path, render_sweep(result) if isinstance(result, SweepResult) else render(result))
+def write(result: Result | SweepResult, path: str | Path, history: str | Path | None = None) -> Path:
+    """summary.md at path, in the run's folder; history: the database the run is recorded in (None: not recorded)."""
+    if isinstance(result, SweepResult):
+        return write_text(path, render_sweep(result))
+    return write_text(path, render(result, Path(path).parent, history))

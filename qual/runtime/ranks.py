@@ -51,7 +51,10 @@ def _worker_main(rank: int, cfg: EngineConfig, specs: tuple, rendezvous_dir: str
         print(f"rank {rank}: error: {exc}", file=sys.stderr, flush=True)
         os._exit(1)
     except Exception:
-        traceback.print_exc()
+        # The driver stopped (a signal, an error) and removed the rendezvous while this rank started or ran: it says
+        # why; this rank's failure to reach the rendezvous is that stop, not a second error (stderr stays quiet).
+        if Path(rendezvous_dir).is_dir():
+            traceback.print_exc()
         os._exit(1)  # a dead peer fails rank 0's next collective at once
     # Done: skip interpreter teardown. Gloo's threads can still hold tensors then, and destroying them aborted
     # about one worker in six ("terminate called without an active exception", exit code -6) after a clean run.
