@@ -38,7 +38,7 @@ def _one_line(capsys) -> str:
 def test_a_broken_renderer_is_exit_4_with_the_traceback_in_the_run_directory(profile, tmp_path, monkeypatch, capsys):
     import qual.report.markdown
 
-    def broken(result, path):
+    def broken(*args, **kwargs):
         raise ZeroDivisionError("injected: the markdown renderer divides by zero")
 
     monkeypatch.setattr(qual.report.markdown, "write", broken)
@@ -90,7 +90,7 @@ def test_a_bug_before_the_run_directory_exists_saves_a_temporary_file(profile, t
 def test_a_multiline_message_stays_one_bounded_line(profile, tmp_path, monkeypatch, capsys):
     import qual.report.markdown
 
-    def broken(result, path):
+    def broken(*args, **kwargs):
         raise RuntimeError("first line " + "x" * 500 + "\nsecond line")
 
     monkeypatch.setattr(qual.report.markdown, "write", broken)
@@ -161,7 +161,7 @@ def test_an_error_row_that_cannot_be_written_keeps_the_runs_own_exit_code(profil
     import qual.harness.error_night
     import qual.report.markdown
 
-    def broken(result, path):
+    def broken(*args, **kwargs):
         raise ZeroDivisionError("injected: the markdown renderer divides by zero")
 
     def damaged(*a, **k):
