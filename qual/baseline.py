@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from qual.nights import axis_choices, is_axis
 from qual.stats import ci_key
 
 ARMS = ("control", "candidate")
@@ -83,7 +84,8 @@ class BaselineComparison:
     arms: dict[str, BaselineArm] = field(default_factory=dict)
     """Each arm of tonight against the same arm of the baseline"""
     trend: list[dict] = field(default_factory=list)
-    """Earlier runs of tonight's configuration, oldest first"""
+    """Earlier runs of tonight's configuration, oldest first: run_id, created_at, verdict, each arm's rate, baseline,
+    and what an axis reads: engine, qual (version and commit), meta (--meta labels)"""
     bootstrap: dict = field(default_factory=dict)
     """How the intervals were computed"""
     forced: bool = False
@@ -93,6 +95,9 @@ class BaselineComparison:
     changed: list[str] = field(default_factory=list)
     """What changed between the baseline's night and tonight beside the key, one phrase each: the engine's version,
     torch, CUDA, the driver, the GPU, the host, qual ("engine vllm 0.32.0 -> 0.33.0")"""
+    axis: str = "date"
+    """What the report's strip of the trend runs along (qual run --axis): date, engine, qual or meta:KEY; date in a
+    result written before it"""
 
     @property
     def label(self) -> str:
@@ -108,4 +113,7 @@ class BaselineComparison:
     def from_json(cls, d: dict) -> "BaselineComparison":
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         known["arms"] = {name: BaselineArm.from_json(a) for name, a in (d.get("arms") or {}).items()}
+        axis = known.get("axis", "date")
+        if not isinstance(axis, str) or not is_axis(axis):
+            raise TypeError(f"baseline.axis: expected {axis_choices()}, got {axis!r:.60}")
         return cls(**known)

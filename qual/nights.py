@@ -64,11 +64,21 @@ def parse_meta(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
     return out
 
 
+def is_axis(axis: str) -> bool:
+    """date, engine, qual or meta:KEY (KEY as --meta spells it)."""
+    return axis in AXES or (axis.startswith(META_PREFIX) and bool(_META_KEY.fullmatch(axis[len(META_PREFIX):])))
+
+
+def axis_choices() -> str:
+    """'date, engine, qual or meta:KEY': what --axis takes, for its messages."""
+    return f"{', '.join(AXES)} or {META_PREFIX}KEY"
+
+
 def check_axis(axis: str) -> str:
     """date | engine | qual | meta:KEY, else exit 2 naming them."""
-    if axis in AXES or (axis.startswith(META_PREFIX) and _META_KEY.fullmatch(axis[len(META_PREFIX):])):
+    if is_axis(axis):
         return axis
-    raise QualError(f"--axis {_shown(axis)}: expected one of {', '.join(AXES)} or {META_PREFIX}KEY")
+    raise QualError(f"--axis {_shown(axis)}: expected one of {axis_choices()}")
 
 
 def axis_value(axis: str, created_at: str, facts: dict[str, Any], meta: dict[str, str]) -> str | None:

@@ -25,9 +25,9 @@ def qual(*args, timeout=600):
 def nights(tmp_path_factory):
     root = tmp_path_factory.mktemp("nights")
     db = root / "history.sqlite"
-    first = qual("run", *SMALL, "--out", root / "night1", "--history", db)
+    first = qual("run", *SMALL, "--meta", "deploy=d1", "--out", root / "night1", "--history", db)
     second = qual("run", *SMALL, "--gate", shipped("gate", "nightly-baseline"), "--baseline", "history:last-pass",
-                  "--out", root / "night2", "--history", db)
+                  "--meta", "deploy=d2", "--axis", "meta:deploy", "--out", root / "night2", "--history", db)
     return root, db, first, second
 
 
@@ -51,6 +51,9 @@ def test_an_unchanged_night_passes_against_its_own_baseline(nights):
     # the only differences between the nights are not in the arms' configs
     assert b["differs"] == []
     assert [t["run_id"] for t in b["trend"]] == [1] and b["trend"][0]["baseline"] is True
+    # the strip runs along --axis, recorded with what each night holds for it, and reproduced
+    assert b["axis"] == "meta:deploy" and b["trend"][0]["meta"] == {"deploy": "d1"}
+    assert "--meta deploy=d2 --axis meta:deploy" in r["reproduce"]
 
 
 def test_the_reports_carry_the_baseline(nights):
@@ -60,6 +63,8 @@ def test_the_reports_carry_the_baseline(nights):
     html = (out / "report.html").read_text()
     assert "Against the baseline" in html and "run 1 (last pass)" in html
     assert html.count("<svg") == 3 and "recorded runs of this configuration and tonight" in html  # the trend strip
+    strip = html[html.index("Against the baseline"):html.index("Acceptance per draft position")]
+    assert ">d1</text>" in strip and ">d2</text>" in strip and ">meta:deploy</text>" in strip  # along --axis
     md = (out / "summary.md").read_text()
     assert "### Against the baseline: run 1 (last pass)" in md and "| control | 6 |" in md
     props = {p.get("name"): p.get("value") for p in ET.parse(out / "junit.xml").iter("property")}

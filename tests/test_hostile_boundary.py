@@ -460,7 +460,7 @@ def test_the_reproduce_command_parses_back_to_the_same_run():
                  corpus="a b.jsonl", chat_template="c.jinja", limit=8, max_tokens=16, draft_kv="replicated,sharded",
                  temperature=0.0, seed=3, gate="nightly-baseline", device="cpu", dtype="float32", dsa_topk=None,
                  baseline="history:last-pass", baseline_any=True, baseline_required=True,
-                 meta=("ci_run=https://ci/run 1", "cluster=a'b"), speedup=True)
+                 meta=("ci_run=https://ci/run 1", "cluster=a'b"), axis="meta:ci_run", speedup=True)
     opts = run_options(**given)
     argv = shlex.split(opts.command())
     assert argv[:2] == ["qual", "run"]

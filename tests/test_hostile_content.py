@@ -296,6 +296,18 @@ def test_a_run_json_from_before_the_seal_is_resumable_with_a_warning(tmp_path):
                            "detected",)
 
 
+def test_a_run_json_axis_is_checked_as_the_flag_is(tmp_path):
+    """--resume reads --axis from run.json: one that is no axis is refused by name; one from before --axis existed
+    reads as the date."""
+    from qual.harness.plan import RunOptions, load_plan
+
+    options = asdict(RunOptions())
+    with pytest.raises(QualError, match="axis: .*expected one of date, engine, qual or meta:KEY"):
+        load_plan(_run_json(tmp_path, options={**options, "axis": "gpu"}))
+    del options["axis"]
+    assert load_plan(_run_json(tmp_path, options=options)).options.axis == "date"
+
+
 @pytest.mark.parametrize("run_id", ["../../etc", "", "a/b", "x" * 65, ".hidden", 5])
 def test_a_run_id_that_is_no_run_id_is_refused(run_id, tmp_path):
     from qual.harness.plan import load_plan

@@ -298,6 +298,82 @@ def test_a_result_with_a_baseline_round_trips(against_baseline, tmp_path):
     assert back.to_json() == against_baseline.to_json() and back.baseline.label == "run 2 (pinned)"
 
 
+# Three recorded nights before tonight: (engine version, qual commit, --meta deploy); tonight's engine is the synthetic
+# runs' own (qual-reference 0.1.0), its qual this checkout's, its deploy d4
+STRIP_NIGHTS = [("qual-reference 0.1.0", "1" * 40, "d1"), ("qual-reference 0.2.0", "1" * 40, "d2"),
+                ("qual-reference 0.2.0", "2" * 40, "d3")]
+
+
+def _strip_result(root, axis: str):
+    """Tonight against night 2 of three recorded nights whose engine and --meta deploy differ, drawn along axis."""
+    base = _hostile_result(p_candidate=0.75)
+    resolved = as_baseline(base, root / "night" / "result.json", history_id=2, chosen_by="pinned")
+    db = root / "h.sqlite"
+    for day, (engine, commit, deploy) in enumerate(STRIP_NIGHTS, 1):
+        provenance = replace(base.candidate.provenance, qual_version="0.1.0", qual_commit=commit,
+                             qual_checkout_dirty=False)
+        night = replace(base, created_at=f"2026-11-2{day}T02:00:00+00:00", meta={"deploy": deploy},
+                        candidate=replace(base.candidate, engine_version=engine, provenance=provenance))
+        history.record_run(db, night, resolved.path)
+    return build_result(base.corpus, (base.control.config, synthetic_run_info(base.control.per_request),
+                                      base.control.per_request),
+                        (base.candidate.config, synthetic_run_info(base.candidate.per_request),
+                         base.candidate.per_request), synthetic_gate([]), 0, n_resamples=50, baseline=resolved,
+                        trend=history.list_runs(db), meta={"deploy": "d4"}, axis=axis)
+
+
+def _strip_svg(result) -> str:
+    page = html.render(result)
+    section = page[page.index("Against the baseline"):page.index("Acceptance per draft position")]
+    return section[section.index("<svg"):section.index("</svg>")]
+
+
+@pytest.mark.parametrize("axis, labels", [
+    # a column a night, labelled where the value changes: tonight's engine is the first night's again
+    ("engine", ["qual-reference 0.1.0", "qual-reference 0.2.0", "qual-reference 0.1.0"]),
+    ("qual", ["0.1.0 111111111111", "0.1.0 222222222222", "tonight's"]),
+    ("meta:deploy", ["d1", "d2", "d3", "d4"]),
+])
+def test_the_strip_runs_along_the_recorded_axis(tmp_path, axis, labels):
+    from qual.nights import facts_of
+
+    result = _strip_result(tmp_path, axis)
+    labels = [facts_of(result)["qual"] if label == "tonight's" else label for label in labels]
+    assert result.baseline.axis == axis
+    assert [(t["engine"], t["qual"], t["meta"]) for t in result.baseline.trend] == [
+        (engine, f"0.1.0 {commit[:12]}", {"deploy": deploy}) for engine, commit, deploy in STRIP_NIGHTS]
+    strip = _strip_svg(result)
+    texts = re.findall(r">([^<>]+)</text>", strip)
+    assert texts[:len(labels) + 1] == [*labels, axis]  # the columns' labels, then the axis's name
+    # the engine's changes are marked along any axis; tonight named, the baseline ringed
+    marks = texts[len(labels) + 1:]
+    assert {"qual-reference 0.2.0", "qual-reference 0.1.0", "engine changed", "tonight", "baseline"} <= set(marks)
+    assert f"tonight, along {axis} (qual run --axis)" in html.render(result)
+
+
+def test_a_result_from_before_the_strip_had_an_axis_renders_along_the_date(tmp_path):
+    import json
+
+    from qual.errors import QualError
+    from qual.result import load_result, save_result
+
+    path = save_result(_strip_result(tmp_path, "meta:deploy"), tmp_path / "result.json")
+    old = json.loads(path.read_text())
+    del old["baseline"]["axis"]
+    for night in old["baseline"]["trend"]:
+        del night["qual"], night["meta"]
+    path.write_text(json.dumps(old))
+    back = load_result(path)
+    assert back.baseline.axis == "date"
+    strip = _strip_svg(back)
+    assert ">meta:deploy</text>" not in strip and ">d1</text>" not in strip and ">tonight</text>" in strip
+    assert "tonight, along the date (UTC)" in html.render(back)
+    old["baseline"]["axis"] = "gpu"  # no axis qual draws: refused by name, not drawn along nothing
+    path.write_text(json.dumps(old))
+    with pytest.raises(QualError, match=r"baseline\.axis: expected date, engine, qual or meta:KEY, got 'gpu'"):
+        load_result(path)
+
+
 def _vllm_result(tmp_path):
     """A result whose arms ran on vLLM builds that differ in what the report must surface."""
     from qual.records import EngineBuild, HostFacts

@@ -99,6 +99,9 @@ def test_bad_corpus_is_exit_2_one_line_and_no_history(profile, tmp_path, capsys,
     (["--engine", "magic"], "--engine"),
     (["--limit", "abc"], "Invalid value for '--limit'"),  # typer >= 0.29 raises its own copy of click's errors
     (["--no-such-flag"], "No such option"),
+    (["--axis", "gpu"], "--axis 'gpu': expected one of date, engine, qual or meta:KEY"),  # as `history trend`'s
+    (["--axis", "engine"], "--axis engine without --baseline: it says what the report's strip"),  # no strip to draw
+    (["--baseline-any"], "--baseline-any without --baseline"),
 ])
 def test_bad_options_are_exit_2(profile, tmp_path, capsys, args, needle):
     if "--model" not in args:
@@ -106,7 +109,7 @@ def test_bad_options_are_exit_2(profile, tmp_path, capsys, args, needle):
     proc = cli(capsys, "run", *args, "--out", tmp_path / "o", "--history", tmp_path / "h.sqlite")
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert history_rows(tmp_path / "h.sqlite") == 0
+    assert history_rows(tmp_path / "h.sqlite") == 0 and not (tmp_path / "o").exists()  # refused before any work
 
 
 def test_unwritable_out_or_history_is_exit_2_before_any_work(profile, tmp_path, capsys):

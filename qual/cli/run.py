@@ -114,6 +114,10 @@ def run_command(
                                              help="A label of this night (a deployment commit, a CI run's URL, a "
                                              "cluster), repeatable: recorded in result.json, the history and the "
                                              "reports."),
+    axis: str = typer.Option("date", "--axis", metavar="date|engine|qual|meta:KEY", rich_help_panel=OUTPUTS,
+                             help="With --baseline: what the report's strip of this series' recorded nights runs along, "
+                             "as `qual history trend --axis`: date, engine (its version), qual (version and commit) or "
+                             "meta:KEY."),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR", rich_help_panel=OUTPUTS, help="Output directory, "
                                       "new or empty (default ./reports/<time>-<model>-dcp<N>/)."),
     history: Optional[str] = typer.Option(None, "--history", metavar="FILE", rich_help_panel=OUTPUTS,
@@ -167,7 +171,7 @@ def run_command(
                               max_tokens=max_tokens, draft_kv=draft_kv, temperature=temperature, seed=seed, gate=gate,
                               out=out, history=history, device=device, dtype=dtype,
                               dsa_topk=dsa_topk, numerics=numerics, baseline=baseline, baseline_any=baseline_any,
-                              baseline_required=baseline_required, meta=meta, control_url=control_url,
+                              baseline_required=baseline_required, meta=meta, axis=axis, control_url=control_url,
                               candidate_url=candidate_url, api_key_env=api_key_env, exclusive=exclusive,
                               max_concurrency=max_concurrency, speedup=speedup)
         plan = make_plan(options, dry_run=dry_run)

@@ -223,9 +223,11 @@ def baseline_comparison(
     confidence_levels: Sequence[float] = (0.95,),
     trend: Sequence[HistoryRun] = (),
     tonight: Result | None = None,
+    axis: str = "date",
 ) -> BaselineComparison:
     """Each of tonight's arms against the baseline's same arm, what differs between the runs (their configs, and what
-    changed beside them: engine, torch, qual), and the trend."""
+    changed beside them: engine, torch, qual), and the trend (each night with what every axis needs; drawn along
+    axis)."""
     base = resolved.result
     compared = {}
     for name in ARMS:
@@ -251,8 +253,9 @@ def baseline_comparison(
         arms=compared,
         trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.outcome, "control_rate": r.control_rate,
                 "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id,
-                "engine": r.facts.get("engine")}
+                "engine": r.facts.get("engine"), "qual": r.facts.get("qual"), "meta": dict(r.meta)}
                for r in sorted(trend, key=lambda r: (r.created_at, r.id)) if not r.is_error],
+        axis=axis,
         bootstrap={"unit": resampling_unit([r for a in arms.values() for r in a.per_request]),
                    "method": f"paired {METHOD}, matched by request id", "resamples": n_resamples, "seed": seed},
     )
@@ -274,6 +277,7 @@ def build_result(
     plain: tuple[ArmConfig | dict, ArmRunInfo, Sequence[RequestResult]] | None = None,
     meta: dict[str, str] | None = None,
     first_night: bool = False,
+    axis: str = "date",
 ) -> Result:
     """Summarise both arms, compare them (paired, bootstrapped) and with the baseline if given, evaluate the gate.
 
@@ -281,7 +285,7 @@ def build_result(
     collected here unless given (`qual compare` keeps what the earlier runs recorded). plain (`--speedup`): the
     candidate's configuration without the drafter, compared with the candidate (it decides nothing in the gate).
     meta: the night's --meta labels; first_night: history:last-pass found nothing to compare with (the gate's
-    baseline rules are skipped, saying so).
+    baseline rules are skipped, saying so); axis: what the report's strip of the trend runs along (--axis).
     """
     gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
     corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
@@ -321,7 +325,7 @@ def build_result(
     if baseline is not None:
         result.baseline = baseline_comparison(baseline, result.arms, seed=seed, n_resamples=n_resamples,
                                               confidence_levels=baseline_confidences(gate), trend=trend,
-                                              tonight=result)
+                                              tonight=result, axis=axis)
     result.gate = evaluate(gate, result)
     return result
 

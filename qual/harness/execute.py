@@ -265,7 +265,8 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
     results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate_path, plan.options.seed,
                                    reproduce=plan.options.command(plan.engine), created_at=created_at,
                                    baseline=plan.baseline, trend=trend, plain=arms.get(PLAIN_ARM),
-                                   meta=plan.options.meta, first_night=plan.first_night))
+                                   meta=plan.options.meta, first_night=plan.first_night,
+                                   axis=plan.options.axis))
                for name in plan.candidates]
     if plan.is_sweep:
         note = sweep.tp_note(plan.arms)

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from qual import paths, shown
@@ -31,7 +31,7 @@ from qual.harness.inputs import check_sealed, checkpoint_records, identities, ru
 from qual.harness.turns import ChatPrompts, Conversation, request_ids
 from qual.history import check_history
 from qual.inventory import hub_download_command
-from qual.nights import parse_meta
+from qual.nights import axis_choices, check_axis, is_axis, parse_meta
 from qual.options import (DEFAULT_DCP, DEFAULT_DEVICE, DEFAULT_DRAFT_KV, DEFAULT_ENGINE, DEFAULT_TEMPERATURE,
                           MAX_SEED, REVISION_KEYS, SWEEP_SEPARATOR, Device, DraftKv, DsaTopk, Dtype, Numerics,
                           check_layout)
@@ -49,6 +49,15 @@ def _text():
     """An optional name or path: "" is a mistake, never "use the default"."""
     return Field(None, min_length=1)
 
+
+def _axis(value: str) -> str:
+    if not is_axis(value):
+        raise ValueError(f"expected one of {axis_choices()}")
+    return value
+
+
+# --axis as run.json holds it: checked on --resume as on the command line
+Axis = Annotated[str, AfterValidator(_axis)]
 
 
 @checked_dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid", allow_inf_nan=False))
@@ -85,6 +94,7 @@ class RunOptions:
     baseline_any: bool = False  # take a baseline of another configuration key (the differences are recorded)
     baseline_required: bool = False  # history:last-pass with nothing to compare with is exit 2, not a first night
     meta: dict[str, str] | None = None  # --meta KEY=VALUE: the night's labels (qual.nights.parse_meta)
+    axis: Axis = "date"  # what the report's strip of this series' nights runs along (qual.nights.axis_value)
     # Attach mode (an engine that `attaches`): the running servers of both arms, and how to use them.
     control_url: str | None = _text()
     candidate_url: str | None = _text()
@@ -116,6 +126,8 @@ class RunOptions:
             parts.append("--baseline-required")
         for key, value in (self.meta or {}).items():
             parts += ["--meta", f"{key}={value}"]  # quoted once, by shown.command
+        if self.axis != "date":
+            parts += ["--axis", self.axis]
         if self.speedup:
             parts.append("--speedup")
         parts += ["--temperature", f"{self.temperature:g}", "--seed", str(self.seed)]
@@ -140,6 +152,8 @@ def run_options(**values) -> RunOptions:
     """RunOptions from the command line ("2,4" in a swept flag is a list, --meta's pairs a mapping); a bad value is a
     QualError naming its flag."""
     values["meta"] = parse_meta(values.get("meta") or ()) or None
+    if "axis" in values:  # refused in `qual history trend --axis`'s words, before any work
+        check_axis(values["axis"])
     return parse_flags(RunOptions, **sweep.split_flags(values))
 
 
@@ -567,6 +581,9 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     plan.notes = _corpus_notes(corpus) + list(dict.fromkeys(n for arm in arms.values() for n in engine.notes(arm)))
     if o.baseline_any and o.baseline is None:
         raise QualError("--baseline-any without --baseline: it lets a baseline of another configuration serve")
+    if o.axis != "date" and o.baseline is None:
+        raise QualError(f"--axis {o.axis} without --baseline: it says what the report's strip of the series' recorded "
+                        "nights runs along, which only a run against a baseline has")
     if o.baseline_required and o.baseline != LAST_PASS:
         raise QualError(f"--baseline-required applies to --baseline {LAST_PASS} (a series' first night, which has "
                         "nothing to compare with, is then exit 2)")

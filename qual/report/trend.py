@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from qual.history import HistoryRun, StepChange, position
+from qual.nights import axis_value, facts_of
 from qual.report.plots import Column, Panel, arm_lines
 
 TONIGHT = 0  # the strip's column of the run being reported (recorded rows are numbered from 1)
@@ -49,14 +50,25 @@ def arms_panel(label: str, runs: Sequence[HistoryRun], columns: Sequence[Column]
 
 def strip_panel(result) -> Panel:
     """The report's strip (a qual.result.Result judged against a baseline): both arms over the last recorded runs of
-    its configuration and tonight, along the date, the baseline ringed, tonight named."""
-    trend = result.baseline.trend
-    nights = [*trend, {"run_id": TONIGHT, "created_at": result.created_at, "verdict": result.gate.outcome,
-                       "control_rate": result.control.acceptance.rate,
-                       "candidate_rate": result.candidate.acceptance.rate, "engine": result.candidate.engine_version}]
-    columns = [Column(t["run_id"], when(t["created_at"]), None, t["verdict"], t.get("engine"),
+    its configuration and tonight, along the recorded axis (qual run --axis; a result without one: the date), the
+    baseline ringed, tonight named."""
+    bl = result.baseline
+    tonight = {"run_id": TONIGHT, "created_at": result.created_at, "verdict": result.gate.outcome,
+               "control_rate": result.control.acceptance.rate, "candidate_rate": result.candidate.acceptance.rate,
+               "engine": result.candidate.engine_version, "qual": facts_of(result)["qual"], "meta": result.meta}
+    nights = [*bl.trend, tonight]
+    columns = [Column(t["run_id"], when(t["created_at"]), strip_value(t, bl.axis), t["verdict"], t.get("engine"),
                       title=f"run {t['run_id']}" if t["run_id"] != TONIGHT else "tonight") for t in nights]
-    rings = [(i, t["candidate_rate"]) for i, t in enumerate(trend) if t["baseline"] and t["candidate_rate"] is not None]
+    rings = [(i, t["candidate_rate"]) for i, t in enumerate(bl.trend)
+             if t["baseline"] and t["candidate_rate"] is not None]
     return Panel("acceptance (%)", columns, arm_lines([t["control_rate"] for t in nights],
                                                       [t["candidate_rate"] for t in nights]),
                  rings=rings, ring_label="baseline", tonight=len(nights) - 1)
+
+
+def strip_value(night: dict, axis: str) -> str | None:
+    """A strip record's place on the axis (qual.nights.axis_value): a record written before the strip followed an
+    axis holds no qual label or --meta labels, and reads as a night that did not record them."""
+    meta = night.get("meta")
+    return axis_value(axis, night["created_at"], {"engine": night.get("engine"), "qual": night.get("qual")},
+                      meta if isinstance(meta, dict) else {})
