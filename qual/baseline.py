@@ -14,6 +14,9 @@ from qual.nights import axis_choices, is_axis
 from qual.stats import ci_key
 
 ARMS = ("control", "candidate")
+# How a baseline was chosen (result.json baseline.chosen_by)
+RESULT_FILE, HISTORY_ID, PINNED, LAST, PREVIOUS_SERIES, NEAREST = (
+    "result file", "history id", "pinned", "last pass", "previous series", "nearest pass")
 
 
 @dataclass

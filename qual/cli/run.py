@@ -227,7 +227,7 @@ def _refuse_flags_beside_resume(ctx: typer.Context) -> None:
 
 def baseline_match(b) -> str:
     """How the baseline relates to this run's configuration key (a ResolvedBaseline)."""
-    from qual.harness.baseline import PREVIOUS_SERIES
+    from qual.baseline import PREVIOUS_SERIES
 
     if not b.key_differences:
         return "the same configuration"

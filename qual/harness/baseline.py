@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from qual import history as hist
-from qual.baseline import ARMS
+from qual.baseline import ARMS, HISTORY_ID, LAST, NEAREST, PINNED, PREVIOUS_SERIES, RESULT_FILE
 from qual.configuration import SUCCESSOR_FIELDS, ConfigurationKey, describe_differences
 from qual.errors import QualError
 from qual.records import ArmConfig
@@ -30,9 +30,6 @@ _HISTORY_ID = re.compile(r"(?:history:)?(\d+)")
 # Compared with tonight's arms but allowed to differ: shown in the report (a baseline from another engine or build
 # is the point of the comparison). Everything else of an arm's config is either a match key or shown too.
 _MATCHED = ("model", "sampling", "num_speculative_tokens")
-# How a baseline was chosen (result.json baseline.chosen_by)
-RESULT_FILE, HISTORY_ID, PINNED, LAST, PREVIOUS_SERIES, NEAREST = (
-    "result file", "history id", "pinned", "last pass", "previous series", "nearest pass")
 
 
 @dataclass

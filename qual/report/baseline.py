@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qual.baseline import BaselineComparison
+from qual.baseline import PREVIOUS_SERIES, BaselineComparison
 from qual.report.common import ci_pp, num, pct, pp
 from qual.result import Result
 from qual.shown import command
@@ -97,7 +97,7 @@ def forced(b: BaselineComparison) -> str | None:
         return None
     keys = "; ".join(f"{d['key']}: baseline {_short(str(d['baseline']))}, tonight {_short(str(d['tonight']))}"
                      for d in b.key_differences)
-    how = ("the last pass of the series before this one" if b.chosen_by == "previous series"
+    how = ("the last pass of the series before this one" if b.chosen_by == PREVIOUS_SERIES
            else "taken with --baseline-any")
     return f"another configuration, {how}: {keys}"
 
@@ -108,7 +108,7 @@ PIN_HINT = "pin this night to make it its series' baseline"  # followed by pin_c
 def pin_command(b: BaselineComparison, night: object, history: object = None) -> str | None:
     """The shell command that pins tonight (night: its history id, or its run folder) as the baseline of its new
     series, where the baseline was the series before tonight's; None elsewhere, or where the night is not known."""
-    if night is None or not b.key_differences or b.chosen_by != "previous series":
+    if night is None or not b.key_differences or b.chosen_by != PREVIOUS_SERIES:
         return None
     return command(["qual", "history", "baseline", "pin", night, *(["--history", history] if history else [])])
 
