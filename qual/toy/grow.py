@@ -38,6 +38,16 @@ def _norm(t: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([t * math.sqrt(t.shape[0] / n), t.new_ones(n - t.shape[0])]) if n > t.shape[0] else t
 
 
+# MLA's low-rank projections: each grows its rows (a down projection), its norm or its columns (an up projection)
+# to the new rank
+_LORA = ((".self_attn.q_a_proj.weight", _rows, "q_lora_rank"),
+         (".self_attn.q_a_layernorm.weight", _norm, "q_lora_rank"),
+         (".self_attn.q_b_proj.weight", _cols, "q_lora_rank"),
+         (".self_attn.kv_a_proj_with_mqa.weight", _rows, "kv_lora_rank"),
+         (".self_attn.kv_a_layernorm.weight", _norm, "kv_lora_rank"),
+         (".self_attn.kv_b_proj.weight", _cols, "kv_lora_rank"))
+
+
 def grow_glm_state(state: dict[str, torch.Tensor], old: dict, new: dict) -> dict[str, torch.Tensor]:
     """`state` (a checkpoint's tensors, by their on-disk names) of a GLM-5 text stack with text config `old`, as a
     state of text config `new` computing the same function. Only the widths named above may differ (the rest is
@@ -55,7 +65,7 @@ def grow_glm_state(state: dict[str, torch.Tensor], old: dict, new: dict) -> dict
                             f"multiple)")
     r = new["index_head_dim"] // old["index_head_dim"]
     Hi, Di = new["index_n_heads"], old["index_head_dim"]
-    q_lora, kv_lora = new["q_lora_rank"], new["kv_lora_rank"]
+    q_lora = new["q_lora_rank"]
     out = {}
     for name, t in state.items():  # in the checkpoint's dtype: a rescaled norm weight is rounded to it
         leaf = name.rsplit(".", 2)
@@ -67,23 +77,13 @@ def grow_glm_state(state: dict[str, torch.Tensor], old: dict, new: dict) -> dict
             if ".shared_experts." in name:
                 inter *= new["n_shared_experts"]
             t = _cols(t, inter) if name.endswith("down_proj.weight") else _rows(t, inter)
-        elif name.endswith(".self_attn.q_a_proj.weight"):
-            t = _rows(t, q_lora)
-        elif name.endswith(".self_attn.q_a_layernorm.weight"):
-            t = _norm(t, q_lora)
-        elif name.endswith(".self_attn.q_b_proj.weight"):
-            t = _cols(t, q_lora)
-        elif name.endswith(".self_attn.kv_a_proj_with_mqa.weight"):
-            t = _rows(t, kv_lora)
-        elif name.endswith(".self_attn.kv_a_layernorm.weight"):
-            t = _norm(t, kv_lora)
-        elif name.endswith(".self_attn.kv_b_proj.weight"):
-            t = _cols(t, kv_lora)
+        elif (lora := next(((grow, rank) for suffix, grow, rank in _LORA if name.endswith(suffix)), None)):
+            t = lora[0](t, new[lora[1]])
         elif ".indexer." in name:
             if name.endswith("wq_b.weight"):  # [Hi*Di, q_lora]: each head's query scaled by sqrt(r), then zeros
                 heads = t.view(Hi, Di, -1) * math.sqrt(r)
-                t = _cols(torch.cat([heads, heads.new_zeros(Hi, Di * (r - 1), heads.shape[-1])], 1).reshape(Hi * Di * r, -1),
-                          q_lora)
+                padded = torch.cat([heads, heads.new_zeros(Hi, Di * (r - 1), heads.shape[-1])], 1)
+                t = _cols(padded.reshape(Hi * Di * r, -1), q_lora)
             elif leaf[-1] == "index_kpool_compress_ape":  # [kpool, Di]
                 t = t.repeat(1, r)
             elif name.endswith(("wk.weight", "k_norm.weight", "k_norm.bias", "index_kpool_compress_gate")):
