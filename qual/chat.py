@@ -296,7 +296,9 @@ def _environment(now: datetime | None = None):
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's signature
             __self.steps.step()
-            chat_sandbox.check_call(getattr(__obj, "__wrapped__", __obj), args, kwargs)
+            target = getattr(__obj, "__wrapped__", __obj)
+            args = chat_sandbox.settled(target, args)
+            chat_sandbox.check_call(target, args, kwargs)
             result = super().call(__context, __obj, *args, **kwargs)
             return chat_sandbox.check_size(result, f"{getattr(__obj, '__name__', 'a call')}()")
 
@@ -317,10 +319,10 @@ def _environment(now: datetime | None = None):
         return nodes.Call(nodes.Name(CONCAT, "load"), [nodes.List(node.nodes)], [], None, None).set_lineno(node.lineno)
 
     def concat(items) -> str:
-        total = chat_sandbox.size([str(item) for item in items])
-        if total > chat_sandbox.MAX_CHARS:
+        parts = [str(item) for item in items]
+        if sum(map(len, parts)) > chat_sandbox.MAX_CHARS:
             raise RenderLimit(f"'~': a result longer than {chat_sandbox.MAX_CHARS} characters")
-        return "".join(map(str, items))
+        return "".join(parts)
 
     env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols], loader=OneFile())
     env.filters = {name: chat_sandbox.bounded_filter(name, f) for name, f in {**env.filters, "tojson": _tojson}.items()}

@@ -130,11 +130,20 @@ def _estimate(method: str, text: str, args: tuple, kwargs: dict) -> int:
         count = text.count(args[0]) if args[0] else len(text) + 1
         return len(text) + count * max(0, len(args[1]) - len(args[0]))
     if method == "join" and args:
-        items = list(args[0]) if not isinstance(args[0], str) else list(args[0])
+        items = list(args[0])  # a one-pass iterable was read into a list before (settled)
         return size(items) + len(text) * max(0, len(items) - 1)
     if method in ("format", "format_map", "__mod__"):
         return len(text) + size(list(args)) + size(list(kwargs.values()))
     return 0
+
+
+def settled(obj: Any, args: tuple) -> tuple:
+    """A call's arguments with a one-pass iterable handed to str.join read into a list once, so that the bound's
+    estimate and the join see the same items (a generator read by the estimate leaves the join nothing)."""
+    if getattr(obj, "__name__", None) == "join" and isinstance(getattr(obj, "__self__", None), str) and args \
+            and not isinstance(args[0], (str, list, tuple)):
+        return (list(args[0]), *args[1:])
+    return args
 
 
 def check_call(obj: Any, args: tuple, kwargs: dict) -> None:

@@ -158,3 +158,8 @@ def test_the_sandbox_keeps_what_templates_use(tmp_path):
                 "{% generation %}g{% endgeneration %}")
     out = load_template(_folder(tmp_path, {"chat_template": template})).render([{"role": "user", "content": "é"}], "r")
     assert out == '[{"role": "user", "content": "é"}]|{\n "a": "<&>"\n}|4|1|{\'a\': 1}|0|g'
+    # str.join over a generator (map, select): the bound's estimate must not read it before the join does
+    joined = load_template(_folder(tmp_path / "join", {"chat_template": "{{ ', '.join(messages | map(attribute="
+                                                       "'content')) }}|{{ messages | map(attribute='role') | join('+') }}"}))
+    assert joined.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "r") == \
+        "hi, yo|user+assistant"
