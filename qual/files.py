@@ -163,14 +163,6 @@ def remove_tree(path: str | Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_file(path: str | Path) -> None:
-    """Remove a file qual wrote (a link is removed itself); a missing one is no error."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def open_append(path: str | Path, binary: bool = False):
     """A log file opened for appending (created where missing), never through a link, and a regular file: what a
     server's output or an attach log goes to. The caller closes it."""

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from qual import history as hist
 from qual.baseline import ARMS, HISTORY_ID, LAST, NEAREST, PINNED, PREVIOUS_SERIES, RESULT_FILE
-from qual.configuration import SUCCESSOR_FIELDS, ConfigurationKey, describe_differences
+from qual.configuration import ConfigurationKey, describe_differences, is_successor
 from qual.errors import QualError
 from qual.records import ArmConfig
 from qual.result import Result
@@ -66,7 +66,7 @@ def resolve(ref: str, history_path: Path, configuration: ConfigurationKey, any_k
         return None
     theirs = ConfigurationKey.of_result(found.result)
     diffs = configuration.differences(theirs, unknown_matches=True)
-    follows = found.chosen_by == PREVIOUS_SERIES and all(name in SUCCESSOR_FIELDS for name, _, _ in diffs)
+    follows = found.chosen_by == PREVIOUS_SERIES and is_successor(configuration, theirs)
     if diffs and not any_key and not follows:
         raise QualError(f"--baseline {ref}: {found.describe()} is another configuration: "
                         f"{describe_differences(diffs)}; pass {ANY} to compare with it anyway (recorded in the result)")

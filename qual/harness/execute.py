@@ -20,7 +20,7 @@ from qual.errors import QualError
 from qual.files import WriteError, write_text
 from qual.harness import sweep
 from qual.harness.journal import Journal, journal_path, read_journal
-from qual.harness.plan import RunPlan
+from qual.harness.plan import PLAN_FILE, RunPlan
 from qual.harness.turns import later_turns, wave
 from qual.history import HistoryLocked, configuration_runs, record_run
 from qual.report import write_reports
@@ -227,7 +227,7 @@ def execute(plan: RunPlan, progress: Progress | None = None) -> tuple[Result | S
     try:
         return _execute(plan, progress)
     except WriteError as exc:
-        if not (plan.out_dir / "run.json").is_file():
+        if not (plan.out_dir / PLAN_FILE).is_file():
             again = f"{plan.options.command(plan.engine)} {shown.command(['--out', plan.out_dir, '--history', plan.history_path])}"
             raise QualError(f"{exc}; nothing ran (no run.json to resume from): {exc.remedy}, then run it again: "
                             f"`{again}`") from None

@@ -65,14 +65,6 @@ def pinned_run(db_path: str | Path, configuration: ConfigurationKey) -> HistoryR
     return found[0] if found else None
 
 
-def series_runs(db_path: str | Path, configuration: ConfigurationKey) -> tuple[int, int]:
-    """(nights recorded, of them passes) of one series: what a CI script asks before a night."""
-    with open_history(db_path, create=False) as conn:
-        row = conn.execute("SELECT count(*), count(CASE WHEN outcome = ? THEN 1 END) FROM runs WHERE configuration = ?",
-                           (PASS, configuration.key())).fetchone()
-    return int(row[0]), int(row[1])
-
-
 def baseline_result_paths(db_path: str | Path) -> list[str]:
     """The result files a baseline may still be read from: each pinned run's, and each configuration's newest passing
     run's (what `history:last-pass` picks, for its own series and for the series after it, and `--baseline-any`

@@ -389,12 +389,6 @@ def get_run(db_path: str | Path, run_id: int) -> HistoryRun:
     return found[0]
 
 
-def find_run(db_path: str | Path, ref: str) -> HistoryRun:
-    """A run by its history id, or by its run directory (the newest night recorded from that folder; a sweep's
-    first candidate: find_night has them all)."""
-    return find_night(db_path, ref)[0]
-
-
 def find_night(db_path: str | Path, ref: str) -> list[HistoryRun]:
     """The rows of one night: a history id's run, or every row of the newest night recorded from a run directory (a
     sweep records a row per candidate, each of its own series, under run ids `<night>/<candidate>`)."""

@@ -78,15 +78,13 @@ def moved(b: BaselineComparison, n: int = 10) -> list[dict]:
     return sorted(rows.values(), key=lambda m: (-abs(m["delta"]), m["id"], m["arm"]))[:n]
 
 
-def trend_points(result: Result) -> list[tuple[str, float | None, float | None, bool, bool, str | None]]:
-    """(label, control rate, candidate rate, is the baseline, is tonight, engine) for the trend strip, oldest first."""
+def trend_points(result: Result) -> list[tuple[str, float | None, float | None, bool, bool]]:
+    """(label, control rate, candidate rate, is the baseline, is tonight) for the trend strip, oldest first."""
     b = result.baseline
     if b is None:
         return []
-    points = [(f"#{t['run_id']}", t["control_rate"], t["candidate_rate"], bool(t["baseline"]), False, t.get("engine"))
-              for t in b.trend]
-    points.append(("tonight", result.control.acceptance.rate, result.candidate.acceptance.rate, False, True,
-                   result.candidate.engine_version))
+    points = [(f"#{t['run_id']}", t["control_rate"], t["candidate_rate"], bool(t["baseline"]), False) for t in b.trend]
+    points.append(("tonight", result.control.acceptance.rate, result.candidate.acceptance.rate, False, True))
     return points
 
 

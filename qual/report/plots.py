@@ -199,9 +199,8 @@ def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: flo
     by its engine, qual or --meta value where that changes. Every panel marks the nights that did not pass (a red
     band, FAIL above it), the error nights (a grey band, ERROR: no rates, the lines break) and each change of the
     engine (a dashed line, its new version); each point links to its night's page (hollow where there is none)."""
-    order = {c.id: i for i, c in enumerate(sorted({c.id: c for p in panels for c in p.columns}.values(),
-                                                  key=lambda c: (c.when, c.id)))}
-    everyone = sorted({c.id: c for p in panels for c in p.columns}.values(), key=lambda c: order[c.id])
+    everyone = sorted({c.id: c for p in panels for c in p.columns}.values(), key=lambda c: (c.when, c.id))
+    order = {c.id: i for i, c in enumerate(everyone)}
 
     def place(c: Column):
         return mdates.date2num(c.when) if axis == "date" else order[c.id]
@@ -257,20 +256,23 @@ def _mark_nights(ax, x: np.ndarray, columns: Sequence[Column]) -> None:
                        fontsize=6, fontweight="bold", color=ERROR_COLOR if error else FAIL_COLOR)
         mark.set_url(c.href)
     for i in range(1, len(columns)):
-        a, b = columns[i - 1].engine, columns[i].engine
-        if a and b and a != b:
+        if _engine_changed(columns[i - 1], columns[i]):
             where = (x[i - 1] + x[i]) / 2
             ax.axvline(where, color=ERROR_COLOR, linestyle="--", linewidth=0.9, alpha=0.8)
-            ax.annotate(_short_engine(b), (where, 0.98), xycoords=("data", "axes fraction"), fontsize=7, rotation=90,
-                        va="top", ha="right", color=ERROR_COLOR)
+            ax.annotate(_short_engine(columns[i].engine), (where, 0.98), xycoords=("data", "axes fraction"),
+                        fontsize=7, rotation=90, va="top", ha="right", color=ERROR_COLOR)
+
+
+def _engine_changed(before: Column, after: Column) -> bool:
+    """Both nights name their engine, and not the same one."""
+    return bool(before.engine and after.engine and before.engine != after.engine)
 
 
 def _legend(ax, panels: Sequence[Panel]) -> None:
     """The panel's lines, and the marks the panels given hold (the first panel's legend names those of all)."""
     handles, labels = ax.get_legend_handles_labels()
     columns = [c for p in panels for c in p.columns]
-    changed = any(a.engine and b.engine and a.engine != b.engine
-                  for p in panels for a, b in zip(p.columns, p.columns[1:]))
+    changed = any(_engine_changed(a, b) for p in panels for a, b in zip(p.columns, p.columns[1:]))
     marks = (("failed night", any(c.outcome not in ("pass", "error") for c in columns), Patch(color=FAIL_BAND)),
              ("error night: no verdict", any(c.outcome == "error" for c in columns), Patch(color=ERROR_BAND)),
              ("no report: from the history row only", any(c.hollow and c.outcome != "error" for c in columns),

@@ -16,13 +16,11 @@ the grown widths at zero: the grown model computes with the old widths inside th
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 
 from qual.errors import QualError
-
-_MLP = re.compile(r"\.mlp\.(experts\.\d+\.|shared_experts\.)?(gate|up|down)_proj\.weight$")
+from qual.runtime.models.glm5.fp8_weights import MLP_WEIGHT
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -71,7 +69,7 @@ def grow_glm_state(state: dict[str, torch.Tensor], old: dict, new: dict) -> dict
         leaf = name.rsplit(".", 2)
         if ".visual." in name:
             pass  # the vision tower is not grown (and not run)
-        elif _MLP.search(name):
+        elif MLP_WEIGHT.search(name):
             inter = new["intermediate_size" if ".experts." not in name and ".shared_experts." not in name
                         else "moe_intermediate_size"]
             if ".shared_experts." in name:

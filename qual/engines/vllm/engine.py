@@ -73,7 +73,7 @@ class VllmEngine(Engine):
         return arm
 
     def preflight(self, arm: ArmConfig, requested: frozenset[str]) -> ArmConfig:
-        refuse_numerics(arm, self.name)
+        self.dry_check(arm, requested)
         options = VllmOptions.from_extra(arm.extra)
         if options.python is not None and not Path(options.python).is_file():
             raise QualError(f"vllm.python {options.python}: no such interpreter (the profile's vllm.python)")

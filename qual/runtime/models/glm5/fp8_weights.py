@@ -19,8 +19,10 @@ from qual.runtime.models.glm5.numerics import Fp8Weight, deep_gemm_takes, requan
 # q_a/kv_a/q_b projections, every o_proj and the indexer's wk to bfloat16. Anything else (KDA's projections, kv_b_proj,
 # weights_proj, the compress gate, embeddings, router) has no FP8 load path there.
 FP8_KEPT, FP8_DEQUANTIZED = "kept", "dequantized"
+# an MLP's projections: dense, shared experts, each routed expert
+MLP_WEIGHT = re.compile(r"\.mlp\.(experts\.\d+\.|shared_experts\.)?(gate|up|down)_proj\.weight$")
 _FP8_PATHS = (
-    (re.compile(r"\.mlp\.(experts\.\d+\.|shared_experts\.)?(gate|up|down)_proj\.weight$"), FP8_KEPT),
+    (MLP_WEIGHT, FP8_KEPT),
     (re.compile(r"\.self_attn\.indexer\.wq_b\.weight$"), FP8_KEPT),
     (re.compile(r"\.self_attn\.(q_a_proj|kv_a_proj_with_mqa|q_b_proj|o_proj)\.weight$"), FP8_DEQUANTIZED),
     (re.compile(r"\.self_attn\.indexer\.wk\.weight$"), FP8_DEQUANTIZED),

@@ -28,8 +28,6 @@ from qual.runtime.models.glm5.dsa import tail_ring_size
 from qual.runtime.models.glm5.sizing import cache_bytes, weight_bytes
 
 PLANS = ("qual", "vllm")  # who allocates: the embedded runtime, or vLLM 0.32
-PARTS = ("routed experts", "embedding + lm_head", "KDA", "MLA + DSA indexer", "dense MLP + shared experts + router",
-         "norms, MHC")
 _QUAL_PARTS = {"routed experts": ("routed experts",), "embedding + lm_head": ("embedding", "lm_head"),
                "KDA": ("KDA",), "MLA + DSA indexer": ("MLA", "DSA indexer"),
                "dense MLP + shared experts + router": ("dense MLP", "shared experts", "router"),

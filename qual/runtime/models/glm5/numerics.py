@@ -42,10 +42,6 @@ class Numerics:
     safe_gate: bool = False  # KDA's bounded gate always (lower bound -5.0 by default)
     deep_gemm: bool = False  # DeepGEMM's power-of-two (UE8M0) scales, weights requantized where it runs
 
-    @property
-    def vllm(self) -> bool:
-        return self.name != NUMERICS[0]
-
 
 def numerics_of(name: str) -> Numerics:
     """The computations a `numerics` value names (qual.options.NUMERICS)."""
