@@ -10,6 +10,7 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, provenance
 from qual.files import write_text
+from qual.outcomes import FAIL, INCONCLUSIVE, PASS, SKIPPED
 from qual.shown import safe
 from qual.result import DECIDED_NOTHING, FIRST_NIGHT, Result
 from qual.sweep_result import SweepResult
@@ -45,9 +46,9 @@ def _fence(text: str) -> str:
 
 
 # The verdict's heading by the gate's outcome
-HEADINGS = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCONCLUSIVE"}
+HEADINGS = {PASS: "✅ PASS", FAIL: "❌ FAIL", INCONCLUSIVE: "⚠️ INCONCLUSIVE"}
 # A check's mark by its outcome
-MARKS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
+MARKS = {PASS: "✅", FAIL: "❌", INCONCLUSIVE: "⚠️", SKIPPED: "⏭️"}
 
 
 def render(result: Result, folder: str | Path | None = None, history: str | Path | None = None) -> str:

@@ -77,7 +77,7 @@ class Night:
     @property
     def failed(self) -> bool:
         """Not a pass: failed, inconclusive (even where it exited 0) or without a verdict."""
-        return self.run.outcome != "pass"
+        return self.run.outcome != hist.PASS
 
 
 @dataclass(frozen=True)
