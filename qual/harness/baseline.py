@@ -115,10 +115,11 @@ def _series_baseline(history_path: Path, configuration: ConfigurationKey, any_ke
     run = hist.last_pass(history_path, configuration) if recorded else None
     if run is not None:
         return _from_history(ref, run, LAST)
-    nearest = hist.nearest_pass(history_path, configuration) if recorded else None
+    passes = hist.model_passes(history_path, configuration.model) if recorded else []
+    nearest = hist.nearest_pass(passes, configuration)
     if nearest is not None and not configuration.differences(nearest.key, unknown_matches=True):
         return _from_history(ref, nearest, LAST)  # tonight's key not wholly known yet (a dry run)
-    previous = hist.previous_series_pass(history_path, configuration) if recorded else None
+    previous = hist.previous_series_pass(passes, configuration)
     if previous is not None:
         return _from_history(ref, previous, PREVIOUS_SERIES)
     if nearest is not None and any_key:
