@@ -258,6 +258,36 @@ def test_every_plot_runs_along_the_axis_asked_for(db, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("threshold", [0.0, 2.5, 50.0])
+def test_the_step_threshold_is_an_option_recorded_on_every_page(db, site, tmp_path, threshold):
+    """--threshold-pp decides which jumps are step changes (as detect_step_changes counts them at that threshold),
+    and the index, each configuration's page, the regressions page and qual-site.json say which threshold it was;
+    the default site says 2 pp."""
+    out = tmp_path / "pub"
+    assert run_app(["history", "publish", str(out), "--history", str(db), "--threshold-pp", str(threshold)]) == 0
+    runs = history.list_runs(db, limit=None)
+    want = len(history.detect_step_changes(runs, threshold))
+    text = (out / "regressions.html").read_text()
+    assert f"<title>qual runs: {want} step change{'s' if want != 1 else ''}</title>" in text
+    assert f"more than {threshold:g} pp" in text
+    for page in (out / "index.html", *_conf_pages(out).values()):
+        assert f"more than {threshold:g} pp" in " ".join(page.read_text().split()), page
+    assert json.loads((out / published.MARKER).read_text())["threshold_pp"] == threshold
+    assert json.loads((site / published.MARKER).read_text())["threshold_pp"] == history.DEFAULT_STEP_PP == 2.0
+    assert "more than 2 pp" in " ".join((site / "index.html").read_text().split())
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "two"])
+def test_a_bad_step_threshold_is_one_line_and_exit_2_before_anything_is_written(db, tmp_path, capsys, bad):
+    out = tmp_path / "pub"
+    assert run_app(["history", "publish", str(out), "--history", str(db), f"--threshold-pp={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert "--threshold-pp" in err, err
+    if bad != "two":  # not a number at all: click's usage error, before qual reads it
+        assert err == f"error: --threshold-pp {float(bad)!r}: expected a finite number of percentage points >= 0\n"
+    assert not out.exists()
+
+
 def test_publish_again_replaces_the_site(site, db, capsys):
     before = {p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()}
     # a file no publish wrote is never deleted: the publish is refused, naming it, and the folder stays as it was
