@@ -360,7 +360,14 @@ MEASURE = """(() => {
           svgs: document.querySelectorAll("svg").length,
           svg_links: document.querySelectorAll("svg a").length, rows: document.querySelectorAll("tr").length,
           scrolling: [...document.querySelectorAll(".scroll, .plot")]
-            .filter(b => b.scrollWidth > b.clientWidth).length};
+            .filter(b => b.scrollWidth > b.clientWidth).length,
+          // each plot's box as it opens: how far the plot's left and right ends lie outside the box (px; 0 at an end
+          // in view), and how much of it does not fit
+          plots: [...document.querySelectorAll(".plot")].map(b => {
+            const box = b.getBoundingClientRect(), svg = b.querySelector("svg").getBoundingClientRect();
+            return {left_hidden: Math.round(box.left - svg.left), right_hidden: Math.round(svg.right - box.right),
+                    overflow: b.scrollWidth - b.clientWidth};
+          })};
 })()"""
 
 
@@ -376,6 +383,10 @@ def test_the_site_fits_a_desktop_and_a_phone(site, tmp_path):
             assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout
             assert layout["rows"] == 1 + 3 and layout["svgs"] == 1  # the overview
             assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the plot and the table fit whole
+            # the overview opens at its newest end: on a phone its older nights lie off to the left, to scroll to
+            [plot] = layout["plots"]
+            assert plot["right_hidden"] == 0 and plot["left_hidden"] == plot["overflow"], layout["plots"]
+            assert (plot["overflow"] > 0) == (name == "phone"), layout["plots"]
             conf = browser.open(page.as_uri(), *size)
             layout = conf.evaluate(MEASURE)
             print(f"{name} configuration page: {conf.screenshot(tmp_path / f'configuration-{size[0]}px.png', True)}")
