@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from qual.errors import QualError
+
 try:
     import triton
     import triton.language as tl
@@ -255,7 +257,8 @@ def qkv_product(x: torch.Tensor, ln: torch.Tensor, eps: float, qkv: torch.Tensor
                 cfg: ProductConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """Roped, normed queries [M, heads * D] of RMSNorm(x) * ln; the roped, normed keys and the values written to
     k/v_cache [slots, kv heads, D] at slots [M] (routed: every row a slot). qkv [(heads + 2 kv) D, K]; qk_norm
-    [heads + kv, D] (q_norm's weight a query head, then k_norm's a key head: layers.AttentionWeights); positions [M]; inv_freq [D / 2] float32; the per-head norms take eps too (Qwen3's one rms_norm_eps)."""
+    [heads + kv, D] (q_norm's weight a query head, then k_norm's a key head: layers.AttentionWeights); positions
+    [M]; inv_freq [D / 2] float32; the per-head norms take eps too (Qwen3's one rms_norm_eps)."""
     d = qk_norm.shape[1]
     n, k = qkv.shape
     if n != (num_heads + 2 * num_kv_heads) * d or d & (d - 1) or d < 32:
@@ -271,3 +274,79 @@ def qkv_product(x: torch.Tensor, ln: torch.Tensor, eps: float, qkv: torch.Tensor
     _launch(x, qkv, counts, cfg, n // d, QKV, q, pdl, ln=ln, eps=eps,
             qkv_args=(qk_norm, positions, inv_freq, slots, k_cache, v_cache, eps, num_heads, num_kv_heads))
     return q
+
+
+if triton is not None:
+    # As custom ops, torch.compile keeps each launch one opaque node. The counts are not declared mutated: every
+    # launch leaves them as it found them (zero), and launches on one stream never overlap.
+    @torch.library.custom_op("qual::fused_layer_qkv", mutates_args=("k_all", "v_all"))
+    def _qkv_op(x: torch.Tensor, ln: torch.Tensor, eps: float, qkv: torch.Tensor, qk_norm: torch.Tensor,
+                positions: torch.Tensor, inv_freq: torch.Tensor, slots: torch.Tensor, k_all: torch.Tensor,
+                v_all: torch.Tensor, layer: int, heads: int, kv_heads: int, counts: torch.Tensor,
+                pdl: bool) -> torch.Tensor:
+        return qkv_product(x, ln, eps, qkv, qk_norm, positions, inv_freq, slots, k_all[layer], v_all[layer], heads,
+                           kv_heads, counts, pdl=pdl)
+
+    @_qkv_op.register_fake
+    def _(x, ln, eps, qkv, qk_norm, positions, inv_freq, slots, k_all, v_all, layer, heads, kv_heads, counts, pdl):
+        return x.new_empty(x.shape[0], heads * qk_norm.shape[1])
+
+    @torch.library.custom_op("qual::fused_layer_residual", mutates_args=())
+    def _residual_op(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, counts: torch.Tensor,
+                     pdl: bool) -> torch.Tensor:
+        return residual_product(x, w, residual, counts, pdl=pdl)
+
+    @_residual_op.register_fake
+    def _(x, w, residual, counts, pdl):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.custom_op("qual::fused_layer_swiglu", mutates_args=())
+    def _swiglu_op(x: torch.Tensor, ln: torch.Tensor, eps: float, gate_up: torch.Tensor, counts: torch.Tensor,
+                   pdl: bool) -> torch.Tensor:
+        return swiglu_product(x, ln, eps, gate_up, counts, pdl=pdl)
+
+    @_swiglu_op.register_fake
+    def _(x, ln, eps, gate_up, counts, pdl):
+        return x.new_empty(x.shape[0], gate_up.shape[0] // 2)
+
+
+class LayerProducts:
+    """The fused-layer part for one model: a decode layer's four products (qkv, o, gate/up, down) and one atomic
+    count buffer each (zero between launches; the layers share them, one launch after another)."""
+
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                 device: torch.device, pdl: bool = False):
+        if triton is None:
+            raise QualError("backend part fused-layer needs Triton, which is not installed")
+        if head_dim & (head_dim - 1) or head_dim < 32:
+            raise QualError(f"backend part fused-layer: head_dim {head_dim} is not a power of 2 >= 32 (a head is one "
+                            "column block of the qkv product)")
+        self.heads, self.kv_heads, self.eps, self.pdl = heads, kv_heads, eps, pdl
+        nqkv = (heads + 2 * kv_heads) * head_dim
+        blocks = {"qkv": math.ceil(nqkv / choose_config(nqkv, hidden, block_n=head_dim).block_n),
+                  "o": math.ceil(hidden / choose_config(hidden, heads * head_dim).block_n),
+                  "gate_up": math.ceil(intermediate / (choose_config(2 * intermediate, hidden).block_n // 2)),
+                  "down": math.ceil(hidden / choose_config(hidden, intermediate).block_n)}
+        self.counts = {name: torch.zeros(n, dtype=torch.int32, device=device) for name, n in blocks.items()}
+
+    @staticmethod
+    def applies(rows: int, prefill: bool) -> bool:
+        """Decode and verify steps of up to MAX_ROWS rows; prefill and larger steps take the per-layer path."""
+        return rows <= MAX_ROWS and not prefill
+
+    def qkv(self, x: torch.Tensor, input_norm: torch.Tensor, attn, positions: torch.Tensor, inv_freq: torch.Tensor,
+            slots: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, layer: int) -> torch.Tensor:
+        """Roped queries [T, heads * D] of the residual x; k and v written to layer `layer` of k/v_all at slots
+        (routed). attn: layers.AttentionWeights."""
+        return torch.ops.qual.fused_layer_qkv(x, input_norm, self.eps, attn.qkv, attn.qk_norm, positions, inv_freq,
+                                              slots, k_all, v_all, layer, self.heads, self.kv_heads,
+                                              self.counts["qkv"], self.pdl)
+
+    def o(self, attended: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The residual after attention: residual + attended @ o.T."""
+        return torch.ops.qual.fused_layer_residual(attended, w, residual, self.counts["o"], self.pdl)
+
+    def mlp(self, x: torch.Tensor, post_norm: torch.Tensor, m) -> torch.Tensor:
+        """The residual after the MLP (m: layers.MlpWeights): x + down(SwiGLU(gate_up(RMSNorm(x))))."""
+        act = torch.ops.qual.fused_layer_swiglu(x, post_norm, self.eps, m.gate_up, self.counts["gate_up"], self.pdl)
+        return torch.ops.qual.fused_layer_residual(act, m.down, x, self.counts["down"], self.pdl)
