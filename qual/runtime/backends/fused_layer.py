@@ -65,14 +65,30 @@ class ProductConfig:
 TARGET_PROGRAMS = 256  # as skinny_gemm: ~2 an SM on an H200, enough loads in flight to stream the weights
 
 
-def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 128) -> ProductConfig:
+def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 128, num_warps: int = 4) -> ProductConfig:
     """Split K until at least TARGET_PROGRAMS programs run, keeping >= 2 K blocks a program and at most 8 splits
     (the finishing program reads every partial of its block)."""
     blocks = math.ceil(n / block_n)
     split = 1
     while blocks * split < TARGET_PROGRAMS and split < 8 and k // (split * 2) >= 2 * block_k:
         split *= 2
-    return ProductConfig(block_n, block_k, split)
+    return ProductConfig(block_n, block_k, split, num_warps)
+
+
+# Each product's tile, chosen by its sm_90 compile (tests/test_kernels_compile.py), not yet by a GPU's clock: at
+# most 64 registers a thread (the split-K kernel's most) and 62 KB of shared memory a program, nothing spilled. The
+# products with the norm prologue take 8 warps (4 warps: 94 registers for gate/up's 64 x 128 tile, 138 for qkv's
+# 128 x 128); qkv's column block is a head.
+def qkv_config(n: int, k: int, head_dim: int) -> ProductConfig:
+    return choose_config(n, k, block_n=head_dim, block_k=64, num_warps=8)
+
+
+def swiglu_config(two_i: int, k: int) -> ProductConfig:
+    return choose_config(two_i, k, num_warps=8)
+
+
+def residual_config(n: int, k: int) -> ProductConfig:
+    return choose_config(n, k)
 
 
 def _interpreted() -> bool:
@@ -168,6 +184,22 @@ if triton is not None:
                                   HALF)
 
     @triton.jit
+    def _cos_sin(angle):
+        """cos and sin of float32 angles in plain arithmetic: tl.cos and tl.sin compile to libdevice's, whose slow
+        path for large arguments keeps 28 B of local memory (a stack). Reduced to [-pi, pi] (2 pi in two parts, the
+        first exact in its products with the turns), then Taylor polynomials of the half angle (|h| <= pi / 2: terms
+        past the last < 1e-7) and the double angle."""
+        turns = tl.floor(angle * 0.15915494309189535 + 0.5)
+        r = tl.fma(turns, -6.28125, angle)
+        h = 0.5 * tl.fma(turns, -1.9353071795864769e-3, r)
+        h2 = h * h
+        s = h * (1.0 + h2 * (-1.0 / 6 + h2 * (1.0 / 120 + h2 * (-1.0 / 5040 + h2 * (1.0 / 362880 + h2 * (
+            -1.0 / 39916800 + h2 * (1.0 / 6227020800)))))))
+        c = 1.0 + h2 * (-0.5 + h2 * (1.0 / 24 + h2 * (-1.0 / 720 + h2 * (1.0 / 40320 + h2 * (-1.0 / 3628800 + h2 * (
+            1.0 / 479001600 + h2 * (-1.0 / 87178291200)))))))
+        return c * c - s * s, 2.0 * s * c
+
+    @triton.jit
     def _qkv_epilogue(lo, hi, h, rm, row_ok, head, q_ptr, stride_qm, qkn_ptr, pos_ptr, inv_freq_ptr, slot_ptr,
                       k_ptr, v_ptr, cache_slot_stride, head_eps, NH: tl.constexpr, NKV: tl.constexpr,
                       D: tl.constexpr, HALF: tl.constexpr):
@@ -182,7 +214,7 @@ if triton is not None:
             lo = lo * r * tl.load(nw + h).to(tl.float32)[None, :]
             hi = hi * r * tl.load(nw + HALF + h).to(tl.float32)[None, :]
             angle = tl.load(pos_ptr + rm, mask=row_ok, other=0).to(tl.float32)[:, None] * tl.load(inv_freq_ptr + h)[None, :]
-            cos, sin = tl.cos(angle), tl.sin(angle)
+            cos, sin = _cos_sin(angle)
             out_lo = lo * cos - hi * sin
             out_hi = hi * cos + lo * sin
             if head < NH:
@@ -232,7 +264,7 @@ def residual_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, c
     """residual + x @ w.T in x's dtype, summed in float32 and rounded once (x [M, K], w [N, K], residual [M, N];
     counts: int32 zeros, one a column block, left zero)."""
     n, k = w.shape
-    cfg = cfg or choose_config(n, k)
+    cfg = cfg or residual_config(n, k)
     out = torch.empty(x.shape[0], n, device=x.device, dtype=x.dtype)
     _launch(x, w, counts, cfg, math.ceil(n / cfg.block_n), RESIDUAL, out, pdl, res=residual)
     return out
@@ -244,7 +276,7 @@ def swiglu_product(x: torch.Tensor, ln: torch.Tensor, eps: float, gate_up: torch
     as layers.MlpWeights stacks them)."""
     two_i, k = gate_up.shape
     inter = two_i // 2
-    cfg = cfg or choose_config(two_i, k)
+    cfg = cfg or swiglu_config(two_i, k)
     out = torch.empty(x.shape[0], inter, device=x.device, dtype=x.dtype)
     _launch(x, gate_up, counts, cfg, math.ceil(inter / (cfg.block_n // 2)), SWIGLU, out, pdl, ln=ln, eps=eps,
             w_half=inter)
@@ -266,8 +298,7 @@ def qkv_product(x: torch.Tensor, ln: torch.Tensor, eps: float, qkv: torch.Tensor
                          "(need a power-of-2 head_dim >= 32: one column block a head)")
     if k_cache.stride(2) != 1 or k_cache.stride(1) != d or v_cache.stride() != k_cache.stride():
         raise ValueError("fused_layer: the KV caches must be [slots, kv heads, D] with contiguous heads")
-    base = choose_config(n, k, block_n=d)
-    cfg = cfg or base
+    cfg = cfg or qkv_config(n, k, d)
     if cfg.block_n != d:
         raise ValueError(f"fused_layer: the qkv product's block_n must be head_dim {d} (got {cfg.block_n})")
     q = torch.empty(x.shape[0], num_heads * d, device=x.device, dtype=x.dtype)
@@ -323,10 +354,10 @@ class LayerProducts:
                             "column block of the qkv product)")
         self.heads, self.kv_heads, self.eps, self.pdl = heads, kv_heads, eps, pdl
         nqkv = (heads + 2 * kv_heads) * head_dim
-        blocks = {"qkv": math.ceil(nqkv / choose_config(nqkv, hidden, block_n=head_dim).block_n),
-                  "o": math.ceil(hidden / choose_config(hidden, heads * head_dim).block_n),
-                  "gate_up": math.ceil(intermediate / (choose_config(2 * intermediate, hidden).block_n // 2)),
-                  "down": math.ceil(hidden / choose_config(hidden, intermediate).block_n)}
+        blocks = {"qkv": nqkv // head_dim,
+                  "o": math.ceil(hidden / residual_config(hidden, heads * head_dim).block_n),
+                  "gate_up": math.ceil(intermediate / (swiglu_config(2 * intermediate, hidden).block_n // 2)),
+                  "down": math.ceil(hidden / residual_config(hidden, intermediate).block_n)}
         self.counts = {name: torch.zeros(n, dtype=torch.int32, device=device) for name, n in blocks.items()}
 
     @staticmethod
