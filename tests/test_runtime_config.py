@@ -59,6 +59,18 @@ def test_fused_backend_needs_one_gpu_rank():
         EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="compiled+fused")
 
 
+def test_fused_layer_backend_needs_half_precision_on_one_gpu_rank():
+    EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+fused-layer+triton-attention+pdl")
+    EngineConfig("x", device="cuda", dtype="float16", backend="fused-layer+pdl")  # pdl launches its products
+    with pytest.raises(QualError, match="fused-layer need device cuda"):
+        EngineConfig("x", backend="fused-layer")
+    with pytest.raises(QualError, match="fused-layer need dtype bfloat16 or float16"):
+        EngineConfig("x", device="cuda", dtype="float32", backend="fused-layer")
+    with pytest.raises(QualError, match="fused-layer needs tp 1"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="fused-layer")
+    assert "fused-layer" in parse_backend("fused-layer+pdl").record()["serves"]
+
+
 def test_pdl_backend_launches_some_triton_kernels_on_a_gpu():
     EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+triton-gemm+triton-attention+pdl")
     EngineConfig("x", device="cuda", dtype="float32", backend="compiled+pdl")  # inductor's kernels alone
