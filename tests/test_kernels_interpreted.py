@@ -188,7 +188,7 @@ from pathlib import Path
 import torch
 from checkpoints import make_draft, make_target
 from runtime_helpers import prompts
-from qual.runtime.backends.fused_layer import LayerProducts
+from qual.runtime.backends.layer_products import LayerProducts
 from qual.runtime.config import CacheConfig, EngineConfig, SamplingParams
 from qual.runtime.engine import LLMEngine
 

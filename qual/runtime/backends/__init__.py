@@ -148,10 +148,10 @@ class Backend:
 
     def layer_products(self, hidden: int, intermediate: int, layout, eps: float, device):
         """fused-layer's products for a Qwen3 target of this shape (layout: this rank's HeadLayout)."""
-        from qual.runtime.backends import fused_layer
+        from qual.runtime.backends import fused_layer, layer_products
 
         _need_triton(fused_layer.triton is not None)
-        return fused_layer.LayerProducts(hidden, intermediate, layout.num_heads, layout.num_kv_heads,
+        return layer_products.LayerProducts(hidden, intermediate, layout.num_heads, layout.num_kv_heads,
                                          layout.head_dim, eps, device, pdl=self.pdl)
 
     def compile(self, fn, dynamic: bool | None = False):
