@@ -20,7 +20,8 @@ that sum their own split-K partials (the last program of each column block to fi
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
 could reach, norms and activations left out); `fused-layer` / `fused-layer+pdl`: the fused-layer backend part's
 products (qual/runtime/backends/fused_layer.py), which also do the norms, RoPE, the KV write, the residual and
-SwiGLU (attention, between qkv and o in a step, left out). Each against the copy bandwidth. Where Triton has Gluon, the same
+SwiGLU (attention, between qkv and o in a step, left out); `gluon fused-layer+pdl`: their Gluon twin
+(bench/gluon_fused_layer.py). Each against the copy bandwidth. Where Triton has Gluon, the same
 variants with bench/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
 the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next product launch before their own wait,
 so that its weight stream may start while the product before still runs (inductor's kernels let it launch after
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import gluon_fused_layer  # bench/gluon_fused_layer.py, beside this script
 import gluon_gemm  # bench/gluon_gemm.py, beside this script
 from gluon_gemm import GluonConfig
 from qual.runtime.backends import fused_layer, skinny_gemm
@@ -348,6 +350,24 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
             return skinny_gemm.partials(h, w, pdl=pdl)
         return f
 
+    def gluon_fused_layer_products(pdl: bool):
+        """bench/gluon_fused_layer.py's products: o and down also write x * ln for the next normed product, which
+        reads it beside the raw residual (kept here between calls); gate/up's weights are random, so their order
+        (interleaved at load in a model) changes nothing timed."""
+        raw = {}
+
+        def f(h, w, p, m):
+            if p == "qkv":
+                return gluon_fused_layer.qkv_product(h, raw.get(m, h), 1e-6, w, head_norm, slots[:m], inv_freq,
+                                                     slots[:m], cache, cache, heads, kv_heads, layer_counts[p], pdl=pdl)
+            if p == "gate_up":
+                return gluon_fused_layer.swiglu_product(h, raw.get(m, h), 1e-6, w, layer_counts[p], pdl=pdl)
+            if p in ("o", "down"):
+                raw[m], x_ln = gluon_fused_layer.residual_product(h, w, residual[:m], layer_counts[p], norm, pdl=pdl)
+                return x_ln
+            return gluon_gemm.partials(h, w, gluon_best.get((p, m)), pdl=pdl)
+        return f
+
     def gluon_finishing(pdl: bool):
         def f(h, w, p, m):
             return gluon_gemm.finished(h, w, counts, scale=0.01, cfg=gluon_best.get((p, m)), pdl=pdl)
@@ -377,6 +397,7 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
             "gluon+pdl, products only": (gluon(True), True, "fixed"),
             "gluon finished": (gluon_finishing(False), False, "direct"),
             "gluon finished+pdl": (gluon_finishing(True), True, "direct"),
+            "gluon fused-layer+pdl": (gluon_fused_layer_products(True), True, "direct"),
         })
     unknown = set(only or ()) - set(variants)
     if unknown:

@@ -350,6 +350,46 @@ def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
         assert torch.equal(kc, kc2) and torch.equal(down, fl.residual_product(act, wd, res, counts))
 
 
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gluon_fused_layer_products_match_float64(m, pdl):
+    """bench/gluon_fused_layer.py at the 8B shape against float64: o with the residual and x * ln for the next norm
+    (that product rounded from the new residual, as the Triton path rounds it), qkv (q/k norm, RoPE, KV at each
+    row's slot) and SwiGLU (gate/up interleaved at load) from it; twice, the counts left at zero; with PDL the same
+    bits."""
+    _gluon_gemm()
+    import fused_layer_reference as ref
+    import gluon_fused_layer as gf
+    from qual.runtime.models.layers import rope_inv_freq
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *shape, scale=1.0: (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()  # noqa: E731
+    H, I, NH, NKV, D, eps = 4096, 14336, 32, 8, 128, 1e-6
+    a, res, ln = rnd(m, NH * D), rnd(m, H), (1 + rnd(H, scale=0.2).float()).bfloat16()
+    wo, gu = rnd(H, NH * D, scale=(NH * D) ** -0.5), rnd(2 * I, H, scale=H**-0.5)
+    wqkv, qkn = rnd((NH + 2 * NKV) * D, H, scale=H**-0.5), (1 + rnd(NH + NKV, D, scale=0.2).float()).bfloat16()
+    positions, inv_freq = torch.arange(5000, 5000 + m, device="cuda"), rope_inv_freq(D, 1e6, "cuda")
+    slots = torch.randperm(64, device="cuda", generator=g)[:m]
+    counts = torch.zeros(1024, device="cuda", dtype=torch.int32)
+    gu_tiles = gf.interleave_gate_up(gu)
+    runs = []
+    for launch in range(2 + pdl):
+        p = pdl and launch < 2
+        kc, vc = torch.zeros(64, NKV, D, device="cuda").bfloat16(), torch.zeros(64, NKV, D, device="cuda").bfloat16()
+        x, x_ln = gf.residual_product(a, wo, res, counts, ln, pdl=p)
+        q = gf.qkv_product(x_ln, x, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, NH, NKV, counts, pdl=p)
+        act = gf.swiglu_product(x_ln, x, eps, gu_tiles, counts, pdl=p)
+        assert not counts.any()
+        runs.append((x, x_ln, q, kc, vc, act))
+    x, x_ln, q, kc, vc, act = runs[0]
+    assert torch.equal(x_ln, (x.float() * ln.float()).bfloat16())
+    eq, ek, ev = ref.qkv(x, ln, eps, wqkv, qkn, positions, inv_freq, NH, NKV)
+    for name, got, exact in [("o", x, ref.residual(a, wo, res)), ("q", q.view(m, NH, D), eq), ("k", kc[slots], ek),
+                             ("v", vc[slots], ev), ("swiglu", act, ref.swiglu(x, ln, eps, gu))]:
+        torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=2**-8 * exact.abs().max().item(), msg=name)
+    assert all(torch.equal(u, v) for r in runs[1:] for u, v in zip(runs[0], r))  # fixed split order; PDL: same bits
+
+
 @pytest.fixture(scope="module")
 def head32_pair(tmp_path_factory):
     """The tiny pair with 32-wide heads (fused-layer's qkv product takes a head as one column block of >= 32)."""
