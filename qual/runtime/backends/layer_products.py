@@ -16,16 +16,16 @@ from qual.runtime.backends.fused_layer import (MAX_ROWS, qkv_product, residual_c
 if triton is not None:
     # As custom ops, torch.compile keeps each launch one opaque node. The counts are not declared mutated: every
     # launch leaves them as it found them (zero), and launches on one stream never overlap.
-    @torch.library.custom_op("qual::fused_layer_qkv", mutates_args=("k_all", "v_all"))
+    # The caches are the layer's views the attention reads next (KVStore.k[i]), as KVStore.write mutates them
+    @torch.library.custom_op("qual::fused_layer_qkv", mutates_args=("k_cache", "v_cache"))
     def _qkv_op(x: torch.Tensor, ln: torch.Tensor, eps: float, qkv: torch.Tensor, qk_norm: torch.Tensor,
-                positions: torch.Tensor, inv_freq: torch.Tensor, slots: torch.Tensor, k_all: torch.Tensor,
-                v_all: torch.Tensor, layer: int, heads: int, kv_heads: int, counts: torch.Tensor,
-                pdl: bool) -> torch.Tensor:
-        return qkv_product(x, ln, eps, qkv, qk_norm, positions, inv_freq, slots, k_all[layer], v_all[layer], heads,
-                           kv_heads, counts, pdl=pdl)
+                positions: torch.Tensor, inv_freq: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, heads: int, kv_heads: int, counts: torch.Tensor, pdl: bool) -> torch.Tensor:
+        return qkv_product(x, ln, eps, qkv, qk_norm, positions, inv_freq, slots, k_cache, v_cache, heads, kv_heads,
+                           counts, pdl=pdl)
 
     @_qkv_op.register_fake
-    def _(x, ln, eps, qkv, qk_norm, positions, inv_freq, slots, k_all, v_all, layer, heads, kv_heads, counts, pdl):
+    def _(x, ln, eps, qkv, qk_norm, positions, inv_freq, slots, k_cache, v_cache, heads, kv_heads, counts, pdl):
         return x.new_empty(x.shape[0], heads * qk_norm.shape[1])
 
     @torch.library.custom_op("qual::fused_layer_residual", mutates_args=())
@@ -72,12 +72,12 @@ class LayerProducts:
         return rows <= MAX_ROWS and not prefill
 
     def qkv(self, x: torch.Tensor, input_norm: torch.Tensor, attn, positions: torch.Tensor, inv_freq: torch.Tensor,
-            slots: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, layer: int) -> torch.Tensor:
-        """Roped queries [T, heads * D] of the residual x; k and v written to layer `layer` of k/v_all at slots
-        (routed). attn: layers.AttentionWeights."""
+            slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Roped queries [T, heads * D] of the residual x; k and v written to the layer's k/v_cache [slots, kv heads,
+        D] at slots (routed). attn: layers.AttentionWeights."""
         return torch.ops.qual.fused_layer_qkv(x, input_norm, self.eps, attn.qkv, attn.qk_norm, positions, inv_freq,
-                                              slots, k_all, v_all, layer, self.heads, self.kv_heads,
-                                              self.counts["qkv"], self.pdl)
+                                              slots, k_cache, v_cache, self.heads, self.kv_heads, self.counts["qkv"],
+                                              self.pdl)
 
     def o(self, attended: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The residual after attention: residual + attended @ o.T."""

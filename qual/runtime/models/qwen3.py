@@ -116,7 +116,7 @@ class Qwen3Target:
         """The residual after layer i through the fused-layer products (tp 1: the residual is added inside them)."""
         layer, products, lay = self.layers[i], self.layer_products, self.layout
         q = products.qkv(x, layer.input_norm, layer.attn, positions, self.rope.inv_freq,
-                         meta.views[GROUP].write_slots, store.k_all, store.v_all, i)
+                         meta.views[GROUP].write_slots, store.k[i], store.v[i])
         x = products.o(self._attend(i, q.view(x.shape[0], lay.num_heads, lay.head_dim), meta, store), layer.attn.o, x)
         return products.mlp(x, layer.post_norm, layer.mlp)
 
