@@ -309,7 +309,7 @@ def _pdl_or_skip(pdl: bool) -> None:
 def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
     """fused-layer's four products against float64 (tests/fused_layer_reference.py) on the GPU: the 8B shape at 1 and
     16 rows, ragged column and K blocks, GQA groups 4, 8 and 1; each launched twice (the counts left at zero); with
-    PDL the same bits. Tolerance: one rounding of the output to its dtype (rtol 2^-8 / 2^-11) over float32 sums."""
+    PDL the same bits. Tolerance: two roundings to the dtype (rtol 2^-8 / 2^-11) over float32 sums."""
     from qual.runtime.backends import fused_layer as fl
     from qual.runtime.models.layers import rope_inv_freq
     import fused_layer_reference as ref
@@ -341,7 +341,9 @@ def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
     for name, a, b in [("q", q.view(m, heads, D), eq), ("k", kc[slots], ek), ("v", vc[slots], ev),
                        ("o", o, ref.residual(q, wo, res)), ("swiglu", act, ref.swiglu(x, ln, eps, gu)),
                        ("down", down, ref.residual(act, wd, res))]:
-        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=rtol * b.abs().max().item(), msg=name)
+        # two roundings: x * ln at the load and the output (an emulation of the kernel's math in float64 puts the
+        # largest error at up to 1.22 x rtol x the largest magnitude over these shapes)
+        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=2 * rtol * b.abs().max().item(), msg=name)
     assert all(torch.equal(a, b) for a, b in zip(got[0], got[1]))  # the split order is fixed: the same bits
     if pdl:
         kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(vc)
@@ -386,7 +388,7 @@ def test_gluon_fused_layer_products_match_float64(m, pdl):
     eq, ek, ev = ref.qkv(x, ln, eps, wqkv, qkn, positions, inv_freq, NH, NKV)
     for name, got, exact in [("o", x, ref.residual(a, wo, res)), ("q", q.view(m, NH, D), eq), ("k", kc[slots], ek),
                              ("v", vc[slots], ev), ("swiglu", act, ref.swiglu(x, ln, eps, gu))]:
-        torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=2**-8 * exact.abs().max().item(), msg=name)
+        torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=2**-7 * exact.abs().max().item(), msg=name)
     assert all(torch.equal(u, v) for r in runs[1:] for u, v in zip(runs[0], r))  # fixed split order; PDL: same bits
 
 

@@ -213,7 +213,8 @@ if triton is not None:
             nw = qkn_ptr + head * D  # q_norm's weight for a query head, k_norm's for a key head
             lo = lo * r * tl.load(nw + h).to(tl.float32)[None, :]
             hi = hi * r * tl.load(nw + HALF + h).to(tl.float32)[None, :]
-            angle = tl.load(pos_ptr + rm, mask=row_ok, other=0).to(tl.float32)[:, None] * tl.load(inv_freq_ptr + h)[None, :]
+            angle = (tl.load(pos_ptr + rm, mask=row_ok, other=0).to(tl.float32)[:, None]
+                     * tl.load(inv_freq_ptr + h)[None, :])
             cos, sin = _cos_sin(angle)
             out_lo = lo * cos - hi * sin
             out_hi = hi * cos + lo * sin

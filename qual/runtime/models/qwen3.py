@@ -77,8 +77,8 @@ class Qwen3Target:
         self.paged_attention = backend.paged_attention()  # None: gather the keys, then attention_with_lse
         self.fused = None  # set by the fused backend: one kernel for a one-token decode step
         # fused-layer: decode and verify steps of <= 16 rows through four products a layer (None: the per-layer path)
-        self.layer_products = backend.layer_products(cfg.hidden_size, cfg.intermediate_size, self.layout, cfg.rms_norm_eps,
-                                                     dev) if backend.fused_layer else None
+        self.layer_products = (backend.layer_products(cfg.hidden_size, cfg.intermediate_size, self.layout,
+                                                      cfg.rms_norm_eps, dev) if backend.fused_layer else None)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, stores: dict[str, KVStore]):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
@@ -122,7 +122,7 @@ class Qwen3Target:
 
     def _attend(self, i: int, q, meta: TargetMeta, store: KVStore) -> torch.Tensor:
         """Attention of this rank's roped queries q [T, heads, D] over layer i's keys (written): [T, heads * D]."""
-        lay, comm = self.layout, self.comm
+        comm = self.comm
         view = meta.views[GROUP]
         T, Hl, D = q.shape
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
