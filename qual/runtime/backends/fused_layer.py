@@ -2,8 +2,8 @@
 `fused-layer`).
 
 Where triton-gemm leaves float32 partial sums to inductor's small kernels (sum, residual, RMSNorm, q/k norm, RoPE,
-the KV write, SwiGLU: ~450 µs of a 4.3 ms batch-1 8B step, docs/PERFORMANCE.md), each product here ends in the work
-that follows it, so no kernel sits between two products except attention:
+the KV write, SwiGLU: 450 µs of the 4.555 ms batch-1 8B step without pdl, docs/PERFORMANCE.md's CUPTI row), each
+product here ends in the work that follows it, so no kernel sits between two products except attention:
 
 1. qkv: x's RMSNorm taken into the product, then per head (head_dim is one column block) q/k RMSNorm, RoPE, and
    the paged KV write; returns the roped queries.
