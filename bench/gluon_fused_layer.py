@@ -85,8 +85,9 @@ if gl is not None:
             rows = gl.arange(0, R, layout=gl.SliceLayout(1, L))
             h = gl.arange(0, HALF, layout=gl.SliceLayout(0, L))
             row_ok = rows < M
-            lo = gl.load(part_ptr + rows[:, None] * NT + (n0 + h)[None, :], mask=row_ok[:, None], other=0.0)
-            hi = gl.load(part_ptr + rows[:, None] * NT + (n0 + HALF + h)[None, :], mask=row_ok[:, None], other=0.0)
+            half = part_ptr + rows[:, None] * NT + (n0 + h)[None, :]  # .cg: from L2, where the store above went
+            lo = gl.load(half, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+            hi = gl.load(half + HALF, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
             if NORM:  # 1/rms of each raw input row
                 ss = gl.zeros([R], gl.float32, gl.SliceLayout(1, L))
                 c = gl.arange(0, 128, layout=gl.SliceLayout(0, L))
