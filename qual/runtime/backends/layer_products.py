@@ -15,8 +15,9 @@ from qual.runtime.backends.fused_layer import (MAX_ROWS, qkv_product, residual_c
 
 if triton is not None:
     # As custom ops, torch.compile keeps each launch one opaque node. The counts are not declared mutated: every
-    # launch leaves them as it found them (zero), and launches on one stream never overlap.
-    # The caches are the layer's views the attention reads next (KVStore.k[i]), as KVStore.write mutates them
+    # launch leaves them as it found them (zero), and launches on one stream never overlap. The caches are the
+    # layer's views that attention reads next (KVStore.k[i], as KVStore.write mutates them): inductor then calls the
+    # op on the store in place, no copy (its output code, docs/PERFORMANCE.md).
     @torch.library.custom_op("qual::fused_layer_qkv", mutates_args=("k_cache", "v_cache"))
     def _qkv_op(x: torch.Tensor, ln: torch.Tensor, eps: float, qkv: torch.Tensor, qk_norm: torch.Tensor,
                 positions: torch.Tensor, inv_freq: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
