@@ -31,7 +31,7 @@ def run_inputs(plan, profile_path: str) -> dict:
     return {
         "options": options,
         "profile": {"path": profile_path, "sha256": file_sha256(profile_path)},
-        "gate": {"path": plan.gate_path, "sha256": file_sha256(plan.gate_path)},
+        "gate": {"path": plan.gate_path, "sha256": plan.gate.sha256},
         "corpus": plan.corpus_info["fingerprint"],
         "checkpoints": {"target": checkpoint_identity(candidate.target_path),
                         "draft": checkpoint_identity(candidate.draft_path),
