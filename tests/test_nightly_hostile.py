@@ -41,3 +41,31 @@ def test_a_gate_edited_while_the_arms_run_judges_by_the_rules_read_at_the_start(
     recorded = json.loads((tmp_path / "out" / "result.json").read_text())
     assert {recorded["arms"][arm]["provenance"]["gate_sha256"] for arm in ("control", "candidate")} == {digest}
     assert json.loads((tmp_path / "out" / "run.json").read_text())["inputs"]["gate"]["sha256"] == digest
+
+
+def test_a_night_recorded_with_a_clock_set_ahead_does_not_stay_the_newest(tmp_path):
+    """A runner's clock ran a year ahead for one night, then was set right: the nights after it are newer than it
+    (recorded later), so the series' last pass, the newest-first list, the series' order and the step changes follow
+    the order the nights were recorded in, not the dates they carry."""
+    from qual import history
+    from qual.history.prune import prune
+    from synthetic import synthetic_result
+
+    db = tmp_path / "h.sqlite"
+    dated = [("2027-12-01T02:00:00+00:00", 0.75), ("2026-12-02T02:00:00+00:00", 0.75),
+             ("2026-12-03T02:00:00+00:00", 0.70)]  # the last night's candidate 5 pp down: a step change, and passing
+    ids = []
+    for n, (when, p) in enumerate(dated, 1):
+        night = synthetic_result(40, 0.75, p, n_resamples=50, created_at=when, rules=[{"check": "candidate_runnable"}])
+        (tmp_path / "runs" / f"{n}").mkdir(parents=True)
+        (tmp_path / "runs" / f"{n}" / "run.json").write_text("{}")
+        ids.append(history.record_run(db, night, f"{tmp_path}/runs/{n}/result.json"))
+    key = history.configuration_of(night)
+    assert history.last_pass(db, key).id == ids[-1]
+    assert [r.id for r in history.list_runs(db)] == ids[::-1]
+    assert [r.id for r in history.configuration_runs(db, key)] == ids[::-1]
+    assert [[r.id for r in rows] for rows in history.trend(db).values()] == [ids]
+    assert [(s.previous_run_id, s.run_id) for s in history.detect_step_changes(history.list_runs(db))] == [
+        (ids[1], ids[2])]
+    assert history.baseline_result_paths(db) == [f"{tmp_path}/runs/3/result.json"]
+    assert prune(tmp_path / "runs", 0, db).kept == [str(tmp_path / "runs" / "3")]  # the last pass's folder stays

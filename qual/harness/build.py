@@ -11,7 +11,7 @@ import qual
 from qual.baseline import ARMS, BaselineArm, BaselineComparison
 from qual.gate import Gate, baseline_confidences, confidences, evaluate, load_gate, near_tie_margin
 from qual.harness.baseline import ResolvedBaseline, differences
-from qual.history import HistoryRun, configuration_of
+from qual.history import HistoryRun, configuration_of, recorded_order
 from qual.harness.inputs import checkpoint_records
 from qual.intervals import METHOD
 from qual.harness.speedup import speedup
@@ -254,7 +254,7 @@ def baseline_comparison(
         trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.outcome, "control_rate": r.control_rate,
                 "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id,
                 "engine": r.facts.get("engine"), "qual": r.facts.get("qual"), "meta": dict(r.meta)}
-               for r in sorted(trend, key=lambda r: (r.created_at, r.id)) if not r.is_error],
+               for r in sorted(trend, key=recorded_order) if not r.is_error],
         axis=axis,
         bootstrap={"unit": resampling_unit([r for a in arms.values() for r in a.per_request]),
                    "method": f"paired {METHOD}, matched by request id", "resamples": n_resamples, "seed": seed},
