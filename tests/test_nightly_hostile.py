@@ -69,3 +69,23 @@ def test_a_night_recorded_with_a_clock_set_ahead_does_not_stay_the_newest(tmp_pa
         (ids[1], ids[2])]
     assert history.baseline_result_paths(db) == [f"{tmp_path}/runs/3/result.json"]
     assert prune(tmp_path / "runs", 0, db).kept == [str(tmp_path / "runs" / "3")]  # the last pass's folder stays
+
+
+def test_prune_leaves_a_run_directory_a_running_night_holds(tmp_path, capsys):
+    """`qual history prune` while a night runs (a person by hand, another job) never removes that night's folder from
+    under it, whatever its name sorts as and whatever --keep says: a folder a qual process holds is left and named."""
+    from cli_inprocess import qual_in
+    from qual.files import DirectoryLock
+
+    runs = tmp_path / "runs"
+    for name in ("1-1", "2-1"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "run.json").write_text("{}")
+    running = DirectoryLock(runs / "1-1", "--out")  # as `qual run --out runs/1-1` holds it while its arms run
+    try:
+        done = qual_in(capsys, "history", "prune", runs, "--keep", 0, "--history", tmp_path / "none.sqlite")
+    finally:
+        running.release()
+    assert done.returncode == 0, done.stderr
+    assert (runs / "1-1" / "run.json").is_file() and not (runs / "2-1").exists()
+    assert f"left {runs / '1-1'} (in use by a running qual process" in done.stdout

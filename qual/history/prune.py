@@ -3,8 +3,9 @@
 The newest N run directories under DIR stay (newest by name, its numbers compared as numbers: `<run id>-<attempt>`
 names grow with the run id), and so does every directory a baseline may still be read from (pins, each series' last
 pass: qual.history.baselines.baseline_result_paths). Only qual's run directories are removed (a folder holding
-run.json, or an empty one); anything else under DIR, and a link, is left as it is and named. The history keeps every
-row: `qual history show` of a pruned night still says where its result was.
+run.json, or an empty one); anything else under DIR, a link, and a run directory a qual process holds (a night
+still running there), is left as it is and named. The history keeps every row: `qual history show` of a pruned night
+still says where its result was.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qual.errors import QualError
-from qual.files import remove_tree
+from qual.files import DirectoryLock, WriteError, remove_tree
 from qual.history.baselines import baseline_result_paths
 from qual.validation import ascii_digits
 
@@ -77,7 +78,17 @@ def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
             done.kept.append(str(entry))
             done.baselines.append(str(entry))
         else:
-            remove_tree(entry)
+            try:  # a night still writing it (qual run --out, --resume) holds it: never removed from under that night
+                lock = DirectoryLock(entry, "run directory")
+            except WriteError:
+                raise
+            except QualError:
+                done.left.append((str(entry), "in use by a running qual process"))
+                continue
+            try:
+                remove_tree(entry)
+            finally:
+                lock.release()
             if entry.exists():  # what could not be removed (permissions) stays: said, not guessed
                 raise QualError(f"cannot remove {entry} (removed before it: {len(done.removed)})")
             done.removed.append(str(entry))
