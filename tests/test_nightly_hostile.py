@@ -89,3 +89,32 @@ def test_prune_leaves_a_run_directory_a_running_night_holds(tmp_path, capsys):
     assert done.returncode == 0, done.stderr
     assert (runs / "1-1" / "run.json").is_file() and not (runs / "2-1").exists()
     assert f"left {runs / '1-1'} (in use by a running qual process" in done.stdout
+
+
+def test_a_run_started_before_any_option_existed_resumes_with_that_options_default(profile, tmp_path):
+    """A night killed under an older qual, resumed by this one: an option that qual did not have yet is missing from
+    its run.json and stands for its default, the behaviour from before the option existed, whatever that default is
+    (--axis's is `date`, not None): no option added to qual makes such a run unresumable."""
+    from dataclasses import fields
+
+    from qual.harness.inputs import check_unchanged, seal
+    from qual.harness.plan import PLAN_FILE, RunOptions, load_plan
+
+    plan = make_plan(run_options(model=str(profile), dcp="1", tp=1, limit=2, out=str(tmp_path / "out"),
+                                 history=str(tmp_path / "h.sqlite")))
+    plan.out_dir.mkdir()
+    plan.save()
+    written = json.loads((plan.out_dir / PLAN_FILE).read_text())
+    # each option this run left at its default: a qual from before the option existed wrote no key for it
+    defaults = {f.name: getattr(f.default, "default", f.default) for f in fields(RunOptions)}  # pydantic's Field too
+    left_at_default = [name for name, value in defaults.items() if written["options"].get(name, 0) == value]
+    assert {"axis", "meta", "speedup", "baseline", "gate", "engine", "seed"} <= set(left_at_default)
+    for option in left_at_default:
+        older = {k: v for k, v in written.items() if k != "sealed"}
+        older["options"] = {k: v for k, v in written["options"].items() if k != option}
+        older["inputs"] = {**written["inputs"],
+                           "options": {k: v for k, v in written["inputs"]["options"].items() if k != option}}
+        (plan.out_dir / PLAN_FILE).write_text(json.dumps(seal(older)))
+        saved = load_plan(plan.out_dir)
+        again = make_plan(saved.options, run_id=saved.run_id)
+        check_unchanged(saved.inputs, again.inputs, plan.out_dir)  # raises naming the option where it would refuse
