@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import json
 
 import pytest
@@ -118,3 +119,32 @@ def test_a_run_started_before_any_option_existed_resumes_with_that_options_defau
         saved = load_plan(plan.out_dir)
         again = make_plan(saved.options, run_id=saved.run_id)
         check_unchanged(saved.inputs, again.inputs, plan.out_dir)  # raises naming the option where it would refuse
+
+
+def test_a_night_recorded_by_an_older_qual_is_the_series_before_the_first_night_after_the_upgrade(tmp_path):
+    """A history from a qual that kept neither the checkpoints' identities nor the DCP merge path: its rows' keys say
+    `unknown` there (the migrations' reading of them). The first night after the upgrade knows all three, so it is a
+    new series; its series before is the old one (what it cannot know is no difference), so the upgrade night is held
+    to the old level instead of passing on the paired gate alone. A field both sides know and that differs still
+    parts them."""
+    from dataclasses import replace
+
+    from qual import history
+    from qual.configuration import NO_IDENTITY, is_successor
+    from synthetic import synthetic_result
+
+    db = tmp_path / "h.sqlite"
+    night = synthetic_result(40, 0.75, 0.75, n_resamples=50, extra={"reference": {"dcp_comm": "a2a"}})
+    tonight = history.configuration_of(night)
+    assert NO_IDENTITY not in (tonight.target, tonight.draft, tonight.dcp_comm)
+    older = replace(tonight, target=NO_IDENTITY, draft=NO_IDENTITY, dcp_comm=NO_IDENTITY)
+    other_dtype = replace(older, dtype="bfloat16" if tonight.dtype != "bfloat16" else "float32")
+    rows = {}
+    for name, key in (("older", older), ("other_dtype", other_dtype)):
+        rows[name] = history.record_run(db, night, f"{name}/result.json")
+        with sqlite3.connect(db) as conn:  # the row as a migration from the older qual keyed it
+            conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (key.key(), rows[name]))
+        conn.close()
+    assert history.last_pass(db, tonight) is None
+    assert history.previous_series_pass(db, tonight).id == rows["older"]
+    assert not is_successor(tonight, other_dtype) and is_successor(tonight, older)
