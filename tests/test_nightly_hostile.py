@@ -148,3 +148,42 @@ def test_a_night_recorded_by_an_older_qual_is_the_series_before_the_first_night_
     assert history.last_pass(db, tonight) is None
     assert history.previous_series_pass(db, tonight).id == rows["older"]
     assert not is_successor(tonight, other_dtype) and is_successor(tonight, older)
+
+
+def test_a_prune_stopped_at_any_file_leaves_nothing_the_next_prune_cannot_finish(tmp_path, monkeypatch):
+    """`qual history prune` stopped part-way (a cancelled CI step: SIGTERM is a KeyboardInterrupt in qual, raised
+    between any two removals): whatever it had removed, the next prune removes the rest of that run directory, never
+    leaving a folder of orphaned files it no longer recognises as a run's."""
+    import os
+
+    from qual.history.prune import prune
+
+    def night(runs, name):
+        (runs / name / "logs").mkdir(parents=True)
+        for f in ("run.json", "result.json", "report.html", "control.requests.jsonl", "logs/control.log"):
+            (runs / name / f).write_text("x")
+
+    removals = 6  # the files and folders of one run directory
+    for stop_at in range(removals):
+        runs = tmp_path / f"runs{stop_at}"
+        night(runs, "1-1")
+        night(runs, "2-1")
+        calls = []
+        real_unlink, real_rmdir = os.unlink, os.rmdir
+
+        def stopping(real):
+            def remove(*args, **kw):
+                calls.append(args)
+                if len(calls) > stop_at:
+                    raise KeyboardInterrupt
+                return real(*args, **kw)
+            return remove
+
+        monkeypatch.setattr(os, "unlink", stopping(real_unlink))
+        monkeypatch.setattr(os, "rmdir", stopping(real_rmdir))
+        with pytest.raises(KeyboardInterrupt):
+            prune(runs, 1, tmp_path / "none.sqlite")
+        monkeypatch.setattr(os, "unlink", real_unlink)
+        monkeypatch.setattr(os, "rmdir", real_rmdir)
+        done = prune(runs, 1, tmp_path / "none.sqlite")
+        assert sorted(p.name for p in runs.iterdir()) == ["2-1"] and done.left == [], (stop_at, done)

@@ -49,6 +49,23 @@ def _tail(relative: Path) -> tuple[str, ...]:
     return parts
 
 
+def _remove_run_directory(entry: Path) -> None:
+    """Remove a run directory, its run.json last: a prune stopped part-way (a cancelled CI step's SIGTERM) leaves a
+    run directory the next prune still recognises and finishes, never a folder of orphaned files it must leave."""
+    for child in entry.iterdir():
+        if child.name == RUN_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            remove_tree(child)
+        else:
+            try:
+                child.unlink()
+            except OSError:
+                pass  # what cannot be removed stays: said by the caller, not guessed
+    if all(child.name == RUN_FILE for child in entry.iterdir()):  # else run.json stays with what could not go
+        remove_tree(entry)
+
+
 def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
     """Remove the run directories under runs_dir beyond the newest `keep` that no baseline reads."""
     root = Path(runs_dir)
@@ -86,7 +103,7 @@ def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
                 done.left.append((str(entry), "in use by a running qual process"))
                 continue
             try:
-                remove_tree(entry)
+                _remove_run_directory(entry)
             finally:
                 lock.release()
             if entry.exists():  # what could not be removed (permissions) stays: said, not guessed
