@@ -1,10 +1,13 @@
-"""The nightly loop against a careless user: files edited while a night runs, nights recorded out of clock order."""
+"""The nightly loop against a careless user: gate and corpus files edited while or between nights run, nights
+recorded out of clock order, a prune beside a running night or stopped part-way, a history and run folders from an
+older qual."""
 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 import json
+import sqlite3
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,6 +15,8 @@ import yaml
 from checkpoints import make_profile
 from qual.harness.execute import execute
 from qual.harness.plan import make_plan, run_options
+
+REPO_CORPORA = Path(__file__).resolve().parents[1] / "corpora"
 
 STRICT = {"rules": [{"check": "candidate_runnable"}, {"check": "acceptance_floor", "min_rate": 0.0}]}
 
@@ -187,3 +192,31 @@ def test_a_prune_stopped_at_any_file_leaves_nothing_the_next_prune_cannot_finish
         monkeypatch.setattr(os, "rmdir", real_rmdir)
         done = prune(runs, 1, tmp_path / "none.sqlite")
         assert sorted(p.name for p in runs.iterdir()) == ["2-1"] and done.left == [], (stop_at, done)
+
+
+def test_a_corpus_edited_between_nights_is_named_before_its_first_night_runs(profile, tmp_path):
+    """An edited corpus file (its fingerprint is part of the configuration key) starts a new series, whose first
+    night has no baseline and passes on the paired gate alone: before it runs, the user hears that, with the nearest
+    recorded pass and what differs (the corpus fingerprint), not only "first night of this series"."""
+    corpus = tmp_path / "mine.jsonl"
+    corpus.write_text((REPO_CORPORA / "smoke.jsonl").read_text().splitlines()[0] + "\n")
+    db = tmp_path / "h.sqlite"
+
+    def night(n):
+        return make_plan(run_options(model=str(profile), dcp="1", tp=1, corpus=str(corpus), gate="nightly-baseline",
+                                     baseline="history:last-pass", out=str(tmp_path / f"out{n}"), history=str(db)))
+
+    first = night(1)
+    assert first.first_night and not any("nearest" in n for n in first.notes)  # nothing recorded: nothing to name
+    assert execute(first)[0].gate.passed
+    row = json.loads(corpus.read_text())
+    corpus.write_text(json.dumps({**row, "prompt": row["prompt"] + " Answer briefly."}) + "\n")
+    edited = night(2)
+    assert edited.first_night
+    recorded = json.loads((tmp_path / "out1" / "result.json").read_text())["created_at"]
+    assert [n for n in edited.notes if "nearest" in n] == [
+        f"--baseline history:last-pass: the first night of this configuration, so no baseline: the nearest, run 1 "
+        f"of {recorded}, differs in "
+        f"corpus_fingerprint: this run {edited.corpus_info['fingerprint'][:19]}, baseline "
+        f"{first.corpus_info['fingerprint'][:19]} (--baseline-any compares with it; --baseline-required refuses a "
+        "first night)"]
