@@ -220,3 +220,16 @@ def test_a_corpus_edited_between_nights_is_named_before_its_first_night_runs(pro
         f"corpus_fingerprint: this run {edited.corpus_info['fingerprint'][:19]}, baseline "
         f"{first.corpus_info['fingerprint'][:19]} (--baseline-any compares with it; --baseline-required refuses a "
         "first night)"]
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\x1b[2Jb", "a\x7fb", "a\x85b", "a\x9bb", "a\u202eb", "a\u2066b"])
+def test_a_meta_value_holding_any_control_character_is_refused_as_its_message_says(value):
+    """--meta's "without control characters" means the set every display of qual escapes (qual.shown): a NEL (a line
+    break to str.splitlines), a C1 CSI or a bidirectional override is refused like a newline, not recorded raw into
+    result.json, junit.xml, the history, exports and plots."""
+    from qual.errors import QualError
+    from qual.nights import parse_meta
+
+    with pytest.raises(QualError, match="without control characters"):
+        parse_meta([f"ci_run={value}"])
+    assert parse_meta(["ci_run=https://ci/x?a=1&b=<2> \u00e9\u4e2d"]) == {"ci_run": "https://ci/x?a=1&b=<2> \u00e9\u4e2d"}
