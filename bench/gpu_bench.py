@@ -187,6 +187,29 @@ def cuda_kernels(fn, runs: int, skip: tuple[str, ...] = ()) -> tuple[dict[str, f
     return time_us, launches
 
 
+# What launched each kernel, by its name's start: qual's own Triton kernels, then inductor's (a compiled step's
+# small kernels: norms, partial sums, RoPE, the KV write, SwiGLU); the rest (cuBLAS, PyTorch's) is "other"
+KERNEL_GROUPS = (
+    ("fused-layer products", ("_fused_product_kernel",)),
+    ("split-K products", ("_partials_kernel",)),
+    ("paged attention", ("_paged_attention_kernel", "_combine_kernel")),
+    ("fused decode", ("_decode_layers_kernel",)),
+    ("compiled (inductor)", ("triton_",)),
+)
+
+
+def kernel_groups(time_us: dict[str, float], launches: dict[str, float]) -> list[dict]:
+    """Kernel time and launches a step by KERNEL_GROUPS (then "other"), in that order, groups with no kernel left
+    out: a row's breakdown, comparable across backends whose kernels fuse differently."""
+    rows = {name: [0.0, 0.0] for name, _ in KERNEL_GROUPS}
+    rows["other"] = [0.0, 0.0]
+    for kernel, us in time_us.items():
+        group = next((name for name, starts in KERNEL_GROUPS if kernel.startswith(starts)), "other")
+        rows[group][0] += us
+        rows[group][1] += launches.get(kernel, 0.0)
+    return [{"group": g, "us": round(us, 1), "launches": round(n, 1)} for g, (us, n) in rows.items() if n]
+
+
 def kernel_table(time_us: dict[str, float], launches: dict[str, float], top: int = 12) -> dict:
     """What one replay of a captured decode graph runs on the device, from cuda_kernels of restoring_replay (the
     restoring copies left out): kernels a step, kernel time a step, and the `top` kernels by time, each with its
@@ -194,7 +217,8 @@ def kernel_table(time_us: dict[str, float], launches: dict[str, float], top: int
     not say which kernels moved."""
     ranked = sorted(time_us, key=time_us.get, reverse=True)[:top]
     return {"kernels_per_step": round(sum(launches.values())), "kernel_us_per_step": round(sum(time_us.values()), 1),
-            "top": [{"kernel": k, "us": round(time_us[k], 1), "launches": round(launches[k], 1)} for k in ranked]}
+            "top": [{"kernel": k, "us": round(time_us[k], 1), "launches": round(launches[k], 1)} for k in ranked],
+            "groups": kernel_groups(time_us, launches)}
 
 
 def generate_timeline(engine, reqs, sp, alone_us: dict[str, float], decode_steps: int) -> dict:
@@ -470,6 +494,7 @@ def print_kernels(res: dict) -> None:
         if not t:
             continue
         print(f"{name} {mode} batch {batch}: {t['kernels_per_step']} kernels, {t['kernel_us_per_step']:.1f} us of kernels a step")
+        print("  by group: " + "; ".join(f"{g['group']} {g['us']:.1f} us x{g['launches']:.0f}" for g in t["groups"]))
         for k in t["top"]:
             print(f"  {k['us']:8.1f} us  x{k['launches']:5.1f}  {k['kernel']}")
         tl = o.get("timeline")

@@ -18,7 +18,10 @@ activations are), captured in one graph: cuBLAS; the kernel (at the sweep's best
 each also with fixed inputs and no small kernels between (products only); and `finished` / `finished+pdl`: products
 that sum their own split-K partials (the last program of each column block to finish, counted atomically) and
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
-could reach, norms and activations left out). Each against the copy bandwidth. Where Triton has Gluon, the same
+could reach, norms and activations left out); `fused-layer` / `fused-layer+pdl`: the fused-layer backend part's
+products (qual/runtime/backends/fused_layer.py), which also do the norms, RoPE, the KV write, the residual and
+SwiGLU (attention, between qkv and o in a step, left out); `gluon fused-layer+pdl`: their Gluon twin
+(bench/gluon_fused_layer.py). Each against the copy bandwidth. Where Triton has Gluon, the same
 variants with bench/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
 the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next product launch before their own wait,
 so that its weight stream may start while the product before still runs (inductor's kernels let it launch after
@@ -39,9 +42,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import gluon_fused_layer  # bench/gluon_fused_layer.py, beside this script
 import gluon_gemm  # bench/gluon_gemm.py, beside this script
 from gluon_gemm import GluonConfig
-from qual.runtime.backends import skinny_gemm
+from qual.runtime.backends import fused_layer, skinny_gemm
 from qual.runtime.backends.skinny_gemm import GemmConfig
 
 SHAPES = {  # name -> (N, K) of w [N, K]
@@ -50,6 +54,7 @@ SHAPES = {  # name -> (N, K) of w [N, K]
                  "lm_head": (128256, 4096)},
 }
 LAYERS = {"qwen3-0.6b-shape": 28, "8b-shape": 32}
+HEADS = {"qwen3-0.6b-shape": (16, 8), "8b-shape": (32, 8)}  # query and KV heads of 128 (the fused-layer variants)
 COARSE = [GemmConfig(bn, bk, s) for bn, bk, s in itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4, 8, 16))]
 REFINE = [(w, st) for w, st in itertools.product((4, 8), (3, 4, 6))]
 L2_BYTES = 60 << 20  # H200
@@ -323,6 +328,46 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
             return gluon_gemm.partials(h, w, gluon_best.get((p, m)), pdl=pdl)
         return f
 
+    heads, kv_heads = HEADS[shape]
+    slots = torch.randperm(4096, device="cuda")[:16]  # rows' KV slots, scattered
+    cache = torch.zeros(4096, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    norm = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+    head_norm = torch.ones(heads + kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    inv_freq, residual = torch.rand(64, device="cuda"), torch.randn(16, hidden, device="cuda", dtype=torch.bfloat16)
+    layer_counts = {p: torch.zeros(1024, device="cuda", dtype=torch.int32) for p in order}
+
+    def fused_layer_products(pdl: bool):
+        """qual/runtime/backends/fused_layer.py's products: qkv with the input norm, q/k norm, RoPE and the KV write;
+        o and down with the residual; gate/up with the norm and SwiGLU; the LM head as the split-K kernel."""
+        def f(h, w, p, m):
+            if p == "qkv":
+                return fused_layer.qkv_product(h, norm, 1e-6, w, head_norm, slots[:m], inv_freq, slots[:m], cache, cache,
+                                               heads, kv_heads, layer_counts[p], pdl=pdl)
+            if p == "gate_up":
+                return fused_layer.swiglu_product(h, norm, 1e-6, w, layer_counts[p], pdl=pdl)
+            if p in ("o", "down"):
+                return fused_layer.residual_product(h, w, residual[:m], layer_counts[p], pdl=pdl)
+            return skinny_gemm.partials(h, w, pdl=pdl)
+        return f
+
+    def gluon_fused_layer_products(pdl: bool):
+        """bench/gluon_fused_layer.py's products: o and down also write x * ln for the next normed product, which
+        reads it beside the raw residual (kept here between calls); gate/up's weights are random, so their order
+        (interleaved at load in a model) changes nothing timed."""
+        raw = {}
+
+        def f(h, w, p, m):
+            if p == "qkv":
+                return gluon_fused_layer.qkv_product(h, raw.get(m, h), 1e-6, w, head_norm, slots[:m], inv_freq,
+                                                     slots[:m], cache, cache, heads, kv_heads, layer_counts[p], pdl=pdl)
+            if p == "gate_up":
+                return gluon_fused_layer.swiglu_product(h, raw.get(m, h), 1e-6, w, layer_counts[p], pdl=pdl)
+            if p in ("o", "down"):
+                raw[m], x_ln = gluon_fused_layer.residual_product(h, w, residual[:m], layer_counts[p], norm, pdl=pdl)
+                return x_ln
+            return gluon_gemm.partials(h, w, gluon_best.get((p, m)), pdl=pdl)
+        return f
+
     def gluon_finishing(pdl: bool):
         def f(h, w, p, m):
             return gluon_gemm.finished(h, w, counts, scale=0.01, cfg=gluon_best.get((p, m)), pdl=pdl)
@@ -339,6 +384,9 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
         # each product sums its own split-K partials (its last program of a column block): no kernel between
         "finished": (finishing(False), False, "direct"),
         "finished+pdl": (finishing(True), True, "direct"),
+        # the fused-layer backend part's products, their epilogues whole (norms, RoPE, KV write, residual, SwiGLU)
+        "fused-layer": (fused_layer_products(False), False, "direct"),
+        "fused-layer+pdl": (fused_layer_products(True), True, "direct"),
     })
     if gluon_gemm.available():
         variants.update({
@@ -349,6 +397,7 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
             "gluon+pdl, products only": (gluon(True), True, "fixed"),
             "gluon finished": (gluon_finishing(False), False, "direct"),
             "gluon finished+pdl": (gluon_finishing(True), True, "direct"),
+            "gluon fused-layer+pdl": (gluon_fused_layer_products(True), True, "direct"),
         })
     unknown = set(only or ()) - set(variants)
     if unknown:

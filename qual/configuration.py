@@ -202,9 +202,13 @@ SUCCESSOR_FIELDS = ("target", "draft", "n_requests")
 
 
 def is_successor(tonight: "ConfigurationKey", earlier: "ConfigurationKey") -> bool:
-    """earlier's series is one tonight's may be compared with by default: they differ in SUCCESSOR_FIELDS alone."""
+    """earlier's series is one tonight's may be compared with by default: they differ in SUCCESSOR_FIELDS alone. A
+    field earlier does not know is no difference here: a night recorded before qual kept that field (a history from an
+    older qual, keyed again with NO_IDENTITY there) is the series before the first night after the upgrade, which is
+    held to its level rather than passing on the paired gate alone; the differences are still recorded and shown."""
     diffs = tonight.differences(earlier, unknown_matches=True)
-    return bool(diffs) and all(name in SUCCESSOR_FIELDS for name, _, _ in diffs)
+    known = [name for name, _, theirs in diffs if theirs != NO_IDENTITY]
+    return bool(diffs) and all(name in SUCCESSOR_FIELDS for name in known)
 
 
 def _short(identity: str) -> str:

@@ -9,6 +9,8 @@ check was, else PASS; what INCONCLUSIVE exits with is the gate file's `inconclus
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 from pathlib import Path
 from typing import Callable
@@ -414,7 +416,8 @@ def load_gate(path: str | Path) -> Gate:
     except OSError as exc:
         raise QualError(f"cannot read gate file {path}: {exc.strerror or exc} "
                         f"(shipped gates: {', '.join(shipped_gates())})") from None
-    return parse_rules(load_yaml(text, str(path)), str(path))
+    sha256 = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()  # the bytes read: strict UTF-8 round-trips
+    return dataclasses.replace(parse_rules(load_yaml(text, str(path)), str(path)), sha256=sha256)
 
 
 def near_tie_margin(gate: Gate) -> float:

@@ -179,6 +179,9 @@ class Gate:
     rules: tuple[GateRule, ...]
     source: str = "<inline>"
     inconclusive: str = "fail"
+    # "sha256:<hex>" of the bytes the rules were read from (None: inline rules): what provenance and run.json record,
+    # so that both name the rules the verdict used, whatever the file holds by the time the run ends
+    sha256: str | None = None
 
     def params_of(self, check: str) -> list[dict]:
         return [r.params for r in self.rules if r.check == check]

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from qual.errors import QualError
+from qual.shown import has_control
 
 # The facts, in the order `changes` names them.
 FACTS = ("engine", "engine_commit", "torch", "cuda", "driver", "gpu", "host", "qual")
@@ -57,7 +58,7 @@ def parse_meta(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
                             "64, not starting with a digit)")
         if key in out:
             raise QualError(f"--meta {key}: given twice")
-        if len(value) > MAX_META_VALUE or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        if len(value) > MAX_META_VALUE or has_control(value):  # C1 and bidirectional controls too: qual.shown's set
             raise QualError(f"--meta {key}: the value must be at most {MAX_META_VALUE} characters without control "
                             "characters")
         out[key] = value

@@ -21,6 +21,11 @@ def _escaped(match: re.Match) -> str:
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
+def has_control(text: str) -> bool:
+    """Whether text holds a character safe() would write as its escape (what a label qual records may not hold)."""
+    return _CONTROL.search(text) is not None
+
+
 def safe(text: object) -> str:
     """str(text) with every control character written as its escape: one line, nothing a terminal acts on."""
     s = str(text)

@@ -295,6 +295,128 @@ def test_half_precision_prefill_runs_fused_and_is_as_near_float64(graph_tokens, 
     assert error <= 1.5 * base_error + 1e-3, (error, base_error)
 
 
+def _pdl_or_skip(pdl: bool) -> None:
+    from qual.runtime.backends import skinny_gemm
+
+    if pdl and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
+        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
+
+
+@pytest.mark.parametrize("m,heads,kv,k,inter", [(1, 32, 8, 4096, 14336), (16, 32, 8, 4096, 14336), (3, 8, 1, 328, 200),
+                                               (8, 4, 4, 1000, 96)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
+    """fused-layer's four products against float64 (tests/fused_layer_reference.py) on the GPU: the 8B shape at 1 and
+    16 rows, ragged column and K blocks, GQA groups 4, 8 and 1; each launched twice (the counts left at zero); with
+    PDL the same bits. Tolerance: two roundings to the dtype (rtol 2^-8 / 2^-11) over float32 sums."""
+    from qual.runtime.backends import fused_layer as fl
+    from qual.runtime.models.layers import rope_inv_freq
+    import fused_layer_reference as ref
+
+    _pdl_or_skip(pdl)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *shape, scale=1.0: (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)  # noqa: E731
+    D, eps = 128, 1e-6
+    x, res, ln = rnd(m, k), rnd(m, k), (1 + rnd(k, scale=0.2).float()).to(dtype)
+    wqkv, qkn = rnd((heads + 2 * kv) * D, k, scale=k**-0.5), (1 + rnd(heads + kv, D, scale=0.2).float()).to(dtype)
+    wo, gu, wd = rnd(k, heads * D, scale=(heads * D) ** -0.5), rnd(2 * inter, k, scale=k**-0.5), rnd(k, inter,
+                                                                                                   scale=inter**-0.5)
+    positions = torch.arange(1000, 1000 + m, device="cuda")
+    slots = torch.randperm(4 * m, device="cuda", generator=g)[:m]
+    inv_freq = rope_inv_freq(D, 1e6, "cuda")
+    rtol = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    counts = torch.zeros(1024, device="cuda", dtype=torch.int32)
+    got = []
+    for _ in range(2):
+        kc, vc = torch.zeros(4 * m, kv, D, device="cuda", dtype=dtype), torch.zeros(4 * m, kv, D, device="cuda", dtype=dtype)
+        q = fl.qkv_product(x, ln, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, heads, kv, counts, pdl=pdl)
+        o = fl.residual_product(q, wo, res, counts, pdl=pdl)
+        act = fl.swiglu_product(x, ln, eps, gu, counts, pdl=pdl)
+        down = fl.residual_product(act, wd, res, counts, pdl=pdl)
+        assert not counts.any()
+        got.append((q, kc, vc, o, act, down))
+    q, kc, vc, o, act, down = got[1]
+    eq, ek, ev = ref.qkv(x, ln, eps, wqkv, qkn, positions, inv_freq, heads, kv)
+    for name, a, b in [("q", q.view(m, heads, D), eq), ("k", kc[slots], ek), ("v", vc[slots], ev),
+                       ("o", o, ref.residual(q, wo, res)), ("swiglu", act, ref.swiglu(x, ln, eps, gu)),
+                       ("down", down, ref.residual(act, wd, res))]:
+        # two roundings: x * ln at the load and the output (an emulation of the kernel's math in float64 puts the
+        # largest error at up to 1.22 x rtol x the largest magnitude over these shapes)
+        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=2 * rtol * b.abs().max().item(), msg=name)
+    assert all(torch.equal(a, b) for a, b in zip(got[0], got[1]))  # the split order is fixed: the same bits
+    if pdl:
+        kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(vc)
+        assert torch.equal(q, fl.qkv_product(x, ln, eps, wqkv, qkn, positions, inv_freq, slots, kc2, vc2, heads, kv,
+                                             counts))
+        assert torch.equal(kc, kc2) and torch.equal(down, fl.residual_product(act, wd, res, counts))
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gluon_fused_layer_products_match_float64(m, pdl):
+    """bench/gluon_fused_layer.py at the 8B shape against float64: o with the residual and x * ln for the next norm
+    (that product rounded from the new residual, as the Triton path rounds it), qkv (q/k norm, RoPE, KV at each
+    row's slot) and SwiGLU (gate/up interleaved at load) from it; twice, the counts left at zero; with PDL the same
+    bits."""
+    _gluon_gemm()
+    import fused_layer_reference as ref
+    import gluon_fused_layer as gf
+    from qual.runtime.models.layers import rope_inv_freq
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *shape, scale=1.0: (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()  # noqa: E731
+    H, I, NH, NKV, D, eps = 4096, 14336, 32, 8, 128, 1e-6
+    a, res, ln = rnd(m, NH * D), rnd(m, H), (1 + rnd(H, scale=0.2).float()).bfloat16()
+    wo, gu = rnd(H, NH * D, scale=(NH * D) ** -0.5), rnd(2 * I, H, scale=H**-0.5)
+    wqkv, qkn = rnd((NH + 2 * NKV) * D, H, scale=H**-0.5), (1 + rnd(NH + NKV, D, scale=0.2).float()).bfloat16()
+    positions, inv_freq = torch.arange(5000, 5000 + m, device="cuda"), rope_inv_freq(D, 1e6, "cuda")
+    slots = torch.randperm(64, device="cuda", generator=g)[:m]
+    counts = torch.zeros(1024, device="cuda", dtype=torch.int32)
+    gu_tiles = gf.interleave_gate_up(gu)
+    runs = []
+    for launch in range(2 + pdl):
+        p = pdl and launch < 2
+        kc, vc = torch.zeros(64, NKV, D, device="cuda").bfloat16(), torch.zeros(64, NKV, D, device="cuda").bfloat16()
+        x, x_ln = gf.residual_product(a, wo, res, counts, ln, pdl=p)
+        q = gf.qkv_product(x_ln, x, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, NH, NKV, counts, pdl=p)
+        act = gf.swiglu_product(x_ln, x, eps, gu_tiles, counts, pdl=p)
+        assert not counts.any()
+        runs.append((x, x_ln, q, kc, vc, act))
+    x, x_ln, q, kc, vc, act = runs[0]
+    assert torch.equal(x_ln, (x.float() * ln.float()).bfloat16())
+    eq, ek, ev = ref.qkv(x, ln, eps, wqkv, qkn, positions, inv_freq, NH, NKV)
+    for name, got, exact in [("o", x, ref.residual(a, wo, res)), ("q", q.view(m, NH, D), eq), ("k", kc[slots], ek),
+                             ("v", vc[slots], ev), ("swiglu", act, ref.swiglu(x, ln, eps, gu))]:
+        torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=2**-7 * exact.abs().max().item(), msg=name)
+    assert all(torch.equal(u, v) for r in runs[1:] for u, v in zip(runs[0], r))  # fixed split order; PDL: same bits
+
+
+@pytest.fixture(scope="module")
+def head32_pair(tmp_path_factory):
+    """The tiny pair with 32-wide heads (fused-layer's qkv product takes a head as one column block of >= 32)."""
+    from checkpoints import make_draft, make_target
+
+    root = tmp_path_factory.mktemp("head32")
+    return make_target(root / "target", head_dim=32), make_draft(root / "draft", head_dim=32)
+
+
+@pytest.mark.parametrize("backend", ["fused-layer+triton-attention", "compiled+fused-layer+triton-attention+pdl"])
+def test_fused_layer_in_graphs_equals_eager_and_the_per_layer_path(head32_pair, backend):
+    """fused-layer serves decode and verify steps (a DFlash drafter's blocks) from the decode graphs as eagerly, and
+    gives the per-layer path's greedy tokens (bf16; the products round once where that path rounds each step)."""
+    if "pdl" in backend:
+        _pdl_or_skip(True)
+    from runtime_helpers import prompts
+
+    common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2])
+    eager, _ = run(*head32_pair, static_shapes=True, backend=backend, **common)
+    graphs, _ = run(*head32_pair, cuda_graph_sizes=GRAPHS, backend=backend, **common)
+    per_layer, _ = run(*head32_pair, cuda_graph_sizes=GRAPHS, backend="triton-attention", **common)
+    assert outputs(graphs) == outputs(eager) == outputs(per_layer), backend
+    assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], backend
+
+
 @pytest.mark.parametrize("kernel", ["triton-gemm", "triton-attention", "triton-gemm+triton-attention+pdl"])
 def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
     """Each Triton kernel captures into the decode graphs (also compiled) and replays what it computes eagerly;

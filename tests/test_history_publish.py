@@ -67,7 +67,13 @@ def db(tmp_path_factory) -> Path:
         history.record_run(path, res, write_reports(res, night)["json"])
         if day == MISSING_DAY:
             shutil.rmtree(night)
-    failed = root / "synthetic-error"  # as `qual run` leaves a night that ended in exit 3: run.json and summary.md
+        if ERROR_AT.startswith(f"2026-11-{day:02d}"):  # the nights are recorded in the order they ran
+            _record_error_night(path, res, root / "synthetic-error")
+    return path
+
+
+def _record_error_night(path: Path, res, failed: Path) -> None:
+    """A night of res's configuration that ended in exit 3, as `qual run` leaves it: run.json, summary.md, its row."""
     failed.mkdir()
     (failed / "run.json").write_text(json.dumps({"run_id": "night-error"}))
     (failed / "summary.md").write_text(f"# ERROR (exit 3)\n\n{ERROR_CAUSE}\n")
@@ -77,7 +83,6 @@ def db(tmp_path_factory) -> Path:
         corpus={"name": "synthetic", "fingerprint": res.corpus.fingerprint, "count": 24},
         key=history.configuration_of(res), exit_code=3, cause=ERROR_CAUSE, command="qual run --dcp 4",
         run_dir=str(failed)))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,42 @@ with tempfile.TemporaryDirectory() as tmp:
             engine.generate(prompts(1, max_tokens=2), SamplingParams(max_tokens=2))
 """
 
+FUSED_LAYER = """
+import torch
+from qual.runtime.backends import fused_layer as fl
+from qual.runtime.backends.skinny_gemm import partials
+
+H, I, NH, NKV, D = 4096, 14336, 32, 8, 128  # the 8B shape
+for m in (1, 16):  # a plain step's row, a verify block's sixteen
+    x, ln = torch.randn(m, H).bfloat16(), torch.randn(H).bfloat16()
+    for n, k in [((NH + 2 * NKV) * D, H), (H, NH * D), (2 * I, H), (H, I)]:  # the split-K kernel, as triton-gemm
+        partials(torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(), pdl=True)
+    for pdl in (False, True):
+        counts, cache = torch.zeros(512, dtype=torch.int32), torch.zeros(64, NKV, D).bfloat16()
+        fl.qkv_product(x, ln, 1e-6, torch.randn((NH + 2 * NKV) * D, H).bfloat16(), torch.randn(NH + NKV, D).bfloat16(),
+                       torch.arange(m), torch.rand(D // 2), torch.arange(m), cache, cache, NH, NKV, counts, pdl=pdl)
+        fl.residual_product(torch.randn(m, NH * D).bfloat16(), torch.randn(H, NH * D).bfloat16(), x, counts, pdl=pdl)
+        fl.swiglu_product(x, ln, 1e-6, torch.randn(2 * I, H).bfloat16(), counts, pdl=pdl)
+        fl.residual_product(torch.randn(m, I).bfloat16(), torch.randn(H, I).bfloat16(), x, counts, pdl=pdl)
+"""
+
+GLUON_FUSED_LAYER = """
+import sys
+import torch
+sys.path.insert(0, "{bench}")
+import gluon_fused_layer as gf
+
+H, I, NH, NKV, D = 4096, 14336, 32, 8, 128  # the 8B shape: qkv with PDL first (its PTX is read), then the rest
+for m, pdl in [(1, True), (16, True), (3, False)]:
+    x, ln = torch.randn(m, H).bfloat16(), torch.randn(H).bfloat16()
+    counts, cache = torch.zeros(512, dtype=torch.int32), torch.zeros(64, NKV, D).bfloat16()
+    gf.qkv_product(x, x, 1e-6, torch.randn((NH + 2 * NKV) * D, H).bfloat16(), torch.randn(NH + NKV, D).bfloat16(),
+                   torch.arange(m), torch.rand(D // 2), torch.arange(m), cache, cache, NH, NKV, counts, pdl=pdl)
+    gf.residual_product(torch.randn(m, NH * D).bfloat16(), torch.randn(H, NH * D).bfloat16(), x, counts, ln, pdl=pdl)
+    gf.swiglu_product(x, x, 1e-6, torch.randn(2 * I, H).bfloat16(), counts, pdl=pdl)
+    gf.residual_product(torch.randn(m, I).bfloat16(), torch.randn(H, I).bfloat16(), x, counts, ln, pdl=pdl)
+"""
+
 
 # The GPU image's Triton (Makefile: DEVICE_TRITON_VERSION), which `make test` puts beside the venv's own: the
 # kernels are compiled with it where it is there, so that registers and spills are the ones the GPU runs
@@ -183,3 +219,38 @@ def test_fused_decode_compiles_for_hopper():
     """The one-kernel decode, as one launch (a GPU's grid barrier) and phase by phase."""
     out = compile_for_hopper(FUSED)
     assert out.count("_decode_layers_kernel:") >= 2, out
+
+
+@pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
+def test_fused_layer_products_compile_within_the_split_k_kernels_registers():
+    """fused-layer's products at the 8B shape (qkv with its q/k norm, RoPE and KV write; o and down with the residual;
+    gate/up with SwiGLU), one and sixteen rows, with and without PDL, compiled by the GPU image's Triton: each takes no
+    more registers a thread than the split-K kernel it replaces does at the same products (same compile), at most
+    64 KB of shared memory a program (three an SM), nothing spilled (no stack: RoPE's cos and sin are arithmetic,
+    libdevice's keep a stack for large angles), and with PDL no global load before the wait."""
+    out = compile_for_hopper(FUSED_LAYER)
+    regs = lambda line: int(line.split(" registers")[0].split()[-1])  # noqa: E731
+    split_k = [regs(line) for line in out.splitlines() if line.startswith("_partials_kernel:")]
+    fused = [line for line in out.splitlines() if line.startswith("_fused_product_kernel:")]
+    assert split_k and len(fused) >= 6, out  # three epilogues, with PDL and without, at least
+    for line in fused:
+        assert regs(line) <= max(split_k) and int(line.split(" B shared")[0].split()[-1]) <= 64 << 10, (line, split_k)
+        assert " 0 B stack" in line, line
+        assert "before its PDL wait" not in line or ", 0 global loads before its PDL wait" in line, line
+
+
+@pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
+def test_gluon_fused_layer_products_compile_for_hopper_two_programs_an_sm():
+    """bench/gluon_fused_layer.py (the fused-layer epilogues on bench/gluon_gemm.py's TMA ring) at the 8B shape, 1, 16
+    and 3 rows: within gluon_gemm's 96 registers a thread and half an SM's shared memory, nothing spilled; with PDL
+    the producer warp issues weight tiles (TMA) before its wait, and no program stores before the wait."""
+    out = compile_for_hopper(GLUON_FUSED_LAYER.format(bench=ROOT / "bench"), "--ptx")
+    lines = [line for line in out.splitlines() if line.startswith("_fused_kernel:")]
+    assert len(lines) == 12, out
+    for line in lines:
+        regs, shared = int(line.split(" registers")[0].split()[-1]), int(line.split(" B shared")[0].split()[-1])
+        assert regs <= 96 and shared <= 113 << 10 and " 0 B stack" in line, line
+    ptx = out.split("PTX:\n", 1)[1].split("\n_fused_kernel:", 1)[0]  # the first launch's: qkv with PDL
+    first_copy, producer_wait = ptx.index("cp.async.bulk.tensor"), ptx.rindex("griddepcontrol.wait")
+    assert first_copy < producer_wait < ptx.rindex("cp.async.bulk.tensor"), "weight tiles issued before the PDL wait"
+    assert ptx.index("griddepcontrol.wait") < ptx.index("st.global"), "a store before the PDL wait"

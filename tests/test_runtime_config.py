@@ -59,6 +59,18 @@ def test_fused_backend_needs_one_gpu_rank():
         EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="compiled+fused")
 
 
+def test_fused_layer_backend_needs_half_precision_on_one_gpu_rank():
+    EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+fused-layer+triton-attention+pdl")
+    EngineConfig("x", device="cuda", dtype="float16", backend="fused-layer+pdl")  # pdl launches its products
+    with pytest.raises(QualError, match="fused-layer need device cuda"):
+        EngineConfig("x", backend="fused-layer")
+    with pytest.raises(QualError, match="fused-layer need dtype bfloat16 or float16"):
+        EngineConfig("x", device="cuda", dtype="float32", backend="fused-layer")
+    with pytest.raises(QualError, match="fused-layer needs tp 1"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="fused-layer")
+    assert "fused-layer" in parse_backend("fused-layer+pdl").record()["serves"]
+
+
 def test_pdl_backend_launches_some_triton_kernels_on_a_gpu():
     EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+triton-gemm+triton-attention+pdl")
     EngineConfig("x", device="cuda", dtype="float32", backend="compiled+pdl")  # inductor's kernels alone
@@ -214,3 +226,17 @@ def test_a_checkpoint_problem_found_in_the_ranks_is_one_line_each(tmp_path, tiny
     err = capfd.readouterr().err
     assert "Traceback" not in err, err
     assert all(line.startswith("rank 1: error: ") and "fc.weight" in line for line in err.splitlines() if line), err
+
+
+def test_fused_layer_refuses_a_target_whose_layers_it_does_not_run():
+    """The GLM target's layers are not Qwen3's: a backend naming fused-layer is refused by name before its weights
+    load, never run as the per-layer path silently."""
+    from qual.paths import DATA_DIR
+    from qual.runtime.model_runner import ModelRunner
+    from qual.runtime.parallel import Comm
+    from qual.runtime.registry import target_spec
+
+    glm = DATA_DIR / "models" / "glm-toy" / "target"
+    cfg = EngineConfig(str(glm), device="cuda", dtype="bfloat16", backend="fused-layer")
+    with pytest.raises(QualError, match="fused-layer runs Qwen3 targets' layers only"):
+        ModelRunner(cfg, Comm(), target_spec(glm), None)  # a CPU Comm: nothing asks for a GPU before the refusal

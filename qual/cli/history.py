@@ -291,8 +291,8 @@ def prune_cmd(
     as_json: bool = typer.Option(False, "--json", help=f"Print what was kept and removed as JSON ({PRUNE_SCHEMA})."),
 ) -> None:
     """Remove old run directories under DIR: keep the newest N (by name, numbers as numbers: <run id>-<attempt>) and
-    every one a baseline may still read (pins, each series' last pass); folders that are not qual run directories
-    are never touched. The history keeps every row."""
+    every one a baseline may still read (pins, each series' last pass); folders that are not qual run directories,
+    and a run directory a running qual holds, are never touched. The history keeps every row."""
     from qual.history.prune import prune
 
     done = prune(runs_dir, keep, history)

@@ -128,14 +128,30 @@ def _series_baseline(history_path: Path, configuration: ConfigurationKey, any_ke
         return None
     if nearest is not None:
         raise QualError(
-            f"--baseline {ref}: no passing run of this configuration in {history_path}; the nearest, run "
-            f"{nearest.id} of {nearest.created_at}, differs in {describe_differences(configuration.differences(nearest.key))}; "
+            f"--baseline {ref}: no passing run of this configuration in {history_path}; {_nearest(nearest, configuration)}; "
             f"pass {ANY} to compare with it anyway, or drop {REQUIRED} to record this series' first night"
         )
     raise QualError(
         f"--baseline {ref}: no passing run of model {configuration.model} in {history_path}; "
         f"drop {REQUIRED} to record this series' first night, or pin one (`qual history baseline pin ID`)"
     )
+
+
+def _nearest(nearest: hist.HistoryRun, configuration: ConfigurationKey) -> str:
+    return (f"the nearest, run {nearest.id} of {nearest.created_at}, differs in "
+            f"{describe_differences(configuration.differences(nearest.key))}")
+
+
+def first_night_note(history_path: Path, configuration: ConfigurationKey) -> str | None:
+    """What a series' first night under history:last-pass is told before it runs where the model has passing nights of
+    other configurations: the nearest, and each field in which it differs (an edited corpus, another --limit or
+    max_tokens starts a new series, which passes on the paired gate alone). None where the model has none."""
+    passes = hist.model_passes(history_path, configuration.model) if history_path.exists() else []
+    nearest = hist.nearest_pass(passes, configuration)
+    if nearest is None:
+        return None
+    return (f"--baseline {LAST_PASS}: the first night of this configuration, so no baseline: {_nearest(nearest, configuration)} "
+            f"({ANY} compares with it; {REQUIRED} refuses a first night)")
 
 
 def _from_history(ref: str, run: hist.HistoryRun, chosen_by: str) -> ResolvedBaseline:

@@ -11,13 +11,13 @@ import qual
 from qual.baseline import ARMS, BaselineArm, BaselineComparison
 from qual.gate import Gate, baseline_confidences, confidences, evaluate, load_gate, near_tie_margin
 from qual.harness.baseline import ResolvedBaseline, differences
-from qual.history import HistoryRun, configuration_of
+from qual.history import HistoryRun, configuration_of, recorded_order
 from qual.harness.inputs import checkpoint_records
 from qual.intervals import METHOD
 from qual.harness.speedup import speedup
 from qual.latency import latency_summary
 from qual.nights import changes, facts_of
-from qual.provenance import file_sha256, local_host, qual_commit
+from qual.provenance import local_host, qual_commit
 from qual.records import ArmConfig, ArmRunInfo, EngineBuild, RequestResult
 from qual.result import ArmResult, Comparison, CorpusInfo, GateOutcome, Provenance, Result, Throughput, ci_key
 from qual.stats import (
@@ -38,16 +38,16 @@ from qual.stats import (
 MOVED_REQUESTS = 10  # requests listed per arm as having moved most against the baseline
 
 
-def provenance(config: dict, info: ArmRunInfo, corpus_fingerprint: str, gate_source: str | None) -> Provenance:
-    """One arm's provenance, collected where qual runs; the engine's own build and host come from the engine."""
+def provenance(config: dict, info: ArmRunInfo, corpus_fingerprint: str, gate_sha256: str | None) -> Provenance:
+    """One arm's provenance, collected where qual runs; the engine's own build and host come from the engine.
+    gate_sha256: the digest of the gate file as it was read (qual.gate_rules.Gate.sha256), not as it is now."""
     commit, dirty = qual_commit()
-    gate_file = Path(gate_source) if gate_source else None
     return Provenance(
         qual_version=qual.__version__, qual_commit=commit, qual_checkout_dirty=dirty, host=local_host(),
         engine=info.build or EngineBuild(name=str(config.get("engine")), version=info.engine_version,
                                          source="the engine reported no build facts"),
         corpus_fingerprint=corpus_fingerprint,
-        gate_sha256=file_sha256(gate_file) if gate_file is not None and gate_file.is_file() else None,
+        gate_sha256=gate_sha256,
         checkpoints=checkpoint_records(config),
         chat_template=(config.get("extra") or {}).get("chat_template"),
     )
@@ -254,7 +254,7 @@ def baseline_comparison(
         trend=[{"run_id": r.id, "created_at": r.created_at, "verdict": r.outcome, "control_rate": r.control_rate,
                 "candidate_rate": r.candidate_rate, "baseline": r.id == resolved.history_id,
                 "engine": r.facts.get("engine"), "qual": r.facts.get("qual"), "meta": dict(r.meta)}
-               for r in sorted(trend, key=lambda r: (r.created_at, r.id)) if not r.is_error],
+               for r in sorted(trend, key=recorded_order) if not r.is_error],
         axis=axis,
         bootstrap={"unit": resampling_unit([r for a in arms.values() for r in a.per_request]),
                    "method": f"paired {METHOD}, matched by request id", "resamples": n_resamples, "seed": seed},
@@ -290,7 +290,7 @@ def build_result(
     gate = gate_rules if isinstance(gate_rules, Gate) else load_gate(gate_rules)
     corpus = corpus_info if isinstance(corpus_info, CorpusInfo) else CorpusInfo.from_corpus(corpus_info)
     if provenances is None:
-        provenances = tuple(provenance(_config_json(c), i, corpus.fingerprint, gate.source) for c, i, _ in (control, candidate))
+        provenances = tuple(provenance(_config_json(c), i, corpus.fingerprint, gate.sha256) for c, i, _ in (control, candidate))
     ctrl, cand = arm_result(*control, provenances[0]), arm_result(*candidate, provenances[1])
     if ctrl.runnable and cand.runnable:
         comparison = compare_arms(
@@ -320,7 +320,7 @@ def build_result(
         first_night=first_night and baseline is None,
     )
     if plain is not None:
-        arm = arm_result(*plain, provenance(_config_json(plain[0]), plain[1], corpus.fingerprint, gate.source))
+        arm = arm_result(*plain, provenance(_config_json(plain[0]), plain[1], corpus.fingerprint, gate.sha256))
         result.speedup = speedup(cand, arm, seed=seed, n_resamples=n_resamples)
     if baseline is not None:
         result.baseline = baseline_comparison(baseline, result.arms, seed=seed, n_resamples=n_resamples,

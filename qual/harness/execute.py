@@ -262,7 +262,7 @@ def _execute(plan: RunPlan, progress: Progress | None) -> tuple[Result | SweepRe
     corpus = CorpusInfo(plan.corpus_info["name"], plan.corpus_info["path"], plan.corpus_info["fingerprint"],
                         plan.corpus_info["count"])
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # one time for every comparison of a sweep
-    results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate_path, plan.options.seed,
+    results = [(name, build_result(corpus, arms[sweep.CONTROL], arms[name], plan.gate, plan.options.seed,
                                    reproduce=plan.options.command(plan.engine), created_at=created_at,
                                    baseline=plan.baseline, trend=trend, plain=arms.get(PLAIN_ARM),
                                    meta=plan.options.meta, first_night=plan.first_night,

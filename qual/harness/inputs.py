@@ -31,7 +31,7 @@ def run_inputs(plan, profile_path: str) -> dict:
     return {
         "options": options,
         "profile": {"path": profile_path, "sha256": file_sha256(profile_path)},
-        "gate": {"path": plan.gate_path, "sha256": file_sha256(plan.gate_path)},
+        "gate": {"path": plan.gate_path, "sha256": plan.gate.sha256},
         "corpus": plan.corpus_info["fingerprint"],
         "checkpoints": {"target": checkpoint_identity(candidate.target_path),
                         "draft": checkpoint_identity(candidate.draft_path),
@@ -82,13 +82,16 @@ def check_sealed(data: dict, where: str) -> str | None:
 
 
 _OFF = (None, False, {}, [])  # the value a key a later qual added has when nobody asked for it
+# An option missing from run.json is one the qual that started the run did not have: load_plan gives it its default
+# (whatever that is: --axis's is "date"), which is the behaviour from before the option existed
+OPTIONS = "options"
 
 
 def _differences(saved, now, path: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(now, dict):
         out = []
         for key in sorted(set(saved) | set(now)):
-            if key not in saved and now[key] in _OFF:
+            if key not in saved and (now[key] in _OFF or path == OPTIONS):
                 continue  # an option or field added since the run started, left off: what that run ran
             out += _differences(saved.get(key), now.get(key), f"{path}.{key}" if path else key)
         return out

@@ -23,9 +23,9 @@ from qual.corpus.records import MAX_TOKENS
 from qual.engines.registry import engine_class, get_engine
 from qual.errors import QualError
 from qual.files import is_leftover, write_text
-from qual.gate import gate_file, load_gate, needs_baseline
+from qual.gate import Gate, gate_file, load_gate, needs_baseline
 from qual.harness import sweep
-from qual.harness.baseline import LAST_PASS, ResolvedBaseline, check_match, resolve
+from qual.harness.baseline import LAST_PASS, ResolvedBaseline, check_match, first_night_note, resolve
 from qual.harness.speedup import PLAIN_ARM, plain_arm
 from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
 from qual.harness.turns import ChatPrompts, Conversation, request_ids
@@ -188,6 +188,9 @@ class RunPlan:
     # and every resume renders the same prompts
     render_time: datetime | None = None
     journals_sealed: bool = True  # every journal line carries its digest (False: a run begun by a qual before that)
+    # The gate's rules as read when the plan was made: the verdict's, and the digest run.json and provenance record,
+    # whatever the file holds by the time the arms are done
+    gate: Gate | None = None
 
     @property
     def candidates(self) -> list[str]:
@@ -576,7 +579,7 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     plan = RunPlan(o, profile.name, corpus_info, requests, arms, gate_path, out_dir, history, run_id or uuid.uuid4().hex,
                    conversations=[c for c in conversations.values() if c.turns > 1], prompts=prompts,
                    request_ids=request_ids(selected), profile_path=profile.path, how=how, lacking=lacking,
-                   inventory=inventory, render_time=render_time if prompts is not None else None)
+                   inventory=inventory, render_time=render_time if prompts is not None else None, gate=gate)
     plan.engine_version = engine.version(arms[plan.candidates[0]])
     plan.notes = _corpus_notes(corpus) + list(dict.fromkeys(n for arm in arms.values() for n in engine.notes(arm)))
     if o.baseline_any and o.baseline is None:
@@ -590,6 +593,8 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
         plan.baseline = resolve(o.baseline, history, plan.configuration, o.baseline_any, o.baseline_required)
         plan.first_night = plan.baseline is None
+        note = first_night_note(history, plan.configuration) if plan.first_night else None
+        plan.notes += [note] if note else []
         if plan.baseline is not None:
             check_match(plan.baseline, arms, corpus.fingerprint, plan.request_ids)
     if not dry_run:

@@ -16,7 +16,7 @@ from pathlib import Path
 from qual.configuration import ConfigurationKey
 from qual.errors import QualError
 from qual.files import write_bytes, write_text
-from qual.history.runs import ERROR, FAIL, INCONCLUSIVE, PASS, HistoryRun, list_runs
+from qual.history.runs import ERROR, FAIL, INCONCLUSIVE, PASS, HistoryRun, list_runs, recorded_order
 from qual.history.series import group_series
 from qual.nights import FACTS
 
@@ -83,7 +83,7 @@ class History:
 
 def load_history(path: str | Path) -> History:
     """Every night of a history database (QualError: none there, or a damaged row)."""
-    return History(Path(path), sorted(list_runs(path, limit=None), key=lambda r: (r.created_at, r.id)))
+    return History(Path(path), sorted(list_runs(path, limit=None), key=recorded_order))
 
 
 def export(history: History, out_dir: str | Path, fmt: str) -> list[Path]:

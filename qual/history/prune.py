@@ -3,8 +3,9 @@
 The newest N run directories under DIR stay (newest by name, its numbers compared as numbers: `<run id>-<attempt>`
 names grow with the run id), and so does every directory a baseline may still be read from (pins, each series' last
 pass: qual.history.baselines.baseline_result_paths). Only qual's run directories are removed (a folder holding
-run.json, or an empty one); anything else under DIR, and a link, is left as it is and named. The history keeps every
-row: `qual history show` of a pruned night still says where its result was.
+run.json, or an empty one); anything else under DIR, a link, and a run directory a qual process holds (a night
+still running there), is left as it is and named. The history keeps every row: `qual history show` of a pruned night
+still says where its result was.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qual.errors import QualError
-from qual.files import remove_tree
+from qual.files import DirectoryLock, WriteError, remove_tree
 from qual.history.baselines import baseline_result_paths
 from qual.validation import ascii_digits
 
@@ -48,6 +49,23 @@ def _tail(relative: Path) -> tuple[str, ...]:
     return parts
 
 
+def _remove_run_directory(entry: Path) -> None:
+    """Remove a run directory, its run.json last: a prune stopped part-way (a cancelled CI step's SIGTERM) leaves a
+    run directory the next prune still recognises and finishes, never a folder of orphaned files it must leave."""
+    for child in entry.iterdir():
+        if child.name == RUN_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            remove_tree(child)
+        else:
+            try:
+                child.unlink()
+            except OSError:
+                pass  # what cannot be removed stays: said by the caller, not guessed
+    if all(child.name == RUN_FILE for child in entry.iterdir()):  # else run.json stays with what could not go
+        remove_tree(entry)
+
+
 def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
     """Remove the run directories under runs_dir beyond the newest `keep` that no baseline reads."""
     root = Path(runs_dir)
@@ -77,7 +95,17 @@ def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
             done.kept.append(str(entry))
             done.baselines.append(str(entry))
         else:
-            remove_tree(entry)
+            try:  # a night still writing it (qual run --out, --resume) holds it: never removed from under that night
+                lock = DirectoryLock(entry, "run directory")
+            except WriteError:
+                raise
+            except QualError:
+                done.left.append((str(entry), "in use by a running qual process"))
+                continue
+            try:
+                _remove_run_directory(entry)
+            finally:
+                lock.release()
             if entry.exists():  # what could not be removed (permissions) stays: said, not guessed
                 raise QualError(f"cannot remove {entry} (removed before it: {len(done.removed)})")
             done.removed.append(str(entry))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qual.errors import QualError
-from qual.history.runs import HistoryRun, list_runs
+from qual.history.runs import HistoryRun, list_runs, recorded_order
 from qual.nights import axis_value, changes
 
 DEFAULT_STEP_PP = 2.0
@@ -24,7 +24,7 @@ def trend(db_path: str | Path, model: str | None = None, **filters: Any) -> dict
 def group_series(runs: Sequence[HistoryRun]) -> dict[str, list[HistoryRun]]:
     """Runs by configuration key, oldest first within each, under the key's label."""
     by_key: dict[str, list[HistoryRun]] = {}
-    for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
+    for run in sorted(runs, key=recorded_order):
         by_key.setdefault(run.configuration or run.series, []).append(run)
     labels = [rows[0].series for rows in by_key.values()]
     # A label leaves some fields out (the seed where it is 0...): keys that share one are told apart by their hash.

@@ -214,7 +214,7 @@ def build(history_path: str | Path, axis: str = "date", threshold_pp: float = hi
     if not runs:
         raise QualError(f"no runs recorded in {history_path}: nothing to publish")
     groups: dict[str, list[hist.HistoryRun]] = {}
-    for run in sorted(runs, key=lambda r: (r.created_at, r.id)):
+    for run in sorted(runs, key=hist.recorded_order):
         groups.setdefault(run.configuration or run.series, []).append(run)
     labels = readable_labels([rows[0] for rows in groups.values()])
     configurations = [Configuration(slug(identity), rows[0].key, label, tuple(night(r) for r in rows), rows[0].series,
@@ -302,7 +302,7 @@ def steps(site: Site) -> list[Step]:
         for change in conf.steps:
             lo, hi = ids.index(change.previous_run_id), ids.index(change.run_id)
             out.append(Step(change, conf, conf.nights[max(lo - 1, 0):hi + 2]))
-    return sorted(out, key=lambda s: (s.change.created_at, s.change.run_id), reverse=True)
+    return sorted(out, key=lambda s: s.change.run_id, reverse=True)  # newest first, as recorded
 
 
 def render_index(site: Site) -> str:

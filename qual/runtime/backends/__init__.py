@@ -3,7 +3,10 @@
 A backend names its parts, joined by "+": `compiled` (torch.compile of the decode step before graph
 capture), `compiled-prefill` (torch.compile of the padded prefill too, before its buckets are captured),
 `triton-gemm` (decode projections of <= 16 rows through the split-K Triton kernel),
-`triton-attention` (the target's decode attention read in place from the paged store), `fused`
+`triton-attention` (the target's decode attention read in place from the paged store), `fused-layer` (a Qwen3
+target's decode and verify layers of <= 16 rows as four products that finish their own output: the input RMSNorm,
+q/k norm, RoPE and the KV write in the qkv product, the residual in o and down, SwiGLU in gate/up;
+qual/runtime/backends/fused_layer.py), `fused`
 (one-token target decode steps through one persistent kernel for all layers) and `pdl` (the step's Triton
 kernels, compiled ones too, launched with programmatic dependent launch: each may start while the one before
 finishes). `pytorch` (the default) is
@@ -20,7 +23,9 @@ from qual.errors import QualError
 
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
-PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused", "pdl")
+PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused-layer", "fused",
+         "pdl")
+HALF_PRECISION_PARTS = ("triton-gemm", "triton-attention", "fused-layer")  # tensor-core products of bf16 or fp16 tiles
 ATTENTION_PARTS = ("triton-attention", "fused")  # parts that compute the target's attention in a kernel of their own
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
@@ -33,9 +38,13 @@ SERVES = {
                         "bucket stay eager",
     "triton-gemm": "projections of <= 16 rows (decode at small batch); larger products use torch's GEMM",
     "triton-attention": "the target's attention in decode and verify steps; prefill and draft attention stay PyTorch",
+    "fused-layer": "the Qwen3 target's layers in decode and verify steps of <= 16 rows (tp 1): four products a layer "
+                   "that finish their own output, attention between them as the other parts choose; prefill, larger "
+                   "steps, the drafter and the LM head use the per-layer path",
     "fused": "one-token target decode steps (batch 1, no drafter); verify, draft and prefill steps use the per-layer "
              "path (with compiled: the step around the kernel is compiled, the kernel launched as it is)",
-    "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention and the compiled step's "
+    "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention, fused-layer and the "
+           "compiled step's "
            "own; with compiled-prefill, the compiled prefill's too) launched with programmatic dependent launch; "
            "cuBLAS and PyTorch's kernels wait as before",
 }
@@ -70,6 +79,10 @@ class Backend:
         return "triton-attention" in self.parts
 
     @property
+    def fused_layer(self) -> bool:
+        return "fused-layer" in self.parts
+
+    @property
     def fused_decode(self) -> bool:
         return "fused" in self.parts
 
@@ -83,17 +96,19 @@ class Backend:
         gpu_only = [p for p in self.parts if p not in COMPILE_MODES and p != "compiled-prefill"]
         if gpu_only and device == "cpu":
             raise QualError(f"backend {self.name}: {', '.join(gpu_only)} need device cuda (got cpu)")
-        triton = [p for p in self.parts if p.startswith("triton-")]
+        triton = [p for p in self.parts if p in HALF_PRECISION_PARTS]
         if triton and dtype not in ("bfloat16", "float16"):
             raise QualError(f"backend {self.name}: {', '.join(triton)} need dtype bfloat16 or float16 (got {dtype})")
         if self.fused_decode and dtype == "float64":
             raise QualError(f"backend {self.name}: fused needs dtype bfloat16, float16 or float32 (got {dtype})")
         if self.fused_decode and tp > 1:
             raise QualError(f"backend {self.name}: fused needs tp 1 (got tp {tp})")
+        if self.fused_layer and tp > 1:  # the residual is added inside the o and down products, before any all-reduce
+            raise QualError(f"backend {self.name}: fused-layer needs tp 1 (got tp {tp})")
         if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "compiled-prefill", "triton-gemm",
-                                                "triton-attention"}):
+                                                "triton-attention", "fused-layer"}):
             raise QualError(f"backend {self.name}: pdl launches the Triton kernels of compiled, compiled-prefill, "
-                            "triton-gemm or triton-attention; name at least one of them")
+                            "triton-gemm, triton-attention or fused-layer; name at least one of them")
 
     def check_device(self, device) -> None:
         """Refuse, once the device is known, a part this GPU or this Triton cannot run."""
@@ -130,6 +145,14 @@ class Backend:
         _need_triton(paged_attention.triton is not None)
         op = paged_attention.paged_attention_op
         return functools.partial(op, pdl=True) if self.pdl else op
+
+    def layer_products(self, hidden: int, intermediate: int, layout, eps: float, device):
+        """fused-layer's products for a Qwen3 target of this shape (layout: this rank's HeadLayout)."""
+        from qual.runtime.backends import fused_layer, layer_products
+
+        _need_triton(fused_layer.triton is not None)
+        return layer_products.LayerProducts(hidden, intermediate, layout.num_heads, layout.num_kv_heads,
+                                         layout.head_dim, eps, device, pdl=self.pdl)
 
     def compile(self, fn, dynamic: bool | None = False):
         """torch.compile'd fn (compile_mode): with dynamic False one specialised graph per padded batch size (as the

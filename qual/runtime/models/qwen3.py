@@ -26,6 +26,7 @@ class Qwen3Target:
     """This rank's shard of a Qwen3 target."""
 
     sparse_attention = False  # dense attention: no top-k to choose
+    serves_fused_layer = True  # the backend part fused-layer runs this model's decode layers
     vllm_numerics = False  # one form: what vLLM computes differently for Qwen3 is not modelled
 
     @staticmethod
@@ -75,6 +76,9 @@ class Qwen3Target:
         self.linear = backend.linear()  # the projections' GEMM
         self.paged_attention = backend.paged_attention()  # None: gather the keys, then attention_with_lse
         self.fused = None  # set by the fused backend: one kernel for a one-token decode step
+        # fused-layer: decode and verify steps of <= 16 rows through four products a layer (None: the per-layer path)
+        self.layer_products = (backend.layer_products(cfg.hidden_size, cfg.intermediate_size, self.layout,
+                                                      cfg.rms_norm_eps, dev) if backend.fused_layer else None)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, stores: dict[str, KVStore]):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
@@ -85,10 +89,15 @@ class Qwen3Target:
             return rms_norm(x, self.norm, self.cfg.rms_norm_eps), None
         x = F.embedding(tokens, self.embed)
         aux = []
+        products = self.layer_products
+        fused_layers = products is not None and products.applies(tokens.numel(), meta.prefill)
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
-            x = x + self._attention(i, h, positions, meta, store)
-            x = x + mlp(rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps), layer.mlp, self.comm, self.linear)
+            if fused_layers:
+                x = self._fused_layer(i, x, positions, meta, store)
+            else:
+                h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
+                x = x + self._attention(i, h, positions, meta, store)
+                x = x + mlp(rms_norm(x, layer.post_norm, self.cfg.rms_norm_eps), layer.mlp, self.comm, self.linear)
             if i in self.aux_layer_ids:
                 aux.append(x)
         features = torch.cat(aux, dim=-1) if aux else None  # in layer order: aux_layer_ids ascend
@@ -98,10 +107,23 @@ class Qwen3Target:
         return self.linear(hidden, self.lm_head)  # the projections' GEMM: a decode step's largest product
 
     def _attention(self, i: int, h, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
-        a, lay, comm = self.layers[i].attn, self.layout, self.comm
-        view = meta.views[GROUP]
+        a, lay = self.layers[i].attn, self.layout
         q, k, v = project_qkv(h, a, lay, self.cfg.rms_norm_eps, self.rope, positions, self.linear)
-        store.write(i, view.write_slots, k, v)
+        store.write(i, meta.views[GROUP].write_slots, k, v)
+        return self.comm.all_reduce_tp(self.linear(self._attend(i, q, meta, store), a.o))
+
+    def _fused_layer(self, i: int, x, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
+        """The residual after layer i through the fused-layer products (tp 1: the residual is added inside them)."""
+        layer, products, lay = self.layers[i], self.layer_products, self.layout
+        q = products.qkv(x, layer.input_norm, layer.attn, positions, self.rope.inv_freq,
+                         meta.views[GROUP].write_slots, store.k[i], store.v[i])
+        x = products.o(self._attend(i, q.view(x.shape[0], lay.num_heads, lay.head_dim), meta, store), layer.attn.o, x)
+        return products.mlp(x, layer.post_norm, layer.mlp)
+
+    def _attend(self, i: int, q, meta: TargetMeta, store: KVStore) -> torch.Tensor:
+        """Attention of this rank's roped queries q [T, heads, D] over layer i's keys (written): [T, heads * D]."""
+        comm = self.comm
+        view = meta.views[GROUP]
         T, Hl, D = q.shape
         # DCP step 1: gather the group's query heads (heads ordered by DCP rank).
         qg = comm.all_gather_dcp(q).permute(1, 0, 2, 3).reshape(T, comm.dcp_size * Hl, D)
@@ -115,5 +137,4 @@ class Qwen3Target:
         else:  # steps 2 and 3 by the run's merge path
             kc, vc = store.gather(i, view.keys)
             out = dcp_attention(comm, q_pad, kc, vc, view.mask, self.scale, Hl, fused=meta.prefill)
-        flat = unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
-        return comm.all_reduce_tp(self.linear(flat, a.o))
+        return unpad(out, meta.q_index, T, meta.dense).reshape(T, Hl * D)
