@@ -664,3 +664,26 @@ def test_a_glm_night_recorded_before_numerics_joins_the_exact_series(tmp_path):
     assert history.last_pass(path, history.configuration_of(exact)).id == 1
     assert history.last_pass(path, history.configuration_of(vllm)).id == 2
     assert [r.id for r in history.configuration_runs(path, history.configuration_of(exact))] == [1]
+
+
+def test_export_csv_writes_formula_like_text_inert(tmp_path, capsys):
+    """A text cell a spreadsheet would read as a formula (=, +, -, @, tab, CR first) is written to the CSV with a
+    leading ' (OWASP's CSV-injection rule); numbers stay numbers, and the DataFrame keeps the values as recorded."""
+    import pandas as pd
+
+    import qual
+    from cli_inprocess import qual_in
+
+    path = tmp_path / "h.sqlite"
+    meta = {"a": "=HYPERLINK(\"http://x\")", "b": "+1", "c": "-2", "d": "@SUM(A1)", "e": "\tx", "f": "\rx",
+            "g": "plain", "h": "a=b"}
+    night = replace(_night(1, 0.6), meta=meta)  # a failing night: its delta_rate is negative
+    history.record_run(path, night, "a/result.json")
+    proc = qual_in(capsys, "history", "export", tmp_path / "out", "--history", path)
+    assert proc.returncode == 0, proc.stderr
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv", keep_default_na=False)
+    written = {k: runs.loc[0, f"meta.{k}"] for k in meta}
+    assert written == {k: ("'" + v if k in "abcdef" else v) for k, v in meta.items()}
+    assert runs.loc[0, "delta_rate"] < 0 and runs["delta_rate"].dtype.kind == "f"
+    assert runs.loc[0, "series"] == qual.load_history(path).runs.loc[0, "series"]
+    assert {k: qual.load_history(path).runs.loc[0, f"meta.{k}"] for k in meta} == meta
