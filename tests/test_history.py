@@ -481,9 +481,12 @@ def test_an_inconclusive_night_is_never_a_series_last_pass(tmp_path):
     assert history.last_pass(path, history.configuration_of(_night(1))).id == passed
 
 
-def test_a_v4_history_is_keyed_again_without_losing_a_row_and_the_newest_pin_wins(tmp_path, capsys):
+@pytest.mark.parametrize("second_pinned_at", ["2026-12-06T00:00:00+00:00", "2026-12-04T00:00:00+00:00"],
+                         ids=["clock-forward", "clock-set-back"])
+def test_a_v4_history_is_keyed_again_without_losing_a_row_and_the_newest_pin_wins(tmp_path, capsys, second_pinned_at):
     """v4 keyed series by the engine's version too: two engine versions were two series, each with its own pin. Keyed
-    again, they are one series; the pin set last stays, the other goes, and the migration says so in one line."""
+    again, they are one series; the pin set last stays, the other goes, and the migration says so in one line. "Last"
+    is the order of pinning, whatever the clock said when the second pin was made."""
     path = tmp_path / "v4.sqlite"
     with sqlite3.connect(path) as conn:
         conn.executescript(store.SCHEMA_V1)
@@ -503,13 +506,13 @@ def test_a_v4_history_is_keyed_again_without_losing_a_row_and_the_newest_pin_win
                           json.dumps({"control": night.control.config, "candidate": night.candidate.config}),
                           json.dumps(old, sort_keys=True), f"r{i}/result.json"))
         conn.execute("INSERT INTO pins SELECT configuration, 1, '2026-12-05T00:00:00+00:00' FROM runs WHERE id = 1")
-        conn.execute("INSERT INTO pins SELECT configuration, 2, '2026-12-06T00:00:00+00:00' FROM runs WHERE id = 2")
+        conn.execute("INSERT INTO pins SELECT configuration, 2, ? FROM runs WHERE id = 2", (second_pinned_at,))
     conn.close()
     runs = history.list_runs(path)
     assert [r.id for r in runs] == [3, 2, 1] and len({r.configuration for r in runs}) == 1
     assert [r.outcome for r in runs] == ["pass"] * 3 and [r.facts["engine"] for r in runs] == [
         "vllm 0.33.0", "vllm 0.33.0", "vllm 0.32.0"]
-    assert [(r.id, at) for r, at in history.list_pins(path)] == [(2, "2026-12-06T00:00:00+00:00")]
+    assert [(r.id, at) for r, at in history.list_pins(path)] == [(2, second_pinned_at)]
     err = capsys.readouterr().err
     assert err == (f"note: history {path}: series that the configuration key now joins held more than one pin: "
                    "run 2 (pinned last) stays the baseline, run 1 unpinned\n")
@@ -687,3 +690,20 @@ def test_export_csv_writes_formula_like_text_inert(tmp_path, capsys):
     assert runs.loc[0, "delta_rate"] < 0 and runs["delta_rate"].dtype.kind == "f"
     assert runs.loc[0, "series"] == qual.load_history(path).runs.loc[0, "series"]
     assert {k: qual.load_history(path).runs.loc[0, f"meta.{k}"] for k in meta} == meta
+
+
+def test_pins_are_listed_in_the_order_they_were_made_not_by_the_clock(db, capsys):
+    """`qual history baseline list` puts the pin made last first, as nights go by their id: a clock set back between
+    two pins does not reorder them; pinning a series again makes its pin the newest."""
+    from cli_inprocess import qual_in
+
+    history.pin(db, 4, "2026-12-10T00:00:00+00:00")
+    history.pin(db, 5, "2026-12-09T00:00:00+00:00")  # the clock was set back a day
+    assert [r.id for r, _ in history.list_pins(db)] == [5, 4]
+    proc = qual_in(capsys, "history", "baseline", "list", "--history", db)
+    assert proc.returncode == 0 and [line.split()[1] for line in proc.stdout.splitlines()] == ["5", "4"]
+    history.pin(db, 2, "2026-12-08T00:00:00+00:00")  # replaces run 4's pin: the series of nights 1-4
+    assert [r.id for r, _ in history.list_pins(db)] == [2, 5]
+    history.unpin(db, 2)
+    history.pin(db, 1, "2026-12-01T00:00:00+00:00")
+    assert [r.id for r, _ in history.list_pins(db)] == [1, 5]

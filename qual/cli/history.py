@@ -381,7 +381,7 @@ def dirs_cmd(history: Path = HistoryOpt) -> None:
 
 @baseline_app.command("list")
 def pins_cmd(history: Path = HistoryOpt) -> None:
-    """Pinned runs, one per configuration."""
+    """Pinned runs, one per configuration, the pin made last first."""
     pins = hist.list_pins(history)
     if not pins:
         print(f"no pinned runs in {safe(history)}")
