@@ -707,3 +707,34 @@ def test_pins_are_listed_in_the_order_they_were_made_not_by_the_clock(db, capsys
     history.unpin(db, 2)
     history.pin(db, 1, "2026-12-01T00:00:00+00:00")
     assert [r.id for r, _ in history.list_pins(db)] == [1, 5]
+
+
+@pytest.mark.parametrize("axis", ["engine", "qual", "meta:cluster"])
+def test_columns_off_the_date_axis_go_in_recording_order_after_the_clock_went_back(tmp_path, axis):
+    """Off the date axis a night is a column, and the columns are the nights in the order they were recorded: a night
+    whose clock was set back two days stays right of the nights before it, so each line runs left to right (no
+    zigzag) and the labels read in recording order. The strip's tonight, not yet recorded, is the last column."""
+    from qual.report import plots, trend
+
+    path = tmp_path / "h.sqlite"
+    for i, day in enumerate((3, 4, 2), start=1):  # the third night's clock ran two days behind
+        night = _night(day)
+        night.candidate.engine_version = f"vllm 0.3{i}.0"
+        night.meta = {"cluster": f"c{i}"}
+        night.candidate.provenance = replace(night.candidate.provenance, qual_version="0.1.0", qual_commit=str(i) * 40,
+                                             qual_checkout_dirty=False)
+        history.record_run(path, night, None)
+    runs = sorted(history.list_runs(path), key=history.recorded_order)
+    columns = [trend.column(r, axis) for r in runs]
+    fig = plots.nights_figure([trend.arms_panel("s", runs, columns)], axis)
+    ax = fig.axes[0]
+    arms = [line for line in ax.lines if line.get_label() in ("control", "candidate")]
+    assert [list(line.get_xdata()) for line in arms] == [[0, 1, 2]] * 2
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == [c.value for c in columns] and len(set(labels)) == 3
+    tonight = plots.Column(trend.TONIGHT, trend.when("2026-12-01T00:00:00+00:00"), "tonight", "pass", None)
+    strip = plots.Panel("acceptance (%)", [*columns, tonight], plots.arm_lines([0.7] * 4, [0.7] * 4), tonight=3)
+    ax = plots.nights_figure([strip], axis).axes[0]
+    arms = [line for line in ax.lines if line.get_label() in ("control", "candidate")]
+    assert [list(line.get_xdata()) for line in arms] == [[0, 1, 2, 3]] * 2
+    assert ax.get_xticklabels()[-1].get_text() == "tonight"
