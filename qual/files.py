@@ -110,6 +110,15 @@ def save_torch(path: str | Path, obj) -> Path:
     return write_with(path, lambda f: torch.save(obj, f))
 
 
+def save_safetensors(path: str | Path, tensors: dict) -> Path:
+    """Tensors as one safetensors file (metadata format: pt, what transformers' from_pretrained expects), written
+    atomically; each tensor detached and made contiguous on the CPU first, as the format stores it."""
+    from safetensors.torch import save
+
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata={"format": "pt"})
+    return write_bytes(path, data)
+
+
 def write_new(directory: str | Path, prefix: str, suffix: str, text: str) -> Path:
     """A new file under a random name in directory (O_EXCL: nothing there is written through), written whole."""
     fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)

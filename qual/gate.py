@@ -18,6 +18,7 @@ from typing import Callable
 from qual import paths
 from qual.errors import QualError
 from qual.gate_rules import RULES, Gate, GateRule, parse_rules
+from qual.outcomes import FAIL, INCONCLUSIVE, PASS
 from qual.records import GRAPH_NOT_OBSERVED
 from qual.result import FIRST_NIGHT, ArmResult, CheckNumbers, CheckResult, GateOutcome, Result
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN
@@ -42,9 +43,6 @@ def _numbers(value: float | None, threshold: float | None, op: str, unit: str) -
 
 
 # ---------------------------------------------------------------- a lower bound decided on an interval
-
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-
 
 def needed_requests(lo: float, hi: float, point: float, threshold: float, n: int) -> int | None:
     """Requests that would move the interval's near side off the threshold at the variance observed: an interval's

@@ -141,8 +141,9 @@ RULES: dict[str, type[_Rule]] = {m.model_fields["check"].annotation.__args__[0]:
 Rule = Annotated[Union[tuple(RULES.values())], Field(discriminator="check")]
 
 
-class GateFile(BaseModel):
-    """A gate file: the rules a run must pass, in order."""
+class _GateHead(BaseModel):
+    """A gate file's keys beside its rules (parse_rules validates these alone: each rule is validated once, by
+    _rule, where its own errors are worded)."""
 
     model_config = _STRICT
     name: str | None = _what("the gate's name", default=None)
@@ -150,6 +151,11 @@ class GateFile(BaseModel):
     inconclusive: Literal["fail", "pass"] = _what(
         "'fail' (exit 1, the default) or 'pass' (exit 0): what a gate whose outcome is INCONCLUSIVE exits with",
         default="fail")
+
+
+class GateFile(_GateHead):
+    """A gate file: the rules a run must pass, in order."""
+
     rules: list[Rule] = _what("the rules, evaluated in order", min_length=1)
 
 
@@ -181,7 +187,7 @@ class Gate:
         return [r.params for r in self.rules if r.check == check]
 
 
-_TOP = tuple(k for k in GateFile.model_fields if k != "rules")
+_TOP = tuple(_GateHead.model_fields)
 
 
 def parse_rules(data: Any, source: str = "<inline>") -> Gate:
@@ -200,11 +206,11 @@ def parse_rules(data: Any, source: str = "<inline>") -> Gate:
     rules = tuple(GateRule(rule.check, rule.params(), i, source) for i, rule in
                   ((i, _rule(raw, f"{source}: rule {i}")) for i, raw in enumerate(data)))
     try:
-        head = GateFile.model_validate({**top, "rules": [r.to_json() for r in rules]})
+        head = _GateHead.model_validate(top)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         key = str(err["loc"][0])
-        raise QualError(f"{source}: {key} must be {GateFile.model_fields[key].description}, "
+        raise QualError(f"{source}: {key} must be {_GateHead.model_fields[key].description}, "
                         f"got {shown(err.get('input'))}") from None
     return Gate(rules, source, head.inconclusive)
 

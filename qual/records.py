@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 from typing_extensions import TypedDict  # pydantic reads its fields for the JSON Schema (typing's, before 3.12, not)
 
-from pydantic import PlainSerializer
+from pydantic import ConfigDict, PlainSerializer
 
 from qual.errors import QualError
 from qual.options import DEFAULT_DEVICE, DEFAULT_DTYPE
@@ -473,12 +473,22 @@ OnResult = Callable[[RequestResult], None]
 
 @dataclass
 class DoctorCheck:
-    """One line of `qual doctor`: a verdict (yes/no/unknown) with what it rests on."""
+    """One line of `qual doctor`: a verdict (yes/no/unknown) with what it rests on; `qual doctor --json` prints a list
+    of these (its JSON Schema: `qual schema --doctor`)."""
+
+    __pydantic_config__ = ConfigDict(use_attribute_docstrings=True)  # each field's docstring: its description
 
     name: str
-    verdict: str
+    """What is checked (Python, torch, GPUs, an engine's install, run); a line that belongs to the check above it
+    starts with two spaces"""
+    verdict: Literal["yes", "no", "unknown"]
+    """yes: present and usable; no: absent or unusable (--strict exits 1 on a no the run needs); unknown: could not
+    be told"""
     detail: str
+    """The line doctor prints beside the verdict"""
     evidence: list[str] = field(default_factory=list)
-    install: str | None = None  # which install the check is about (the label of its engine's first line)
-    # whether the run doctor checks needs it (--strict fails on a "no" that is needed; another is shown, not counted)
+    """What the verdict rests on (doctor -v prints it, and prints it for every verdict that is not yes)"""
+    install: str | None = None
+    """Which install the check is about (the label of its engine's first line); null for a check of the machine"""
     needed: bool = True
+    """Whether the run doctor checks needs it: --strict fails on a no that is needed; another is shown, not counted"""

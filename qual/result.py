@@ -25,6 +25,7 @@ from qual.baseline import BaselineComparison
 from qual.errors import QualError
 from qual.files import write_text
 from qual.latency import LatencySummary
+from qual.outcomes import FAIL, INCONCLUSIVE, PASS, SKIPPED
 from qual.records import ArmConfig, EngineBuild, GraphCapture, HostFacts, RecordError, RequestResult, written_as
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN, Acceptance, AcceptanceJson, PositionInterval, ci_key
 from qual.userfiles import read_json
@@ -492,10 +493,6 @@ class CheckNumbers(TypedDict):
     (1 where the arm ran)"""
 
 
-# A check's outcome: its verdict, or skipped (it could not be evaluated: it decides nothing)
-CHECK_PASS, CHECK_FAIL, CHECK_INCONCLUSIVE, CHECK_SKIPPED = "pass", "fail", "inconclusive", "skipped"
-
-
 @dataclass
 class CheckResult:
     """Outcome of one check, with a human detail string carrying the numbers and the numbers themselves.
@@ -535,10 +532,10 @@ class CheckResult:
     def outcome(self) -> str:
         """pass | fail | inconclusive | skipped."""
         if self.skipped:
-            return CHECK_SKIPPED
+            return SKIPPED
         if self.inconclusive:
-            return CHECK_INCONCLUSIVE
-        return CHECK_PASS if self.passed else CHECK_FAIL
+            return INCONCLUSIVE
+        return PASS if self.passed else FAIL
 
     def to_json(self) -> dict:
         return {"name": self.name, "passed": self.passed, "detail": self.detail, "skipped": self.skipped,
@@ -556,16 +553,14 @@ class CheckResult:
 FIRST_NIGHT = "first night of this series: no earlier pass to compare with; it becomes the baseline if it passes"
 # Why a gate failed where no check did: said wherever the verdict is (stdout, summary.md, report.html, junit.xml)
 DECIDED_NOTHING = "every check was skipped: a gate that decides nothing fails"
-# The gate's outcomes: FAIL where any check failed, else INCONCLUSIVE where any check was, else PASS
-GATE_PASS, GATE_FAIL, GATE_INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 
 def gate_outcome(checks: list[CheckResult]) -> str:
     """FAIL > INCONCLUSIVE > PASS over the evaluated checks; a gate that evaluated none decided nothing: FAIL."""
-    outcomes = {c.outcome for c in checks} - {CHECK_SKIPPED}
-    if not outcomes or CHECK_FAIL in outcomes:
-        return GATE_FAIL
-    return GATE_INCONCLUSIVE if CHECK_INCONCLUSIVE in outcomes else GATE_PASS
+    outcomes = {c.outcome for c in checks} - {SKIPPED}
+    if not outcomes or FAIL in outcomes:
+        return FAIL
+    return INCONCLUSIVE if INCONCLUSIVE in outcomes else PASS
 
 
 @dataclass
@@ -579,7 +574,7 @@ class GateOutcome:
     """Each check, in the gate file's order"""
     source: str | None = None
     """The gate file"""
-    outcome: str = GATE_FAIL
+    outcome: str = FAIL
     """pass, fail (any check failed, or none was evaluated) or inconclusive (none failed, some interval straddled its
     threshold); absent in results written before: passed says pass or fail"""
     inconclusive: str = "fail"
@@ -588,18 +583,18 @@ class GateOutcome:
     @classmethod
     def of(cls, checks: list[CheckResult], source: str | None, inconclusive: str = "fail") -> "GateOutcome":
         outcome = gate_outcome(checks)
-        passed = outcome == GATE_PASS or (outcome == GATE_INCONCLUSIVE and inconclusive == "pass")
+        passed = outcome == PASS or (outcome == INCONCLUSIVE and inconclusive == "pass")
         return cls(passed=passed, checks=checks, source=source, outcome=outcome, inconclusive=inconclusive)
 
     @property
     def failed(self) -> list[CheckResult]:
         """The checks that failed decisively."""
-        return [c for c in self.checks if c.outcome == CHECK_FAIL]
+        return [c for c in self.checks if c.outcome == FAIL]
 
     @property
     def not_passed(self) -> list[CheckResult]:
         """The checks that failed or were inconclusive."""
-        return [c for c in self.checks if c.outcome in (CHECK_FAIL, CHECK_INCONCLUSIVE)]
+        return [c for c in self.checks if c.outcome in (FAIL, INCONCLUSIVE)]
 
     @property
     def decided_nothing(self) -> bool:
@@ -620,7 +615,7 @@ class GateOutcome:
         checks = [CheckResult.from_json(c) for c in data.get("checks", [])]
         passed = bool(data["passed"])
         return cls(passed=passed, checks=checks, source=data.get("source"),
-                   outcome=data.get("outcome") or (GATE_PASS if passed else GATE_FAIL),
+                   outcome=data.get("outcome") or (PASS if passed else FAIL),
                    inconclusive=data.get("inconclusive") or "fail")
 
 

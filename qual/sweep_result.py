@@ -16,6 +16,7 @@ from pydantic import ConfigDict
 
 from qual import __version__
 from qual.errors import QualError
+from qual.outcomes import FAIL, PASS
 from qual.result import (MAX_RESULT_BYTES, SCHEMA, ArmResult, Comparison, CorpusInfo, GateOutcome, Result,
                          header_json, save_result)
 from qual.result import dumps as result_dumps
@@ -93,7 +94,7 @@ class SweepResult:
 
     @property
     def verdict(self) -> str:
-        return "pass" if self.passed else "fail"
+        return PASS if self.passed else FAIL
 
     def names(self) -> list[str]:
         return [c.name for c in self.comparisons]

@@ -134,6 +134,25 @@ def test_another_configuration_is_a_first_night_or_refused_by_name_unless_forced
     assert got.key_differences == [("device", "cuda", "cpu")]
 
 
+def test_last_pass_reads_the_models_passing_nights_once(recorded, monkeypatch):
+    """Where tonight's key has no pin and no pass, history:last-pass looks among the model's passing nights for the
+    series before and the nearest key: one read of those rows serves both."""
+    from qual.history import baselines
+
+    db, _, results = recorded
+    tonight = replace(history.configuration_of(results["same, newest pass"]), device="cuda")  # no run used cuda
+    reads = []
+
+    def counted(db_path, sql, args=()):
+        reads.append(sql)
+        return select(db_path, sql, args)
+
+    select = baselines.select
+    monkeypatch.setattr(baselines, "select", counted)
+    assert resolve(LAST_PASS, db, tonight, any_key=True).chosen_by == "nearest pass"
+    assert sum("WHERE model = ?" in sql for sql in reads) == 1, reads
+
+
 def test_a_pinned_run_wins_over_the_last_pass_until_unpinned(recorded):
     db, ids, results = recorded
     configuration = history.configuration_of(results["same, newest pass"])

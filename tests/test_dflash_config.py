@@ -49,12 +49,29 @@ def test_unknown_keys_are_refused_by_name(draft):
     ("rope_parameters", {"rope_type": "yarn", "factor": 4.0}, "rope_parameters.rope_type 'yarn' is not supported"),
     ("rope_scaling", {"type": "linear", "factor": 2.0}, "rope_scaling.rope_type 'linear' is not supported"),
     ("rope_parameters", {"rope_type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-    ("is_causal", "yes", "is_causal must be true or false"),
+    ("is_causal", "yes", "is_causal: expected true or false, got .yes."),
     ("model_type", "llama", "model_type must be 'qwen3'"),
 ])
 def test_values_the_runtime_does_not_implement_are_refused_by_key(draft, key, value, message):
     with pytest.raises(QualError, match=message):
         _parse({**read_config(draft), key: value}, draft)
+
+
+FLAGS = [("", k) for k in ("is_causal", "is_neox_style", "use_sliding_window", "add_swa_attention_sink_bias",
+                             "has_own_lm_head")] + [("dflash_config.", k) for k in ("causal", "use_swa",
+                                                                                     "attention_sink_bias")]
+
+
+@pytest.mark.parametrize("prefix,key", FLAGS)
+@pytest.mark.parametrize("value", ["false", 1, 0, "yes"])
+def test_every_flag_is_read_as_written_and_refused_in_one_wording(draft, prefix, key, value):
+    """Each true/false key of the drafter's config.json, at the top or in dflash_config, refuses what is not a JSON
+    boolean in the words the Qwen3 target reader uses too (qual.checkpoints.config.true_or_false)."""
+    cfg = read_config(draft)
+    changed = {**cfg, key: value} if not prefix else {**cfg, "dflash_config": {**cfg["dflash_config"], key: value}}
+    with pytest.raises(QualError) as err:
+        _parse(changed, draft)
+    assert str(err.value) == f"{draft / 'config.json'}: {prefix}{key}: expected true or false, got {value!r}"
 
 
 @pytest.mark.parametrize("key,value,message", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 
 import pytest
 from typer.testing import CliRunner
@@ -63,6 +64,28 @@ def test_strict_with_json_keeps_stdout_json(checks):
     got = CliRunner().invoke(app, ["doctor", "--strict", "--json"])
     assert got.exit_code == 1
     assert [c["verdict"] for c in json.loads(got.stdout)] == ["yes", "no"]
+
+
+def test_the_json_list_follows_the_schema_qual_schema_prints_for_it(checks):
+    """`qual doctor --json` stays a bare list (scripts read it so); `qual schema --doctor` names it (qual.doctor/1) and
+    describes every key of every check, and what doctor prints validates against it (a check without a key, or with a
+    verdict outside yes/no/unknown, does not)."""
+    import jsonschema
+
+    checks += [YES, NO, DoctorCheck("  vLLM", "unknown", "cannot tell", ["no build facts"], install="vllm 0.32")]
+    printed = CliRunner().invoke(app, ["doctor", "--json"])
+    assert printed.exit_code == 0, printed.output
+    listed = json.loads(printed.stdout)
+    schema = json.loads(CliRunner().invoke(app, ["schema", "--doctor"]).stdout)
+    assert isinstance(listed, list) and schema["$id"] == doctor.DOCTOR_SCHEMA == "qual.doctor/1"
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    validator.validate(listed)
+    props = schema["$defs"]["DoctorCheck"]["properties"]
+    assert set(props) == {f.name for f in fields(DoctorCheck)} == set(listed[0])
+    assert all(p.get("description") for p in props.values())
+    assert not validator.is_valid([{**listed[0], "verdict": "maybe"}])
+    assert not validator.is_valid([{k: v for k, v in listed[0].items() if k != "detail"}])
 
 
 def test_the_runtime_backends_line_names_the_parts_that_cannot_run_here_and_why():

@@ -263,6 +263,36 @@ def test_every_plot_runs_along_the_axis_asked_for(db, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("threshold", [0.0, 2.5, 50.0])
+def test_the_step_threshold_is_an_option_recorded_on_every_page(db, site, tmp_path, threshold):
+    """--threshold-pp decides which jumps are step changes (as detect_step_changes counts them at that threshold),
+    and the index, each configuration's page, the regressions page and qual-site.json say which threshold it was;
+    the default site says 2 pp."""
+    out = tmp_path / "pub"
+    assert run_app(["history", "publish", str(out), "--history", str(db), "--threshold-pp", str(threshold)]) == 0
+    runs = history.list_runs(db, limit=None)
+    want = len(history.detect_step_changes(runs, threshold))
+    text = (out / "regressions.html").read_text()
+    assert f"<title>qual runs: {want} step change{'s' if want != 1 else ''}</title>" in text
+    assert f"more than {threshold:g} pp" in text
+    for page in (out / "index.html", *_conf_pages(out).values()):
+        assert f"more than {threshold:g} pp" in " ".join(page.read_text().split()), page
+    assert json.loads((out / published.MARKER).read_text())["threshold_pp"] == threshold
+    assert json.loads((site / published.MARKER).read_text())["threshold_pp"] == history.DEFAULT_STEP_PP == 2.0
+    assert "more than 2 pp" in " ".join((site / "index.html").read_text().split())
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "two"])
+def test_a_bad_step_threshold_is_one_line_and_exit_2_before_anything_is_written(db, tmp_path, capsys, bad):
+    out = tmp_path / "pub"
+    assert run_app(["history", "publish", str(out), "--history", str(db), f"--threshold-pp={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert "--threshold-pp" in err, err
+    if bad != "two":  # not a number at all: click's usage error, before qual reads it
+        assert err == f"error: --threshold-pp {float(bad)!r}: expected a finite number of percentage points >= 0\n"
+    assert not out.exists()
+
+
 def test_publish_again_replaces_the_site(site, db, capsys):
     before = {p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()}
     # a file no publish wrote is never deleted: the publish is refused, naming it, and the folder stays as it was
@@ -335,7 +365,14 @@ MEASURE = """(() => {
           svgs: document.querySelectorAll("svg").length,
           svg_links: document.querySelectorAll("svg a").length, rows: document.querySelectorAll("tr").length,
           scrolling: [...document.querySelectorAll(".scroll, .plot")]
-            .filter(b => b.scrollWidth > b.clientWidth).length};
+            .filter(b => b.scrollWidth > b.clientWidth).length,
+          // each plot's box as it opens: how far the plot's left and right ends lie outside the box (px; 0 at an end
+          // in view), and how much of it does not fit
+          plots: [...document.querySelectorAll(".plot")].map(b => {
+            const box = b.getBoundingClientRect(), svg = b.querySelector("svg").getBoundingClientRect();
+            return {left_hidden: Math.round(box.left - svg.left), right_hidden: Math.round(svg.right - box.right),
+                    overflow: b.scrollWidth - b.clientWidth};
+          })};
 })()"""
 
 
@@ -351,6 +388,10 @@ def test_the_site_fits_a_desktop_and_a_phone(site, tmp_path):
             assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout
             assert layout["rows"] == 1 + 3 and layout["svgs"] == 1  # the overview
             assert layout["scrolling"] == 0 or name == "phone"  # on a desktop the plot and the table fit whole
+            # the overview opens at its newest end: on a phone its older nights lie off to the left, to scroll to
+            [plot] = layout["plots"]
+            assert plot["right_hidden"] == 0 and plot["left_hidden"] == plot["overflow"], layout["plots"]
+            assert (plot["overflow"] > 0) == (name == "phone"), layout["plots"]
             conf = browser.open(page.as_uri(), *size)
             layout = conf.evaluate(MEASURE)
             print(f"{name} configuration page: {conf.screenshot(tmp_path / f'configuration-{size[0]}px.png', True)}")

@@ -36,8 +36,8 @@ RULES = {
     "json.load": "json.load/json.loads: qual.userfiles.load_json / read_json / load_reply",
     "yaml.load": "yaml.*load*: qual.userfiles.load_yaml",
     "savefig": "savefig() to a path: qual.files.write_with",
-    "safetensors": "safe_open / load_file / save_file: qual.userfiles.open_safetensors / load_safetensors, "
-                   "qual.files.write_bytes",
+    "safetensors": "safetensors' functions (safe_open, load_file, save_file, and save/load to bytes): "
+                   "qual.userfiles.open_safetensors / load_safetensors, qual.files.save_safetensors",
     "torch.load": "torch.load/torch.save: qual.userfiles.load_torch / qual.files.write_with",
     "numpy.load": "np.load/np.save: qual.userfiles.load_numpy / qual.files.write_with",
     "shutil": "shutil copy/move/remove: qual.files.copy_file / remove_tree",
@@ -48,7 +48,6 @@ RULES = {
 _BOUNDARY_MODULES = {"qual.files", "qual.userfiles", "files", "userfiles"}
 _SHUTIL = {"copy", "copy2", "copyfile", "copyfileobj", "copytree", "move", "rmtree"}
 _TEMPFILE = {"mkstemp", "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile"}
-_SAFETENSORS = {"safe_open", "load_file", "save_file"}
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -114,11 +113,8 @@ class _Finder(ast.NodeVisitor):
             return "json.load"
         if module == "yaml" and "load" in name:
             return "yaml.load"
-        if full and (full.startswith("safetensors") or module in ("safetensors", "safetensors.torch")) and \
-                name in _SAFETENSORS:
-            return "safetensors"
-        if dotted in _SAFETENSORS or name in _SAFETENSORS and full and full.startswith("safetensors"):
-            return "safetensors"
+        if full and full.split(".")[0] == "safetensors":  # any of its functions, to a path or to bytes: a format
+            return "safetensors"                           # spelled in one reader and one writer
         if full in ("torch.load", "torch.save"):
             return "torch.load"
         if full in ("numpy.load", "numpy.save", "numpy.savez", "numpy.savez_compressed"):
@@ -176,6 +172,8 @@ from pathlib import Path
 from json import loads
 from safetensors.torch import load_file
 from safetensors import safe_open as so
+from safetensors.torch import save as to_bytes
+import safetensors.torch as st
 from qual import files
 from qual.userfiles import read_text
 
@@ -196,6 +194,8 @@ def f(p, fig):
     yaml.load("a: 1", Loader=None)   # yaml.load
     load_file(p)                     # safetensors
     so(p, framework="pt")            # safetensors
+    to_bytes({})                     # safetensors
+    st.load(b"")                     # safetensors
     torch.load(p)                    # torch.load
     torch.save({}, p)                # torch.load
     np.load(p)                       # numpy.load

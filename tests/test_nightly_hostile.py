@@ -151,7 +151,7 @@ def test_a_night_recorded_by_an_older_qual_is_the_series_before_the_first_night_
             conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (key.key(), rows[name]))
         conn.close()
     assert history.last_pass(db, tonight) is None
-    assert history.previous_series_pass(db, tonight).id == rows["older"]
+    assert history.previous_series_pass(history.model_passes(db, tonight.model), tonight).id == rows["older"]
     assert not is_successor(tonight, other_dtype) and is_successor(tonight, older)
 
 

@@ -52,6 +52,14 @@ def check_kinds(cfg: dict, defaults: dict, where: str) -> None:
             raise QualError(f"{where}: {key}: expected {expected}, got {shown(value)}")
 
 
+def true_or_false(value, key: str, at: str | Path) -> bool:
+    """A flag of config.json `at` as written: true or false; "false", 1 or "yes" is refused by key, never coerced
+    (null too: a reader that takes null as its default says so before calling)."""
+    if type(value) is not bool:
+        raise QualError(f"{at}: {key}: expected true or false, got {shown(value)}")
+    return value
+
+
 def field(cfg: dict, key: str, where: Path, default=...):
     """cfg[key], or default, or a QualError naming the missing field."""
     if key in cfg:

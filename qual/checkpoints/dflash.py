@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from qual.checkpoints.config import field, read_config
+from qual.checkpoints.config import field, read_config, true_or_false
 from qual.checkpoints.io import save_checkpoint
 from qual.checkpoints.qwen3 import MODEL_TYPE, Qwen3Config, layer_weight_shapes, random_layer
 from qual.errors import QualError
@@ -242,9 +242,8 @@ class DFlashConfig:
                             f"got {block_size!r}")
         causal = _flag(cfg, "is_causal", None, where)
         causal = _flag(dflash, "causal", None, where, "dflash_config.") if causal is None else causal
-        sink = dflash.get("attention_sink_bias", cfg.get("add_swa_attention_sink_bias", False))
-        if type(sink) is not bool:  # read as written: "false" is not false
-            raise QualError(f"{where}: attention_sink_bias: expected true or false, got {shown(sink)}")
+        sink = true_or_false(dflash.get("attention_sink_bias", cfg.get("add_swa_attention_sink_bias", False)),
+                             "attention_sink_bias", where)
         value_scale = dflash.get("attention_value_scale")
         if value_scale is not None and (type(value_scale) not in (int, float) or not math.isfinite(value_scale)):
             raise QualError(f"{where}: dflash_config.attention_value_scale: expected a number, got {shown(value_scale)}")
@@ -292,11 +291,7 @@ class DFlashConfig:
 def _flag(cfg: dict, key: str, default: bool | None, where: Path, prefix: str = "") -> bool | None:
     """A true/false key as written (null: the default): "false" or 1 is refused, never coerced."""
     value = cfg.get(key)
-    if value is None:
-        return default
-    if type(value) is not bool:
-        raise QualError(f"{where}: {prefix}{key}: expected true or false, got {shown(value)}")
-    return value
+    return default if value is None else true_or_false(value, prefix + key, where)
 
 
 def _check_keys(cfg: dict, accepted: dict, refused: dict, prefix: str, where: Path) -> None:
@@ -334,11 +329,9 @@ def _check_values(cfg: dict, dflash: dict, layers: Qwen3Config, where: Path) -> 
     if cfg.get("is_encoder_decoder", False):
         refuse("is_encoder_decoder", "must be false")
     for key in ("is_causal", "is_neox_style", "use_sliding_window", "add_swa_attention_sink_bias", "has_own_lm_head"):
-        if key in cfg and cfg[key] is not None and not isinstance(cfg[key], bool):
-            refuse(key, f"must be true or false (got {cfg[key]!r})")
+        _flag(cfg, key, None, where)
     for key in ("causal", "use_swa", "attention_sink_bias"):
-        if key in dflash and dflash[key] is not None and not isinstance(dflash[key], bool):
-            refuse(f"dflash_config.{key}", f"must be true or false (got {dflash[key]!r})")
+        _flag(dflash, key, None, where, "dflash_config.")
     vs = dflash.get("attention_value_scale")
     if vs is not None and (isinstance(vs, bool) or not isinstance(vs, (int, float))):
         refuse("dflash_config.attention_value_scale", f"must be a number (got {vs!r})")

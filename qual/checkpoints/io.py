@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save
 
 from qual.errors import QualError
-from qual.files import write_bytes, write_text
+from qual.files import save_safetensors, write_text
 from qual.userfiles import load_safetensors
 
 
@@ -46,6 +45,5 @@ def save_checkpoint(path: str | Path, config: dict, weights: dict[str, torch.Ten
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     write_text(path / "config.json", json.dumps(config, indent=2) + "\n")
-    write_bytes(path / "model.safetensors", save({k: v.detach().contiguous().cpu() for k, v in weights.items()},
-                                                 metadata={"format": "pt"}))
+    save_safetensors(path / "model.safetensors", weights)
     return path

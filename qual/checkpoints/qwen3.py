@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from qual.checkpoints.config import field, read_config
+from qual.checkpoints.config import field, read_config, true_or_false
 from qual.checkpoints.io import save_checkpoint
 from qual.errors import QualError
 from qual.validation import shown
@@ -62,10 +62,7 @@ def _positive_float(value: Any, key: str, where: Path) -> float:
 
 
 def _bool(cfg: dict, key: str, where: Path, default: bool) -> bool:
-    value = cfg.get(key, default)
-    if type(value) is not bool:  # "false" is not false
-        raise _fail(where, key, value, "true or false")
-    return value
+    return true_or_false(cfg.get(key, default), key, Path(where) / "config.json")  # null too: transformers refuses it
 
 
 def check_target_keys(cfg: dict, where: Path) -> None:

@@ -23,6 +23,20 @@ from qual.options import DEFAULT_ENGINE
 from qual.records import DoctorCheck
 
 MARK = {"yes": "✓", "no": "✗", "unknown": "?"}
+# `qual doctor --json` prints a bare list of checks (its first form, which scripts read); the list cannot carry its
+# schema's name, so the JSON Schema that `qual schema --doctor` prints carries it
+DOCTOR_SCHEMA = "qual.doctor/1"
+
+
+def doctor_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of `qual doctor --json`: a list of checks, generated from DoctorCheck."""
+    from pydantic import TypeAdapter
+
+    from qual.validation import tidy_schema
+
+    schema = TypeAdapter(list[DoctorCheck]).json_schema(ref_template="#/$defs/{model}")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": DOCTOR_SCHEMA,
+            "title": f"qual doctor --json ({DOCTOR_SCHEMA})", **tidy_schema(schema, ("title",))}
 
 
 def _python() -> DoctorCheck:
@@ -128,7 +142,8 @@ def doctor(
                                         "needs here (default: the default run, the toy profile)."),
     engine: Optional[str] = typer.Option(None, "--engine", metavar="|".join(ENGINES), help=f"With that engine "
                                          f"(default: the profile's, else {DEFAULT_ENGINE})."),
-    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+    as_json: bool = typer.Option(False, "--json", help=f"Print the checks as JSON: a list of checks (name, verdict, "
+                                 f"detail, evidence, install, needed; `qual schema --doctor`, {DOCTOR_SCHEMA})."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evidence behind each verdict."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when a check the run needs says no (✗); without it, "
                                 "exit 0."),

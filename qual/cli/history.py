@@ -28,6 +28,9 @@ history_app = typer.Typer(no_args_is_help=True, help="Run history: list, show, t
 app.add_typer(history_app, name="history")
 
 HistoryOpt = typer.Option(DEFAULT_HISTORY, "--history", help="History database (SQLite).")
+StepOpt = typer.Option(hist.DEFAULT_STEP_PP, "--threshold-pp", metavar="PP",
+                       help="A step change is a jump of more than PP percentage points in either arm's acceptance "
+                       "between consecutive runs of a configuration (a finite number >= 0).")
 
 
 def _console() -> Console:
@@ -179,14 +182,14 @@ def trend_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the plot here (.png or .svg)."),
     axis: str = typer.Option("date", "--axis", help="What each series is plotted along: date, engine (its version), "
                              "qual (version and commit) or meta:KEY (a `qual run --meta KEY=...`)."),
-    threshold_pp: float = typer.Option(hist.DEFAULT_STEP_PP, "--threshold-pp", min=0.0,
-                                       help="Flag changes larger than this between consecutive runs."),
+    threshold_pp: float = StepOpt,
     as_json: bool = typer.Option(False, "--json", help=f"Print the series and step changes as JSON ({TREND_SCHEMA})."),
     fail_on_step: bool = typer.Option(False, "--fail-on-step", help="Exit 1 when a step change is flagged."),
 ) -> None:
     """Acceptance over nights per configuration (qual.configuration), along an axis; flags step changes between
     consecutive runs and names what changed between them (engine, torch, qual)."""
     check_axis(axis)
+    hist.check_step_pp(threshold_pp)
     if out is not None:  # before the work, not after the trend was printed
         _check_plot_path(out)
     series = hist.trend(history, model=_model_name(model), dcp=dcp, draft_kv=draft_kv)
@@ -312,6 +315,7 @@ def publish_cmd(
     history: Path = HistoryOpt,
     axis: str = typer.Option("date", "--axis", help="What every plot runs along, as `qual history trend --axis`: "
                              "date, engine (its version), qual (version and commit) or meta:KEY."),
+    threshold_pp: float = StepOpt,
 ) -> None:
     """A static site of the history: an index of configurations with an overview plot, a page per configuration
     (trends, runs), a page of step changes, and each run's report copied under DIR/runs/; offline, relative links
@@ -320,8 +324,9 @@ def publish_cmd(
     from qual.report import site as published
 
     check_axis(axis)
+    hist.check_step_pp(threshold_pp)
     check_before_work(out_dir, history, history_written=False, create_out=False, out_option="DIR")
-    result = published.publish(history, out_dir, axis)
+    result = published.publish(history, out_dir, axis, threshold_pp)
     nights = result.nights
     linked = sum(n.report is not None for n in nights)
     n_conf, n_runs = len(result.configurations), len(nights)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from qual.outcomes import FAIL, INCONCLUSIVE, PASS, SKIPPED
 from qual.shown import safe
 
 
@@ -15,7 +16,7 @@ def _say(line: str, stream=None) -> None:
 
 
 # A check's mark on stdout, by its outcome (qual.result.CheckResult.outcome)
-MARKS = {"pass": "ok", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "skip"}
+MARKS = {PASS: "ok", FAIL: "FAIL", INCONCLUSIVE: "INCONCLUSIVE", SKIPPED: "skip"}
 
 
 def print_verdict(result, control_label: str, candidate_label: str, report_dir: Path, night: int | None = None,

@@ -115,10 +115,11 @@ def _series_baseline(history_path: Path, configuration: ConfigurationKey, any_ke
     run = hist.last_pass(history_path, configuration) if recorded else None
     if run is not None:
         return _from_history(ref, run, LAST)
-    nearest = hist.nearest_pass(history_path, configuration) if recorded else None
+    passes = hist.model_passes(history_path, configuration.model) if recorded else []
+    nearest = hist.nearest_pass(passes, configuration)
     if nearest is not None and not configuration.differences(nearest.key, unknown_matches=True):
         return _from_history(ref, nearest, LAST)  # tonight's key not wholly known yet (a dry run)
-    previous = hist.previous_series_pass(history_path, configuration) if recorded else None
+    previous = hist.previous_series_pass(passes, configuration)
     if previous is not None:
         return _from_history(ref, previous, PREVIOUS_SERIES)
     if nearest is not None and any_key:
@@ -145,7 +146,8 @@ def first_night_note(history_path: Path, configuration: ConfigurationKey) -> str
     """What a series' first night under history:last-pass is told before it runs where the model has passing nights of
     other configurations: the nearest, and each field in which it differs (an edited corpus, another --limit or
     max_tokens starts a new series, which passes on the paired gate alone). None where the model has none."""
-    nearest = hist.nearest_pass(history_path, configuration) if history_path.exists() else None
+    passes = hist.model_passes(history_path, configuration.model) if history_path.exists() else []
+    nearest = hist.nearest_pass(passes, configuration)
     if nearest is None:
         return None
     return (f"--baseline {LAST_PASS}: the first night of this configuration, so no baseline: {_nearest(nearest, configuration)} "

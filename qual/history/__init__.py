@@ -6,18 +6,20 @@ before, pins). The names below are the history's interface; its modules are its 
 """
 
 from qual.history.baselines import (baseline_result_paths, configuration_of, configuration_runs, last_pass,
-                                    list_pins, nearest_pass, pin, pinned_run, previous_series_pass, unpin)
+                                    list_pins, model_passes, nearest_pass, pin, pinned_run, previous_series_pass,
+                                    unpin)
 from qual.history.runs import (COLUMNS, ERROR, FAIL, FILTERS, INCONCLUSIVE, OUTCOMES, PASS, ErrorNight, HistoryRun,
                                config_key, count_runs, find_night, get_run, list_runs, record_error,
                                record_run, recorded_order)
-from qual.history.series import DEFAULT_STEP_PP, StepChange, changed, detect_step_changes, group_series, position, trend
+from qual.history.series import (DEFAULT_STEP_PP, StepChange, changed, check_step_pp, detect_step_changes, group_series,
+                                 position, trend)
 from qual.history.store import (LOCK_TIMEOUT_S, MAX_RUN_ID, SCHEMA_VERSION, HistoryLocked, check_history)
 
 __all__ = [
     "COLUMNS", "DEFAULT_STEP_PP", "ERROR", "FAIL", "FILTERS", "INCONCLUSIVE", "LOCK_TIMEOUT_S", "MAX_RUN_ID",
     "OUTCOMES", "PASS", "SCHEMA_VERSION", "ErrorNight", "HistoryLocked", "HistoryRun", "StepChange",
-    "baseline_result_paths", "changed", "check_history", "config_key", "configuration_of", "configuration_runs",
-    "count_runs", "detect_step_changes", "find_night", "get_run", "group_series", "last_pass", "list_pins", "list_runs",
-    "nearest_pass", "pin", "pinned_run", "position", "previous_series_pass", "record_error", "record_run", "recorded_order",
-    "trend", "unpin",
+    "baseline_result_paths", "changed", "check_history", "check_step_pp", "config_key", "configuration_of",
+    "configuration_runs", "count_runs", "detect_step_changes", "find_night", "get_run", "group_series", "last_pass",
+    "list_pins", "list_runs", "model_passes", "nearest_pass", "pin", "pinned_run", "position", "previous_series_pass",
+    "record_error", "record_run", "recorded_order", "trend", "unpin",
 ]

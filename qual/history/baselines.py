@@ -35,26 +35,26 @@ def last_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRu
     return found[0] if found else None
 
 
-def _passes(db_path: str | Path, model: str) -> list[HistoryRun]:
-    """Every passing night of the model, newest first."""
+def model_passes(db_path: str | Path, model: str) -> list[HistoryRun]:
+    """Every passing night of the model, newest first: what nearest_pass and previous_series_pass choose among (read
+    once by history:last-pass for both)."""
     return select(db_path, "SELECT * FROM runs WHERE model = ? AND outcome = ? AND configuration IS NOT NULL "
                            f"{newest_first()}", (model, PASS))
 
 
-def nearest_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
-    """The passing run of the same model whose configuration differs from this one in the fewest fields (the
-    newest of those): what `--baseline-any` compares with, and what a refusal names."""
-    rows = _passes(db_path, configuration.model)
-    if not rows:
+def nearest_pass(passes: list[HistoryRun], configuration: ConfigurationKey) -> HistoryRun | None:
+    """Of the model's passes (model_passes), the one whose configuration differs from this one in the fewest fields
+    (the newest of those): what `--baseline-any` compares with, and what a refusal names."""
+    if not passes:
         return None
-    return min(rows, key=lambda r: len(configuration.differences(r.key)))  # min keeps the first (newest) of a tie
+    return min(passes, key=lambda r: len(configuration.differences(r.key)))  # min keeps the first (newest) of a tie
 
 
-def previous_series_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
-    """The last pass of the series this one follows: a key that differs only in the checkpoints' identities or the
-    selection of the same corpus (qual.configuration.SUCCESSOR_FIELDS); of several, the fewest differences, then the
-    newest."""
-    rows = [r for r in _passes(db_path, configuration.model) if is_successor(configuration, r.key)]
+def previous_series_pass(passes: list[HistoryRun], configuration: ConfigurationKey) -> HistoryRun | None:
+    """Of the model's passes (model_passes), the last pass of the series this one follows: a key that differs only
+    in the checkpoints' identities or the selection of the same corpus (qual.configuration.SUCCESSOR_FIELDS); of
+    several, the fewest differences, then the newest."""
+    rows = [r for r in passes if is_successor(configuration, r.key)]
     return min(rows, key=lambda r: len(configuration.differences(r.key, unknown_matches=True))) if rows else None
 
 

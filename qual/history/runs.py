@@ -19,11 +19,11 @@ from qual.errors import QualError
 from qual.history import store
 from qual.history.store import MAX_RUN_ID, begin_write, open_history, rollback
 from qual.nights import FACTS, facts_of, qual_label
+from qual.outcomes import ERROR, FAIL, INCONCLUSIVE, PASS
 from qual.userfiles import load_json
 from qual.validation import ascii_digits
 
 # What a night ended as: a gate's verdict (an inconclusive gate exits 0 or 1 as the gate file says), or no verdict.
-PASS, FAIL, INCONCLUSIVE, ERROR = "pass", "fail", "inconclusive", "error"
 OUTCOMES = (PASS, FAIL, INCONCLUSIVE, ERROR)
 
 COLUMNS = (

@@ -4,10 +4,12 @@ changed between consecutive nights; step changes in acceptance between them."""
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from qual.errors import QualError
 from qual.history.runs import HistoryRun, list_runs, recorded_order
 from qual.nights import axis_value, changes
 
@@ -73,9 +75,19 @@ class StepChange:
         )
 
 
+def check_step_pp(threshold_pp: float) -> float:
+    """--threshold-pp as given, or QualError (exit 2) for a negative, infinite or NaN one (NaN would flag nothing and
+    infinity nothing ever, silently)."""
+    if isinstance(threshold_pp, bool) or not isinstance(threshold_pp, (int, float)) or \
+            not math.isfinite(threshold_pp) or threshold_pp < 0:
+        raise QualError(f"--threshold-pp {threshold_pp!r}: expected a finite number of percentage points >= 0")
+    return float(threshold_pp)
+
+
 def detect_step_changes(runs: Sequence[HistoryRun], threshold_pp: float = DEFAULT_STEP_PP) -> list[StepChange]:
     """Flag |change| > threshold_pp in either arm's rate between consecutive nights of the same series (an error
-    night between them is passed over: it measured nothing)."""
+    night between them is passed over: it measured nothing). threshold_pp: a finite number >= 0, else QualError."""
+    check_step_pp(threshold_pp)
     steps = []
     for series, rows in group_series(runs).items():
         measured = [r for r in rows if not r.is_error]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qual.intervals import small_sample_note
+from qual.outcomes import INCONCLUSIVE
 from qual.result import Result, Throughput
 
 
@@ -44,7 +45,7 @@ def throughput(t: Throughput) -> str:
 
 def inconclusive_note(gate) -> str | None:
     """What an INCONCLUSIVE gate exits with and why (None for another outcome): one line, for every renderer."""
-    if gate.outcome != "inconclusive":
+    if gate.outcome != INCONCLUSIVE:
         return None
     needed = max((c.needed_requests for c in gate.checks if c.inconclusive and c.needed_requests), default=None)
     more = f"; about {needed} requests would resolve it at this variance" if needed else ""

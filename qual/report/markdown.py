@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from qual.report import baseline as bview
 from qual.report import latency as lview
 from qual.report import common, matrix, provenance
 from qual.files import write_text
+from qual.outcomes import FAIL, INCONCLUSIVE, PASS, SKIPPED
 from qual.shown import safe
 from qual.result import DECIDED_NOTHING, FIRST_NIGHT, Result
 from qual.sweep_result import SweepResult
@@ -18,7 +20,7 @@ from qual.sweep_result import SweepResult
 def cell(text: object) -> str:
     """Make untrusted text inert inside a Markdown table cell (GitHub renders inline HTML; a terminal that shows the
     file acts on escape sequences: control characters are written as their escapes)."""
-    s = safe(re.sub(r"[\r\n]+", " ", str(text))).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    s = html.escape(safe(re.sub(r"[\r\n]+", " ", str(text))), quote=False)
     return s.replace("|", "\\|").replace("`", "\\`")
 
 
@@ -45,9 +47,9 @@ def _fence(text: str) -> str:
 
 
 # The verdict's heading by the gate's outcome
-HEADINGS = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCONCLUSIVE"}
+HEADINGS = {PASS: "✅ PASS", FAIL: "❌ FAIL", INCONCLUSIVE: "⚠️ INCONCLUSIVE"}
 # A check's mark by its outcome
-MARKS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
+MARKS = {PASS: "✅", FAIL: "❌", INCONCLUSIVE: "⚠️", SKIPPED: "⏭️"}
 
 
 def render(result: Result, folder: str | Path | None = None, history: str | Path | None = None) -> str:

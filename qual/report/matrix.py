@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qual.outcomes import PASS
 from qual.report import common
 from qual.result import Result
 from qual.sweep_result import SweepResult
@@ -25,7 +26,7 @@ class MatrixRow:
     graphs_differ: bool
     passed: bool  # its gate passed (exit 0)
     failed: list[str]  # the checks that failed or were inconclusive
-    outcome: str = "pass"  # pass | fail | inconclusive
+    outcome: str = PASS  # pass | fail | inconclusive
 
     @property
     def verdict(self) -> str:

@@ -34,6 +34,7 @@ from markupsafe import escape  # noqa: E402
 
 from qual.errors import QualError  # noqa: E402
 from qual.files import write_bytes  # noqa: E402
+from qual.outcomes import ERROR, PASS  # noqa: E402
 from qual.shown import safe  # noqa: E402
 
 CONTROL_COLOR = "#4c72b0"
@@ -249,9 +250,9 @@ def _mark_nights(ax, x: np.ndarray, columns: Sequence[Column]) -> None:
     """The nights that did not pass (banded, named above the plot, linking to the night) and the engine's changes (a
     dashed line between two nights, its new version beside it)."""
     for xi, c in zip(x, columns):
-        if c.outcome == "pass":
+        if c.outcome == PASS:
             continue
-        error = c.outcome == "error"
+        error = c.outcome == ERROR
         ax.axvline(xi, color=ERROR_BAND if error else FAIL_BAND, linewidth=7, zorder=0)
         mark = ax.text(xi, 1.0, c.outcome.upper(), transform=ax.get_xaxis_transform(), ha="center", va="bottom",
                        fontsize=6, fontweight="bold", color=ERROR_COLOR if error else FAIL_COLOR)
@@ -274,9 +275,9 @@ def _legend(ax, panels: Sequence[Panel]) -> None:
     handles, labels = ax.get_legend_handles_labels()
     columns = [c for p in panels for c in p.columns]
     changed = any(_engine_changed(a, b) for p in panels for a, b in zip(p.columns, p.columns[1:]))
-    marks = (("failed night", any(c.outcome not in ("pass", "error") for c in columns), Patch(color=FAIL_BAND)),
-             ("error night: no verdict", any(c.outcome == "error" for c in columns), Patch(color=ERROR_BAND)),
-             ("no report: from the history row only", any(c.hollow and c.outcome != "error" for c in columns),
+    marks = (("failed night", any(c.outcome not in (PASS, ERROR) for c in columns), Patch(color=FAIL_BAND)),
+             ("error night: no verdict", any(c.outcome == ERROR for c in columns), Patch(color=ERROR_BAND)),
+             ("no report: from the history row only", any(c.hollow and c.outcome != ERROR for c in columns),
               Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor=ERROR_COLOR)),
              ("engine changed", changed, Line2D([], [], color=ERROR_COLOR, linestyle="--")))
     for text, present, handle in marks:

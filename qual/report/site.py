@@ -76,7 +76,7 @@ class Night:
     @property
     def failed(self) -> bool:
         """Not a pass: failed, inconclusive (even where it exited 0) or without a verdict."""
-        return self.run.outcome != "pass"
+        return self.run.outcome != hist.PASS
 
 
 @dataclass(frozen=True)
@@ -314,7 +314,7 @@ def render_index(site: Site) -> str:
 def render_configuration(conf: Configuration, site: Site) -> str:
     template = html.environment().get_template("site_configuration.html.j2")
     return template.render(c=conf, chart=chart(conf, site), nights=list(reversed(conf.nights)), axis=site.axis,
-                           missing=[n for n in conf.nights if n.missing])
+                           missing=[n for n in conf.nights if n.missing], threshold_pp=site.threshold_pp)
 
 
 def render_regressions(site: Site) -> str:
@@ -335,6 +335,7 @@ def marker(site: Site, files: list[str]) -> str:
     """qual-site.json: what the site holds (the folder's mark as a site qual published, so a later publish may
     replace it) and every file it wrote (a later publish removes those and nothing else)."""
     return json.dumps({"generator": "qual history publish", "history": site.history.name, "axis": site.axis,
+                       "threshold_pp": site.threshold_pp,
                        "configurations": [{"page": c.page, "label": c.label, "runs": [n.run.id for n in c.nights]}
                                           for c in site.configurations],
                        "files": sorted(files)}, indent=2) + "\n"
@@ -465,13 +466,16 @@ def clear_abandoned(out: Path) -> None:
             lock.release()
 
 
-def publish(history_path: str | Path, out_dir: str | Path, axis: str = "date") -> Site:
-    """Build the site of a history into out_dir, its plots along axis, replacing the site published there before."""
+def publish(history_path: str | Path, out_dir: str | Path, axis: str = "date",
+            threshold_pp: float = hist.DEFAULT_STEP_PP) -> Site:
+    """Build the site of a history into out_dir, its plots along axis and its step changes those of more than
+    threshold_pp, replacing the site published there before."""
+    hist.check_step_pp(threshold_pp)
     out = Path(os.path.abspath(out_dir))
     check_path_name(out, "DIR")
     clear_abandoned(out)
     check_target(out)
-    site = build(history_path, axis)
+    site = build(history_path, axis, threshold_pp)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

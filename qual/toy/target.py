@@ -11,8 +11,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+from qual.checkpoints.io import load_weights, save_checkpoint
 from qual.errors import QualError
-from qual.files import copy_file, remove_tree, write_bytes, write_text
+from qual.files import copy_file, remove_tree, save_safetensors, write_text
 from qual.toy.config import ModelShape, TrainConfig
 from qual.toy.tokenizer import TOKENIZER_FILES
 from qual.userfiles import MAX_TOKENIZER_BYTES, load_safetensors, read_json
@@ -72,23 +73,10 @@ def _grown(model, init: Path):
     from qual.toy.grow import grow_glm_state
 
     old = read_json(init / "config.json")["text_config"]
-    grown = grow_glm_state(_tensors(init), old, model.config.text_config.to_dict())
+    grown = grow_glm_state(load_weights(init), old, model.config.text_config.to_dict())
     with tempfile.TemporaryDirectory() as tmp:
-        _write_checkpoint(Path(tmp), model.config.to_dict(), grown)
+        save_checkpoint(tmp, model.config.to_dict(), grown)
         return load_target(Path(tmp), "cpu").train()
-
-
-def _tensors(directory: Path) -> dict:
-    """Every tensor of a checkpoint directory's safetensors files, by on-disk name."""
-    return {name: t for f in sorted(directory.glob("*.safetensors")) for name, t in load_safetensors(f).items()}
-
-
-def _write_checkpoint(directory: Path, config: dict, tensors: dict) -> None:
-    """config.json and one model.safetensors: a checkpoint transformers' from_pretrained reads."""
-    from safetensors.torch import save
-
-    write_text(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-    write_bytes(directory / "model.safetensors", save(tensors, metadata={"format": "pt"}))
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
@@ -215,8 +203,6 @@ def save_target(model, out_dir: Path, tokenizer_dir: Path, fp8_block: tuple[int,
 
 def _quantize_saved(out_dir: Path, block: tuple[int, int]) -> None:
     """The saved safetensors rewritten: each weight vLLM keeps FP8 block-quantized from its saved value."""
-    from safetensors.torch import save
-
     from qual.checkpoints.fp8 import SCALE_SUFFIX, quantize
     from qual.runtime.models.glm5.fp8_weights import FP8_KEPT, fp8_load_path
 
@@ -224,7 +210,7 @@ def _quantize_saved(out_dir: Path, block: tuple[int, int]) -> None:
         tensors = load_safetensors(f)
         for name in [n for n in tensors if fp8_load_path(n) == FP8_KEPT and ".visual." not in n]:
             tensors[name], tensors[name + SCALE_SUFFIX] = quantize(tensors[name].float(), block)
-        write_bytes(f, save(tensors, metadata={"format": "pt"}))
+        save_safetensors(f, tensors)
 
 
 def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
@@ -243,9 +229,9 @@ def load_target(path: Path, device: str, dtype: torch.dtype = torch.float32):
     from qual.checkpoints.fp8 import SCALE_SUFFIX, dequantize
 
     block = tuple(config.pop("quantization_config")["weight_block_size"])
-    tensors = _tensors(Path(path))
+    tensors = load_weights(path)
     plain = {name: dequantize(t, tensors[name + SCALE_SUFFIX], block, torch.float32) if name + SCALE_SUFFIX in tensors
              else t for name, t in tensors.items() if not name.endswith(SCALE_SUFFIX)}
     with tempfile.TemporaryDirectory() as tmp:  # transformers maps the on-disk names to its modules as it loads
-        _write_checkpoint(Path(tmp), config, plain)
+        save_checkpoint(tmp, config, plain)
         return Model.from_pretrained(tmp, dtype=dtype).to(device).eval()

@@ -352,11 +352,11 @@ def build_problems(build: VllmBuild | None, arm: ArmConfig) -> list[str]:
     """What the vLLM install a run would start lacks for the arm: none at all, an older release than qual drives, a
     CPU build for GPU arms, no DFlash for a drafter, no DCP for a DCP arm."""
     if build is None:
-        return [f"vLLM: {NOT_FOUND}, or on GPUs `pip install 'vllm>={'.'.join(map(str, MIN_VLLM))}'` beside qual"]
+        return [f"vLLM: {NOT_FOUND}, or on GPUs `pip install 'vllm>={MIN_VLLM}'` beside qual"]
     name = f"vLLM: {build.distribution or 'vllm'} {build.version or '(unknown version)'} at {build.where}"
     version = vllm_version(build.version)
     if version is not None and version < MIN_VLLM:
-        return [f"{name} is older than {'.'.join(map(str, MIN_VLLM))}, the first release with DFlash and DCP qual drives"]
+        return [f"{name} is older than {MIN_VLLM}, the first release with DFlash and DCP qual drives"]
     problems = []
     if arm.device.startswith("cuda") and is_cpu_build(build):
         problems.append(f"{name} is a CPU build and the arms run on {arm.device}: install vllm for GPUs (or set the "
