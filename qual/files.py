@@ -251,6 +251,11 @@ class AppendOnly:
             self._fd = -1
 
 
+class DirectoryBusy(QualError):
+    """A DirectoryLock another process holds (exit 2, naming its pid): what a caller that skips busy folders catches,
+    apart from a folder that cannot be opened (WriteError)."""
+
+
 class DirectoryLock:
     """An exclusive lock on a run directory for this process's life: two qual processes never write one run
     directory at once. It is flock on the directory itself, so nothing is added to it, and the kernel drops the
@@ -267,8 +272,8 @@ class DirectoryLock:
         except BlockingIOError:
             holder = _flock_holder(os.fstat(self._fd))
             self.release()
-            raise QualError(f"{what} {directory} is in use by another qual process (pid {holder}); wait for it to "
-                            f"end, or stop it") from None
+            raise DirectoryBusy(f"{what} {directory} is in use by another qual process (pid {holder}); wait for it "
+                                f"to end, or stop it") from None
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -298,7 +303,7 @@ def locked_folder(parent: str | Path, prefix: str, what: str) -> tuple[Path, Dir
             raise WriteError(Path(parent), exc) from None
         try:
             lock = DirectoryLock(path, what)
-        except QualError:  # another process's abandoned_folders took it for one a killed process left: a new one
+        except QualError:  # busy: another process's abandoned_folders took it for one a killed process left; or gone
             continue
         if lock.holds(path):
             return path, lock

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from qual.errors import QualError
 from qual.stats import DEFAULT_NEAR_TIE_MARGIN
-from qual.validation import shown
+from qual.validation import schema_document, shown
 
 ARMS = ("control", "candidate")
 GATE_SCHEMA = "qual.gate/1"
@@ -248,5 +248,4 @@ def _problem(model: type[_Rule], raw: dict, exc: ValidationError) -> str:
 def gate_schema() -> dict:
     """The JSON Schema (draft 2020-12) of a gate file: a mapping with `rules:`, or the list of rules alone."""
     schema = TypeAdapter(Union[GateFile, list[Rule]]).json_schema(ref_template="#/$defs/{model}")
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": GATE_SCHEMA,
-            "title": f"qual gate file ({GATE_SCHEMA})", **schema}
+    return schema_document(f"qual gate file ({GATE_SCHEMA})", schema, GATE_SCHEMA)

@@ -82,7 +82,7 @@ def gpu_shortfall(gpus: list[Gpu], device: str, tp: int, memory_bytes: int | Non
     return f"{need}, {found}" if len(usable) < tp or small else None
 
 
-def vllm_version(version: str | None) -> Version | None:
+def _vllm_version(version: str | None) -> Version | None:
     """A vLLM build's version, ordered as PEP 440 orders it (as pip does: "0.32.0rc1" and "0.32.0.dev41" come before
     0.32, "0.32.0+cpu" after it); None where there is none or it is not a PEP 440 version."""
     try:
@@ -94,7 +94,7 @@ def vllm_version(version: str | None) -> Version | None:
 def too_old(version: str | None) -> str | None:
     """Why a vLLM of this version cannot serve what qual drives, or None (also where the version is unreadable: the
     run records it as unknown)."""
-    parsed = vllm_version(version)
+    parsed = _vllm_version(version)
     if parsed is not None and parsed < MIN_VLLM:
         return f"older than {MIN_VLLM}, the first release with DFlash and DCP qual drives"
     return None

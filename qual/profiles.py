@@ -18,7 +18,7 @@ from qual.engines.registry import ENGINES, engine_class
 from qual.errors import QualError
 from qual.options import DEFAULT_DTYPE, Device, Dtype, Numerics
 from qual.userfiles import check_path_name, load_yaml
-from qual.validation import Section, parse_section, read_config_text, tidy_schema
+from qual.validation import Section, parse_section, read_config_text, schema_document, tidy_schema
 
 _MOVED = {"block_size": "reference", "kv_memory_mib": "reference"}  # keys that belong to one engine's section
 
@@ -126,8 +126,7 @@ def profile_schema() -> dict:
     for name in ENGINES:
         props[name] = {**engine_class(name).options_schema(), "description": props[name]["description"]}
     schema["required"] = [k for k in schema["required"] if k != "name"]  # the file's name where it gives none
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "qual model profile "
-            "(configs/models/NAME.yaml)", **tidy_schema(schema, ("title",))}
+    return schema_document("qual model profile (configs/models/NAME.yaml)", tidy_schema(schema, ("title",)))
 
 
 def available_profiles() -> list[str]:

@@ -25,7 +25,7 @@ from qual.paths import RESULT_SCHEMA, SWEEP_RESULT_SCHEMA
 from qual.result import ARMS, SCHEMA, Result
 from qual.sweep_result import SWEEP_SCHEMA, SweepResult
 from qual.userfiles import read_json
-from qual.validation import tidy_schema
+from qual.validation import schema_document, tidy_schema
 
 COMMITTED = RESULT_SCHEMA
 MAX_SCHEMA_BYTES = 1 << 22
@@ -79,8 +79,8 @@ class _ResultJson(GenerateJsonSchema):
 def _generate(record: type, schema_id: str, title: str) -> dict:
     body = TypeAdapter(record).json_schema(schema_generator=_ResultJson, mode="serialization")
     defs = body.pop("$defs", {})
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id, "title": title,
-            **body, "description": f"{body.get('description', '')} {ABOUT}".strip(), "$defs": dict(sorted(defs.items()))}
+    return schema_document(title, {**body, "description": f"{body.get('description', '')} {ABOUT}".strip(),
+                                   "$defs": dict(sorted(defs.items()))}, schema_id)
 
 
 def result_schema() -> dict:

@@ -92,6 +92,12 @@ def parse_section(model: type[M], data, where: str, prefix: str = "") -> M:
         raise QualError(f"{where}: {describe_error(exc, prefix)}") from None
 
 
+def schema_document(title: str, schema: dict, schema_id: str | None = None) -> dict:
+    """A generated JSON Schema as a document of its own: the draft it follows (2020-12), its name, its title."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **({"$id": schema_id} if schema_id else {}),
+            "title": title, **schema}
+
+
 def tidy_schema(node, drop: tuple[str, ...] = ()):
     """A generated JSON Schema as qual prints it: `drop` keys removed from every schema object in it (a property named
     like one of them stays), and each description on one line (a docstring wraps)."""

@@ -32,11 +32,10 @@ def doctor_schema() -> dict:
     """The JSON Schema (draft 2020-12) of `qual doctor --json`: a list of checks, generated from DoctorCheck."""
     from pydantic import TypeAdapter
 
-    from qual.validation import tidy_schema
+    from qual.validation import schema_document, tidy_schema
 
     schema = TypeAdapter(list[DoctorCheck]).json_schema(ref_template="#/$defs/{model}")
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": DOCTOR_SCHEMA,
-            "title": f"qual doctor --json ({DOCTOR_SCHEMA})", **tidy_schema(schema, ("title",))}
+    return schema_document(f"qual doctor --json ({DOCTOR_SCHEMA})", tidy_schema(schema, ("title",)), DOCTOR_SCHEMA)
 
 
 def _python() -> DoctorCheck:

@@ -56,12 +56,13 @@ REQUIRED = "--baseline-required"
 
 
 def resolve(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool = False,
-            required: bool = False) -> ResolvedBaseline | None:
+            required: bool = False, notes: list[str] | None = None) -> ResolvedBaseline | None:
     """The baseline run REF names (QualError, one line, if there is none or its result cannot be read), checked
     against tonight's configuration key: a baseline of another key is refused, naming the fields that differ, unless
     it is the series before tonight's (history:last-pass) or any_key (--baseline-any) takes it; the differences are
-    recorded. None: history:last-pass found nothing for a series' first night (unless required)."""
-    found = _find(ref, history_path, configuration, any_key, required)
+    recorded. None: history:last-pass found nothing for a series' first night (unless required); notes, if given,
+    then receives what that night is told before it runs."""
+    found = _find(ref, history_path, configuration, any_key, required, notes)
     if found is None:
         return None
     theirs = ConfigurationKey.of_result(found.result)
@@ -75,9 +76,9 @@ def resolve(ref: str, history_path: Path, configuration: ConfigurationKey, any_k
 
 
 def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key: bool,
-          required: bool) -> ResolvedBaseline | None:
+          required: bool, notes: list[str] | None) -> ResolvedBaseline | None:
     if ref == LAST_PASS:
-        return _series_baseline(history_path, configuration, any_key, required)
+        return _series_baseline(history_path, configuration, any_key, required, notes)
     m = _HISTORY_ID.fullmatch(ref)
     if m is not None:
         digits = m.group(1).lstrip("0") or "0"
@@ -104,9 +105,11 @@ def _find(ref: str, history_path: Path, configuration: ConfigurationKey, any_key
 
 
 def _series_baseline(history_path: Path, configuration: ConfigurationKey, any_key: bool,
-                     required: bool) -> ResolvedBaseline | None:
+                     required: bool, notes: list[str] | None) -> ResolvedBaseline | None:
     """history:last-pass: the series' pin, its last pass, the previous series' last pass, or (--baseline-any) the
-    nearest passing run; None for a series' first night."""
+    nearest passing run; None for a series' first night, told in notes where the model has passing nights of other
+    configurations: the nearest, and each field in which it differs (an edited corpus, another --limit or max_tokens
+    starts a new series, which passes on the paired gate alone)."""
     ref = LAST_PASS
     recorded = history_path.exists()
     pinned = hist.pinned_run(history_path, configuration) if recorded else None
@@ -125,6 +128,9 @@ def _series_baseline(history_path: Path, configuration: ConfigurationKey, any_ke
     if nearest is not None and any_key:
         return _from_history(ref, nearest, NEAREST)
     if not required:
+        if nearest is not None and notes is not None:
+            notes.append(f"--baseline {ref}: the first night of this configuration, so no baseline: "
+                         f"{_nearest(nearest, configuration)} ({ANY} compares with it; {REQUIRED} refuses a first night)")
         return None
     if nearest is not None:
         raise QualError(
@@ -140,18 +146,6 @@ def _series_baseline(history_path: Path, configuration: ConfigurationKey, any_ke
 def _nearest(nearest: hist.HistoryRun, configuration: ConfigurationKey) -> str:
     return (f"the nearest, run {nearest.id} of {nearest.created_at}, differs in "
             f"{describe_differences(configuration.differences(nearest.key))}")
-
-
-def first_night_note(history_path: Path, configuration: ConfigurationKey) -> str | None:
-    """What a series' first night under history:last-pass is told before it runs where the model has passing nights of
-    other configurations: the nearest, and each field in which it differs (an edited corpus, another --limit or
-    max_tokens starts a new series, which passes on the paired gate alone). None where the model has none."""
-    passes = hist.model_passes(history_path, configuration.model) if history_path.exists() else []
-    nearest = hist.nearest_pass(passes, configuration)
-    if nearest is None:
-        return None
-    return (f"--baseline {LAST_PASS}: the first night of this configuration, so no baseline: {_nearest(nearest, configuration)} "
-            f"({ANY} compares with it; {REQUIRED} refuses a first night)")
 
 
 def _from_history(ref: str, run: hist.HistoryRun, chosen_by: str) -> ResolvedBaseline:

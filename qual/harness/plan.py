@@ -25,7 +25,7 @@ from qual.errors import QualError
 from qual.files import is_leftover, write_text
 from qual.gate import Gate, gate_file, load_gate, needs_baseline
 from qual.harness import sweep
-from qual.harness.baseline import LAST_PASS, ResolvedBaseline, check_match, first_night_note, resolve
+from qual.harness.baseline import LAST_PASS, ResolvedBaseline, check_match, resolve
 from qual.harness.speedup import PLAIN_ARM, plain_arm
 from qual.harness.inputs import check_sealed, checkpoint_records, identities, run_inputs, seal
 from qual.harness.turns import ChatPrompts, Conversation, request_ids
@@ -591,10 +591,9 @@ def make_plan(o: RunOptions, now: datetime | None = None, dry_run: bool = False,
         raise QualError(f"--baseline-required applies to --baseline {LAST_PASS} (a series' first night, which has "
                         "nothing to compare with, is then exit 2)")
     if o.baseline is not None:  # found and checked now: a baseline that cannot serve is exit 2 before any arm runs
-        plan.baseline = resolve(o.baseline, history, plan.configuration, o.baseline_any, o.baseline_required)
+        plan.baseline = resolve(o.baseline, history, plan.configuration, o.baseline_any, o.baseline_required,
+                                plan.notes)
         plan.first_night = plan.baseline is None
-        note = first_night_note(history, plan.configuration) if plan.first_night else None
-        plan.notes += [note] if note else []
         if plan.baseline is not None:
             check_match(plan.baseline, arms, corpus.fingerprint, plan.request_ids)
     if not dry_run:

@@ -11,14 +11,14 @@ from qual.history.baselines import (baseline_result_paths, configuration_of, con
 from qual.history.runs import (COLUMNS, ERROR, FAIL, FILTERS, INCONCLUSIVE, OUTCOMES, PASS, ErrorNight, HistoryRun,
                                config_key, count_runs, find_night, get_run, list_runs, record_error,
                                record_run, recorded_order)
-from qual.history.series import (DEFAULT_STEP_PP, StepChange, changed, check_step_pp, detect_step_changes, group_series,
-                                 position, trend)
+from qual.history.series import (DEFAULT_STEP_PP, StepChange, by_configuration, changed, check_step_pp,
+                                 detect_step_changes, group_series, position, trend)
 from qual.history.store import (LOCK_TIMEOUT_S, MAX_RUN_ID, SCHEMA_VERSION, HistoryLocked, check_history)
 
 __all__ = [
     "COLUMNS", "DEFAULT_STEP_PP", "ERROR", "FAIL", "FILTERS", "INCONCLUSIVE", "LOCK_TIMEOUT_S", "MAX_RUN_ID",
     "OUTCOMES", "PASS", "SCHEMA_VERSION", "ErrorNight", "HistoryLocked", "HistoryRun", "StepChange",
-    "baseline_result_paths", "changed", "check_history", "check_step_pp", "config_key", "configuration_of",
+    "baseline_result_paths", "by_configuration", "changed", "check_history", "check_step_pp", "config_key", "configuration_of",
     "configuration_runs", "count_runs", "detect_step_changes", "find_night", "get_run", "group_series", "last_pass",
     "list_pins", "list_runs", "model_passes", "nearest_pass", "pin", "pinned_run", "position", "previous_series_pass",
     "record_error", "record_run", "recorded_order", "trend", "unpin",

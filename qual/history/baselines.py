@@ -9,7 +9,7 @@ from pathlib import Path
 
 from qual.configuration import ConfigurationKey, is_successor
 from qual.errors import QualError
-from qual.history.runs import ERROR, PASS, HistoryRun, get_run, newest_first, select
+from qual.history.runs import ERROR, NEWEST_FIRST, PASS, HistoryRun, get_run, select
 from qual.history.store import NEWEST_PIN_FIRST, open_history
 
 
@@ -20,7 +20,7 @@ def configuration_of(result) -> ConfigurationKey:
 
 def configuration_runs(db_path: str | Path, configuration: ConfigurationKey, limit: int | None = None) -> list[HistoryRun]:
     """Runs of one configuration, newest first."""
-    sql = f"SELECT * FROM runs WHERE configuration = ? {newest_first()}"
+    sql = f"SELECT * FROM runs WHERE configuration = ? {NEWEST_FIRST}"
     args: list = [configuration.key()]
     if limit is not None:
         sql += " LIMIT ?"
@@ -30,7 +30,7 @@ def configuration_runs(db_path: str | Path, configuration: ConfigurationKey, lim
 
 def last_pass(db_path: str | Path, configuration: ConfigurationKey) -> HistoryRun | None:
     """The newest night of this configuration whose gate passed (not an inconclusive one that exited 0)."""
-    found = select(db_path, f"SELECT * FROM runs WHERE configuration = ? AND outcome = ? {newest_first()} LIMIT 1",
+    found = select(db_path, f"SELECT * FROM runs WHERE configuration = ? AND outcome = ? {NEWEST_FIRST} LIMIT 1",
                    (configuration.key(), PASS))
     return found[0] if found else None
 
@@ -39,7 +39,7 @@ def model_passes(db_path: str | Path, model: str) -> list[HistoryRun]:
     """Every passing night of the model, newest first: what nearest_pass and previous_series_pass choose among (read
     once by history:last-pass for both)."""
     return select(db_path, "SELECT * FROM runs WHERE model = ? AND outcome = ? AND configuration IS NOT NULL "
-                           f"{newest_first()}", (model, PASS))
+                           f"{NEWEST_FIRST}", (model, PASS))
 
 
 def nearest_pass(passes: list[HistoryRun], configuration: ConfigurationKey) -> HistoryRun | None:
@@ -73,7 +73,7 @@ def baseline_result_paths(db_path: str | Path) -> list[str]:
         rows = conn.execute(
             "SELECT result_path FROM runs WHERE id IN (SELECT run_id FROM pins) UNION "
             "SELECT (SELECT result_path FROM runs AS r WHERE r.configuration = c.configuration AND r.outcome = ? "
-            f"{newest_first('r')} LIMIT 1) FROM (SELECT DISTINCT configuration FROM runs) AS c",
+            f"{NEWEST_FIRST} LIMIT 1) FROM (SELECT DISTINCT configuration FROM runs) AS c",
             (PASS,)).fetchall()
     return sorted({p for (p,) in rows if p})
 

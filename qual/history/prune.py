@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qual.errors import QualError
-from qual.files import DirectoryLock, WriteError, remove_tree
+from qual.files import DirectoryBusy, DirectoryLock, remove_tree
 from qual.history.baselines import baseline_result_paths
 from qual.validation import ascii_digits
 
@@ -97,9 +97,7 @@ def prune(runs_dir: str | Path, keep: int, history: str | Path) -> Pruned:
         else:
             try:  # a night still writing it (qual run --out, --resume) holds it: never removed from under that night
                 lock = DirectoryLock(entry, "run directory")
-            except WriteError:
-                raise
-            except QualError:
+            except DirectoryBusy:
                 done.left.append((str(entry), "in use by a running qual process"))
                 continue
             try:

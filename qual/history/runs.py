@@ -41,13 +41,11 @@ FILTERS = ("engine", "dcp", "tp", "draft_kv", "config_key", "corpus_name")
 # never in the clock's: a runner whose clock ran ahead for a night, then was set right, would otherwise keep that
 # night its series' newest (the last pass every later night is judged against, the latest on every list, trend and
 # step change) until the clock caught up with it. created_at is what a night says of its time: shown and plotted.
-def newest_first(table: str = "") -> str:
-    """The ORDER BY of nights newest first (table: the alias the query reads runs under)."""
-    return f"ORDER BY {table + '.' if table else ''}id DESC"
+NEWEST_FIRST = "ORDER BY id DESC"
 
 
 def recorded_order(run: "HistoryRun") -> int:
-    """A night's place among the history's nights, oldest first (the sort key of newest_first's order)."""
+    """A night's place among the history's nights, oldest first (the sort key of NEWEST_FIRST's order)."""
     return run.id
 
 
@@ -374,7 +372,7 @@ def _where(model: str | None, filters: dict[str, Any]) -> tuple[str, list]:
 def list_runs(db_path: str | Path, *, model: str | None = None, limit: int | None = 50, **filters: Any) -> list[HistoryRun]:
     """Recorded runs, newest first."""
     where, args = _where(model, filters)
-    sql = f"SELECT * FROM runs{where} {newest_first()}"
+    sql = f"SELECT * FROM runs{where} {NEWEST_FIRST}"
     if limit is not None:
         sql += " LIMIT ?"
         args.append(int(limit))
@@ -413,7 +411,7 @@ def find_night(db_path: str | Path, ref: str) -> list[HistoryRun]:
         return [get_run(db_path, int(digits))]
     folder = Path(ref).resolve()
     found: list[HistoryRun] = []
-    for run in select(db_path, f"SELECT * FROM runs {newest_first()}"):
+    for run in select(db_path, f"SELECT * FROM runs {NEWEST_FIRST}"):
         recorded = run.run_dir or (str(Path(run.result_path).parent) if run.result_path else None)
         if recorded is None or Path(recorded).resolve() != folder:
             continue

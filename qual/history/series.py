@@ -21,11 +21,18 @@ def trend(db_path: str | Path, model: str | None = None, **filters: Any) -> dict
     return group_series(list_runs(db_path, model=model, limit=None, **filters))
 
 
-def group_series(runs: Sequence[HistoryRun]) -> dict[str, list[HistoryRun]]:
-    """Runs by configuration key, oldest first within each, under the key's label."""
+def by_configuration(runs: Sequence[HistoryRun]) -> dict[str, list[HistoryRun]]:
+    """Runs by configuration key (a row from before keys were stored: by its label), oldest first within each, the
+    configurations in the order of their first nights."""
     by_key: dict[str, list[HistoryRun]] = {}
     for run in sorted(runs, key=recorded_order):
         by_key.setdefault(run.configuration or run.series, []).append(run)
+    return by_key
+
+
+def group_series(runs: Sequence[HistoryRun]) -> dict[str, list[HistoryRun]]:
+    """Runs by configuration key, oldest first within each, under the key's label."""
+    by_key = by_configuration(runs)
     labels = [rows[0].series for rows in by_key.values()]
     # A label leaves some fields out (the seed where it is 0...): keys that share one are told apart by their hash.
     return {(label if labels.count(label) == 1 else f"{label} #{key_hash(key)}"): rows

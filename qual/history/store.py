@@ -26,7 +26,7 @@ SCHEMA_VERSION = 6
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 MAX_RUN_ID = 2**63 - 1  # SQLite's largest INTEGER PRIMARY KEY: a larger id names no run (and cannot be bound)
 KEY_FIELDS = "key_fields"  # meta: the configuration key's fields the rows are keyed by
-# Pins newest first by the order they were made, as nights go by their id (runs.newest_first), never by pinned_at: a
+# Pins newest first by the order they were made, as nights go by their id (runs.NEWEST_FIRST), never by pinned_at: a
 # clock set back would reorder them. A pin is a new row (pinning again replaces the row), and SQLite gives a new row
 # a rowid above every row there: the rowid is the order of pinning; rekey keeps each pin's.
 NEWEST_PIN_FIRST = "ORDER BY pins.rowid DESC"

@@ -126,7 +126,7 @@ def _checks(result: Result) -> list[str]:
 def render_sweep(sweep: SweepResult) -> str:
     """A sweep's summary: the matrix, then each candidate's headline and gate checks."""
     rows = matrix.rows(sweep)
-    lines = [f"## {HEADINGS['pass' if sweep.passed else 'fail']}: qual {cell(matrix.title(sweep))}", "",
+    lines = [f"## {HEADINGS[sweep.verdict]}: qual {cell(matrix.title(sweep))}", "",
              f"{sum(r.passed for r in rows)}/{len(rows)} candidates passed their gate on {sweep.corpus.count} requests "
              f"of {code(sweep.corpus.name)}; {cell(matrix.control_line(sweep))}.", "",
              *_interval_note(matrix.interval_note(sweep))]

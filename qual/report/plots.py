@@ -197,7 +197,7 @@ def position_colors(k: int) -> list[str]:
 
 def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: float = 2.3) -> Figure:
     """Panels stacked on one shared x axis: the date (time to scale), else one column a night in the order the nights
-    were recorded (their ids, as qual.history.runs.newest_first: a clock set back leaves them in place), labelled by
+    were recorded (their ids, as qual.history.runs.NEWEST_FIRST: a clock set back leaves them in place), labelled by
     its engine, qual or --meta value where that changes. Every panel marks the nights that did not pass (a red
     band, FAIL above it), the error nights (a grey band, ERROR: no rates, the lines break) and each change of the
     engine (a dashed line, its new version); each point links to its night's page (hollow where there is none)."""

@@ -212,9 +212,7 @@ def build(history_path: str | Path, axis: str = "date", threshold_pp: float = hi
     runs = hist.list_runs(history_path, limit=None)
     if not runs:
         raise QualError(f"no runs recorded in {history_path}: nothing to publish")
-    groups: dict[str, list[hist.HistoryRun]] = {}
-    for run in sorted(runs, key=hist.recorded_order):
-        groups.setdefault(run.configuration or run.series, []).append(run)
+    groups = hist.by_configuration(runs)
     labels = readable_labels([rows[0] for rows in groups.values()])
     configurations = [Configuration(slug(identity), rows[0].key, label, tuple(night(r) for r in rows), rows[0].series,
                                     tuple(hist.detect_step_changes(rows, threshold_pp)))

@@ -139,7 +139,8 @@ class VllmEngine(Engine):
                 problems.append(f"vLLM: vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
             else:
                 problems += build_problems(self.inventory.vllm(options.python), arm)
-            if self.not_runnable_reason(arm) is None:  # an arm that will start: can its TP ranks be bound here?
+            if arm.device == "cpu" and self.not_runnable_reason(arm) is None:  # a CPU arm that will start: can its
+                # TP ranks be bound here?
                 binding = tp_binding_problem(arm, options, allowed_numa_nodes(), sorted(os.sched_getaffinity(0)))
                 problems += [binding] if binding else []
             absent = [(path, arm.extra.get(f"{key}_revision")) for key, path in (("target", arm.target_path),
