@@ -20,9 +20,9 @@ that sum their own split-K partials (the last program of each column block to fi
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
 could reach, norms and activations left out); `fused-layer` / `fused-layer+pdl`: the fused-layer backend part's
 products (qual/runtime/backends/fused_layer.py), which also do the norms, RoPE, the KV write, the residual and
-SwiGLU (attention, between qkv and o in a step, left out); `gluon fused-layer+pdl`: their Gluon twin
-(bench/gluon_fused_layer.py). Each against the copy bandwidth. Where Triton has Gluon, the same
-variants with bench/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
+SwiGLU (attention, between qkv and o in a step, left out); `gluon fused-layer+pdl`: the gluon-layer part's
+(qual/runtime/backends/gluon_layer.py). Each against the copy bandwidth. Where Triton has Gluon, the same
+variants with qual/runtime/backends/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
 the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next product launch before their own wait,
 so that its weight stream may start while the product before still runs (inductor's kernels let it launch after
 their loads). --gluon-sweep times the Gluon kernel's configurations per projection first (gluon_sweep).
@@ -42,10 +42,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-import gluon_fused_layer  # bench/gluon_fused_layer.py, beside this script
-import gluon_gemm  # bench/gluon_gemm.py, beside this script
-from gluon_gemm import GluonConfig
-from qual.runtime.backends import fused_layer, skinny_gemm
+from qual.runtime.backends import fused_layer, gluon_gemm, gluon_layer, skinny_gemm
+from qual.runtime.backends.gluon_gemm import GluonConfig
 from qual.runtime.backends.skinny_gemm import GemmConfig
 
 SHAPES = {  # name -> (N, K) of w [N, K]
@@ -351,19 +349,18 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
         return f
 
     def gluon_fused_layer_products(pdl: bool):
-        """bench/gluon_fused_layer.py's products: o and down also write x * ln for the next normed product, which
-        reads it beside the raw residual (kept here between calls); gate/up's weights are random, so their order
-        (interleaved at load in a model) changes nothing timed."""
+        """gluon-layer's products (qual/runtime/backends/gluon_layer.py): o and down also write x * ln for the next
+        normed product, which reads it beside the raw residual (kept here between calls)."""
         raw = {}
 
         def f(h, w, p, m):
             if p == "qkv":
-                return gluon_fused_layer.qkv_product(h, raw.get(m, h), 1e-6, w, head_norm, slots[:m], inv_freq,
+                return gluon_layer.qkv_product(h, raw.get(m, h), 1e-6, w, head_norm, slots[:m], inv_freq,
                                                      slots[:m], cache, cache, heads, kv_heads, layer_counts[p], pdl=pdl)
             if p == "gate_up":
-                return gluon_fused_layer.swiglu_product(h, raw.get(m, h), 1e-6, w, layer_counts[p], pdl=pdl)
+                return gluon_layer.swiglu_product(h, raw.get(m, h), 1e-6, w, layer_counts[p], pdl=pdl)
             if p in ("o", "down"):
-                raw[m], x_ln = gluon_fused_layer.residual_product(h, w, residual[:m], layer_counts[p], norm, pdl=pdl)
+                raw[m], x_ln = gluon_layer.residual_product(h, w, residual[:m], layer_counts[p], norm, pdl=pdl)
                 return x_ln
             return gluon_gemm.partials(h, w, gluon_best.get((p, m)), pdl=pdl)
         return f
