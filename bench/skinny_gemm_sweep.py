@@ -42,6 +42,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from route_bench import write_json  # bench/route_bench.py, beside this script
 from qual.runtime.backends import fused_layer, gluon_gemm, gluon_layer, skinny_gemm
 from qual.runtime.backends.gluon_gemm import GluonConfig
 from qual.runtime.backends.skinny_gemm import GemmConfig
@@ -269,8 +270,9 @@ def gluon_sweep(shapes: dict, rows: list[int], res: dict) -> dict:
 
 
 def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_best: dict | None = None,
-          only: list[str] | None = None) -> None:
-    """A decode step's products in order, every layer's own weights, small kernels between: one graph replay."""
+          only: list[str] | None = None, save=lambda: None) -> None:
+    """A decode step's products in order, every layer's own weights, small kernels between: one graph replay (save:
+    called after each row)."""
     shapes = SHAPES[shape]
     order = ["qkv", "o", "gate_up", "down"]
     layers = [{p: torch.randn(*shapes[p], device="cuda", dtype=torch.bfloat16) * 0.02 for p in order}
@@ -409,9 +411,11 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
             except Exception as exc:
                 print(f"  M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 res["chain"].append({"m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"})
+                save()
                 continue
             frac = wbytes / (us * 1e-6) / bw
             res["chain"].append({"m": m, "variant": name, "us": us, "weight_bw_over_copy_bw": frac})
+            save()
             print(f"  M={m:<2d} {name:28s} {us:8.1f} us  {wbytes / us / 1e6:5.2f} TB/s  {100 * frac:5.1f}% of copy",
                   flush=True)
 
@@ -434,13 +438,14 @@ def main() -> int:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; PDL available: {res['pdl_available']}", flush=True)
     best = {} if args.no_sweep else sweep(SHAPES[args.shape], rows, res)
     res["best"] = {f"{p}/m{m}": str(c) for (p, m), c in best.items()}
-    Path(args.out).write_text(json.dumps(res, indent=2))
+    write_json(Path(args.out), res)
     gluon_best = gluon_sweep(SHAPES[args.shape], rows, res) if args.gluon_sweep and gluon_gemm.available() else {}
     res["gluon_best"] = {f"{p}/m{m}": str(c) for (p, m), c in gluon_best.items()}
-    Path(args.out).write_text(json.dumps(res, indent=2))
+    write_json(Path(args.out), res)
     if args.chain:
-        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(";") if args.variants else None)
-    Path(args.out).write_text(json.dumps(res, indent=2))
+        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(";") if args.variants else None,
+              save=lambda: write_json(Path(args.out), res))
+    write_json(Path(args.out), res)
     return 0
 
 
