@@ -8,14 +8,15 @@ them). No torch, no engine: every layer may import it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from packaging.version import InvalidVersion, Version
+
 GIB = 2**30
 # vLLM releases qual drives (pyproject.toml's `vllm` extra says the same): DFlash and DCP's flags are there from 0.32
-MIN_VLLM = (0, 32)
+MIN_VLLM = Version("0.32")
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,22 @@ def gpu_shortfall(gpus: list[Gpu], device: str, tp: int, memory_bytes: int | Non
     return f"{need}, {found}" if len(usable) < tp or small else None
 
 
-def vllm_version(version: str | None) -> tuple[int, ...] | None:
-    """(major, minor) of a version string ("0.32.0+cpu" -> (0, 32)); None where it has none."""
-    m = re.match(r"(\d+)\.(\d+)", version or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
+def vllm_version(version: str | None) -> Version | None:
+    """A vLLM build's version, ordered as PEP 440 orders it (as pip does: "0.32.0rc1" and "0.32.0.dev41" come before
+    0.32, "0.32.0+cpu" after it); None where there is none or it is not a PEP 440 version."""
+    try:
+        return Version(version) if version else None
+    except InvalidVersion:
+        return None
+
+
+def too_old(version: str | None) -> str | None:
+    """Why a vLLM of this version cannot serve what qual drives, or None (also where the version is unreadable: the
+    run records it as unknown)."""
+    parsed = vllm_version(version)
+    if parsed is not None and parsed < MIN_VLLM:
+        return f"older than {MIN_VLLM}, the first release with DFlash and DCP qual drives"
+    return None
 
 
 def is_cpu_build(build: VllmBuild) -> bool:

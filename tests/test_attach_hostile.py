@@ -333,6 +333,29 @@ def test_a_whole_run_against_the_fake_server_passes_and_records_its_deadlines(qu
     nowhere(tmp_path, KEY, printed=proc.stdout + proc.stderr)
 
 
+@pytest.mark.parametrize("version, refused", [("0.31.2", True), ("0.32.0rc1", True), ("0.32.0.dev41", True),
+                                               ("0.33.0.dev41", False), ("a build of our own", False)])
+def test_a_server_older_than_the_first_vllm_qual_drives_is_refused_by_its_version(qual, tmp_path, version, refused):
+    """An attached server is held to the release a started one is (qual.inventory.too_old, PEP 440's order): an older
+    one is exit 2 before any request of the run, naming its version; an unreadable version runs, recorded as it is."""
+    def reports(h, method, path, body, requests):
+        if path == "/version":
+            send(h, 200, {"version": version})
+            return True
+        return False
+
+    with FakeVllm(reports) as server:
+        proc = qual(*attach(server.url))
+    if refused:
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.lines) == 1
+        assert f"reports vLLM {version}, older than 0.32, the first release with DFlash and DCP qual drives" in proc.line
+        assert server.requests == 0
+        nothing_written(tmp_path)
+    else:
+        assert proc.returncode == 0, proc.stderr
+
+
 # -- 5. redirects ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("userinfo", ["", "user:hunter2@"])

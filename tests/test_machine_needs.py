@@ -101,6 +101,21 @@ def test_each_thing_a_machine_lacks_is_named_alone(hub, tmp_path, lack):
         assert problems[0].endswith(f"{len(change['gpus'])} found: {found}")
 
 
+# vLLM versions in PEP 440's order, as pip reads `vllm>=0.32`: a release candidate or a dev build of 0.32.0 comes before
+# 0.32 (reading the major and minor numbers alone takes both for 0.32), a dev build of a later release after it.
+OLDER_THAN_0_32 = {"0.31.2": True, "0.4.3": True, "0.32.0rc1": True, "0.32.0.dev41": True, "0.32.0": False,
+                   "0.32.0+cu128": False, "0.32.1.dev3+g1a2b3c4": False, "0.33.0.dev41": False, "1.0.0": False}
+
+
+@pytest.mark.parametrize("version", OLDER_THAN_0_32)
+def test_a_vllm_build_is_older_than_the_first_qual_drives_as_pep_440_orders_it(hub, tmp_path, version):
+    machine = _without(hub, build=dataclasses.replace(VLLM_GPU, version=version))
+    plan = make_plan(run_options(model=GLM, dcp="4", history=str(tmp_path / "h.sqlite")), dry_run=True,
+                     inventory=machine)
+    older = f"vLLM: vllm {version} at {VLLM_GPU.where} is older than 0.32, the first release with DFlash and DCP qual drives"
+    assert plan.lacking == ([older] if OLDER_THAN_0_32[version] else [])
+
+
 def test_the_profiles_memory_figure_serves_until_the_target_is_here(hub, tmp_path):
     """Without the target's config.json, a GPU's memory is the profile's gpu_memory_gib (85 GiB: an H100 is short)."""
     problems = _problems(refusal(_without(hub, gpus=[H100] * 4, uncached=[TARGET]), tmp_path))

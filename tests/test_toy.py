@@ -375,3 +375,20 @@ def test_toy_train_writes_a_smoke_run_apart_from_the_shipped_pairs_and_trains_th
         assert res.returncode == 0, res.stderr
     assert runs == [("qwen3", tmp_path / "w" / "toy-tiny"), ("glm5", tmp_path / "w" / "glm-toy-tiny"),
                     ("glm5", DATA_DIR / "models" / "glm-toy"), ("qwen3", tmp_path / "o")]
+
+
+def test_toy_train_without_transformers_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """The trainer's models are transformers' (the dev extra, not a core dependency): without it, `qual toy train` is
+    exit 2 naming the install, before a download or a folder."""
+    import importlib.util
+
+    from cli_inprocess import qual_in
+    from qual.toy import pipeline
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else found(name, *a))
+    monkeypatch.setattr(pipeline, "run", lambda *a, **kw: pytest.fail("the pipeline ran"))
+    res = qual_in(capsys, "toy", "train", "--tiny", "--device", "cpu", "--work", tmp_path / "w")
+    assert res.returncode == 2
+    assert "qual toy train needs transformers, which is not installed: pip install 'qual[dev]'" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "w").exists()

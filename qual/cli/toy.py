@@ -44,6 +44,11 @@ def train(
                                                       "shape.FIELD=VALUE (tuples as comma lists); repeatable")] = None,
 ) -> None:
     """Reproduce the toy pair: fetch data, tokenizer, tokenize, train target, generate, train drafter, eval, manifest."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:  # the trainer's models are transformers' (the dev extra)
+        raise QualError("qual toy train needs transformers, which is not installed: pip install 'qual[dev]' "
+                        "(or pip install 'transformers>=4.51')")
     from qual.toy.config import PRESETS, apply_overrides
     from qual.toy.pipeline import parse_stages, run
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from qual.sweep_result import SweepResult
 def cell(text: object) -> str:
     """Make untrusted text inert inside a Markdown table cell (GitHub renders inline HTML; a terminal that shows the
     file acts on escape sequences: control characters are written as their escapes)."""
-    s = safe(re.sub(r"[\r\n]+", " ", str(text))).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    s = html.escape(safe(re.sub(r"[\r\n]+", " ", str(text))), quote=False)
     return s.replace("|", "\\|").replace("`", "\\`")
 
 

@@ -27,6 +27,7 @@ from qual.engines.vllm.metrics import counts_from_reply
 from qual.engines.vllm.transport import REDIRECTS, one_line
 from qual.errors import EngineError, QualError
 from qual.files import open_append
+from qual.inventory import too_old
 from qual.options import NOT_OBSERVED, REVISION_KEYS
 from qual.records import (GRAPH_NOT_OBSERVED, AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, EngineRequest,
                           GraphCapture, OnResult, RequestResult)
@@ -172,6 +173,8 @@ class AttachEngine(Engine):
         except ClientError as exc:
             raise self._unreachable(spec, exc, "attaching") from exc
         facts.fingerprint, facts.probe_spec_decode = probe.fingerprint, probe.spec_decode
+        if old := too_old(facts.version):
+            raise QualError(f"{spec.who} reports vLLM {one_line(facts.version)}, {old}")
         if arm.draft_path is not None and not facts.per_request_metrics:
             why = (f"{spec.who} sends no per-request spec-decode metrics (start it with "
                    "--per-request-spec-decode-metrics detailed)")

@@ -23,7 +23,7 @@ from qual.engines.vllm.server import VllmServer, free_port
 from qual.errors import EngineError, QualError
 from qual.files import WriteError, write_text
 from qual.inventory import (MIN_VLLM, Inventory, MemoryNeed, VllmBuild, gib, hub_download_command, is_cpu_build,
-                            vllm_version)
+                            too_old)
 from qual.options import NOT_OBSERVED, REPLICATED, SHARDED
 from qual.validation import parse_section
 
@@ -347,11 +347,10 @@ def build_problems(build: VllmBuild | None, arm: ArmConfig) -> list[str]:
     """What the vLLM install a run would start lacks for the arm: none at all, an older release than qual drives, a
     CPU build for GPU arms, no DFlash for a drafter, no DCP for a DCP arm."""
     if build is None:
-        return [f"vLLM: {NOT_FOUND}, or on GPUs `pip install 'vllm>={'.'.join(map(str, MIN_VLLM))}'` beside qual"]
+        return [f"vLLM: {NOT_FOUND}, or on GPUs `pip install 'vllm>={MIN_VLLM}'` beside qual"]
     name = f"vLLM: {build.distribution or 'vllm'} {build.version or '(unknown version)'} at {build.where}"
-    version = vllm_version(build.version)
-    if version is not None and version < MIN_VLLM:
-        return [f"{name} is older than {'.'.join(map(str, MIN_VLLM))}, the first release with DFlash and DCP qual drives"]
+    if old := too_old(build.version):
+        return [f"{name} is {old}"]
     problems = []
     if arm.device.startswith("cuda") and is_cpu_build(build):
         problems.append(f"{name} is a CPU build and the arms run on {arm.device}: install vllm for GPUs (or set the "
