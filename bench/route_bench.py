@@ -37,9 +37,11 @@ STEPS = {
                   [PY, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", "tests/test_gpu.py",
                    "-k", "fused_layer or gluon_layer", "--junitxml", "OUT"]),
     "chain": (150, "the products in decode order, 32 layers and the LM head, one graph, 1 / 8 rows, against the copy "
-                   "bandwidth: split-K with PDL, fused-layer with and without, Gluon finishing products, gluon-layer",
+                   "bandwidth: split-K with PDL, fused-layer with and without (and with PDL's launch after the weight stream), "
+                   "Gluon finishing products, gluon-layer",
               [PY, "bench/skinny_gemm_sweep.py", "--shape", "8b-shape", "--no-sweep", "--chain", "--out", "OUT",
-               "--variants", "kernel+pdl;fused-layer;fused-layer+pdl;gluon finished+pdl;gluon fused-layer+pdl"]),
+               "--variants", "kernel+pdl;fused-layer;fused-layer+pdl;fused-layer+pdl, late launch;"
+                             "gluon finished+pdl;gluon fused-layer+pdl"]),
     "e2e-gluon": (360, "8B shape plain decode end to end, batch 1 / 8, kernels a step by group, the peer beside: "
                        "split-K, then gluon-layer, both with pdl",
                   [PY, *E2E, "--peer", "--out", "OUT", "--backends", f"{SPLIT_K}+pdl,{GLUON}+pdl"]),

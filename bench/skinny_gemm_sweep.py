@@ -20,12 +20,14 @@ that sum their own split-K partials (the last program of each column block to fi
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
 could reach, norms and activations left out); `fused-layer` / `fused-layer+pdl`: the fused-layer backend part's
 products (qual/runtime/backends/fused_layer.py), which also do the norms, RoPE, the KV write, the residual and
-SwiGLU (attention, between qkv and o in a step, left out); `gluon fused-layer+pdl`: the gluon-layer part's
-(qual/runtime/backends/gluon_layer.py). Each against the copy bandwidth. Where Triton has Gluon, the same
-variants with qual/runtime/backends/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
-the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next product launch before their own wait,
-so that its weight stream may start while the product before still runs (inductor's kernels let it launch after
-their loads). --gluon-sweep times the Gluon kernel's configurations per projection first (gluon_sweep).
+SwiGLU (attention, between qkv and o in a step, left out), and `fused-layer+pdl, late launch`: the same letting the
+next product launch after their last weight tile's load is issued instead of at their start; `gluon
+fused-layer+pdl`: the gluon-layer part's (qual/runtime/backends/gluon_layer.py). Each against the copy bandwidth.
+Where Triton has Gluon, the same variants with qual/runtime/backends/gluon_gemm.py's product (TMA ring, producer
+warp: its weight tiles issued before the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next
+product launch before their own wait, so that its weight stream may start while the product before still runs
+(inductor's kernels let it launch after their loads). --gluon-sweep times the Gluon kernel's configurations per
+projection first (gluon_sweep).
 """
 
 from __future__ import annotations
@@ -336,17 +338,25 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
     inv_freq, residual = torch.rand(64, device="cuda"), torch.randn(16, hidden, device="cuda", dtype=torch.bfloat16)
     layer_counts = {p: torch.zeros(1024, device="cuda", dtype=torch.int32) for p in order}
 
-    def fused_layer_products(pdl: bool):
+    def fused_layer_products(pdl: bool, late_launch: bool = False):
         """qual/runtime/backends/fused_layer.py's products: qkv with the input norm, q/k norm, RoPE and the KV write;
-        o and down with the residual; gate/up with the norm and SwiGLU; the LM head as the split-K kernel."""
+        o and down with the residual; gate/up with the norm and SwiGLU; the LM head as the split-K kernel. late_launch:
+        each lets the next kernel launch after its weight stream is issued (ProductConfig.late_launch)."""
+        def cfg(choose, *shape):
+            return replace(choose(*shape), late_launch=late_launch)
+
         def f(h, w, p, m):
+            n, k = w.shape
             if p == "qkv":
-                return fused_layer.qkv_product(h, norm, 1e-6, w, head_norm, slots[:m], inv_freq, slots[:m], cache, cache,
-                                               heads, kv_heads, layer_counts[p], pdl=pdl)
+                return fused_layer.qkv_product(h, norm, 1e-6, w, head_norm, slots[:m], inv_freq, slots[:m], cache,
+                                               cache, heads, kv_heads, layer_counts[p],
+                                               cfg(fused_layer.qkv_config, n, k, 128), pdl=pdl)
             if p == "gate_up":
-                return fused_layer.swiglu_product(h, norm, 1e-6, w, layer_counts[p], pdl=pdl)
+                return fused_layer.swiglu_product(h, norm, 1e-6, w, layer_counts[p],
+                                                  cfg(fused_layer.swiglu_config, n, k), pdl=pdl)
             if p in ("o", "down"):
-                return fused_layer.residual_product(h, w, residual[:m], layer_counts[p], pdl=pdl)
+                return fused_layer.residual_product(h, w, residual[:m], layer_counts[p],
+                                                    cfg(fused_layer.residual_config, n, k), pdl=pdl)
             return skinny_gemm.partials(h, w, pdl=pdl)
         return f
 
@@ -386,6 +396,8 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
         # the fused-layer backend part's products, their epilogues whole (norms, RoPE, KV write, residual, SwiGLU)
         "fused-layer": (fused_layer_products(False), False, "direct"),
         "fused-layer+pdl": (fused_layer_products(True), True, "direct"),
+        # the same, each product letting the next launch only once its weight stream is issued (not at its start)
+        "fused-layer+pdl, late launch": (fused_layer_products(True, late_launch=True), True, "direct"),
     })
     if gluon_gemm.available():
         variants.update({

@@ -306,8 +306,11 @@ def _pdl_or_skip(pdl: bool) -> None:
 @pytest.mark.parametrize("pdl", [False, True])
 def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
     """fused-layer's four products against float64 (tests/fused_layer_reference.py) on the GPU: the 8B shape at 1 and
-    16 rows, ragged column and K blocks, GQA groups 4, 8 and 1; each launched twice (the counts left at zero); with
+    16 rows, ragged column and K blocks, GQA groups 4, 8 and 1; each launched twice (the counts left at zero), with
+    PDL the second time letting the next kernel launch after the weight stream (ProductConfig.late_launch); with
     PDL the same bits. Tolerance: two roundings to the dtype (rtol 2^-8 / 2^-11) over float32 sums."""
+    from dataclasses import replace
+
     from qual.runtime.backends import fused_layer as fl
     from qual.runtime.models.layers import rope_inv_freq
     import fused_layer_reference as ref
@@ -326,12 +329,14 @@ def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
     rtol = 2**-8 if dtype == torch.bfloat16 else 2**-11
     counts = torch.zeros(1024, device="cuda", dtype=torch.int32)
     got = []
-    for _ in range(2):
+    for late in (False, pdl):
+        cfg = lambda choose, w, *head: replace(choose(*w.shape, *head), late_launch=late)  # noqa: E731
         kc, vc = torch.zeros(4 * m, kv, D, device="cuda", dtype=dtype), torch.zeros(4 * m, kv, D, device="cuda", dtype=dtype)
-        q = fl.qkv_product(x, ln, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, heads, kv, counts, pdl=pdl)
-        o = fl.residual_product(q, wo, res, counts, pdl=pdl)
-        act = fl.swiglu_product(x, ln, eps, gu, counts, pdl=pdl)
-        down = fl.residual_product(act, wd, res, counts, pdl=pdl)
+        q = fl.qkv_product(x, ln, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, heads, kv, counts,
+                           cfg(fl.qkv_config, wqkv, D), pdl=pdl)
+        o = fl.residual_product(q, wo, res, counts, cfg(fl.residual_config, wo), pdl=pdl)
+        act = fl.swiglu_product(x, ln, eps, gu, counts, cfg(fl.swiglu_config, gu), pdl=pdl)
+        down = fl.residual_product(act, wd, res, counts, cfg(fl.residual_config, wd), pdl=pdl)
         assert not counts.any()
         got.append((q, kc, vc, o, act, down))
     q, kc, vc, o, act, down = got[1]

@@ -121,6 +121,25 @@ for m in (1, 16):  # a plain step's row, a verify block's sixteen
         fl.residual_product(torch.randn(m, I).bfloat16(), torch.randn(H, I).bfloat16(), x, counts, pdl=pdl)
 """
 
+FUSED_LAYER_LATE_LAUNCH = """
+import torch
+from dataclasses import replace
+from qual.runtime.backends import fused_layer as fl
+
+H, I, NH, NKV, D = 4096, 14336, 32, 8, 128  # the 8B shape, a plain step's row, with PDL: at start, then late
+m = 1
+x, ln = torch.randn(m, H).bfloat16(), torch.randn(H).bfloat16()
+counts, cache = torch.zeros(512, dtype=torch.int32), torch.zeros(64, NKV, D).bfloat16()
+for late in (False, True):
+    fl.qkv_product(x, ln, 1e-6, torch.randn((NH + 2 * NKV) * D, H).bfloat16(), torch.randn(NH + NKV, D).bfloat16(),
+                   torch.arange(m), torch.rand(D // 2), torch.arange(m), cache, cache, NH, NKV, counts,
+                   replace(fl.qkv_config((NH + 2 * NKV) * D, H, D), late_launch=late), pdl=True)
+    fl.swiglu_product(x, ln, 1e-6, torch.randn(2 * I, H).bfloat16(), counts,
+                      replace(fl.swiglu_config(2 * I, H), late_launch=late), pdl=True)
+    fl.residual_product(torch.randn(m, I).bfloat16(), torch.randn(H, I).bfloat16(), x, counts,
+                        replace(fl.residual_config(H, I), late_launch=late), pdl=True)
+"""
+
 GLUON_FUSED_LAYER = """
 import types
 import torch
@@ -240,6 +259,25 @@ def test_fused_layer_products_compile_within_the_split_k_kernels_registers():
         assert regs(line) <= max(split_k) and int(line.split(" B shared")[0].split()[-1]) <= 64 << 10, (line, split_k)
         assert " 0 B stack" in line, line
         assert "before its PDL wait" not in line or ", 0 global loads before its PDL wait" in line, line
+
+
+def test_fused_layer_late_launch_lets_the_next_kernel_launch_after_the_weight_stream():
+    """ProductConfig.late_launch (the chain's `fused-layer+pdl, late launch`): each of the three epilogues' products
+    calls griddepcontrol.launch_dependents after every asynchronous copy of its K loop is issued, where the default
+    calls it before the first; both after the PDL wait, in the same registers' budget, nothing spilled."""
+    import re
+
+    out = compile_for_hopper(FUSED_LAYER_LATE_LAUNCH, "--ptx")
+    kernels = out.split("\n_fused_product_kernel:")[1:]
+    assert len(kernels) == 6, out
+    for i, ptx in enumerate(kernels):
+        head = ptx.split("\n", 1)[0]
+        assert " 0 B stack" in head and int(head.split(" registers")[0].split()[-1]) <= 64, head
+        launch = ptx.index("griddepcontrol.launch_dependents")
+        copies = [m.start() for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global", ptx)]
+        assert ptx.index("griddepcontrol.wait") < launch and copies, head
+        late = i >= 3
+        assert all((c < launch) == late for c in copies), (i, head)
 
 
 @pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")

@@ -53,13 +53,15 @@ RESIDUAL, QKV, SWIGLU = 0, 1, 2  # the epilogues
 @dataclass(frozen=True)
 class ProductConfig:
     """One fused product's tiling: block_n columns (qkv: head_dim, one head), block_k of K a step, split programs
-    a column block."""
+    a column block. late_launch (with PDL): each program lets the next kernel launch after its last weight tile's
+    load is issued instead of at its start (bench/skinny_gemm_sweep.py's chain selects it; no backend does)."""
 
     block_n: int = 64
     block_k: int = 128
     split: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    late_launch: bool = False
 
 
 TARGET_PROGRAMS = 256  # as skinny_gemm: ~2 an SM on an H200, enough loads in flight to stream the weights
@@ -106,7 +108,7 @@ if triton is not None:
             M, N, K, k_per_split, w_half, stride_xm, stride_wn, stride_rm, stride_om, cache_slot_stride, eps, head_eps,
             SPLIT: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-            PDL: tl.constexpr):
+            PDL: tl.constexpr, LATE_LAUNCH: tl.constexpr):
         """Program (n, s): column block n over the s-th k_per_split of K; the block's last program to finish runs
         the epilogue EPI on the whole sum (see the module docstring)."""
         pid_n, pid_s = tl.program_id(0), tl.program_id(1)
@@ -123,7 +125,8 @@ if triton is not None:
         k_lo = pid_s * k_per_split
         if PDL:
             tl.extra.cuda.gdc_wait()  # x is the kernel before's output
-            tl.extra.cuda.gdc_launch_dependents()
+            if not LATE_LAUNCH:
+                tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
@@ -138,6 +141,8 @@ if triton is not None:
                 acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
             else:
                 acc += tl.dot(x, tl.trans(w))
+        if PDL and LATE_LAUNCH:  # the stream issued: the next kernel's grid may take the slots programs leave
+            tl.extra.cuda.gdc_launch_dependents()
         tile = rm[:, None] * (tl.num_programs(0) * BLOCK_N) + (pid_n * BLOCK_N + j)[None, :]
         finish = True
         if SPLIT > 1:
@@ -256,7 +261,7 @@ def _launch(x, w, counts, cfg: ProductConfig, n_blocks: int, epi: int, out: torc
         m, n, k, k_per_split, w_half, x.stride(0), w.stride(0), out.stride(0) if res is None else res.stride(0),
         out.stride(0), k_cache.stride(0), eps, head_eps,
         SPLIT=cfg.split, NORM=ln is not None, EPI=epi, NH=nh, NKV=nkv, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, UPCAST=_interpreted() and x.dtype == torch.bfloat16, PDL=pdl,
+        BLOCK_K=cfg.block_k, UPCAST=_interpreted() and x.dtype == torch.bfloat16, PDL=pdl, LATE_LAUNCH=cfg.late_launch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
 
 
