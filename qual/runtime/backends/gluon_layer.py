@@ -207,6 +207,8 @@ def qkv_product(x_ln, x, eps, wqkv, qk_norm, positions, inv_freq, slots, k_cache
     cfg = cfg or gluon_gemm.choose_config(n, k, block_n=d)
     if cfg.block_n != d or n != (heads + 2 * kv_heads) * d:
         raise ValueError(f"gluon_layer: qkv {tuple(wqkv.shape)}, block_n {cfg.block_n}: a head a column block")
+    if k_cache.stride(2) != 1 or k_cache.stride(1) != d or v_cache.stride() != k_cache.stride():
+        raise ValueError("gluon_layer: the KV caches must be [slots, kv heads, D] with contiguous heads")
     q = torch.empty(x.shape[0], heads * d, device=x.device, dtype=x.dtype)
     _launch(x_ln, wqkv, counts, cfg, QKV, q, pdl, norm_of=x, eps=eps,
             qkv_args=(qk_norm, positions, inv_freq, slots, k_cache, v_cache, heads, kv_heads))
