@@ -275,8 +275,60 @@ class DirectoryLock:
             os.close(self._fd)
             self._fd = -1
 
+    def holds(self, directory: str | Path) -> bool:
+        """Whether directory is still the folder this lock holds (not removed, replaced or a link since it was
+        opened)."""
+        try:
+            there, held = os.lstat(directory), os.fstat(self._fd)
+        except OSError:
+            return False
+        return stat.S_ISDIR(there.st_mode) and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
     def __del__(self) -> None:  # a lock an error dropped before its release (a refused --resume) ends with it
         self.release()
+
+
+def locked_folder(parent: str | Path, prefix: str, what: str) -> tuple[Path, DirectoryLock]:
+    """A new folder in parent named prefix and 8 random characters (mkdtemp), held by a DirectoryLock from its first
+    moment to the lock's release or this process's end: what `abandoned_folders` passes over."""
+    for _ in range(3):
+        try:
+            path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+        except OSError as exc:
+            raise WriteError(Path(parent), exc) from None
+        try:
+            lock = DirectoryLock(path, what)
+        except QualError:  # another process's abandoned_folders took it for one a killed process left: a new one
+            continue
+        if lock.holds(path):
+            return path, lock
+        lock.release()
+    raise QualError(f"{what}: cannot keep a new folder in {parent}: another process removes each one made there")
+
+
+def abandoned_folders(parent: str | Path, prefix: str, what: str) -> list[tuple[Path, DirectoryLock]]:
+    """The folders in parent named prefix and 8 random characters (locked_folder's) that no process holds: their
+    makers ended before removing them (a kill -9). Each is returned locked for the caller, who removes it and
+    releases the lock; a link or a file of such a name is passed over."""
+    pattern = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}")
+    try:
+        names = sorted(e.name for e in os.scandir(parent) if pattern.fullmatch(e.name))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = Path(parent) / name
+        if path.is_symlink() or not path.is_dir():
+            continue
+        try:
+            lock = DirectoryLock(path, what)
+        except QualError:  # its maker still runs (or it is gone already)
+            continue
+        if lock.holds(path):
+            found.append((path, lock))
+        else:
+            lock.release()
+    return found
 
 
 def _flock_holder(st: os.stat_result) -> str:

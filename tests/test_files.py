@@ -41,3 +41,29 @@ def test_a_failed_append_leaves_only_whole_lines(tmp_path, monkeypatch):
         log.append('{"id": "b"}\n')
     log.close()
     assert path.read_text() == '{"id": "a"}\n'
+
+
+def test_abandoned_folders_are_the_unheld_ones_of_the_name_and_nothing_else(tmp_path):
+    """abandoned_folders returns, locked, only the folders of the prefix and mkdtemp's 8 characters that no process
+    holds: not one a locked_folder holds, nor a link, a file, another site's name or a name of another length; a lock
+    whose folder was removed or replaced by a link since no longer holds it."""
+    held, lock = files.locked_folder(tmp_path, ".s.publish-", "publish")
+    left, left_lock = files.locked_folder(tmp_path, ".s.publish-", "publish")
+    left_lock.release()  # as a kill -9 drops it
+    (tmp_path / ".s.publish-abcdefgh").mkdir()
+    (tmp_path / ".s.publish-linked12").symlink_to(tmp_path / ".s.publish-abcdefgh")
+    (tmp_path / ".s.publish-afile123").write_text("x")
+    for other in (".s.publish-x.publish-abcdefgh", ".s.publish-short", ".t.publish-abcdefgh"):
+        (tmp_path / other).mkdir()
+    found = files.abandoned_folders(tmp_path, ".s.publish-", "publish")
+    assert sorted(p.name for p, _ in found) == sorted([left.name, ".s.publish-abcdefgh"])
+    assert all(claim.holds(p) for p, claim in found) and lock.holds(held)
+    assert files.abandoned_folders(tmp_path, ".s.publish-", "publish") == []  # the caller holds them now
+    for p, claim in found:
+        files.remove_tree(p)
+        assert not claim.holds(p)
+        claim.release()
+    files.remove_tree(held)
+    held.symlink_to(tmp_path)
+    assert not lock.holds(held)
+    lock.release()

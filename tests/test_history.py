@@ -481,9 +481,12 @@ def test_an_inconclusive_night_is_never_a_series_last_pass(tmp_path):
     assert history.last_pass(path, history.configuration_of(_night(1))).id == passed
 
 
-def test_a_v4_history_is_keyed_again_without_losing_a_row_and_the_newest_pin_wins(tmp_path, capsys):
+@pytest.mark.parametrize("second_pinned_at", ["2026-12-06T00:00:00+00:00", "2026-12-04T00:00:00+00:00"],
+                         ids=["clock-forward", "clock-set-back"])
+def test_a_v4_history_is_keyed_again_without_losing_a_row_and_the_newest_pin_wins(tmp_path, capsys, second_pinned_at):
     """v4 keyed series by the engine's version too: two engine versions were two series, each with its own pin. Keyed
-    again, they are one series; the pin set last stays, the other goes, and the migration says so in one line."""
+    again, they are one series; the pin set last stays, the other goes, and the migration says so in one line. "Last"
+    is the order of pinning, whatever the clock said when the second pin was made."""
     path = tmp_path / "v4.sqlite"
     with sqlite3.connect(path) as conn:
         conn.executescript(store.SCHEMA_V1)
@@ -503,13 +506,13 @@ def test_a_v4_history_is_keyed_again_without_losing_a_row_and_the_newest_pin_win
                           json.dumps({"control": night.control.config, "candidate": night.candidate.config}),
                           json.dumps(old, sort_keys=True), f"r{i}/result.json"))
         conn.execute("INSERT INTO pins SELECT configuration, 1, '2026-12-05T00:00:00+00:00' FROM runs WHERE id = 1")
-        conn.execute("INSERT INTO pins SELECT configuration, 2, '2026-12-06T00:00:00+00:00' FROM runs WHERE id = 2")
+        conn.execute("INSERT INTO pins SELECT configuration, 2, ? FROM runs WHERE id = 2", (second_pinned_at,))
     conn.close()
     runs = history.list_runs(path)
     assert [r.id for r in runs] == [3, 2, 1] and len({r.configuration for r in runs}) == 1
     assert [r.outcome for r in runs] == ["pass"] * 3 and [r.facts["engine"] for r in runs] == [
         "vllm 0.33.0", "vllm 0.33.0", "vllm 0.32.0"]
-    assert [(r.id, at) for r, at in history.list_pins(path)] == [(2, "2026-12-06T00:00:00+00:00")]
+    assert [(r.id, at) for r, at in history.list_pins(path)] == [(2, second_pinned_at)]
     err = capsys.readouterr().err
     assert err == (f"note: history {path}: series that the configuration key now joins held more than one pin: "
                    "run 2 (pinned last) stays the baseline, run 1 unpinned\n")
@@ -664,3 +667,74 @@ def test_a_glm_night_recorded_before_numerics_joins_the_exact_series(tmp_path):
     assert history.last_pass(path, history.configuration_of(exact)).id == 1
     assert history.last_pass(path, history.configuration_of(vllm)).id == 2
     assert [r.id for r in history.configuration_runs(path, history.configuration_of(exact))] == [1]
+
+
+def test_export_csv_writes_formula_like_text_inert(tmp_path, capsys):
+    """A text cell a spreadsheet would read as a formula (=, +, -, @, tab, CR first) is written to the CSV with a
+    leading ' (OWASP's CSV-injection rule); numbers stay numbers, and the DataFrame keeps the values as recorded."""
+    import pandas as pd
+
+    import qual
+    from cli_inprocess import qual_in
+
+    path = tmp_path / "h.sqlite"
+    meta = {"a": "=HYPERLINK(\"http://x\")", "b": "+1", "c": "-2", "d": "@SUM(A1)", "e": "\tx", "f": "\rx",
+            "g": "plain", "h": "a=b"}
+    night = replace(_night(1, 0.6), meta=meta)  # a failing night: its delta_rate is negative
+    history.record_run(path, night, "a/result.json")
+    proc = qual_in(capsys, "history", "export", tmp_path / "out", "--history", path)
+    assert proc.returncode == 0, proc.stderr
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv", keep_default_na=False)
+    written = {k: runs.loc[0, f"meta.{k}"] for k in meta}
+    assert written == {k: ("'" + v if k in "abcdef" else v) for k, v in meta.items()}
+    assert runs.loc[0, "delta_rate"] < 0 and runs["delta_rate"].dtype.kind == "f"
+    assert runs.loc[0, "series"] == qual.load_history(path).runs.loc[0, "series"]
+    assert {k: qual.load_history(path).runs.loc[0, f"meta.{k}"] for k in meta} == meta
+
+
+def test_pins_are_listed_in_the_order_they_were_made_not_by_the_clock(db, capsys):
+    """`qual history baseline list` puts the pin made last first, as nights go by their id: a clock set back between
+    two pins does not reorder them; pinning a series again makes its pin the newest."""
+    from cli_inprocess import qual_in
+
+    history.pin(db, 4, "2026-12-10T00:00:00+00:00")
+    history.pin(db, 5, "2026-12-09T00:00:00+00:00")  # the clock was set back a day
+    assert [r.id for r, _ in history.list_pins(db)] == [5, 4]
+    proc = qual_in(capsys, "history", "baseline", "list", "--history", db)
+    assert proc.returncode == 0 and [line.split()[1] for line in proc.stdout.splitlines()] == ["5", "4"]
+    history.pin(db, 2, "2026-12-08T00:00:00+00:00")  # replaces run 4's pin: the series of nights 1-4
+    assert [r.id for r, _ in history.list_pins(db)] == [2, 5]
+    history.unpin(db, 2)
+    history.pin(db, 1, "2026-12-01T00:00:00+00:00")
+    assert [r.id for r, _ in history.list_pins(db)] == [1, 5]
+
+
+@pytest.mark.parametrize("axis", ["engine", "qual", "meta:cluster"])
+def test_columns_off_the_date_axis_go_in_recording_order_after_the_clock_went_back(tmp_path, axis):
+    """Off the date axis a night is a column, and the columns are the nights in the order they were recorded: a night
+    whose clock was set back two days stays right of the nights before it, so each line runs left to right (no
+    zigzag) and the labels read in recording order. The strip's tonight, not yet recorded, is the last column."""
+    from qual.report import plots, trend
+
+    path = tmp_path / "h.sqlite"
+    for i, day in enumerate((3, 4, 2), start=1):  # the third night's clock ran two days behind
+        night = _night(day)
+        night.candidate.engine_version = f"vllm 0.3{i}.0"
+        night.meta = {"cluster": f"c{i}"}
+        night.candidate.provenance = replace(night.candidate.provenance, qual_version="0.1.0", qual_commit=str(i) * 40,
+                                             qual_checkout_dirty=False)
+        history.record_run(path, night, None)
+    runs = sorted(history.list_runs(path), key=history.recorded_order)
+    columns = [trend.column(r, axis) for r in runs]
+    fig = plots.nights_figure([trend.arms_panel("s", runs, columns)], axis)
+    ax = fig.axes[0]
+    arms = [line for line in ax.lines if line.get_label() in ("control", "candidate")]
+    assert [list(line.get_xdata()) for line in arms] == [[0, 1, 2]] * 2
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == [c.value for c in columns] and len(set(labels)) == 3
+    tonight = plots.Column(trend.TONIGHT, trend.when("2026-12-01T00:00:00+00:00"), "tonight", "pass", None)
+    strip = plots.Panel("acceptance (%)", [*columns, tonight], plots.arm_lines([0.7] * 4, [0.7] * 4), tonight=3)
+    ax = plots.nights_figure([strip], axis).axes[0]
+    arms = [line for line in ax.lines if line.get_label() in ("control", "candidate")]
+    assert [list(line.get_xdata()) for line in arms] == [[0, 1, 2, 3]] * 2
+    assert ax.get_xticklabels()[-1].get_text() == "tonight"

@@ -407,3 +407,48 @@ def test_the_site_fits_a_desktop_and_a_phone(site, tmp_path):
             layout = regressions.evaluate(MEASURE)
             print(f"{name} regressions: {regressions.screenshot(tmp_path / f'regressions-{size[0]}px.png', True)}")
             assert layout["clientWidth"] == layout["scrollWidth"] == size[0] and layout["wide"] == [], layout
+
+
+_KILLED_BETWEEN_RENAMES = """
+import os, signal, sys
+from qual.report import site
+
+real = os.replace
+def replace(source, target):  # the earlier site moved aside, the new one not yet in its place: killed there
+    real(source, target)
+    if os.path.basename(target) == "site" and ".old-" in os.path.basename(os.path.dirname(target)):
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+site.publish(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_a_publish_killed_midway_leaves_nothing_the_next_one_does_not_clear(tmp_path, capsys):
+    """A publish killed with SIGKILL between moving the earlier site aside and moving the new one in leaves both hidden
+    folders beside the site and no site: the next publish puts the earlier site back (so a publish that then fails
+    loses nothing) and removes both; a folder a running publish holds (qual.files.locked_folder) is left to it."""
+    from qual.files import locked_folder
+
+    db = tmp_path / "h.sqlite"
+    for day in (1, 2):
+        history.record_run(db, synthetic_result(8, n_resamples=20, created_at=f"2026-12-0{day}T02:00:00+00:00"), None)
+    out = tmp_path / "pub" / "site"
+    published.publish(db, out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    proc = subprocess.run([sys.executable, "-c", _KILLED_BETWEEN_RENAMES, str(db), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    left = sorted(p.name for p in out.parent.iterdir())
+    assert not out.exists() and [re.sub(r"-[a-z0-9_]{8}$", "-*", n) for n in left] == [".site.old-*",
+                                                                                    ".site.publish-*"]
+    running, lock = locked_folder(out.parent, ".site.publish-", "publish")  # as a publish running now holds its own
+    assert run_app(["history", "publish", str(out), "--history", str(tmp_path / "none.sqlite")]) == 2
+    assert "no run history at" in capsys.readouterr().err
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # put back
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, running.name])
+    assert run_app(["history", "publish", str(out), "--history", str(db)]) == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, running.name])
+    lock.release()  # its maker gone without removing it: the next publish does
+    assert run_app(["history", "publish", str(out), "--history", str(db)]) == 0
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

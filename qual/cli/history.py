@@ -266,7 +266,9 @@ def _trend_json(series: dict, steps: list, threshold_pp: float, axis: str) -> di
 @history_app.command("export")
 def export_cmd(
     out_dir: Path = typer.Argument(..., metavar="DIR", help="Folder for runs.<format> and series.<format>."),
-    fmt: str = typer.Option("csv", "--format", metavar="csv|parquet", help="CSV, or Parquet (needs pyarrow)."),
+    fmt: str = typer.Option("csv", "--format", metavar="csv|parquet", help="CSV (a text cell starting "
+                     "=, +, -, @, tab or CR written with a leading ', so a spreadsheet shows it as text), or Parquet "
+                     "(values as recorded; needs pyarrow)."),
     history: Path = HistoryOpt,
 ) -> None:
     """Write the history's nights (runs) and series as tables: one row a night, one a series (what
@@ -384,7 +386,7 @@ def dirs_cmd(history: Path = HistoryOpt) -> None:
 
 @baseline_app.command("list")
 def pins_cmd(history: Path = HistoryOpt) -> None:
-    """Pinned runs, one per configuration."""
+    """Pinned runs, one per configuration, the pin made last first."""
     pins = hist.list_pins(history)
     if not pins:
         print(f"no pinned runs in {safe(history)}")

@@ -10,7 +10,7 @@ from pathlib import Path
 from qual.configuration import ConfigurationKey, is_successor
 from qual.errors import QualError
 from qual.history.runs import ERROR, PASS, HistoryRun, get_run, newest_first, select
-from qual.history.store import open_history
+from qual.history.store import NEWEST_PIN_FIRST, open_history
 
 
 def configuration_of(result) -> ConfigurationKey:
@@ -105,10 +105,9 @@ def unpin(db_path: str | Path, run_id: int) -> HistoryRun:
 
 
 def list_pins(db_path: str | Path) -> list[tuple[HistoryRun, str]]:
-    """Every pinned run and when it was pinned, newest pin first."""
+    """Every pinned run and when it was pinned, the pin made last first (NEWEST_PIN_FIRST: not by the clock)."""
     with open_history(db_path, create=False) as conn:
         rows = conn.execute(
-            "SELECT runs.*, pins.pinned_at AS pinned_at FROM pins JOIN runs ON runs.id = pins.run_id "
-            "ORDER BY pins.pinned_at DESC, runs.id DESC"
+            f"SELECT runs.*, pins.pinned_at AS pinned_at FROM pins JOIN runs ON runs.id = pins.run_id {NEWEST_PIN_FIRST}"
         ).fetchall()
         return [(HistoryRun.from_row(r, db_path), r["pinned_at"]) for r in rows]

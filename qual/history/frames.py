@@ -5,6 +5,11 @@ One row a night (`runs`: every column of the history, the configuration key's fi
 facts as `facts.<name>` and --meta labels as `meta.<KEY>`) and one row a series (`series`: its key, how many nights
 ended how, its latest night and its last pass). Rates are fractions, an undefined one NaN; `created_at` is a UTC
 timestamp. pandas is imported when a table is built: `import qual` and the command line never load it.
+
+The CSV is opened in spreadsheets, and a text cell there that starts with =, +, -, @, a tab or a carriage return is
+read as a formula: a --meta value such as `=HYPERLINK(...)` would run when the file is opened. The CSV writes such a
+cell with a leading ' (OWASP's rule for CSV injection), which spreadsheets show as text; the DataFrames and Parquet
+keep every value as it was recorded.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ _COLUMNS = ("id", "run_id", "created_at", "outcome", "verdict", "exit_code", "er
             "control_rate", "candidate_rate", "control_mal", "candidate_mal", "delta_rate", "ci_lo", "ci_hi",
             "baseline", "result_path", "run_dir", "command")
 _KEY = tuple(f"key.{f.name}" for f in fields(ConfigurationKey))
+# A text cell starting with one of these is a formula to a spreadsheet (OWASP, "CSV Injection")
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _COUNTS = {"passes": PASS, "fails": FAIL, "inconclusive": INCONCLUSIVE, "errors": ERROR}  # a series' nights by outcome
 
 
@@ -86,6 +93,24 @@ def load_history(path: str | Path) -> History:
     return History(Path(path), sorted(list_runs(path, limit=None), key=recorded_order))
 
 
+def as_csv_text(frame) -> str:
+    """The frame as CSV (RFC 4180), each text cell that a spreadsheet would read as a formula written with a leading '."""
+    from pandas.api.types import is_datetime64_any_dtype, is_numeric_dtype
+
+    frame = frame.copy()
+    for column in frame.columns:  # text columns only: a negative rate is a number, not a formula
+        if not (is_numeric_dtype(frame[column]) or is_datetime64_any_dtype(frame[column])):
+            frame[column] = frame[column].map(_inert, na_action="ignore")
+    # RFC 4180's CRLF between rows: the csv writer then quotes a cell holding a lone CR, which a "\n"-ended file
+    # leaves bare and every reader takes for the end of a row
+    return frame.to_csv(index=False, lineterminator="\r\n")
+
+
+def _inert(value):
+    """A text starting like a formula with ' before it; any other value as it is."""
+    return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_STARTS) else value
+
+
 def export(history: History, out_dir: str | Path, fmt: str) -> list[Path]:
     """runs.<fmt> and series.<fmt> in out_dir (written whole, or not at all: qual.files)."""
     if fmt not in FORMATS:
@@ -101,7 +126,7 @@ def export(history: History, out_dir: str | Path, fmt: str) -> list[Path]:
     for name in ("runs", "series"):
         frame, path = getattr(history, name), out / f"{name}.{fmt}"
         if fmt == "csv":
-            written.append(write_text(path, frame.to_csv(index=False)))
+            written.append(write_text(path, as_csv_text(frame)))
         else:
             written.append(write_bytes(path, frame.to_parquet(index=False)))
     return written

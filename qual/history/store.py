@@ -26,6 +26,10 @@ SCHEMA_VERSION = 6
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 MAX_RUN_ID = 2**63 - 1  # SQLite's largest INTEGER PRIMARY KEY: a larger id names no run (and cannot be bound)
 KEY_FIELDS = "key_fields"  # meta: the configuration key's fields the rows are keyed by
+# Pins newest first by the order they were made, as nights go by their id (runs.newest_first), never by pinned_at: a
+# clock set back would reorder them. A pin is a new row (pinning again replaces the row), and SQLite gives a new row
+# a rowid above every row there: the rowid is the order of pinning; rekey keeps each pin's.
+NEWEST_PIN_FIRST = "ORDER BY pins.rowid DESC"
 
 SCHEMA_V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -145,7 +149,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1_to
 
 def rekey(conn: sqlite3.Connection) -> list[str]:
     """Every row keyed by today's configuration key, from the key it stored (a row without one: from its stored
-    config), and the pins of series that became one merged: the newest pin wins. Returns what the merge dropped, one
+    config), and the pins of series that became one merged: the pin made last wins (NEWEST_PIN_FIRST). Returns what the merge dropped, one
     phrase per series. A stored key that cannot be read is left as it is (reading that row names it)."""
     for run_id, stored, config_json, fingerprint, n in conn.execute(
             "SELECT id, configuration, config_json, corpus_fingerprint, n_requests FROM runs").fetchall():
@@ -158,20 +162,20 @@ def rekey(conn: sqlite3.Connection) -> list[str]:
                 continue
         if key != stored:
             conn.execute("UPDATE runs SET configuration = ? WHERE id = ?", (key, run_id))
-    pins = conn.execute("SELECT runs.configuration, pins.run_id, pins.pinned_at, pins.configuration FROM pins "
-                        "JOIN runs ON runs.id = pins.run_id ORDER BY pins.pinned_at DESC, pins.run_id DESC").fetchall()
-    kept: dict[str, tuple[int, str]] = {}
+    pins = conn.execute("SELECT runs.configuration, pins.run_id, pins.pinned_at, pins.rowid FROM pins "
+                        f"JOIN runs ON runs.id = pins.run_id {NEWEST_PIN_FIRST}").fetchall()
+    kept: dict[str, tuple[int, str, int]] = {}
     dropped: dict[str, list[int]] = {}
-    for key, run_id, pinned_at, _ in pins:
+    for key, run_id, pinned_at, order in pins:
         if key is None:
             continue
         if key in kept:
             dropped.setdefault(key, []).append(run_id)
         else:
-            kept[key] = (run_id, pinned_at)
+            kept[key] = (run_id, pinned_at, order)
     conn.execute("DELETE FROM pins")
-    conn.executemany("INSERT INTO pins (configuration, run_id, pinned_at) VALUES (?, ?, ?)",
-                     [(key, run_id, at) for key, (run_id, at) in kept.items()])
+    conn.executemany("INSERT INTO pins (rowid, configuration, run_id, pinned_at) VALUES (?, ?, ?, ?)",
+                     [(order, key, run_id, at) for key, (run_id, at, order) in kept.items()])
     return [f"run {kept[key][0]} (pinned last) stays the baseline, run{'s' if len(ids) > 1 else ''} "
             f"{', '.join(map(str, ids))} unpinned" for key, ids in dropped.items()]
 

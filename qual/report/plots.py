@@ -161,8 +161,8 @@ def delta_histogram_svg(deltas: Sequence[float], mean_delta: float | None, salt:
 class Column:
     """One night on a plot of nights (the trend, the published site)."""
 
-    id: int  # the history row: the night's identity across the panels of one figure
-    when: datetime  # its place on the date axis, and the order of the nights on every other axis
+    id: int  # the history row: the night's identity across the panels of one figure, and its place in recording order
+    when: datetime  # its place on the date axis (time to scale)
     value: str | None  # its place on any other axis (qual.nights.axis_value): labelled where it changes
     outcome: str  # pass | fail | inconclusive | error: anything but pass is marked; an error night is a gap
     engine: str | None  # the engine's version: a change between two nights is marked on every panel
@@ -196,11 +196,12 @@ def position_colors(k: int) -> list[str]:
 
 
 def nights_figure(panels: Sequence[Panel], axis: str = "date", panel_height: float = 2.3) -> Figure:
-    """Panels stacked on one shared x axis: the date (time to scale), else one column a night, oldest left, labelled
-    by its engine, qual or --meta value where that changes. Every panel marks the nights that did not pass (a red
+    """Panels stacked on one shared x axis: the date (time to scale), else one column a night in the order the nights
+    were recorded (their ids, as qual.history.runs.newest_first: a clock set back leaves them in place), labelled by
+    its engine, qual or --meta value where that changes. Every panel marks the nights that did not pass (a red
     band, FAIL above it), the error nights (a grey band, ERROR: no rates, the lines break) and each change of the
     engine (a dashed line, its new version); each point links to its night's page (hollow where there is none)."""
-    everyone = sorted({c.id: c for p in panels for c in p.columns}.values(), key=lambda c: (c.when, c.id))
+    everyone = sorted({c.id: c for p in panels for c in p.columns}.values(), key=lambda c: c.id)
     order = {c.id: i for i, c in enumerate(everyone)}
 
     def place(c: Column):

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -25,7 +24,7 @@ from markupsafe import Markup, escape
 from qual import history as hist
 from qual.configuration import ConfigurationKey
 from qual.errors import QualError
-from qual.files import WriteError, copy_file, remove_tree, write_text
+from qual.files import WriteError, abandoned_folders, copy_file, locked_folder, remove_tree, write_text
 from qual.report import html, plots, trend
 from qual.sweep_result import SweepResult, load_any
 from qual.userfiles import check_path_name, read_json, read_text
@@ -435,34 +434,70 @@ def _write_site(site: Site, root: Path) -> Site:
     return site
 
 
+def _building(out: Path) -> str:
+    """The name prefix of the hidden folder beside out that a publish writes its site in."""
+    return f".{out.name[:200]}.publish-"
+
+
+def _replaced(out: Path) -> str:
+    """The name prefix of the hidden folder beside out that holds the site being replaced (as its `site`)."""
+    return f".{out.name[:200]}.old-"
+
+
+def clear_abandoned(out: Path) -> None:
+    """Remove what publishes killed before their end (kill -9) left beside out: a site half-written, and a site being
+    replaced, moved back to out first where out is missing (it was killed between the two renames). A folder a
+    running publish holds (qual.files.locked_folder) is left to it."""
+    for path, lock in abandoned_folders(out.parent, _replaced(out), "publish"):
+        try:
+            earlier = path / "site"
+            if not os.path.lexists(out) and earlier.is_dir() and not earlier.is_symlink():
+                try:
+                    os.replace(earlier, out)
+                except OSError as exc:
+                    raise WriteError(out, exc) from None
+            remove_tree(path)
+        finally:
+            lock.release()
+    for path, lock in abandoned_folders(out.parent, _building(out), "publish"):
+        try:
+            remove_tree(path)
+        finally:
+            lock.release()
+
+
 def publish(history_path: str | Path, out_dir: str | Path, axis: str = "date",
             threshold_pp: float = hist.DEFAULT_STEP_PP) -> Site:
     """Build the site of a history into out_dir, its plots along axis and its step changes those of more than
     threshold_pp, replacing the site published there before."""
     hist.check_step_pp(threshold_pp)
     out = Path(os.path.abspath(out_dir))
+    check_path_name(out, "DIR")
+    clear_abandoned(out)
     check_target(out)
     site = build(history_path, axis, threshold_pp)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.publish-"))
     except OSError as exc:
         raise WriteError(out.parent, exc) from None
+    # Held (locked) while this publish runs: a publish killed before its end leaves it unheld, and the next removes it
+    tmp, lock = locked_folder(out.parent, _building(out), "publish")
     try:
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the site from a web server's user
         site = _write_site(site, tmp)
         _replace(tmp, out)
     finally:
         remove_tree(tmp)
+        lock.release()
     return site
 
 
 def _replace(new: Path, out: Path) -> None:
     """new takes out's name; the site there before (checked by check_target) is removed after."""
-    old = moved = None
+    old = moved = lock = None
     try:
         if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.old-"))
+            old, lock = locked_folder(out.parent, _replaced(out), "publish")
             moved = old / "site"
             os.replace(out, moved)
         os.replace(new, out)
@@ -476,3 +511,5 @@ def _replace(new: Path, out: Path) -> None:
     finally:
         if old is not None:
             remove_tree(old)
+        if lock is not None:
+            lock.release()

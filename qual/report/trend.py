@@ -7,10 +7,13 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from qual.history import HistoryRun, StepChange, position
+from qual.history.store import MAX_RUN_ID
 from qual.nights import axis_value, facts_of
 from qual.report.plots import Column, Panel, arm_lines
 
-TONIGHT = 0  # the strip's column of the run being reported (recorded rows are numbered from 1)
+# The strip's column of the run being reported: recorded after every row there (ids end at MAX_RUN_ID), so it is the
+# last column on any axis but the date
+TONIGHT = MAX_RUN_ID + 1
 
 
 def when(created_at: str) -> datetime:

@@ -15,6 +15,7 @@ from qual.records import (AcceptanceCounts, ArmConfig, ArmRunInfo, EngineBuild, 
                           RequestResult)
 from qual.checkpoints.config import read_config
 from qual.engines.vllm.argv import PER_REQUEST_FLAG, ServeCommand, VllmOptions, resolve_path, serve_command
+from qual.engines.vllm.cpu_binding import allowed_numa_nodes, tp_binding_problem
 from qual.engines.vllm.client import ClientError, Completion, VllmClient
 from qual.engines.vllm.install import NOT_FOUND, REPO_ROOT, VllmInstall, locate
 from qual.engines.vllm.logparse import classify_failure, parse_graph_capture
@@ -128,8 +129,9 @@ class VllmEngine(Engine):
         return None
 
     def missing(self, arms: list[ArmConfig], gpu_memory_gib: float | None = None) -> list[str]:
-        """The GPUs (Engine.missing), a vLLM build that can run each arm, and checkpoints given as hub ids in the local
-        Hugging Face cache (the server runs offline)."""
+        """The GPUs (Engine.missing), a vLLM build that can run each arm, CPU cores or NUMA nodes for each CPU arm's TP
+        ranks (cpu_binding), and checkpoints given as hub ids in the local Hugging Face cache (the server runs
+        offline)."""
         problems = super().missing(arms, gpu_memory_gib)
         for arm in arms:
             options = VllmOptions.from_extra(arm.extra)
@@ -137,6 +139,9 @@ class VllmEngine(Engine):
                 problems.append(f"vLLM: vllm.python {options.python}: no such interpreter (the profile's vllm.python)")
             else:
                 problems += build_problems(self.inventory.vllm(options.python), arm)
+            if self.not_runnable_reason(arm) is None:  # an arm that will start: can its TP ranks be bound here?
+                binding = tp_binding_problem(arm, options, allowed_numa_nodes(), sorted(os.sched_getaffinity(0)))
+                problems += [binding] if binding else []
             absent = [(path, arm.extra.get(f"{key}_revision")) for key, path in (("target", arm.target_path),
                                                                                  ("draft", arm.draft_path))
                       if path is not None and self._hub_folder(path, arm.extra.get(f"{key}_revision")) is None]
