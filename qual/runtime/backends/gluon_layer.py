@@ -13,7 +13,8 @@ registers:
   gate rows and the matching up rows, each by its own TMA copy from the [gate; up] weight in place (no copy of the
   weights, as the Triton product gathers the rows at each tile's load).
 The finishing program (the last of a column block, by an atomic count set back to zero) stores the block's sum to
-its float32 scratch and reads it back in halves in a blocked layout for the epilogue (RoPE pairs a head's halves).
+its float32 scratch and reads it back in halves in a blocked layout for the epilogue (RoPE pairs a head's halves);
+qkv's epilogue is fused_layer._qkv_epilogue itself, a @triton.jit function called from the Gluon kernel.
 Triton's interpreter does not run Gluon: tests/test_kernels_compile.py compiles it for sm_90 with the GPU image's
 Triton, tests/test_gpu.py checks it against float64 on a GPU.
 """
@@ -24,7 +25,7 @@ import math
 
 import torch
 
-from qual.runtime.backends import gluon_gemm
+from qual.runtime.backends import fused_layer, gluon_gemm
 from qual.runtime.backends.gluon_gemm import MAX_REGISTERS, GluonConfig, check_operands, tiles_per_split
 
 gl = gluon_gemm.gl if gluon_gemm.gluon is not None else None
@@ -32,19 +33,6 @@ RESIDUAL, QKV, SWIGLU = 0, 1, 2  # the epilogues, as fused_layer.py numbers them
 
 if gl is not None:
     gluon = gluon_gemm.gluon
-
-    @gluon.jit
-    def _cos_sin(angle):
-        """fused_layer._cos_sin in Gluon (a Gluon kernel calls Gluon functions only): the same arithmetic."""
-        turns = gl.floor(angle * 0.15915494309189535 + 0.5)
-        r = gl.fma(turns, -6.28125, angle)
-        h = 0.5 * gl.fma(turns, -1.9353071795864769e-3, r)
-        h2 = h * h
-        s = h * (1.0 + h2 * (-1.0 / 6 + h2 * (1.0 / 120 + h2 * (-1.0 / 5040 + h2 * (1.0 / 362880 + h2 * (
-            -1.0 / 39916800 + h2 * (1.0 / 6227020800)))))))
-        c = 1.0 + h2 * (-0.5 + h2 * (1.0 / 24 + h2 * (-1.0 / 720 + h2 * (1.0 / 40320 + h2 * (-1.0 / 3628800 + h2 * (
-            1.0 / 479001600 + h2 * (-1.0 / 87178291200)))))))
-        return c * c - s * s, 2.0 * s * c
 
     @gluon.jit
     def _fused_kernel(w_desc, x_desc, part_ptr, cnt_ptr, xr_ptr, stride_xr, res_ptr, out_ptr, stride_o, ln_ptr,
@@ -113,8 +101,12 @@ if gl is not None:
                 act = lo / (1.0 + gl.exp(-lo)) * hi
                 gl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], act.to(out_ptr.dtype.element_ty), mask=m)
             else:
-                _qkv_epilogue(lo, hi, h, rows, row_ok, pid_n, out_ptr, stride_o, qkn_ptr, pos_ptr, inv_freq_ptr,
-                              slot_ptr, k_ptr, v_ptr, cache_slot_stride, eps, NH, NKV, BLOCK_N, HALF)
+                # fused-layer's own epilogue, a @triton.jit function: Triton 3.6 lowers it inside this Gluon kernel on
+                # the blocked-layout halves (tests/test_kernels_compile.py compiles both callers), one copy of the
+                # q/k norm, RoPE and the KV write
+                fused_layer._qkv_epilogue(lo, hi, h, rows, row_ok, pid_n, out_ptr, stride_o, qkn_ptr, pos_ptr,
+                                          inv_freq_ptr, slot_ptr, k_ptr, v_ptr, cache_slot_stride, eps, NH, NKV, BLOCK_N,
+                                          HALF)
 
     @gluon.jit
     def _residual_half(y, cols, rows, row_ok, N, res_ptr, out_ptr, stride_o, ln_ptr, out2_ptr, LN_NEXT: gl.constexpr):
@@ -126,37 +118,6 @@ if gl is not None:
         if LN_NEXT:
             ln = gl.load(ln_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)
             gl.store(out2_ptr + at, (out.to(gl.float32) * ln[None, :]).to(out_ptr.dtype.element_ty), mask=m)
-
-    @gluon.jit
-    def _qkv_epilogue(lo, hi, h, rows, row_ok, head, q_ptr, stride_qm, qkn_ptr, pos_ptr, inv_freq_ptr, slot_ptr, k_ptr,
-                      v_ptr, cache_slot_stride, eps, NH: gl.constexpr, NKV: gl.constexpr, D: gl.constexpr,
-                      HALF: gl.constexpr):
-        """fused_layer._qkv_epilogue in Gluon: q/k RMSNorm and rotate-half RoPE, q stored, k and v written to the
-        caches at each row's slot."""
-        m = row_ok[:, None] & (h < HALF)[None, :]
-        slot = gl.load(slot_ptr + rows, mask=row_ok, other=0).to(gl.int64)
-        if head < NH + NKV:
-            r = gl.rsqrt((gl.sum(lo * lo, axis=1) + gl.sum(hi * hi, axis=1)) / D + eps)[:, None]
-            nw = qkn_ptr + head * D
-            lo = lo * r * gl.load(nw + h).to(gl.float32)[None, :]
-            hi = hi * r * gl.load(nw + HALF + h).to(gl.float32)[None, :]
-            angle = (gl.load(pos_ptr + rows, mask=row_ok, other=0).to(gl.float32)[:, None]
-                     * gl.load(inv_freq_ptr + h)[None, :])
-            cos, sin = _cos_sin(angle)
-            out_lo = lo * cos - hi * sin
-            out_hi = hi * cos + lo * sin
-            if head < NH:
-                q = q_ptr + rows[:, None] * stride_qm + head * D + h[None, :]
-                gl.store(q, out_lo.to(q_ptr.dtype.element_ty), mask=m)
-                gl.store(q + HALF, out_hi.to(q_ptr.dtype.element_ty), mask=m)
-            else:
-                kc = k_ptr + slot[:, None] * cache_slot_stride + (head - NH) * D + h[None, :]
-                gl.store(kc, out_lo.to(k_ptr.dtype.element_ty), mask=m)
-                gl.store(kc + HALF, out_hi.to(k_ptr.dtype.element_ty), mask=m)
-        else:
-            vc = v_ptr + slot[:, None] * cache_slot_stride + (head - NH - NKV) * D + h[None, :]
-            gl.store(vc, lo.to(v_ptr.dtype.element_ty), mask=m)
-            gl.store(vc + HALF, hi.to(v_ptr.dtype.element_ty), mask=m)
 
 
 def _launch(x, w, counts, cfg: GluonConfig, epi: int, out, pdl: bool, *, norm_of=None, eps=0.0, res=None,
