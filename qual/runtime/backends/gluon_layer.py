@@ -105,8 +105,8 @@ if gl is not None:
                 # the blocked-layout halves (tests/test_kernels_compile.py compiles both callers), one copy of the
                 # q/k norm, RoPE and the KV write
                 fused_layer._qkv_epilogue(lo, hi, h, rows, row_ok, pid_n, out_ptr, stride_o, qkn_ptr, pos_ptr,
-                                          inv_freq_ptr, slot_ptr, k_ptr, v_ptr, cache_slot_stride, eps, NH, NKV, BLOCK_N,
-                                          HALF)
+                                          inv_freq_ptr, slot_ptr, k_ptr, v_ptr, cache_slot_stride, eps, NH, NKV,
+                                          BLOCK_N, HALF)
 
     @gluon.jit
     def _residual_half(y, cols, rows, row_ok, N, res_ptr, out_ptr, stride_o, ln_ptr, out2_ptr, LN_NEXT: gl.constexpr):
