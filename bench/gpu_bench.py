@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from route_bench import write_json  # bench/route_bench.py, beside this script
 from qual.checkpoints.qwen3 import Qwen3Config, layer_weight_shapes, write_qwen3
 from qual.paths import DATA_DIR
 from qual.runtime.backends import PYTORCH, parse_backend
@@ -191,6 +192,7 @@ def cuda_kernels(fn, runs: int, skip: tuple[str, ...] = ()) -> tuple[dict[str, f
 # small kernels: norms, partial sums, RoPE, the KV write, SwiGLU); the rest (cuBLAS, PyTorch's) is "other"
 KERNEL_GROUPS = (
     ("fused-layer products", ("_fused_product_kernel",)),
+    ("gluon-layer products", ("_fused_kernel",)),
     ("split-K products", ("_partials_kernel",)),
     ("paged attention", ("_paged_attention_kernel", "_combine_kernel")),
     ("fused decode", ("_decode_layers_kernel",)),
@@ -612,7 +614,7 @@ def main() -> int:
     bw, read_bw = copy_bandwidth(), read_bandwidth()
     res["copy_bandwidth_Bps"], res["read_bandwidth_Bps"] = bw, read_bw
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write), read bandwidth {read_bw / 1e12:.2f} TB/s", flush=True)
-    save = lambda: Path(args.out).write_text(json.dumps(res, indent=2, default=str))  # noqa: E731  (after each row)
+    save = lambda: write_json(Path(args.out), res)  # noqa: E731  (after each row)
     toy_t, toy_d = TOY / "target", TOY / "draft"
     wanted = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batches.split(",")]

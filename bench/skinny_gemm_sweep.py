@@ -20,12 +20,14 @@ that sum their own split-K partials (the last program of each column block to fi
 write the next product's bf16 input, no kernel between (what taking the small kernels into the products' stores
 could reach, norms and activations left out); `fused-layer` / `fused-layer+pdl`: the fused-layer backend part's
 products (qual/runtime/backends/fused_layer.py), which also do the norms, RoPE, the KV write, the residual and
-SwiGLU (attention, between qkv and o in a step, left out); `gluon fused-layer+pdl`: their Gluon twin
-(bench/gluon_fused_layer.py). Each against the copy bandwidth. Where Triton has Gluon, the same
-variants with bench/gluon_gemm.py's product (TMA ring, producer warp: its weight tiles issued before
-the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next product launch before their own wait,
-so that its weight stream may start while the product before still runs (inductor's kernels let it launch after
-their loads). --gluon-sweep times the Gluon kernel's configurations per projection first (gluon_sweep).
+SwiGLU (attention, between qkv and o in a step, left out), and `fused-layer+pdl, late launch`: the same letting the
+next product launch after their last weight tile's load is issued instead of at their start; `gluon
+fused-layer+pdl`: the gluon-layer part's (qual/runtime/backends/gluon_layer.py). Each against the copy bandwidth.
+Where Triton has Gluon, the same variants with qual/runtime/backends/gluon_gemm.py's product (TMA ring, producer
+warp: its weight tiles issued before the PDL wait), plus `gluon+pdl, early glue`: small kernels that let the next
+product launch before their own wait, so that its weight stream may start while the product before still runs
+(inductor's kernels let it launch after their loads). --gluon-sweep times the Gluon kernel's configurations per
+projection first (gluon_sweep).
 """
 
 from __future__ import annotations
@@ -42,10 +44,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-import gluon_fused_layer  # bench/gluon_fused_layer.py, beside this script
-import gluon_gemm  # bench/gluon_gemm.py, beside this script
-from gluon_gemm import GluonConfig
-from qual.runtime.backends import fused_layer, skinny_gemm
+from route_bench import write_json  # bench/route_bench.py, beside this script
+from qual.runtime.backends import fused_layer, gluon_gemm, gluon_layer, skinny_gemm
+from qual.runtime.backends.gluon_gemm import GluonConfig
 from qual.runtime.backends.skinny_gemm import GemmConfig
 
 SHAPES = {  # name -> (N, K) of w [N, K]
@@ -271,8 +272,9 @@ def gluon_sweep(shapes: dict, rows: list[int], res: dict) -> dict:
 
 
 def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_best: dict | None = None,
-          only: list[str] | None = None) -> None:
-    """A decode step's products in order, every layer's own weights, small kernels between: one graph replay."""
+          only: list[str] | None = None, save=lambda: None) -> None:
+    """A decode step's products in order, every layer's own weights, small kernels between: one graph replay (save:
+    called after each row)."""
     shapes = SHAPES[shape]
     order = ["qkv", "o", "gate_up", "down"]
     layers = [{p: torch.randn(*shapes[p], device="cuda", dtype=torch.bfloat16) * 0.02 for p in order}
@@ -336,34 +338,41 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
     inv_freq, residual = torch.rand(64, device="cuda"), torch.randn(16, hidden, device="cuda", dtype=torch.bfloat16)
     layer_counts = {p: torch.zeros(1024, device="cuda", dtype=torch.int32) for p in order}
 
-    def fused_layer_products(pdl: bool):
+    def fused_layer_products(pdl: bool, late_launch: bool = False):
         """qual/runtime/backends/fused_layer.py's products: qkv with the input norm, q/k norm, RoPE and the KV write;
-        o and down with the residual; gate/up with the norm and SwiGLU; the LM head as the split-K kernel."""
+        o and down with the residual; gate/up with the norm and SwiGLU; the LM head as the split-K kernel. late_launch:
+        each lets the next kernel launch after its weight stream is issued (ProductConfig.late_launch)."""
+        def cfg(choose, *shape):
+            return replace(choose(*shape), late_launch=late_launch)
+
         def f(h, w, p, m):
+            n, k = w.shape
             if p == "qkv":
-                return fused_layer.qkv_product(h, norm, 1e-6, w, head_norm, slots[:m], inv_freq, slots[:m], cache, cache,
-                                               heads, kv_heads, layer_counts[p], pdl=pdl)
+                return fused_layer.qkv_product(h, norm, 1e-6, w, head_norm, slots[:m], inv_freq, slots[:m], cache,
+                                               cache, heads, kv_heads, layer_counts[p],
+                                               cfg(fused_layer.qkv_config, n, k, 128), pdl=pdl)
             if p == "gate_up":
-                return fused_layer.swiglu_product(h, norm, 1e-6, w, layer_counts[p], pdl=pdl)
+                return fused_layer.swiglu_product(h, norm, 1e-6, w, layer_counts[p],
+                                                  cfg(fused_layer.swiglu_config, n, k), pdl=pdl)
             if p in ("o", "down"):
-                return fused_layer.residual_product(h, w, residual[:m], layer_counts[p], pdl=pdl)
+                return fused_layer.residual_product(h, w, residual[:m], layer_counts[p],
+                                                    cfg(fused_layer.residual_config, n, k), pdl=pdl)
             return skinny_gemm.partials(h, w, pdl=pdl)
         return f
 
     def gluon_fused_layer_products(pdl: bool):
-        """bench/gluon_fused_layer.py's products: o and down also write x * ln for the next normed product, which
-        reads it beside the raw residual (kept here between calls); gate/up's weights are random, so their order
-        (interleaved at load in a model) changes nothing timed."""
+        """gluon-layer's products (qual/runtime/backends/gluon_layer.py): o and down also write x * ln for the next
+        normed product, which reads it beside the raw residual (kept here between calls)."""
         raw = {}
 
         def f(h, w, p, m):
             if p == "qkv":
-                return gluon_fused_layer.qkv_product(h, raw.get(m, h), 1e-6, w, head_norm, slots[:m], inv_freq,
+                return gluon_layer.qkv_product(h, raw.get(m, h), 1e-6, w, head_norm, slots[:m], inv_freq,
                                                      slots[:m], cache, cache, heads, kv_heads, layer_counts[p], pdl=pdl)
             if p == "gate_up":
-                return gluon_fused_layer.swiglu_product(h, raw.get(m, h), 1e-6, w, layer_counts[p], pdl=pdl)
+                return gluon_layer.swiglu_product(h, raw.get(m, h), 1e-6, w, layer_counts[p], pdl=pdl)
             if p in ("o", "down"):
-                raw[m], x_ln = gluon_fused_layer.residual_product(h, w, residual[:m], layer_counts[p], norm, pdl=pdl)
+                raw[m], x_ln = gluon_layer.residual_product(h, w, residual[:m], layer_counts[p], norm, pdl=pdl)
                 return x_ln
             return gluon_gemm.partials(h, w, gluon_best.get((p, m)), pdl=pdl)
         return f
@@ -387,6 +396,8 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
         # the fused-layer backend part's products, their epilogues whole (norms, RoPE, KV write, residual, SwiGLU)
         "fused-layer": (fused_layer_products(False), False, "direct"),
         "fused-layer+pdl": (fused_layer_products(True), True, "direct"),
+        # the same, each product letting the next launch only once its weight stream is issued (not at its start)
+        "fused-layer+pdl, late launch": (fused_layer_products(True, late_launch=True), True, "direct"),
     })
     if gluon_gemm.available():
         variants.update({
@@ -412,9 +423,11 @@ def chain(shape: str, rows: list[int], best: dict, bw: float, res: dict, gluon_b
             except Exception as exc:
                 print(f"  M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 res["chain"].append({"m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"})
+                save()
                 continue
             frac = wbytes / (us * 1e-6) / bw
             res["chain"].append({"m": m, "variant": name, "us": us, "weight_bw_over_copy_bw": frac})
+            save()
             print(f"  M={m:<2d} {name:28s} {us:8.1f} us  {wbytes / us / 1e6:5.2f} TB/s  {100 * frac:5.1f}% of copy",
                   flush=True)
 
@@ -437,13 +450,14 @@ def main() -> int:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; PDL available: {res['pdl_available']}", flush=True)
     best = {} if args.no_sweep else sweep(SHAPES[args.shape], rows, res)
     res["best"] = {f"{p}/m{m}": str(c) for (p, m), c in best.items()}
-    Path(args.out).write_text(json.dumps(res, indent=2))
+    write_json(Path(args.out), res)
     gluon_best = gluon_sweep(SHAPES[args.shape], rows, res) if args.gluon_sweep and gluon_gemm.available() else {}
     res["gluon_best"] = {f"{p}/m{m}": str(c) for (p, m), c in gluon_best.items()}
-    Path(args.out).write_text(json.dumps(res, indent=2))
+    write_json(Path(args.out), res)
     if args.chain:
-        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(";") if args.variants else None)
-    Path(args.out).write_text(json.dumps(res, indent=2))
+        chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(";") if args.variants else None,
+              save=lambda: write_json(Path(args.out), res))
+    write_json(Path(args.out), res)
     return 0
 
 

@@ -77,12 +77,13 @@ def test_without_saved_inputs_the_replay_restores_the_inputs_it_held():
 def test_the_kernel_breakdown_groups_each_kernel_once_by_what_launched_it():
     """--kernels' by-group row: qual's Triton kernels, inductor's and the rest, each kernel counted in one group,
     the groups' sums the table's."""
-    time_us = {"_fused_product_kernel": 40.0, "_paged_attention_kernel": 8.0, "_combine_kernel": 1.0,
+    time_us = {"_fused_product_kernel": 40.0, "_fused_kernel": 20.0, "_paged_attention_kernel": 8.0,
+               "_combine_kernel": 1.0,
                "triton_poi_fused_add_0": 2.5, "nvjet_tst_64x8_64x16": 30.0, "_partials_kernel": 5.0}
     launches = dict.fromkeys(time_us, 2.0)
     groups = gpu_bench.kernel_groups(time_us, launches)
-    assert [g["group"] for g in groups] == ["fused-layer products", "split-K products", "paged attention",
-                                            "compiled (inductor)", "other"]  # no fused decode kernel ran
-    assert groups[2] == {"group": "paged attention", "us": 9.0, "launches": 4.0}
+    assert [g["group"] for g in groups] == ["fused-layer products", "gluon-layer products", "split-K products",
+                                            "paged attention", "compiled (inductor)", "other"]  # no fused decode ran
+    assert groups[3] == {"group": "paged attention", "us": 9.0, "launches": 4.0}
     table = gpu_bench.kernel_table(time_us, launches)
     assert table["groups"] == groups and sum(g["us"] for g in groups) == table["kernel_us_per_step"]

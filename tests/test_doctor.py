@@ -103,7 +103,7 @@ def test_the_runtime_backends_line_names_the_parts_that_cannot_run_here_and_why(
     assert "fused need device cuda (got cpu)" in problems["fused"]
     check = next(c for c in doctor.collect_checks() if c.name == "runtime backends")
     assert check.verdict == "yes" and check.detail.startswith("pytorch and compiled, compiled-autotune, compiled-prefill;")
-    assert "not here: triton-gemm, triton-attention, fused-layer, fused, pdl" in check.detail
+    assert "not here: triton-gemm, triton-attention, fused-layer, gluon-layer, fused, pdl" in check.detail
     assert check.evidence[0] == "triton-gemm: " + problems["triton-gemm"]
 
 

@@ -1,7 +1,5 @@
 """CUDA and NCCL: the same invariants on GPUs, plus CUDA graphs equal eager. Skipped without CUDA."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -153,9 +151,9 @@ def test_skinny_gemm_kernel_matches_float64(m, n, k, pdl):
 
 
 def _gluon_gemm():
-    """bench/gluon_gemm.py, or a skip where it cannot run (compute capability 9.0 and the Triton it is written in)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import gluon_gemm
+    """qual/runtime/backends/gluon_gemm.py, or a skip where it cannot run (compute capability 9.0 and the Triton it is
+    written in)."""
+    from qual.runtime.backends import gluon_gemm
 
     if not (gluon_gemm.available() and torch.cuda.get_device_capability() >= (9, 0)):
         pytest.skip("needs compute capability 9.0 and the Triton the Gluon kernels are written in")
@@ -308,8 +306,11 @@ def _pdl_or_skip(pdl: bool) -> None:
 @pytest.mark.parametrize("pdl", [False, True])
 def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
     """fused-layer's four products against float64 (tests/fused_layer_reference.py) on the GPU: the 8B shape at 1 and
-    16 rows, ragged column and K blocks, GQA groups 4, 8 and 1; each launched twice (the counts left at zero); with
+    16 rows, ragged column and K blocks, GQA groups 4, 8 and 1; each launched twice (the counts left at zero), with
+    PDL the second time letting the next kernel launch after the weight stream (ProductConfig.late_launch); with
     PDL the same bits. Tolerance: two roundings to the dtype (rtol 2^-8 / 2^-11) over float32 sums."""
+    from dataclasses import replace
+
     from qual.runtime.backends import fused_layer as fl
     from qual.runtime.models.layers import rope_inv_freq
     import fused_layer_reference as ref
@@ -328,12 +329,14 @@ def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
     rtol = 2**-8 if dtype == torch.bfloat16 else 2**-11
     counts = torch.zeros(1024, device="cuda", dtype=torch.int32)
     got = []
-    for _ in range(2):
+    for late in (False, pdl):
+        cfg = lambda choose, w, *head: replace(choose(*w.shape, *head), late_launch=late)  # noqa: E731
         kc, vc = torch.zeros(4 * m, kv, D, device="cuda", dtype=dtype), torch.zeros(4 * m, kv, D, device="cuda", dtype=dtype)
-        q = fl.qkv_product(x, ln, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, heads, kv, counts, pdl=pdl)
-        o = fl.residual_product(q, wo, res, counts, pdl=pdl)
-        act = fl.swiglu_product(x, ln, eps, gu, counts, pdl=pdl)
-        down = fl.residual_product(act, wd, res, counts, pdl=pdl)
+        q = fl.qkv_product(x, ln, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, heads, kv, counts,
+                           cfg(fl.qkv_config, wqkv, D), pdl=pdl)
+        o = fl.residual_product(q, wo, res, counts, cfg(fl.residual_config, wo), pdl=pdl)
+        act = fl.swiglu_product(x, ln, eps, gu, counts, cfg(fl.swiglu_config, gu), pdl=pdl)
+        down = fl.residual_product(act, wd, res, counts, cfg(fl.residual_config, wd), pdl=pdl)
         assert not counts.any()
         got.append((q, kc, vc, o, act, down))
     q, kc, vc, o, act, down = got[1]
@@ -354,14 +357,14 @@ def test_fused_layer_products_match_float64(m, heads, kv, k, inter, dtype, pdl):
 
 @pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_gluon_fused_layer_products_match_float64(m, pdl):
-    """bench/gluon_fused_layer.py at the 8B shape against float64: o with the residual and x * ln for the next norm
-    (that product rounded from the new residual, as the Triton path rounds it), qkv (q/k norm, RoPE, KV at each
-    row's slot) and SwiGLU (gate/up interleaved at load) from it; twice, the counts left at zero; with PDL the same
-    bits."""
+def test_gluon_layer_products_match_float64(m, pdl):
+    """gluon-layer's products (qual/runtime/backends/gluon_layer.py) at the 8B shape against float64: o with the
+    residual and x * ln for the next norm (that product rounded from the new residual, as the Triton path rounds
+    it), qkv (q/k norm, RoPE, KV at each row's slot) and SwiGLU (gate/up read in place as two half tiles a stage)
+    from it; twice, the counts left at zero; with PDL the same bits."""
     _gluon_gemm()
     import fused_layer_reference as ref
-    import gluon_fused_layer as gf
+    from qual.runtime.backends import gluon_layer as gf
     from qual.runtime.models.layers import rope_inv_freq
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -373,14 +376,13 @@ def test_gluon_fused_layer_products_match_float64(m, pdl):
     positions, inv_freq = torch.arange(5000, 5000 + m, device="cuda"), rope_inv_freq(D, 1e6, "cuda")
     slots = torch.randperm(64, device="cuda", generator=g)[:m]
     counts = torch.zeros(1024, device="cuda", dtype=torch.int32)
-    gu_tiles = gf.interleave_gate_up(gu)
     runs = []
     for launch in range(2 + pdl):
         p = pdl and launch < 2
         kc, vc = torch.zeros(64, NKV, D, device="cuda").bfloat16(), torch.zeros(64, NKV, D, device="cuda").bfloat16()
         x, x_ln = gf.residual_product(a, wo, res, counts, ln, pdl=p)
         q = gf.qkv_product(x_ln, x, eps, wqkv, qkn, positions, inv_freq, slots, kc, vc, NH, NKV, counts, pdl=p)
-        act = gf.swiglu_product(x_ln, x, eps, gu_tiles, counts, pdl=p)
+        act = gf.swiglu_product(x_ln, x, eps, gu, counts, pdl=p)
         assert not counts.any()
         runs.append((x, x_ln, q, kc, vc, act))
     x, x_ln, q, kc, vc, act = runs[0]
@@ -414,6 +416,34 @@ def test_fused_layer_in_graphs_equals_eager_and_the_per_layer_path(head32_pair, 
     graphs, _ = run(*head32_pair, cuda_graph_sizes=GRAPHS, backend=backend, **common)
     per_layer, _ = run(*head32_pair, cuda_graph_sizes=GRAPHS, backend="triton-attention", **common)
     assert outputs(graphs) == outputs(eager) == outputs(per_layer), backend
+    assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], backend
+
+
+@pytest.fixture(scope="module")
+def head64_pair(tmp_path_factory):
+    """The tiny pair with 64-wide heads (gluon-layer's qkv product takes a head as one column block of 64 or 128)."""
+    from checkpoints import make_draft, make_target
+
+    root = tmp_path_factory.mktemp("head64")
+    return make_target(root / "target", head_dim=64), make_draft(root / "draft", head_dim=64)
+
+
+@pytest.mark.parametrize("backend", ["gluon-layer+triton-attention", "compiled+gluon-layer+triton-attention+pdl"])
+def test_gluon_layer_in_graphs_equals_eager_and_the_per_layer_path(head64_pair, backend):
+    """gluon-layer serves decode and verify steps from the decode graphs as eagerly (its TMA descriptors built at
+    capture, its counts back at zero for each replay), and gives the per-layer path's and fused-layer's greedy
+    tokens (bf16)."""
+    _gluon_gemm()
+    if "pdl" in backend:
+        _pdl_or_skip(True)
+    from runtime_helpers import prompts
+
+    common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2])
+    eager, _ = run(*head64_pair, static_shapes=True, backend=backend, **common)
+    graphs, _ = run(*head64_pair, cuda_graph_sizes=GRAPHS, backend=backend, **common)
+    per_layer, _ = run(*head64_pair, cuda_graph_sizes=GRAPHS, backend="triton-attention", **common)
+    fused, _ = run(*head64_pair, cuda_graph_sizes=GRAPHS, backend="fused-layer+triton-attention", **common)
+    assert outputs(graphs) == outputs(eager) == outputs(per_layer) == outputs(fused), backend
     assert [r.draft_steps for r in graphs] == [r.draft_steps for r in eager], backend
 
 

@@ -44,10 +44,8 @@ for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 4)):
 """
 
 GLUON_PRODUCTS = """
-import sys
 import torch
-sys.path.insert(0, "{bench}")
-from gluon_gemm import GluonConfig, finished, partials
+from qual.runtime.backends.gluon_gemm import GluonConfig, finished, partials
 
 # the 8B shape's qkv with PDL (first: its PTX is read), down and the LM head at choose_config, a row or sixteen
 for pdl, m, n, k in [(True, 1, 6144, 4096), (False, 1, 6144, 4096), (True, 16, 4096, 14336), (True, 1, 128256, 4096)]:
@@ -123,21 +121,45 @@ for m in (1, 16):  # a plain step's row, a verify block's sixteen
         fl.residual_product(torch.randn(m, I).bfloat16(), torch.randn(H, I).bfloat16(), x, counts, pdl=pdl)
 """
 
-GLUON_FUSED_LAYER = """
-import sys
+FUSED_LAYER_LATE_LAUNCH = """
 import torch
-sys.path.insert(0, "{bench}")
-import gluon_fused_layer as gf
+from dataclasses import replace
+from qual.runtime.backends import fused_layer as fl
 
-H, I, NH, NKV, D = 4096, 14336, 32, 8, 128  # the 8B shape: qkv with PDL first (its PTX is read), then the rest
-for m, pdl in [(1, True), (16, True), (3, False)]:
+H, I, NH, NKV, D = 4096, 14336, 32, 8, 128  # the 8B shape, a plain step's row, with PDL: at start, then late
+m = 1
+x, ln = torch.randn(m, H).bfloat16(), torch.randn(H).bfloat16()
+counts, cache = torch.zeros(512, dtype=torch.int32), torch.zeros(64, NKV, D).bfloat16()
+for late in (False, True):
+    fl.qkv_product(x, ln, 1e-6, torch.randn((NH + 2 * NKV) * D, H).bfloat16(), torch.randn(NH + NKV, D).bfloat16(),
+                   torch.arange(m), torch.rand(D // 2), torch.arange(m), cache, cache, NH, NKV, counts,
+                   replace(fl.qkv_config((NH + 2 * NKV) * D, H, D), late_launch=late), pdl=True)
+    fl.swiglu_product(x, ln, 1e-6, torch.randn(2 * I, H).bfloat16(), counts,
+                      replace(fl.swiglu_config(2 * I, H), late_launch=late), pdl=True)
+    fl.residual_product(torch.randn(m, I).bfloat16(), torch.randn(H, I).bfloat16(), x, counts,
+                        replace(fl.residual_config(H, I), late_launch=late), pdl=True)
+"""
+
+GLUON_FUSED_LAYER = """
+import types
+import torch
+from qual.runtime.backends.gluon_layer_products import GluonLayerProducts
+
+# A Qwen3 decode layer's launches through the backend part: qkv (with PDL first: its PTX is read), o with the next
+# norm's x * ln, gate/up (two half tiles a stage), down with and without a next norm (the last layer); the 8B shape
+# at 1 and 16 rows, a 64-wide head at 3 rows without PDL.
+for (H, I, NH, NKV, D), m, pdl in [((4096, 14336, 32, 8, 128), 1, True), ((4096, 14336, 32, 8, 128), 16, True),
+                                   ((1024, 3072, 16, 8, 64), 3, False)]:
+    p = GluonLayerProducts(H, I, NH, NKV, D, 1e-6, torch.device("cpu"), pdl=pdl)
     x, ln = torch.randn(m, H).bfloat16(), torch.randn(H).bfloat16()
-    counts, cache = torch.zeros(512, dtype=torch.int32), torch.zeros(64, NKV, D).bfloat16()
-    gf.qkv_product(x, x, 1e-6, torch.randn((NH + 2 * NKV) * D, H).bfloat16(), torch.randn(NH + NKV, D).bfloat16(),
-                   torch.arange(m), torch.rand(D // 2), torch.arange(m), cache, cache, NH, NKV, counts, pdl=pdl)
-    gf.residual_product(torch.randn(m, NH * D).bfloat16(), torch.randn(H, NH * D).bfloat16(), x, counts, ln, pdl=pdl)
-    gf.swiglu_product(x, x, 1e-6, torch.randn(2 * I, H).bfloat16(), counts, pdl=pdl)
-    gf.residual_product(torch.randn(m, I).bfloat16(), torch.randn(H, I).bfloat16(), x, counts, ln, pdl=pdl)
+    attn = types.SimpleNamespace(qkv=torch.randn((NH + 2 * NKV) * D, H).bfloat16(),
+                                 qk_norm=torch.randn(NH + NKV, D).bfloat16(), o=torch.randn(H, NH * D).bfloat16())
+    mlp = types.SimpleNamespace(gate_up=torch.randn(2 * I, H).bfloat16(), down=torch.randn(H, I).bfloat16())
+    kc, vc = torch.zeros(64, NKV, D).bfloat16(), torch.zeros(64, NKV, D).bfloat16()
+    q = p.qkv(x, p.enter(x, ln), ln, attn, torch.arange(m), torch.rand(D // 2), torch.arange(m), kc, vc)
+    x, x_ln = p.o(q, attn.o, x, ln)
+    p.mlp(x, x_ln, ln, mlp, ln)
+    p.mlp(x, x_ln, ln, mlp, None)
 """
 
 
@@ -181,11 +203,11 @@ def test_the_chains_finished_product_compiles_for_hopper():
 
 @pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
 def test_gluon_products_compile_for_hopper_two_programs_an_sm():
-    """The Gluon products (bench/gluon_gemm.py) lower for sm_90 with the GPU image's Triton (its
+    """The Gluon products (qual/runtime/backends/gluon_gemm.py) lower for sm_90 with the GPU image's Triton (its
     interpreter does not run Gluon): each program keeps within 96 registers a thread (8 warps: two programs an SM
     share its 64K, a quarter left for a small kernel launched early) and half an SM's shared memory, nothing spilled; with PDL the producer warp issues weight tiles
     (TMA) before its wait and x's after it, and no program stores before the wait."""
-    out = compile_for_hopper(GLUON_PRODUCTS.format(bench=ROOT / "bench"), "--ptx")
+    out = compile_for_hopper(GLUON_PRODUCTS, "--ptx")
     lines = [line for line in out.splitlines() if line.startswith(("_partials_kernel:", "_finished_kernel:"))]
     assert len(lines) == 8 and sum(line.startswith("_finished_kernel:") for line in lines) == 3, out
     for line in lines:
@@ -239,14 +261,34 @@ def test_fused_layer_products_compile_within_the_split_k_kernels_registers():
         assert "before its PDL wait" not in line or ", 0 global loads before its PDL wait" in line, line
 
 
+def test_fused_layer_late_launch_lets_the_next_kernel_launch_after_the_weight_stream():
+    """ProductConfig.late_launch (the chain's `fused-layer+pdl, late launch`): each of the three epilogues' products
+    calls griddepcontrol.launch_dependents after every asynchronous copy of its K loop is issued, where the default
+    calls it before the first; both after the PDL wait, in the same registers' budget, nothing spilled."""
+    import re
+
+    out = compile_for_hopper(FUSED_LAYER_LATE_LAUNCH, "--ptx")
+    kernels = out.split("\n_fused_product_kernel:")[1:]
+    assert len(kernels) == 6, out
+    for i, ptx in enumerate(kernels):
+        head = ptx.split("\n", 1)[0]
+        assert " 0 B stack" in head and int(head.split(" registers")[0].split()[-1]) <= 64, head
+        launch = ptx.index("griddepcontrol.launch_dependents")
+        copies = [m.start() for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global", ptx)]
+        assert ptx.index("griddepcontrol.wait") < launch and copies, head
+        late = i >= 3
+        assert all((c < launch) == late for c in copies), (i, head)
+
+
 @pytest.mark.skipif(not (DEVICE_TRITON / "triton").is_dir(), reason="needs the GPU image's Triton (make test)")
-def test_gluon_fused_layer_products_compile_for_hopper_two_programs_an_sm():
-    """bench/gluon_fused_layer.py (the fused-layer epilogues on bench/gluon_gemm.py's TMA ring) at the 8B shape, 1, 16
-    and 3 rows: within gluon_gemm's 96 registers a thread and half an SM's shared memory, nothing spilled; with PDL
-    the producer warp issues weight tiles (TMA) before its wait, and no program stores before the wait."""
-    out = compile_for_hopper(GLUON_FUSED_LAYER.format(bench=ROOT / "bench"), "--ptx")
+def test_gluon_layer_products_compile_for_hopper_two_programs_an_sm():
+    """The backend part gluon-layer's launches (GluonLayerProducts: the fused-layer epilogues on gluon_gemm's TMA
+    ring) at the 8B shape, 1 and 16 rows, and a 64-wide head: within gluon_gemm's 96 registers a thread and half an
+    SM's shared memory, nothing spilled; with PDL the producer warp issues weight tiles (TMA) before its wait, and no
+    program stores before the wait; gate/up's stage is two TMA copies of half tiles."""
+    out = compile_for_hopper(GLUON_FUSED_LAYER, "--ptx")
     lines = [line for line in out.splitlines() if line.startswith("_fused_kernel:")]
-    assert len(lines) == 12, out
+    assert len(lines) == 15, out
     for line in lines:
         regs, shared = int(line.split(" registers")[0].split()[-1]), int(line.split(" B shared")[0].split()[-1])
         assert regs <= 96 and shared <= 113 << 10 and " 0 B stack" in line, line
@@ -254,3 +296,8 @@ def test_gluon_fused_layer_products_compile_for_hopper_two_programs_an_sm():
     first_copy, producer_wait = ptx.index("cp.async.bulk.tensor"), ptx.rindex("griddepcontrol.wait")
     assert first_copy < producer_wait < ptx.rindex("cp.async.bulk.tensor"), "weight tiles issued before the PDL wait"
     assert ptx.index("griddepcontrol.wait") < ptx.index("st.global"), "a store before the PDL wait"
+    # TMA copies a stage (each stage's copies complete one mbarrier's expected bytes): the weight tile and x's, and
+    # gate/up's two half tiles (a layer's launches: qkv, o, gate/up, down twice)
+    kernels = out.split("\n_fused_kernel:")[1:]
+    per_stage = [k.count("cp.async.bulk.tensor") / k.count("mbarrier.arrive.expect_tx") for k in kernels]
+    assert per_stage == [3.0 if i % 5 == 2 else 2.0 for i in range(15)], per_stage

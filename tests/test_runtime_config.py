@@ -59,16 +59,57 @@ def test_fused_backend_needs_one_gpu_rank():
         EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="compiled+fused")
 
 
-def test_fused_layer_backend_needs_half_precision_on_one_gpu_rank():
-    EngineConfig("x", device="cuda", dtype="bfloat16", backend="compiled+fused-layer+triton-attention+pdl")
-    EngineConfig("x", device="cuda", dtype="float16", backend="fused-layer+pdl")  # pdl launches its products
-    with pytest.raises(QualError, match="fused-layer need device cuda"):
-        EngineConfig("x", backend="fused-layer")
-    with pytest.raises(QualError, match="fused-layer need dtype bfloat16 or float16"):
-        EngineConfig("x", device="cuda", dtype="float32", backend="fused-layer")
-    with pytest.raises(QualError, match="fused-layer needs tp 1"):
-        EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend="fused-layer")
-    assert "fused-layer" in parse_backend("fused-layer+pdl").record()["serves"]
+@pytest.mark.parametrize("part", ["fused-layer", "gluon-layer"])
+def test_layer_parts_need_half_precision_on_one_gpu_rank(part):
+    EngineConfig("x", device="cuda", dtype="bfloat16", backend=f"compiled+{part}+triton-attention+pdl")
+    EngineConfig("x", device="cuda", dtype="float16", backend=f"{part}+pdl")  # pdl launches its products
+    with pytest.raises(QualError, match=f"{part} need device cuda"):
+        EngineConfig("x", backend=part)
+    with pytest.raises(QualError, match=f"{part} need dtype bfloat16 or float16"):
+        EngineConfig("x", device="cuda", dtype="float32", backend=part)
+    with pytest.raises(QualError, match=f"{part} needs tp 1"):
+        EngineConfig("x", device="cuda", dtype="bfloat16", parallel=ParallelConfig(2, 1, 1), backend=part)
+    assert part in parse_backend(f"{part}+pdl").record()["serves"]
+    with pytest.raises(QualError, match="at most one of fused-layer, gluon-layer"):
+        parse_backend("fused-layer+gluon-layer")
+
+
+def test_gluon_layer_is_refused_by_name_on_a_gpu_or_triton_it_cannot_run(monkeypatch):
+    """check_device, once the GPU is known: before compute capability 9.0 (TMA, warpgroup MMA), and a Triton without
+    the Gluon the kernels are written in. The GPU's answers are patched: this machine may have none."""
+    import torch
+
+    from qual.runtime.backends import gluon_gemm
+
+    backend = parse_backend("gluon-layer+triton-attention")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "an A100")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(QualError, match=r"gluon-layer need a GPU of compute capability 9.0 or later \(got an A100\)"):
+        backend.check_device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(gluon_gemm, "available", lambda: False)
+    with pytest.raises(QualError, match=r"gluon-layer needs Triton 3\.6\.x with Gluon"):
+        backend.check_device("cuda")
+    monkeypatch.setattr(gluon_gemm, "available", lambda: True)
+    backend.check_device("cuda")  # nothing else is asked of the GPU without pdl
+
+
+def test_gluon_layer_refuses_shapes_its_tma_tiles_cannot_take():
+    """A head is one column block of the qkv product (64 or 128 wide), and TMA reads rows of 16-byte multiples: every
+    other Qwen3 shape is refused by name where the target builds its products."""
+    from qual.runtime.backends import gluon_gemm
+    from qual.runtime.backends.gluon_layer_products import GluonLayerProducts, shape_problem
+
+    assert shape_problem(4096, 14336, 32, 8, 128) is None and shape_problem(64, 128, 4, 1, 64) is None
+    assert "head_dim 32 is not one of 64, 128" in shape_problem(64, 128, 4, 1, 32)
+    assert "head_dim 256" in shape_problem(4096, 14336, 32, 8, 256)
+    assert "hidden_size 1028 is not a multiple of 8" in shape_problem(1028, 3072, 16, 8, 64)
+    assert "intermediate_size 3076 is not a multiple of 8" in shape_problem(1024, 3076, 16, 8, 64)
+    import torch
+
+    want = "head_dim 32" if gluon_gemm.available() else r"needs Triton 3\.6\.x with Gluon"
+    with pytest.raises(QualError, match=f"backend part gluon-layer.*{want}"):
+        GluonLayerProducts(64, 128, 4, 1, 32, 1e-6, torch.device("cpu"))
 
 
 def test_pdl_backend_launches_some_triton_kernels_on_a_gpu():
@@ -228,15 +269,16 @@ def test_a_checkpoint_problem_found_in_the_ranks_is_one_line_each(tmp_path, tiny
     assert all(line.startswith("rank 1: error: ") and "fc.weight" in line for line in err.splitlines() if line), err
 
 
-def test_fused_layer_refuses_a_target_whose_layers_it_does_not_run():
-    """The GLM target's layers are not Qwen3's: a backend naming fused-layer is refused by name before its weights
-    load, never run as the per-layer path silently."""
+@pytest.mark.parametrize("part", ["fused-layer", "gluon-layer"])
+def test_layer_parts_refuse_a_target_whose_layers_they_do_not_run(part):
+    """The GLM target's layers are not Qwen3's: a backend naming fused-layer or gluon-layer is refused by name before
+    its weights load, never run as the per-layer path silently."""
     from qual.paths import DATA_DIR
     from qual.runtime.model_runner import ModelRunner
     from qual.runtime.parallel import Comm
     from qual.runtime.registry import target_spec
 
     glm = DATA_DIR / "models" / "glm-toy" / "target"
-    cfg = EngineConfig(str(glm), device="cuda", dtype="bfloat16", backend="fused-layer")
-    with pytest.raises(QualError, match="fused-layer runs Qwen3 targets' layers only"):
+    cfg = EngineConfig(str(glm), device="cuda", dtype="bfloat16", backend=part)
+    with pytest.raises(QualError, match=f"{part} runs Qwen3 targets' layers only"):
         ModelRunner(cfg, Comm(), target_spec(glm), None)  # a CPU Comm: nothing asks for a GPU before the refusal

@@ -51,8 +51,8 @@ class ModelRunner:
         self.draft_cfg = draft_spec.config if draft_spec else None
         aux = self.draft_cfg.aux_layer_ids if self.draft_cfg else ()
         target_cls = target_spec.model_class
-        if self.backend.fused_layer and not getattr(target_cls, "serves_fused_layer", False):
-            raise QualError(f"backend {cfg.backend}: fused-layer runs Qwen3 targets' layers only (target "
+        if self.backend.layer_part and not getattr(target_cls, "serves_fused_layer", False):
+            raise QualError(f"backend {cfg.backend}: {self.backend.layer_part} runs Qwen3 targets' layers only (target "
                             f"{target_cls.__name__})")
         options = ModelOptions(dsa_topk=cfg.dsa_topk, numerics=cfg.numerics)
         self.target = target_cls(target_spec.path, target_spec.config, comm, dtype, aux, self.backend, options)

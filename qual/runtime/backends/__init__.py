@@ -6,7 +6,8 @@ capture), `compiled-prefill` (torch.compile of the padded prefill too, before it
 `triton-attention` (the target's decode attention read in place from the paged store), `fused-layer` (a Qwen3
 target's decode and verify layers of <= 16 rows as four products that finish their own output: the input RMSNorm,
 q/k norm, RoPE and the KV write in the qkv product, the residual in o and down, SwiGLU in gate/up;
-qual/runtime/backends/fused_layer.py), `fused`
+qual/runtime/backends/fused_layer.py), `gluon-layer` (the same four products in Gluon, the weight streamed by TMA
+through a producer warp's ring: qual/runtime/backends/gluon_layer.py; one of fused-layer and gluon-layer), `fused`
 (one-token target decode steps through one persistent kernel for all layers) and `pdl` (the step's Triton
 kernels, compiled ones too, launched with programmatic dependent launch: each may start while the one before
 finishes). `pytorch` (the default) is
@@ -23,9 +24,11 @@ from qual.errors import QualError
 
 PYTORCH = "pytorch"  # no kernel of qual's own: PyTorch operators, eager or replayed in CUDA graphs
 _OLD_NAMES = {"reference": PYTORCH}  # names profiles and commands recorded before
-PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused-layer", "fused",
-         "pdl")
-HALF_PRECISION_PARTS = ("triton-gemm", "triton-attention", "fused-layer")  # tensor-core products of bf16 or fp16 tiles
+PARTS = ("compiled", "compiled-autotune", "compiled-prefill", "triton-gemm", "triton-attention", "fused-layer",
+         "gluon-layer", "fused", "pdl")
+# tensor-core products of bf16 or fp16 tiles
+HALF_PRECISION_PARTS = ("triton-gemm", "triton-attention", "fused-layer", "gluon-layer")
+LAYER_PARTS = ("fused-layer", "gluon-layer")  # a Qwen3 target's decode layers as four products: at most one
 ATTENTION_PARTS = ("triton-attention", "fused")  # parts that compute the target's attention in a kernel of their own
 COMPILE_MODES = {"compiled": "default", "compiled-autotune": "max-autotune-no-cudagraphs"}  # modes that leave graphs to us
 # What each part serves: every step the runtime runs is a prefill, a plain decode step or a spec-decode step
@@ -41,9 +44,14 @@ SERVES = {
     "fused-layer": "the Qwen3 target's layers in decode and verify steps of <= 16 rows (tp 1): four products a layer "
                    "that finish their own output, attention between them as the other parts choose; prefill, larger "
                    "steps, the drafter and the LM head use the per-layer path",
+    "gluon-layer": "as fused-layer, the products in Gluon (TMA weight ring, compute capability >= 9.0; head_dim 64 "
+                   "or 128): the gate/up weight read in place (no second copy); the o and down products also write "
+                   "the residual times the next norm's weight, one [rows, hidden] tensor more each, and the first "
+                   "layer's is one elementwise kernel before it",
     "fused": "one-token target decode steps (batch 1, no drafter); verify, draft and prefill steps use the per-layer "
              "path (with compiled: the step around the kernel is compiled, the kernel launched as it is)",
-    "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention, fused-layer and the "
+    "pdl": "the Triton kernels of decode and spec-decode steps (triton-gemm, triton-attention, fused-layer or "
+           "gluon-layer, and the "
            "compiled step's "
            "own; with compiled-prefill, the compiled prefill's too) launched with programmatic dependent launch; "
            "cuBLAS and PyTorch's kernels wait as before",
@@ -79,8 +87,9 @@ class Backend:
         return "triton-attention" in self.parts
 
     @property
-    def fused_layer(self) -> bool:
-        return "fused-layer" in self.parts
+    def layer_part(self) -> str | None:
+        """The part that runs a Qwen3 target's decode layers as four products (LAYER_PARTS), or None."""
+        return next((p for p in self.parts if p in LAYER_PARTS), None)
 
     @property
     def fused_decode(self) -> bool:
@@ -103,25 +112,29 @@ class Backend:
             raise QualError(f"backend {self.name}: fused needs dtype bfloat16, float16 or float32 (got {dtype})")
         if self.fused_decode and tp > 1:
             raise QualError(f"backend {self.name}: fused needs tp 1 (got tp {tp})")
-        if self.fused_layer and tp > 1:  # the residual is added inside the o and down products, before any all-reduce
-            raise QualError(f"backend {self.name}: fused-layer needs tp 1 (got tp {tp})")
+        if self.layer_part and tp > 1:  # the residual is added inside the o and down products, before any all-reduce
+            raise QualError(f"backend {self.name}: {self.layer_part} needs tp 1 (got tp {tp})")
         if self.pdl and not (set(self.parts) & {"compiled", "compiled-autotune", "compiled-prefill", "triton-gemm",
-                                                "triton-attention", "fused-layer"}):
+                                                "triton-attention", *LAYER_PARTS}):
             raise QualError(f"backend {self.name}: pdl launches the Triton kernels of compiled, compiled-prefill, "
-                            "triton-gemm, triton-attention or fused-layer; name at least one of them")
+                            "triton-gemm, triton-attention, fused-layer or gluon-layer; name at least one of them")
 
     def check_device(self, device) -> None:
         """Refuse, once the device is known, a part this GPU or this Triton cannot run."""
-        if not self.pdl:
+        hopper = [p for p in self.parts if p in ("pdl", "gluon-layer")]  # PTX of sm_90 on: griddepcontrol, TMA, wgmma
+        if not hopper:
             return
         import torch
 
-        from qual.runtime.backends import skinny_gemm
+        from qual.runtime.backends import gluon_gemm, skinny_gemm
 
         if torch.cuda.get_device_capability(device) < (9, 0):
-            raise QualError(f"backend {self.name}: pdl needs a GPU of compute capability 9.0 or later "
+            raise QualError(f"backend {self.name}: {', '.join(hopper)} need a GPU of compute capability 9.0 or later "
                             f"(got {torch.cuda.get_device_name(device)})")
-        if not skinny_gemm.pdl_available():
+        if "gluon-layer" in self.parts and not gluon_gemm.available():
+            raise QualError(f"backend {self.name}: gluon-layer needs Triton {gluon_gemm.GLUON_TRITON}x with Gluon "
+                            "(the kernels are written against its API)")
+        if self.pdl and not skinny_gemm.pdl_available():
             raise QualError(f"backend {self.name}: pdl needs a Triton with programmatic dependent launch "
                             "(triton.language.extra.cuda.gdc_wait)")
 
@@ -147,12 +160,17 @@ class Backend:
         return functools.partial(op, pdl=True) if self.pdl else op
 
     def layer_products(self, hidden: int, intermediate: int, layout, eps: float, device):
-        """fused-layer's products for a Qwen3 target of this shape (layout: this rank's HeadLayout)."""
-        from qual.runtime.backends import fused_layer, layer_products
+        """fused-layer's or gluon-layer's products for a Qwen3 target of this shape (layout: this rank's
+        HeadLayout)."""
+        from qual.runtime.backends import fused_layer
 
         _need_triton(fused_layer.triton is not None)
-        return layer_products.LayerProducts(hidden, intermediate, layout.num_heads, layout.num_kv_heads,
-                                         layout.head_dim, eps, device, pdl=self.pdl)
+        if self.layer_part == "gluon-layer":
+            from qual.runtime.backends.gluon_layer_products import GluonLayerProducts as products
+        else:
+            from qual.runtime.backends.layer_products import LayerProducts as products
+        return products(hidden, intermediate, layout.num_heads, layout.num_kv_heads, layout.head_dim, eps, device,
+                        pdl=self.pdl)
 
     def compile(self, fn, dynamic: bool | None = False):
         """torch.compile'd fn (compile_mode): with dynamic False one specialised graph per padded batch size (as the
@@ -230,4 +248,6 @@ def parse_backend(name: str) -> Backend:
         raise QualError(f"backend {name!r}: expected {PYTORCH!r} or parts joined by '+' from {', '.join(PARTS)}")
     if sum(p in COMPILE_MODES for p in parts) > 1:
         raise QualError(f"backend {name!r}: at most one of {', '.join(COMPILE_MODES)}")
+    if sum(p in LAYER_PARTS for p in parts) > 1:
+        raise QualError(f"backend {name!r}: at most one of {', '.join(LAYER_PARTS)}")
     return Backend(name, parts)

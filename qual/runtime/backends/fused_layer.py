@@ -13,9 +13,11 @@ product here ends in the work that follows it, so no kernel sits between two pro
    no second copy); returns silu(gate) * up.
 4. down: the residual added; returns the new residual.
 
-Split-K: `split` programs share a column block; each stores its float32 partial, and the last to arrive (an atomic
-count a column block, acquire-release) sums them in split order and runs the epilogue, then sets the count back to
-zero, so the next launch and a CUDA graph's replay find it zero. With split 1 every program finishes its own block.
+The K loop is triton-gemm's (skinny_gemm.split_k_tile, the norm at the load and the gate/up row pairs its
+options). Split-K: `split` programs share a column block; each stores its float32 partial, and the last to arrive
+(an atomic count a column block, acquire-release) sums them in split order and runs the epilogue, then sets the
+count back to zero, so the next launch and a CUDA graph's replay find it zero. With split 1 every program finishes
+its own block.
 
 The input RMSNorm: its weight is applied to x's tile as it is loaded (float32 product, rounded once to the
 weights' dtype for the tensor cores), and 1/rms, a factor a row, after the K sum: the product is linear in x, so
@@ -53,13 +55,15 @@ RESIDUAL, QKV, SWIGLU = 0, 1, 2  # the epilogues
 @dataclass(frozen=True)
 class ProductConfig:
     """One fused product's tiling: block_n columns (qkv: head_dim, one head), block_k of K a step, split programs
-    a column block."""
+    a column block. late_launch (with PDL): each program lets the next kernel launch after its last weight tile's
+    load is issued instead of at its start (bench/skinny_gemm_sweep.py's chain selects it; no backend does)."""
 
     block_n: int = 64
     block_k: int = 128
     split: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    late_launch: bool = False
 
 
 TARGET_PROGRAMS = 256  # as skinny_gemm: ~2 an SM on an H200, enough loads in flight to stream the weights
@@ -98,6 +102,7 @@ def _interpreted() -> bool:
 
 
 if triton is not None:
+    from qual.runtime.backends.skinny_gemm import split_k_tile  # its K loop, with the norm at the load and gate/up
 
     @triton.jit
     def _fused_product_kernel(
@@ -105,39 +110,16 @@ if triton is not None:
             qkn_ptr, pos_ptr, inv_freq_ptr, slot_ptr, k_ptr, v_ptr,
             M, N, K, k_per_split, w_half, stride_xm, stride_wn, stride_rm, stride_om, cache_slot_stride, eps, head_eps,
             SPLIT: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-            PDL: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
+            EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, LATE_LAUNCH: tl.constexpr):
         """Program (n, s): column block n over the s-th k_per_split of K; the block's last program to finish runs
         the epilogue EPI on the whole sum (see the module docstring)."""
         pid_n, pid_s = tl.program_id(0), tl.program_id(1)
         HALF: tl.constexpr = BLOCK_N // 2
-        rm = tl.arange(0, BLOCK_M)
         j = tl.arange(0, BLOCK_N)
-        if EPI == 2:  # SwiGLU: the tile's first half gate rows, its second the matching up rows (up at w_half)
-            c = pid_n * HALF + (j % HALF)
-            w_rows = tl.where(j < HALF, c, w_half + c)
-            w_ok = c < w_half
-        else:
-            w_rows = pid_n * BLOCK_N + j
-            w_ok = w_rows < N
-        k_lo = pid_s * k_per_split
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # x is the kernel before's output
-            tl.extra.cuda.gdc_launch_dependents()
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
-                        other=0.0)
-            if NORM:  # the norm's weight at the load: x * ln rounded once
-                ln = tl.load(ln_ptr + rk, mask=rk < K, other=0.0)
-                x = (x.to(tl.float32) * ln.to(tl.float32)[None, :]).to(x_ptr.dtype.element_ty)
-            w = tl.load(w_ptr + w_rows[:, None] * stride_wn + rk[None, :], mask=w_ok[:, None] & (rk[None, :] < K),
-                        other=0.0, eviction_policy="evict_first")  # read once: keep L2 for what is read again
-            if UPCAST:
-                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
-            else:
-                acc += tl.dot(x, tl.trans(w))
+        # SwiGLU (EPI 2): the tile's first half gate rows, its second the matching up rows (up at w_half)
+        acc, rm, _ = split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                  EVEN_N, EVEN_K, PDL, ln_ptr, w_half, NORM, EPI == 2, UPCAST, LATE_LAUNCH)
         tile = rm[:, None] * (tl.num_programs(0) * BLOCK_N) + (pid_n * BLOCK_N + j)[None, :]
         finish = True
         if SPLIT > 1:
@@ -256,7 +238,9 @@ def _launch(x, w, counts, cfg: ProductConfig, n_blocks: int, epi: int, out: torc
         m, n, k, k_per_split, w_half, x.stride(0), w.stride(0), out.stride(0) if res is None else res.stride(0),
         out.stride(0), k_cache.stride(0), eps, head_eps,
         SPLIT=cfg.split, NORM=ln is not None, EPI=epi, NH=nh, NKV=nkv, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, UPCAST=_interpreted() and x.dtype == torch.bfloat16, PDL=pdl,
+        BLOCK_K=cfg.block_k, EVEN_N=(w_half % (cfg.block_n // 2) if epi == SWIGLU else n % cfg.block_n) == 0,
+        EVEN_K=k % (cfg.split * cfg.block_k) == 0, UPCAST=_interpreted() and x.dtype == torch.bfloat16, PDL=pdl,
+        LATE_LAUNCH=cfg.late_launch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch)
 
 

@@ -1,6 +1,8 @@
 """The fused-layer backend part's model-facing side: its products as custom ops, and LayerProducts, which a Qwen3
 target's decode layer calls (qual/runtime/models/qwen3.py, Qwen3Target._fused_layer). The kernels:
-qual/runtime/backends/fused_layer.py."""
+qual/runtime/backends/fused_layer.py. Its methods are the ones gluon-layer's GluonLayerProducts has
+(gluon_layer_products.py), whose normed products take x * ln from the product before: here that second tensor is
+None throughout."""
 
 from __future__ import annotations
 
@@ -72,19 +74,27 @@ class LayerProducts:
         """Decode and verify steps of up to MAX_ROWS rows; prefill and larger steps take the per-layer path."""
         return rows <= MAX_ROWS and not prefill
 
-    def qkv(self, x: torch.Tensor, input_norm: torch.Tensor, attn, positions: torch.Tensor, inv_freq: torch.Tensor,
-            slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def enter(x: torch.Tensor, input_norm: torch.Tensor) -> None:
+        """What the first layer's products take beside the residual: nothing here (the normed products apply the
+        norm's weight at the load; gluon-layer's stream x * ln instead, GluonLayerProducts.enter)."""
+        return None
+
+    def qkv(self, x: torch.Tensor, x_ln: None, input_norm: torch.Tensor, attn, positions: torch.Tensor,
+            inv_freq: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Roped queries [T, heads * D] of the residual x; k and v written to the layer's k/v_cache [slots, kv heads,
         D] at slots (routed). attn: layers.AttentionWeights."""
         return torch.ops.qual.fused_layer_qkv(x, input_norm, self.eps, attn.qkv, attn.qk_norm, positions, inv_freq,
                                               slots, k_cache, v_cache, self.heads, self.kv_heads, self.counts["qkv"],
                                               self.pdl)
 
-    def o(self, attended: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """The residual after attention: residual + attended @ o.T."""
-        return torch.ops.qual.fused_layer_residual(attended, w, residual, self.counts["o"], self.pdl)
+    def o(self, attended: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+          post_norm: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """The residual after attention, residual + attended @ o.T (and None: gate/up applies post_norm itself)."""
+        return torch.ops.qual.fused_layer_residual(attended, w, residual, self.counts["o"], self.pdl), None
 
-    def mlp(self, x: torch.Tensor, post_norm: torch.Tensor, m) -> torch.Tensor:
-        """The residual after the MLP (m: layers.MlpWeights): x + down(SwiGLU(gate_up(RMSNorm(x))))."""
+    def mlp(self, x: torch.Tensor, x_ln: None, post_norm: torch.Tensor, m,
+            next_norm: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """The residual after the MLP (m: layers.MlpWeights): x + down(SwiGLU(gate_up(RMSNorm(x)))), and None."""
         act = torch.ops.qual.fused_layer_swiglu(x, post_norm, self.eps, m.gate_up, self.counts["gate_up"], self.pdl)
-        return torch.ops.qual.fused_layer_residual(act, m.down, x, self.counts["down"], self.pdl)
+        return torch.ops.qual.fused_layer_residual(act, m.down, x, self.counts["down"], self.pdl), None

@@ -95,30 +95,51 @@ if triton is not None:
     @triton.jit
     def split_k_tile(x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PDL: tl.constexpr, ln_ptr=None, w_half=0, NORM: tl.constexpr = False, PAIR: tl.constexpr = False,
+                     UPCAST: tl.constexpr = False, LATE_LAUNCH: tl.constexpr = False):
         """This program's partial of the split-K product, float32 [BLOCK_M, BLOCK_N], with its rows rm and output
         columns rn: program (n, s) multiplies x by w's column block n over the s-th k_per_split of K. With PDL it
         first waits for the kernel before (whose output x is). The kernels that finish the product differently call
-        it."""
+        it; fused-layer's (fused_layer.py) with its options: NORM multiplies x's tile by ln at the load (rounded
+        once); PAIR reads BLOCK_N / 2 rows of w from n * BLOCK_N / 2 and the matching rows from w_half on (gate/up:
+        a gate block and its up block in one tile, rn then the gate rows); UPCAST multiplies in float32 (Triton's
+        interpreter: its bf16 dot is wrong); LATE_LAUNCH lets the next kernel launch after the last load is issued
+        instead of after the wait."""
         pid_n, pid_s = tl.program_id(0), tl.program_id(1)
         rm = tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if PAIR:
+            j = tl.arange(0, BLOCK_N)
+            rn = pid_n * (BLOCK_N // 2) + (j % (BLOCK_N // 2))
+            w_rows = tl.where(j < BLOCK_N // 2, rn, w_half + rn)
+            w_ok = rn < w_half
+        else:
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            w_rows = rn
+            w_ok = rn < N
         k_lo = pid_s * k_per_split
         if PDL:
             tl.extra.cuda.gdc_wait()  # x is the kernel before's output
-            tl.extra.cuda.gdc_launch_dependents()
+            if not LATE_LAUNCH:
+                tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
                         other=0.0)
-            w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+            if NORM:  # the norm's weight at the load: x * ln rounded once
+                ln = tl.load(ln_ptr + rk, mask=rk < K, other=0.0)
+                x = (x.to(tl.float32) * ln.to(tl.float32)[None, :]).to(x_ptr.dtype.element_ty)
+            w_ptrs = w_ptr + w_rows[:, None] * stride_wn + rk[None, :]
             if EVEN_N and EVEN_K:
                 w = tl.load(w_ptrs, eviction_policy="evict_first")  # read once: keep L2 for what is read again
             else:
-                w = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0,
-                            eviction_policy="evict_first")
-            acc += tl.dot(x, tl.trans(w))
+                w = tl.load(w_ptrs, mask=w_ok[:, None] & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
+            if UPCAST:
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        if PDL and LATE_LAUNCH:  # the stream issued: the next kernel's grid may take the slots programs leave
+            tl.extra.cuda.gdc_launch_dependents()
         return acc, rm, rn
 
     @triton.jit

@@ -26,7 +26,7 @@ class Qwen3Target:
     """This rank's shard of a Qwen3 target."""
 
     sparse_attention = False  # dense attention: no top-k to choose
-    serves_fused_layer = True  # the backend part fused-layer runs this model's decode layers
+    serves_fused_layer = True  # the backend parts fused-layer and gluon-layer run this model's decode layers
     vllm_numerics = False  # one form: what vLLM computes differently for Qwen3 is not modelled
 
     @staticmethod
@@ -76,9 +76,10 @@ class Qwen3Target:
         self.linear = backend.linear()  # the projections' GEMM
         self.paged_attention = backend.paged_attention()  # None: gather the keys, then attention_with_lse
         self.fused = None  # set by the fused backend: one kernel for a one-token decode step
-        # fused-layer: decode and verify steps of <= 16 rows through four products a layer (None: the per-layer path)
+        # fused-layer / gluon-layer: decode and verify steps of <= 16 rows through four products a layer (None: the
+        # per-layer path)
         self.layer_products = (backend.layer_products(cfg.hidden_size, cfg.intermediate_size, self.layout,
-                                                      cfg.rms_norm_eps, dev) if backend.fused_layer else None)
+                                                      cfg.rms_norm_eps, dev) if backend.layer_part else None)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: TargetMeta, stores: dict[str, KVStore]):
         """tokens/positions [T] -> (final-normed hidden [T, hidden], aux features [T, n*hidden] or None)."""
@@ -91,9 +92,10 @@ class Qwen3Target:
         aux = []
         products = self.layer_products
         fused_layers = products is not None and products.applies(tokens.numel(), meta.prefill)
+        x_ln = products.enter(x, self.layers[0].input_norm) if fused_layers else None
         for i, layer in enumerate(self.layers):
             if fused_layers:
-                x = self._fused_layer(i, x, positions, meta, store)
+                x, x_ln = self._fused_layer(i, x, x_ln, positions, meta, store)
             else:
                 h = rms_norm(x, layer.input_norm, self.cfg.rms_norm_eps)
                 x = x + self._attention(i, h, positions, meta, store)
@@ -112,13 +114,16 @@ class Qwen3Target:
         store.write(i, meta.views[GROUP].write_slots, k, v)
         return self.comm.all_reduce_tp(self.linear(self._attend(i, q, meta, store), a.o))
 
-    def _fused_layer(self, i: int, x, positions, meta: TargetMeta, store: KVStore) -> torch.Tensor:
-        """The residual after layer i through the fused-layer products (tp 1: the residual is added inside them)."""
+    def _fused_layer(self, i: int, x, x_ln, positions, meta: TargetMeta, store: KVStore):
+        """The residual after layer i through the fused-layer or gluon-layer products (tp 1: the residual is added
+        inside them), and what the next layer's products take beside it (gluon-layer: x * its input norm; None)."""
         layer, products, lay = self.layers[i], self.layer_products, self.layout
-        q = products.qkv(x, layer.input_norm, layer.attn, positions, self.rope.inv_freq,
+        q = products.qkv(x, x_ln, layer.input_norm, layer.attn, positions, self.rope.inv_freq,
                          meta.views[GROUP].write_slots, store.k[i], store.v[i])
-        x = products.o(self._attend(i, q.view(x.shape[0], lay.num_heads, lay.head_dim), meta, store), layer.attn.o, x)
-        return products.mlp(x, layer.post_norm, layer.mlp)
+        attended = self._attend(i, q.view(x.shape[0], lay.num_heads, lay.head_dim), meta, store)
+        x, x_ln = products.o(attended, layer.attn.o, x, layer.post_norm)
+        next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
+        return products.mlp(x, x_ln, layer.post_norm, layer.mlp, next_norm)
 
     def _attend(self, i: int, q, meta: TargetMeta, store: KVStore) -> torch.Tensor:
         """Attention of this rank's roped queries q [T, heads, D] over layer i's keys (written): [T, heads * D]."""

@@ -1,19 +1,20 @@
-"""The Gluon twin of the fused-layer products (qual/runtime/backends/fused_layer.py): bench/gluon_gemm.py's product
-core (a producer warp streams the weight through a TMA ring, its first pass issued before the PDL wait; a consumer
-warp group multiplies on the tensor cores) finished by the same epilogues. No backend runs it; built, not yet timed
-(docs/PERFORMANCE.md).
+"""The backend part gluon-layer: the fused-layer products (qual/runtime/backends/fused_layer.py) in Gluon, on
+gluon_gemm's product core (a producer warp streams the weight through a TMA ring, its first pass issued before the
+PDL wait; a consumer warp group multiplies on the tensor cores), finished by the same epilogues. The model-facing
+side (custom ops, GluonLayerProducts): qual/runtime/backends/gluon_layer_products.py.
 
 What differs from the plain-Triton products, because the x tiles reach the tensor cores by TMA, never through
 registers:
 - the input RMSNorm's weight cannot multiply x's tile at its load. The residual product that writes x (o or down)
   writes x * ln_next beside it (`ln_next`: the next norm's weight, x rounded first, then one rounding), and the next
   product streams that; its finishing program computes 1/rms from the raw residual row and scales the sum, as the
-  Triton products do;
-- a TMA tile is contiguous rows of w, so gate/up's weight is interleaved once at load (`interleave_gate_up`: a copy,
-  block_n / 2 gate rows, then the matching up rows, block after block) where the Triton product gathers the rows
-  at each tile's load.
+  Triton products do. The first layer's x * ln is one elementwise kernel before it;
+- a TMA tile is contiguous rows of w, so gate/up's stage is two half tiles (gluon_gemm._issue_weight): block_n / 2
+  gate rows and the matching up rows, each by its own TMA copy from the [gate; up] weight in place (no copy of the
+  weights, as the Triton product gathers the rows at each tile's load).
 The finishing program (the last of a column block, by an atomic count set back to zero) stores the block's sum to
-its float32 scratch and reads it back in halves in a blocked layout for the epilogue (RoPE pairs a head's halves).
+its float32 scratch and reads it back in halves in a blocked layout for the epilogue (RoPE pairs a head's halves);
+qkv's epilogue is fused_layer._qkv_epilogue itself, a @triton.jit function called from the Gluon kernel.
 Triton's interpreter does not run Gluon: tests/test_kernels_compile.py compiles it for sm_90 with the GPU image's
 Triton, tests/test_gpu.py checks it against float64 on a GPU.
 """
@@ -24,8 +25,8 @@ import math
 
 import torch
 
-import gluon_gemm  # bench/gluon_gemm.py, beside this script
-from gluon_gemm import MAX_REGISTERS, GluonConfig, check_operands, tiles_per_split
+from qual.runtime.backends import fused_layer, gluon_gemm
+from qual.runtime.backends.gluon_gemm import MAX_REGISTERS, GluonConfig, check_operands, tiles_per_split
 
 gl = gluon_gemm.gl if gluon_gemm.gluon is not None else None
 RESIDUAL, QKV, SWIGLU = 0, 1, 2  # the epilogues, as fused_layer.py numbers them
@@ -34,25 +35,13 @@ if gl is not None:
     gluon = gluon_gemm.gluon
 
     @gluon.jit
-    def _cos_sin(angle):
-        """fused_layer._cos_sin in Gluon (a Gluon kernel calls Gluon functions only): the same arithmetic."""
-        turns = gl.floor(angle * 0.15915494309189535 + 0.5)
-        r = gl.fma(turns, -6.28125, angle)
-        h = 0.5 * gl.fma(turns, -1.9353071795864769e-3, r)
-        h2 = h * h
-        s = h * (1.0 + h2 * (-1.0 / 6 + h2 * (1.0 / 120 + h2 * (-1.0 / 5040 + h2 * (1.0 / 362880 + h2 * (
-            -1.0 / 39916800 + h2 * (1.0 / 6227020800)))))))
-        c = 1.0 + h2 * (-0.5 + h2 * (1.0 / 24 + h2 * (-1.0 / 720 + h2 * (1.0 / 40320 + h2 * (-1.0 / 3628800 + h2 * (
-            1.0 / 479001600 + h2 * (-1.0 / 87178291200)))))))
-        return c * c - s * s, 2.0 * s * c
-
-    @gluon.jit
     def _fused_kernel(w_desc, x_desc, part_ptr, cnt_ptr, xr_ptr, stride_xr, res_ptr, out_ptr, stride_o, ln_ptr,
                       out2_ptr, qkn_ptr, pos_ptr, inv_freq_ptr, slot_ptr, k_ptr, v_ptr, M, N, K, w_half,
                       cache_slot_stride, eps, TILES: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
                       EPI: gl.constexpr, NORM: gl.constexpr, LN_NEXT: gl.constexpr, NH: gl.constexpr,
                       NKV: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
-        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+        PAIR: gl.constexpr = EPI == 2  # gate/up: w_desc's tiles are half tiles, a gate block's and its up block's
+        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0] * (2 if PAIR else 1)
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         R: gl.constexpr = x_desc.block_type.shape[0]
         HALF: gl.constexpr = BLOCK_N // 2
@@ -60,7 +49,11 @@ if gl is not None:
                                                              instr_shape=[16, R, 16])
         pid_n, pid_s = gl.program_id(0), gl.program_id(1)
         n0 = pid_n * BLOCK_N
-        acc = gluon_gemm._product(w_desc, x_desc, n0, pid_s * TILES * BLOCK_K, TILES, STAGES, PDL, acc_layout)
+        w_row = n0
+        if PAIR:
+            w_row = pid_n * HALF
+        acc = gluon_gemm._product(w_desc, x_desc, w_row, pid_s * TILES * BLOCK_K, TILES, STAGES, PDL, acc_layout,
+                                  w_half, PAIR)
         NT = gl.num_programs(0) * BLOCK_N  # the scratch's width: whole column blocks
         rn = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
         rm = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))
@@ -108,8 +101,12 @@ if gl is not None:
                 act = lo / (1.0 + gl.exp(-lo)) * hi
                 gl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], act.to(out_ptr.dtype.element_ty), mask=m)
             else:
-                _qkv_epilogue(lo, hi, h, rows, row_ok, pid_n, out_ptr, stride_o, qkn_ptr, pos_ptr, inv_freq_ptr,
-                              slot_ptr, k_ptr, v_ptr, cache_slot_stride, eps, NH, NKV, BLOCK_N, HALF)
+                # fused-layer's own epilogue, a @triton.jit function: Triton 3.6 lowers it inside this Gluon kernel on
+                # the blocked-layout halves (tests/test_kernels_compile.py compiles both callers), one copy of the
+                # q/k norm, RoPE and the KV write
+                fused_layer._qkv_epilogue(lo, hi, h, rows, row_ok, pid_n, out_ptr, stride_o, qkn_ptr, pos_ptr,
+                                          inv_freq_ptr, slot_ptr, k_ptr, v_ptr, cache_slot_stride, eps, NH, NKV,
+                                          BLOCK_N, HALF)
 
     @gluon.jit
     def _residual_half(y, cols, rows, row_ok, N, res_ptr, out_ptr, stride_o, ln_ptr, out2_ptr, LN_NEXT: gl.constexpr):
@@ -122,48 +119,6 @@ if gl is not None:
             ln = gl.load(ln_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)
             gl.store(out2_ptr + at, (out.to(gl.float32) * ln[None, :]).to(out_ptr.dtype.element_ty), mask=m)
 
-    @gluon.jit
-    def _qkv_epilogue(lo, hi, h, rows, row_ok, head, q_ptr, stride_qm, qkn_ptr, pos_ptr, inv_freq_ptr, slot_ptr, k_ptr,
-                      v_ptr, cache_slot_stride, eps, NH: gl.constexpr, NKV: gl.constexpr, D: gl.constexpr,
-                      HALF: gl.constexpr):
-        """fused_layer._qkv_epilogue in Gluon: q/k RMSNorm and rotate-half RoPE, q stored, k and v written to the
-        caches at each row's slot."""
-        m = row_ok[:, None] & (h < HALF)[None, :]
-        slot = gl.load(slot_ptr + rows, mask=row_ok, other=0).to(gl.int64)
-        if head < NH + NKV:
-            r = gl.rsqrt((gl.sum(lo * lo, axis=1) + gl.sum(hi * hi, axis=1)) / D + eps)[:, None]
-            nw = qkn_ptr + head * D
-            lo = lo * r * gl.load(nw + h).to(gl.float32)[None, :]
-            hi = hi * r * gl.load(nw + HALF + h).to(gl.float32)[None, :]
-            angle = (gl.load(pos_ptr + rows, mask=row_ok, other=0).to(gl.float32)[:, None]
-                     * gl.load(inv_freq_ptr + h)[None, :])
-            cos, sin = _cos_sin(angle)
-            out_lo = lo * cos - hi * sin
-            out_hi = hi * cos + lo * sin
-            if head < NH:
-                q = q_ptr + rows[:, None] * stride_qm + head * D + h[None, :]
-                gl.store(q, out_lo.to(q_ptr.dtype.element_ty), mask=m)
-                gl.store(q + HALF, out_hi.to(q_ptr.dtype.element_ty), mask=m)
-            else:
-                kc = k_ptr + slot[:, None] * cache_slot_stride + (head - NH) * D + h[None, :]
-                gl.store(kc, out_lo.to(k_ptr.dtype.element_ty), mask=m)
-                gl.store(kc + HALF, out_hi.to(k_ptr.dtype.element_ty), mask=m)
-        else:
-            vc = v_ptr + slot[:, None] * cache_slot_stride + (head - NH - NKV) * D + h[None, :]
-            gl.store(vc, lo.to(v_ptr.dtype.element_ty), mask=m)
-            gl.store(vc + HALF, hi.to(v_ptr.dtype.element_ty), mask=m)
-
-
-def interleave_gate_up(gate_up: torch.Tensor, block_n: int = 128) -> torch.Tensor:
-    """gate_up [2 I, K] (gate rows, then up rows) as tiles of block_n rows: block_n / 2 gate rows, then the matching
-    up rows (a copy; I a multiple of block_n / 2)."""
-    two_i, k = gate_up.shape
-    half = block_n // 2
-    if (two_i // 2) % half:
-        raise ValueError(f"interleave_gate_up: intermediate {two_i // 2} is not a multiple of {half}")
-    gate, up = gate_up.view(2, two_i // 2 // half, half, k).unbind(0)
-    return torch.stack([gate, up], dim=1).reshape(two_i, k)
-
 
 def _launch(x, w, counts, cfg: GluonConfig, epi: int, out, pdl: bool, *, norm_of=None, eps=0.0, res=None,
             ln_next=None, out2=None, w_half=0, qkv_args=None) -> None:
@@ -172,11 +127,11 @@ def _launch(x, w, counts, cfg: GluonConfig, epi: int, out, pdl: bool, *, norm_of
     n = w.shape[0]
     blocks = math.ceil(n / cfg.block_n)
     if cfg.split > 1 and counts.numel() < blocks:
-        raise ValueError(f"gluon_fused_layer: {counts.numel()} counts for {blocks} column blocks")
+        raise ValueError(f"gluon_layer: {counts.numel()} counts for {blocks} column blocks")
     parts = torch.empty(cfg.split, m, blocks * cfg.block_n, device=x.device, dtype=torch.float32)
     qkn, pos, inv_freq, slots, kc, vc, nh, nkv = qkv_args or (out, out, out, out, out, out, 1, 1)
     xr = x if norm_of is None else norm_of
-    w_desc, x_desc = gluon_gemm._descriptors(x, w, cfg)
+    w_desc, x_desc = gluon_gemm._descriptors(x, w, cfg, pair=epi == SWIGLU)
     launch = {"launch_pdl": True} if pdl else {}
     _fused_kernel[(blocks, cfg.split)](
         w_desc, x_desc, parts, counts, xr, xr.stride(0), out if res is None else res, out, out.stride(0),
@@ -195,12 +150,13 @@ def residual_product(x, w, residual, counts, ln_next=None, cfg: GluonConfig | No
     return out, out2
 
 
-def swiglu_product(x_ln, x, eps, gate_up_interleaved, counts, cfg: GluonConfig | None = None, pdl: bool = False):
-    """silu(gate) * up of RMSNorm(x) * ln, from x_ln = x * ln (residual_product's second output) and the raw x."""
-    two_i, k = gate_up_interleaved.shape
+def swiglu_product(x_ln, x, eps, gate_up, counts, cfg: GluonConfig | None = None, pdl: bool = False):
+    """silu(gate) * up of RMSNorm(x) * ln, from x_ln = x * ln (residual_product's second output) and the raw x
+    (gate_up [2 I, K]: the gate rows, then the up rows, as layers.MlpWeights stacks them)."""
+    two_i, k = gate_up.shape
     cfg = cfg or gluon_gemm.choose_config(two_i, k)
     out = torch.empty(x.shape[0], two_i // 2, device=x.device, dtype=x.dtype)
-    _launch(x_ln, gate_up_interleaved, counts, cfg, SWIGLU, out, pdl, norm_of=x, eps=eps, w_half=two_i // 2)
+    _launch(x_ln, gate_up, counts, cfg, SWIGLU, out, pdl, norm_of=x, eps=eps, w_half=two_i // 2)
     return out
 
 
@@ -211,7 +167,9 @@ def qkv_product(x_ln, x, eps, wqkv, qk_norm, positions, inv_freq, slots, k_cache
     d = qk_norm.shape[1]
     cfg = cfg or gluon_gemm.choose_config(n, k, block_n=d)
     if cfg.block_n != d or n != (heads + 2 * kv_heads) * d:
-        raise ValueError(f"gluon_fused_layer: qkv {tuple(wqkv.shape)}, block_n {cfg.block_n}: a head a column block")
+        raise ValueError(f"gluon_layer: qkv {tuple(wqkv.shape)}, block_n {cfg.block_n}: a head a column block")
+    if k_cache.stride(2) != 1 or k_cache.stride(1) != d or v_cache.stride() != k_cache.stride():
+        raise ValueError("gluon_layer: the KV caches must be [slots, kv heads, D] with contiguous heads")
     q = torch.empty(x.shape[0], heads * d, device=x.device, dtype=x.dtype)
     _launch(x_ln, wqkv, counts, cfg, QKV, q, pdl, norm_of=x, eps=eps,
             qkv_args=(qk_norm, positions, inv_freq, slots, k_cache, v_cache, heads, kv_heads))

@@ -1,7 +1,8 @@
 """Decode's skinny products in Gluon (Triton's explicit-layout language, Hopper): y[M, N] = x[M, K] @ w[N, K]^T for
-M <= 16, the weight streamed by TMA through a ring of shared-memory stages by a producer warp. The chain of
-bench/skinny_gemm_sweep.py runs it; no backend does (docs/PERFORMANCE.md: as the projections' kernel of the compiled
-8B step it ties the split-K kernel end to end).
+M <= 16, the weight streamed by TMA through a ring of shared-memory stages by a producer warp. Its product core
+(`_product`) is the backend part gluon-layer's (qual/runtime/backends/gluon_layer.py); the chain of
+bench/skinny_gemm_sweep.py runs the plain and finishing forms here (docs/PERFORMANCE.md: as the projections' kernel
+of the compiled 8B step it ties the split-K kernel end to end, so no backend runs them).
 
 Why not the split-K Triton kernel (qual/runtime/backends/skinny_gemm.py): there each program's own warps issue its
 loads (`cp.async`, the pipeliner's stages) and wait for them between tensor-core products, and a program launched
@@ -108,17 +109,28 @@ if gluon is not None:
                                   pack=1)
 
     @gluon.jit
-    def _load_partition(w_desc, x_desc, w_bufs, x_bufs, ready, empty, n0, k0, TILES: gl.constexpr,
-                        PDL: gl.constexpr):
+    def _issue_weight(w_desc, w_buf, bar, n0, k, pair, PAIR: gl.constexpr):
+        """One stage's weight tile: rows n0.. of w, or with PAIR two half tiles, rows n0.. and pair + n0.. (gate/up:
+        a gate block and its up block, read in place from [gate; up])."""
+        if PAIR:
+            H: gl.constexpr = w_desc.block_type.shape[0]
+            tma.async_copy_global_to_shared(w_desc, [n0, k], bar, w_buf.slice(0, H))
+            tma.async_copy_global_to_shared(w_desc, [pair + n0, k], bar, w_buf.slice(H, H))
+        else:
+            tma.async_copy_global_to_shared(w_desc, [n0, k], bar, w_buf)
+
+    @gluon.jit
+    def _load_partition(w_desc, x_desc, w_bufs, x_bufs, ready, empty, n0, k0, pair, TILES: gl.constexpr,
+                        PDL: gl.constexpr, PAIR: gl.constexpr):
         """The producer warp: TILES weight and x tiles from column k0 on, through the ring."""
         STAGES: gl.constexpr = w_bufs.type.shape[0]
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
-        NBYTES: gl.constexpr = w_desc.block_type.nbytes + x_desc.block_type.nbytes
+        NBYTES: gl.constexpr = w_desc.block_type.nbytes * (2 if PAIR else 1) + x_desc.block_type.nbytes
         FIRST: gl.constexpr = STAGES if STAGES < TILES else TILES
         # The ring's first pass: weight tiles before the wait (they are no kernel's output), x's after it.
         for i in gl.static_range(FIRST):
             mbarrier.expect(ready.index(i), NBYTES)
-            tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * BLOCK_K], ready.index(i), w_bufs.index(i))
+            _issue_weight(w_desc, w_bufs.index(i), ready.index(i), n0, k0 + i * BLOCK_K, pair, PAIR)
         if PDL:
             _gdc_wait()
             _gdc_launch_dependents()
@@ -128,7 +140,7 @@ if gluon is not None:
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the consumer's release of the pass before
             mbarrier.expect(ready.index(s), NBYTES)
-            tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * BLOCK_K], ready.index(s), w_bufs.index(s))
+            _issue_weight(w_desc, w_bufs.index(s), ready.index(s), n0, k0 + i * BLOCK_K, pair, PAIR)
             tma.async_copy_global_to_shared(x_desc, [0, k0 + i * BLOCK_K], ready.index(s), x_bufs.index(s))
 
     @gluon.jit
@@ -148,9 +160,10 @@ if gluon is not None:
 
     @gluon.jit
     def _product(w_desc, x_desc, n0, k0, TILES: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
-                 acc_layout: gl.constexpr):
-        """This program's product, float32 [BLOCK_N, ROWS] (x @ w^T transposed) over TILES K tiles from k0."""
-        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+                 acc_layout: gl.constexpr, pair=0, PAIR: gl.constexpr = False):
+        """This program's product, float32 [BLOCK_N, ROWS] (x @ w^T transposed) over TILES K tiles from k0; with PAIR
+        the tile's halves are w's rows n0.. and pair + n0.. (_issue_weight)."""
+        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0] * (2 if PAIR else 1)
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         R: gl.constexpr = x_desc.block_type.shape[0]
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
@@ -162,7 +175,7 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
         acc, = gl.warp_specialize([
             (_mma_partition, (w_bufs, x_bufs, ready, empty, TILES, acc_layout)),
-            (_load_partition, (w_desc, x_desc, w_bufs, x_bufs, ready, empty, n0, k0, TILES, PDL)),
+            (_load_partition, (w_desc, x_desc, w_bufs, x_bufs, ready, empty, n0, k0, pair, TILES, PDL, PAIR)),
         ], [1], [24])
         if PDL:  # what the program writes next may be what the kernel before reads (the allocator hands it on)
             _gdc_wait()
@@ -222,12 +235,13 @@ if gluon is not None:
             gl.store(out_ptr + tile, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _descriptors(x: torch.Tensor, w: torch.Tensor, cfg: GluonConfig):
-    """TMA descriptors of w [N, K] in [block_n, block_k] tiles and x [M, K] in [ROWS, block_k] tiles."""
+def _descriptors(x: torch.Tensor, w: torch.Tensor, cfg: GluonConfig, pair: bool = False):
+    """TMA descriptors of w [N, K] in [block_n, block_k] tiles (with pair, half tiles of block_n / 2 rows in the whole
+    tile's shared layout: _issue_weight puts two in one stage) and x [M, K] in [ROWS, block_k] tiles."""
     gl_dtype = gl.bfloat16 if w.dtype == torch.bfloat16 else gl.float16
     w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], gl_dtype)
     x_layout = gl.NVMMASharedLayout.get_default_for([ROWS, cfg.block_k], gl_dtype)
-    return (TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k], w_layout),
+    return (TensorDescriptor.from_tensor(w, [cfg.block_n // 2 if pair else cfg.block_n, cfg.block_k], w_layout),
             TensorDescriptor.from_tensor(x, [ROWS, cfg.block_k], x_layout))
 
 
