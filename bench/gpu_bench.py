@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from route_bench import write_json  # bench/route_bench.py, beside this script
+from gpu_plan import write_json  # bench/gpu_plan.py, beside this script
 from qual.checkpoints.qwen3 import Qwen3Config, layer_weight_shapes, write_qwen3
 from qual.paths import DATA_DIR
 from qual.runtime.backends import PYTORCH, parse_backend

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from route_bench import write_json  # bench/route_bench.py, beside this script
+from gpu_plan import write_json  # bench/gpu_plan.py, beside this script
 from qual.runtime.backends import fused_layer, gluon_gemm, gluon_layer, skinny_gemm
 from qual.runtime.backends.gluon_gemm import GluonConfig
 from qual.runtime.backends.skinny_gemm import GemmConfig
