@@ -35,8 +35,9 @@ GLM_RUN = [PY, "-m", "qual", "run", "--model", "glm-toy-vllm", "--dcp", "1", "--
 DCP_BENCH = [PY, "bench/dcp_invariant.py", "--device", "cuda", "--layouts", "1x1", "--threads", "0"]
 
 # name -> (the estimate of its wall seconds on one H100, what it measures, its command: OUT is the step's output
-# (file or folder, OUTPUT below), HISTORY one history for the plan's runs). The estimates of the route's steps are
-# docs/PERFORMANCE.md's ("`fused-layer` and `gluon-layer`: built, not yet timed on a GPU"), the others from the CPU runs' sizes: none of these has run yet.
+# (file or folder, output() below), HISTORY one history for the plan's runs). The estimates of the route's steps are
+# docs/PERFORMANCE.md's ("`fused-layer` and `gluon-layer`: built, not yet timed on a GPU"), the others from the CPU
+# runs' sizes: none of these has run yet.
 STEPS = {
     "glm-tests": (200, "the GLM runtime's CUDA cases: FP8 and the vLLM numerics pieces, the indexer (DSA), the "
                        "runtime and the configuration matrix on the GPU (issue 58)",
