@@ -47,9 +47,11 @@ STEPS = {
     **{f"glm-{mode}": (110, f"glm-toy-vllm's acceptance per position under --numerics {mode}, 64 HumanEval requests "
                             "(issue 58)", [*GLM_RUN, "--numerics", mode]) for mode in ("exact", "vllm", "vllm-hopper")},
     "dcp-tests": (100, "the DCP-invariant merge's GPU half: DCP 1 against DCP N's shard math bit for bit (issue 59)",
-                  [PY, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_dcp_invariant.py",
+                  [PY, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-m", "gpu",
+                   "tests/test_dcp_invariant.py",
                    "--junitxml", "OUT"]),
-    "dcp-bench": (60, "a decode step's time with dcp_comm a2a and invariant, the toy pair, one GPU (issue 59)", DCP_BENCH),
+    "dcp-bench": (60, "a decode step's time with dcp_comm a2a and invariant, the toy pair, one GPU (issue 59)",
+                  DCP_BENCH),
     "dcp-bench-glm": (60, "the same, the GLM-shaped toy pair (issue 59)", [*DCP_BENCH, "--model", "glm-toy"]),
     "settle": (100, "the toy pair's batch-1 compiled speculative row over 20 repeats: which of 72.5 / 80.8 / 84.6% of "
                     "its bound holds (issue 60)",
@@ -60,7 +62,8 @@ STEPS = {
                   [PY, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", "tests/test_gpu.py",
                    "-k", "fused_layer or gluon_layer", "--junitxml", "OUT"]),
     "chain": (150, "the products in decode order, 32 layers and the LM head, one graph, 1 / 8 rows, against the copy "
-                   "bandwidth: split-K with PDL, fused-layer with and without (and with PDL's launch after the weight stream), "
+                   "bandwidth: split-K with PDL, fused-layer with and without (and with PDL's launch after the weight "
+                   "stream), "
                    "Gluon finishing products, gluon-layer",
               [PY, "bench/skinny_gemm_sweep.py", "--shape", "8b-shape", "--no-sweep", "--chain", "--out", "OUT",
                "--variants", "kernel+pdl;fused-layer;fused-layer+pdl;fused-layer+pdl, late launch;"
@@ -128,7 +131,8 @@ def main() -> int:
     for name in names:
         left = None if args.budget is None else args.budget - (time.perf_counter() - start)
         if left is not None and left < STEPS[name][0]:
-            done[name] = {"rc": None, "not_started": f"{left:.0f} s left of --budget, the step takes ~{STEPS[name][0]} s"}
+            why = f"{left:.0f} s left of --budget, the step takes ~{STEPS[name][0]} s"
+            done[name] = {"rc": None, "not_started": why}
             write_json(args.out_dir / "steps.json", done)
             print(f"{name}: not started ({done[name]['not_started']})", flush=True)
             continue
