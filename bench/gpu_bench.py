@@ -44,8 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_plan import write_json  # bench/gpu_plan.py, beside this script
 from qual.checkpoints.qwen3 import Qwen3Config, layer_weight_shapes, write_qwen3
+from qual.files import write_text  # whole or not at all: a call killed mid-write keeps the rows before
 from qual.paths import DATA_DIR
 from qual.runtime.backends import PYTORCH, parse_backend
 from qual.runtime.config import CacheConfig, EngineConfig, ParallelConfig, SamplingParams
@@ -614,7 +614,7 @@ def main() -> int:
     bw, read_bw = copy_bandwidth(), read_bandwidth()
     res["copy_bandwidth_Bps"], res["read_bandwidth_Bps"] = bw, read_bw
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read+write), read bandwidth {read_bw / 1e12:.2f} TB/s", flush=True)
-    save = lambda: write_json(Path(args.out), res)  # noqa: E731  (after each row)
+    save = lambda: write_text(args.out, json.dumps(res, indent=2, default=str))  # noqa: E731  (after each row)
     toy_t, toy_d = TOY / "target", TOY / "draft"
     wanted = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batches.split(",")]

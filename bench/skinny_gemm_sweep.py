@@ -37,14 +37,13 @@ import itertools
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from gpu_plan import write_json  # bench/gpu_plan.py, beside this script
+from qual.files import write_text  # whole or not at all: a call killed mid-write keeps the rows before
 from qual.runtime.backends import fused_layer, gluon_gemm, gluon_layer, skinny_gemm
 from qual.runtime.backends.gluon_gemm import GluonConfig
 from qual.runtime.backends.skinny_gemm import GemmConfig
@@ -450,14 +449,15 @@ def main() -> int:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; PDL available: {res['pdl_available']}", flush=True)
     best = {} if args.no_sweep else sweep(SHAPES[args.shape], rows, res)
     res["best"] = {f"{p}/m{m}": str(c) for (p, m), c in best.items()}
-    write_json(Path(args.out), res)
+    save = lambda: write_text(args.out, json.dumps(res, indent=2, default=str))  # noqa: E731  (after each row)
+    save()
     gluon_best = gluon_sweep(SHAPES[args.shape], rows, res) if args.gluon_sweep and gluon_gemm.available() else {}
     res["gluon_best"] = {f"{p}/m{m}": str(c) for (p, m), c in gluon_best.items()}
-    write_json(Path(args.out), res)
+    save()
     if args.chain:
         chain(args.shape, rows, best, bw, res, gluon_best, args.variants.split(";") if args.variants else None,
-              save=lambda: write_json(Path(args.out), res))
-    write_json(Path(args.out), res)
+              save=save)
+    save()
     return 0
 
 

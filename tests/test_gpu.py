@@ -130,14 +130,20 @@ def test_graph_bytes_are_the_same_for_identical_engines(tiny_pair):
     assert got[0] > 0 and abs(got[0] - got[1]) <= 0.02 * got[0], got
 
 
+def _pdl_or_skip(pdl: bool) -> None:
+    from qual.runtime.backends import skinny_gemm
+
+    if pdl and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
+        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (8, 1024, 3072), (16, 100, 300), (3, 33, 129), (1, 4096, 14336)])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_skinny_gemm_kernel_matches_float64(m, n, k, pdl):
     """Also launched with programmatic dependent launch: the same bits."""
     from qual.runtime.backends import skinny_gemm
 
-    if pdl and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
-        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
+    _pdl_or_skip(pdl)
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
@@ -293,13 +299,6 @@ def test_half_precision_prefill_runs_fused_and_is_as_near_float64(graph_tokens, 
     assert error <= 1.5 * base_error + 1e-3, (error, base_error)
 
 
-def _pdl_or_skip(pdl: bool) -> None:
-    from qual.runtime.backends import skinny_gemm
-
-    if pdl and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
-        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
-
-
 @pytest.mark.parametrize("m,heads,kv,k,inter", [(1, 32, 8, 4096, 14336), (16, 32, 8, 4096, 14336), (3, 8, 1, 328, 200),
                                                (8, 4, 4, 1000, 96)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -453,10 +452,7 @@ def test_triton_kernels_in_graphs_equal_them_eager(tiny_pair, kernel):
     with pdl, launched with programmatic dependent launch (compiled: inductor's kernels too).
 
     bfloat16 rounding depends on shapes, so the eager run uses the graphs' padded static shapes."""
-    from qual.runtime.backends import skinny_gemm
-
-    if "pdl" in kernel and not (skinny_gemm.pdl_available() and torch.cuda.get_device_capability() >= (9, 0)):
-        pytest.skip("PDL needs compute capability 9.0 and a Triton with gdc_wait")
+    _pdl_or_skip("pdl" in kernel)
     from runtime_helpers import prompts
 
     common = dict(dtype="bfloat16", device="cuda", max_model_len=256, requests=prompts()[:2])

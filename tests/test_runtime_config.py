@@ -100,11 +100,11 @@ def test_gluon_layer_refuses_shapes_its_tma_tiles_cannot_take():
     from qual.runtime.backends import gluon_gemm
     from qual.runtime.backends.gluon_layer_products import GluonLayerProducts, shape_problem
 
-    assert shape_problem(4096, 14336, 32, 8, 128) is None and shape_problem(64, 128, 4, 1, 64) is None
-    assert "head_dim 32 is not one of 64, 128" in shape_problem(64, 128, 4, 1, 32)
-    assert "head_dim 256" in shape_problem(4096, 14336, 32, 8, 256)
-    assert "hidden_size 1028 is not a multiple of 8" in shape_problem(1028, 3072, 16, 8, 64)
-    assert "intermediate_size 3076 is not a multiple of 8" in shape_problem(1024, 3076, 16, 8, 64)
+    assert shape_problem(4096, 14336, 32, 128) is None and shape_problem(64, 128, 4, 64) is None
+    assert "head_dim 32 is not one of 64, 128" in shape_problem(64, 128, 4, 32)
+    assert "head_dim 256" in shape_problem(4096, 14336, 32, 256)
+    assert "hidden_size 1028 is not a multiple of 8" in shape_problem(1028, 3072, 16, 64)
+    assert "intermediate_size 3076 is not a multiple of 8" in shape_problem(1024, 3076, 16, 64)
     import torch
 
     want = "head_dim 32" if gluon_gemm.available() else r"needs Triton 3\.6\.x with Gluon"

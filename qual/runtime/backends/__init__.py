@@ -126,14 +126,17 @@ class Backend:
             return
         import torch
 
-        from qual.runtime.backends import gluon_gemm, skinny_gemm
+        from qual.runtime.backends import skinny_gemm
 
         if torch.cuda.get_device_capability(device) < (9, 0):
             raise QualError(f"backend {self.name}: {', '.join(hopper)} need a GPU of compute capability 9.0 or later "
                             f"(got {torch.cuda.get_device_name(device)})")
-        if "gluon-layer" in self.parts and not gluon_gemm.available():
-            raise QualError(f"backend {self.name}: gluon-layer needs Triton {gluon_gemm.GLUON_TRITON}x with Gluon "
-                            "(the kernels are written against its API)")
+        if "gluon-layer" in self.parts:
+            from qual.runtime.backends import gluon_gemm  # its Gluon imports only where the part is named
+
+            if not gluon_gemm.available():
+                raise QualError(f"backend {self.name}: gluon-layer needs Triton {gluon_gemm.GLUON_TRITON}x with "
+                                "Gluon (the kernels are written against its API)")
         if self.pdl and not skinny_gemm.pdl_available():
             raise QualError(f"backend {self.name}: pdl needs a Triton with programmatic dependent launch "
                             "(triton.language.extra.cuda.gdc_wait)")
@@ -161,10 +164,7 @@ class Backend:
 
     def layer_products(self, hidden: int, intermediate: int, layout, eps: float, device):
         """fused-layer's or gluon-layer's products for a Qwen3 target of this shape (layout: this rank's
-        HeadLayout)."""
-        from qual.runtime.backends import fused_layer
-
-        _need_triton(fused_layer.triton is not None)
+        HeadLayout); each refuses by name a machine without the Triton it needs."""
         if self.layer_part == "gluon-layer":
             from qual.runtime.backends.gluon_layer_products import GluonLayerProducts as products
         else:

@@ -42,13 +42,14 @@ from dataclasses import dataclass
 
 import torch
 
+from qual.runtime.backends.skinny_gemm import MAX_ROWS, TARGET_PROGRAMS, split_width
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU-only torch builds ship no Triton
     triton = None
 
-MAX_ROWS = 16  # one tensor-core tile of rows: decode and verify steps of up to 16 tokens
 RESIDUAL, QKV, SWIGLU = 0, 1, 2  # the epilogues
 
 
@@ -64,9 +65,6 @@ class ProductConfig:
     num_warps: int = 4
     num_stages: int = 4
     late_launch: bool = False
-
-
-TARGET_PROGRAMS = 256  # as skinny_gemm: ~2 an SM on an H200, enough loads in flight to stream the weights
 
 
 def choose_config(n: int, k: int, block_n: int = 64, block_k: int = 128, num_warps: int = 4) -> ProductConfig:
@@ -226,7 +224,7 @@ def _launch(x, w, counts, cfg: ProductConfig, n_blocks: int, epi: int, out: torc
     _check(x, w, k)
     if cfg.split > 1 and counts.numel() < n_blocks:
         raise ValueError(f"fused_layer: {counts.numel()} counts for {n_blocks} column blocks")
-    k_per_split = math.ceil(math.ceil(k / cfg.split) / cfg.block_k) * cfg.block_k
+    k_per_split = split_width(k, cfg)
     parts = torch.empty(cfg.split, m, n_blocks * cfg.block_n, device=x.device, dtype=torch.float32) \
         if cfg.split > 1 else out
     qkn, pos, inv_freq, slots, k_cache, v_cache, head_eps, nh, nkv = qkv_args or (

@@ -26,10 +26,10 @@ import math
 import torch
 
 from qual.runtime.backends import fused_layer, gluon_gemm
+from qual.runtime.backends.fused_layer import QKV, RESIDUAL, SWIGLU  # the epilogues, numbered as fused_layer's
 from qual.runtime.backends.gluon_gemm import MAX_REGISTERS, GluonConfig, check_operands, tiles_per_split
 
 gl = gluon_gemm.gl if gluon_gemm.gluon is not None else None
-RESIDUAL, QKV, SWIGLU = 0, 1, 2  # the epilogues, as fused_layer.py numbers them
 
 if gl is not None:
     gluon = gluon_gemm.gluon

@@ -15,14 +15,14 @@ import torch
 
 from qual.errors import QualError
 from qual.runtime.backends import gluon_gemm
-from qual.runtime.backends.fused_layer import MAX_ROWS
+from qual.runtime.backends.layer_products import LayerProducts
 from qual.runtime.backends.gluon_layer import qkv_product, residual_product, swiglu_product
 
 HEAD_DIMS = (64, 128)  # a head is one column block of the qkv product: a multiple of the 64 rows a warp group
 # multiplies, within two programs an SM's shared memory (tests/test_kernels_compile.py compiles both)
 
 
-def shape_problem(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> str | None:
+def shape_problem(hidden: int, intermediate: int, heads: int, head_dim: int) -> str | None:
     """Why the gluon-layer products cannot take a Qwen3 target of this shape, or None: TMA reads rows of 16-byte
     multiples (every K: hidden, heads * head_dim, intermediate, of bf16 or fp16), and the qkv product's column block
     is a head."""
@@ -85,19 +85,16 @@ class GluonLayerProducts:
                  device: torch.device, pdl: bool = False):
         if not gluon_gemm.available():
             raise QualError(f"backend part gluon-layer needs Triton {gluon_gemm.GLUON_TRITON}x with Gluon")
-        problem = shape_problem(hidden, intermediate, heads, kv_heads, head_dim)
+        problem = shape_problem(hidden, intermediate, heads, head_dim)
         if problem:
             raise QualError(f"backend part gluon-layer: {problem}")
         self.heads, self.kv_heads, self.eps, self.pdl = heads, kv_heads, eps, pdl
-        blocks = {"qkv": heads + 2 * kv_heads, "o": hidden, "gate_up": 2 * intermediate, "down": hidden}
-        width = {"qkv": 1, "o": 128, "gate_up": 128, "down": 128}  # gluon_gemm.choose_config's block_n (qkv: a head)
-        self.counts = {name: torch.zeros(math.ceil(n / width[name]), dtype=torch.int32, device=device)
-                       for name, n in blocks.items()}
+        column_blocks = lambda n, k: math.ceil(n / gluon_gemm.choose_config(n, k).block_n)  # noqa: E731  as launched
+        blocks = {"qkv": heads + 2 * kv_heads, "o": column_blocks(hidden, heads * head_dim),
+                  "gate_up": column_blocks(2 * intermediate, hidden), "down": column_blocks(hidden, intermediate)}
+        self.counts = {name: torch.zeros(n, dtype=torch.int32, device=device) for name, n in blocks.items()}
 
-    @staticmethod
-    def applies(rows: int, prefill: bool) -> bool:
-        """Decode and verify steps of up to MAX_ROWS rows; prefill and larger steps take the per-layer path."""
-        return rows <= MAX_ROWS and not prefill
+    applies = staticmethod(LayerProducts.applies)  # the same steps as fused-layer's
 
     @staticmethod
     def enter(x: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor:
